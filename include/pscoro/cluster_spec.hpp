@@ -1,0 +1,110 @@
+// Which tasks make up a cluster and where they listen: TF's ClusterSpec and cluster resolvers.
+//
+// A cluster_spec maps job names ("chief", "ps", "worker", "evaluator") to tasks, each an index and a
+// "host:port" address; tasks may be dense (0..n-1) or sparse (any indices), as in TF_CONFIG.
+// tf_config_cluster_resolver reads TF_CONFIG exactly as TensorFlow does, so Kubernetes TFJob and
+// Slurm deployments keep their configuration.
+#pragma once
+
+#include <initializer_list>
+#include <map>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace pscoro {
+
+class cluster_spec {
+ public:
+  cluster_spec() = default;
+  /// The dense form: task i of each job listens at `jobs[job][i]`.
+  cluster_spec(std::initializer_list<std::pair<const std::string, std::vector<std::string>>> jobs);
+  explicit cluster_spec(const std::map<std::string, std::vector<std::string>>& jobs);
+
+  /// Adds (or replaces) task `index` of `job`; an empty task list is `add_job`.
+  void add_task(const std::string& job, int index, std::string address);
+  /// Adds a job with no tasks (TF allows `"worker": []`).
+  void add_job(const std::string& job);
+
+  /// Job names, sorted.
+  std::vector<std::string> jobs() const;
+  bool has_job(std::string_view job) const;
+  /// Number of tasks of `job` (sparse count); throws errc::invalid_argument for an unknown job.
+  std::size_t num_tasks(std::string_view job) const;
+  /// Task indices of `job`, ascending.
+  std::vector<int> task_indices(std::string_view job) const;
+  /// Address of task `index` of `job`; throws errc::invalid_argument when there is none.
+  const std::string& task_address(std::string_view job, int index) const;
+  /// Addresses of `job` up to its largest index, with empty entries for missing tasks.
+  std::vector<std::optional<std::string>> job_tasks(std::string_view job) const;
+
+  bool empty() const noexcept { return jobs_.empty(); }
+  explicit operator bool() const noexcept { return !empty(); }
+  friend bool operator==(const cluster_spec&, const cluster_spec&) = default;
+
+  /// TF's repr: "ClusterSpec({'ps': ['ps0:2222'], 'worker': {1: 'w1:2222'}})".
+  std::string to_string() const;
+  /// The TF_CONFIG "cluster" object: a list per dense job, an object keyed by index otherwise.
+  std::string to_json() const;
+  /// Parses a TF_CONFIG "cluster" object; `source` names the input in error messages.
+  static cluster_spec from_json(std::string_view json, std::string_view source = "cluster spec");
+
+ private:
+  const std::map<int, std::string>& tasks_of(std::string_view job) const;
+  std::map<std::string, std::map<int, std::string>, std::less<>> jobs_;
+};
+
+/// "worker:1": how pscoro names a task in messages and logs.
+std::string task_name(std::string_view job, int index);
+
+/// A resolver over values given in code (TF's SimpleClusterResolver).
+class simple_cluster_resolver {
+ public:
+  simple_cluster_resolver(pscoro::cluster_spec spec, std::string task_type = {},
+                          std::optional<int> task_id = std::nullopt, std::string rpc_layer = {})
+      : spec_(std::move(spec)),
+        task_type_(std::move(task_type)),
+        task_id_(task_id),
+        rpc_layer_(std::move(rpc_layer)) {}
+
+  const pscoro::cluster_spec& cluster_spec() const noexcept { return spec_; }
+  const std::string& task_type() const noexcept { return task_type_; }
+  std::optional<int> task_id() const noexcept { return task_id_; }
+  const std::string& rpc_layer() const noexcept { return rpc_layer_; }
+
+ private:
+  pscoro::cluster_spec spec_;
+  std::string task_type_;
+  std::optional<int> task_id_;
+  std::string rpc_layer_;
+};
+
+/// A resolver over TF_CONFIG (TF's TFConfigClusterResolver). The JSON is read once, when the
+/// resolver is made; unknown keys (Kubeflow's "environment") are ignored.
+class tf_config_cluster_resolver : public simple_cluster_resolver {
+ public:
+  /// Reads the TF_CONFIG environment variable; unset or empty means an empty configuration.
+  static tf_config_cluster_resolver from_environment();
+  /// Parses `json`; errors name `source` and where the JSON broke.
+  static tf_config_cluster_resolver from_json(std::string_view json,
+                                              std::string_view source = "TF_CONFIG");
+
+  /// TF_CONFIG's "environment" ("cloud" under Kubeflow), or empty.
+  const std::string& environment() const noexcept { return environment_; }
+  /// TF's master(): "<rpc_layer>://<address of this task>", or "" for a single-task cluster.
+  std::string master() const;
+
+ private:
+  using simple_cluster_resolver::simple_cluster_resolver;
+  std::string environment_;
+  std::string session_master_;
+};
+
+/// TF's checks for a parameter-server cluster (multi_worker_util._validate_cluster_spec plus
+/// ParameterServerStrategy's): allowed job names, the task type and index, at most one chief and
+/// evaluator, at least one ps and one worker. Throws errc::invalid_argument with TF's message.
+void validate_parameter_server_cluster(const cluster_spec& spec, std::string_view task_type,
+                                       std::optional<int> task_id);
+
+}  // namespace pscoro

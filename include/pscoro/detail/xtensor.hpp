@@ -1,0 +1,7 @@
+// The one place pscoro includes xtensor from, so a release that moves its headers costs one edit.
+#pragma once
+
+#include <xtensor/xadapt.hpp>
+#include <xtensor/xarray.hpp>
+#include <xtensor/xexpression.hpp>
+#include <xtensor/xtensor.hpp>

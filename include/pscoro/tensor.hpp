@@ -1,0 +1,84 @@
+// A dense tensor as it crosses process boundaries: element type, shape and bytes.
+//
+// The bytes are shared, immutable once published, and may live inside a received frame: handing a
+// tensor on (to a variable, to a reply) never copies it. Conversion to and from xtensor is in
+// <pscoro/xtensor.hpp>.
+#pragma once
+
+#include <pscoro/dtype.hpp>
+
+#include <cstddef>
+#include <cstring>
+#include <functional>
+#include <memory>
+#include <numeric>
+#include <span>
+#include <string>
+#include <vector>
+
+namespace pscoro {
+
+using shape_type = std::vector<std::size_t>;
+
+/// The number of elements of a tensor of shape `shape` (1 for a scalar).
+inline std::size_t num_elements(std::span<const std::size_t> shape) noexcept {
+  return std::accumulate(shape.begin(), shape.end(), std::size_t{1}, std::multiplies<>{});
+}
+
+/// "[784, 10]".
+std::string to_string(std::span<const std::size_t> shape);
+
+/// A byte buffer aligned for every dtype; shared so that frames and variables can hold it.
+class byte_buffer {
+ public:
+  byte_buffer() = default;
+  /// Allocates `size` uninitialised bytes.
+  explicit byte_buffer(std::size_t size)
+      : data_(size ? std::shared_ptr<std::byte[]>(new std::byte[size]) : nullptr), size_(size) {}
+
+  std::byte* data() const noexcept { return data_.get(); }
+  std::size_t size() const noexcept { return size_; }
+  /// True when no other byte_buffer shares these bytes (an in-place update is then invisible).
+  bool unique() const noexcept { return data_.use_count() <= 1; }
+
+ private:
+  std::shared_ptr<std::byte[]> data_;
+  std::size_t size_ = 0;
+};
+
+class tensor {
+ public:
+  tensor() = default;
+
+  /// A tensor of `type` and `shape` over `bytes`, which must hold exactly its elements.
+  tensor(dtype type, shape_type shape, byte_buffer bytes)
+      : type_(type), shape_(std::move(shape)), bytes_(std::move(bytes)) {}
+
+  /// A tensor of `type` and `shape` with uninitialised elements.
+  static tensor uninitialized(dtype type, shape_type shape) {
+    const std::size_t size = num_elements(shape) * size_of(type);
+    return {type, std::move(shape), byte_buffer(size)};
+  }
+
+  dtype type() const noexcept { return type_; }
+  const shape_type& shape() const noexcept { return shape_; }
+  std::size_t size() const noexcept { return num_elements(shape_); }
+  std::size_t size_bytes() const noexcept { return bytes_.size(); }
+  const byte_buffer& bytes() const noexcept { return bytes_; }
+
+  template <class T>
+  const T* data() const noexcept {
+    return reinterpret_cast<const T*>(bytes_.data());
+  }
+  template <class T>
+  T* mutable_data() noexcept {
+    return reinterpret_cast<T*>(bytes_.data());
+  }
+
+ private:
+  dtype type_ = dtype::float32;
+  shape_type shape_;
+  byte_buffer bytes_;
+};
+
+}  // namespace pscoro

@@ -1,0 +1,128 @@
+// What crosses the wire as a worker-function argument or result, and how C++ types map onto it.
+//
+// A value is a scalar, a string, a tensor or a variable handle. codec<T> converts a C++ type to
+// and from a value and names it in function signatures; specialise it for a type of your own.
+#pragma once
+
+#include <pscoro/dtype.hpp>
+#include <pscoro/error.hpp>
+#include <pscoro/tensor.hpp>
+
+#include <asio/awaitable.hpp>
+
+#include <cstdint>
+#include <limits>
+#include <memory>
+#include <string>
+#include <type_traits>
+#include <variant>
+
+namespace pscoro {
+
+/// Where a dense variable lives: its name, element type, shape and ps task.
+struct variable_ref {
+  std::string name;
+  dtype type = dtype::float32;
+  shape_type shape;
+  int ps_task = 0;
+  friend bool operator==(const variable_ref&, const variable_ref&) = default;
+};
+
+/// How variables are updated on their parameter server.
+enum class update_op { assign, assign_add, assign_sub };
+
+namespace detail {
+
+/// How a variable handle reaches its parameter server: implemented by the coordinator and by the
+/// worker runtime, each over its own connections.
+class variable_io {
+ public:
+  virtual ~variable_io() = default;
+  virtual asio::awaitable<tensor> read(variable_ref variable) = 0;
+  virtual asio::awaitable<void> update(variable_ref variable, update_op op, tensor value) = 0;
+};
+
+}  // namespace detail
+
+/// A worker-function argument or result. monostate: a function that returns nothing.
+using value = std::variant<std::monostate, bool, std::int64_t, double, std::string, tensor, variable_ref>;
+
+/// What decoding a value may need besides the value: the side's variable I/O.
+struct decode_context {
+  std::shared_ptr<detail::variable_io> variables;
+};
+
+/// The name of the alternative `v` holds, for messages: "int64", "tensor<float32>".
+std::string describe(const value& v);
+
+/// codec<T>: `static constexpr name` (for signatures), `encode(const T&) -> value`,
+/// `decode(value&&, const decode_context&) -> T` (throws errc::invalid_argument on a mismatch).
+template <class T, class Enable = void>
+struct codec;
+
+namespace detail {
+[[noreturn]] void throw_decode_mismatch(std::string_view expected, const value& got);
+}
+
+template <>
+struct codec<bool> {
+  static constexpr std::string_view name = "bool";
+  static value encode(bool v) { return v; }
+  static bool decode(value&& v, const decode_context&) {
+    if (auto* b = std::get_if<bool>(&v)) return *b;
+    detail::throw_decode_mismatch(name, v);
+  }
+};
+
+template <class T>
+struct codec<T, std::enable_if_t<std::is_integral_v<T> && !std::is_same_v<T, bool>>> {
+  static constexpr std::string_view name = "int64";
+  static value encode(T v) {
+    if constexpr (std::is_unsigned_v<T> && sizeof(T) >= sizeof(std::int64_t)) {
+      if (v > static_cast<T>(std::numeric_limits<std::int64_t>::max())) {
+        throw error(errc::invalid_argument, "integer " + std::to_string(v) + " does not fit in int64");
+      }
+    }
+    return static_cast<std::int64_t>(v);
+  }
+  static T decode(value&& v, const decode_context&) {
+    auto* i = std::get_if<std::int64_t>(&v);
+    if (!i) detail::throw_decode_mismatch(name, v);
+    if (!std::in_range<T>(*i)) {
+      throw error(errc::invalid_argument, "integer " + std::to_string(*i) + " is out of range");
+    }
+    return static_cast<T>(*i);
+  }
+};
+
+template <class T>
+struct codec<T, std::enable_if_t<std::is_floating_point_v<T>>> {
+  static constexpr std::string_view name = "float64";
+  static value encode(T v) { return static_cast<double>(v); }
+  static T decode(value&& v, const decode_context&) {
+    if (auto* d = std::get_if<double>(&v)) return static_cast<T>(*d);
+    detail::throw_decode_mismatch(name, v);
+  }
+};
+
+template <>
+struct codec<std::string> {
+  static constexpr std::string_view name = "string";
+  static value encode(const std::string& v) { return v; }
+  static std::string decode(value&& v, const decode_context&) {
+    if (auto* s = std::get_if<std::string>(&v)) return std::move(*s);
+    detail::throw_decode_mismatch(name, v);
+  }
+};
+
+template <>
+struct codec<tensor> {
+  static constexpr std::string_view name = "tensor";
+  static value encode(const tensor& v) { return v; }
+  static tensor decode(value&& v, const decode_context&) {
+    if (auto* t = std::get_if<tensor>(&v)) return std::move(*t);
+    detail::throw_decode_mismatch(name, v);
+  }
+};
+
+}  // namespace pscoro

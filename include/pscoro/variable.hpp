@@ -1,0 +1,107 @@
+// A handle to a dense variable on a parameter server, usable from the coordinator and workers.
+//
+// Handles are cheap to copy and can be passed to worker functions: the worker gets a handle bound
+// to its own connections to the parameter servers. Every operation is one round trip to the ps
+// that holds the variable, which checks dtype and shape before it changes anything.
+#pragma once
+
+#include <pscoro/detail/xtensor.hpp>
+#include <pscoro/value.hpp>
+#include <pscoro/xtensor.hpp>
+
+#include <asio/awaitable.hpp>
+
+#include <memory>
+#include <string>
+
+namespace pscoro {
+
+template <class T>
+  requires is_element_type_v<T>
+class variable {
+ public:
+  using value_type = T;
+
+  variable() = default;
+  variable(variable_ref ref, std::shared_ptr<detail::variable_io> io)
+      : ref_(std::move(ref)), io_(std::move(io)) {}
+
+  const std::string& name() const noexcept { return ref_.name; }
+  const shape_type& shape() const noexcept { return ref_.shape; }
+  static constexpr pscoro::dtype dtype() noexcept { return dtype_of<T>; }
+  /// The index of the ps task that holds the variable.
+  int ps_task() const noexcept { return ref_.ps_task; }
+  const variable_ref& ref() const noexcept { return ref_; }
+
+  /// Reads the current value.
+  asio::awaitable<xt::xarray<T>> read() const { return read_as_xarray(bound_io(), ref_); }
+  /// Reads the current value as a tensor (no conversion).
+  asio::awaitable<tensor> read_tensor() const { return io().read(ref_); }
+
+  /// Replaces the value; `value` must have the variable's shape.
+  template <class E>
+  asio::awaitable<void> assign(const xt::xexpression<E>& value) const {
+    return io().update(ref_, update_op::assign, to_tensor(value));
+  }
+  /// Adds `delta` element-wise.
+  template <class E>
+  asio::awaitable<void> assign_add(const xt::xexpression<E>& delta) const {
+    return io().update(ref_, update_op::assign_add, to_tensor(delta));
+  }
+  /// Subtracts `delta` element-wise.
+  template <class E>
+  asio::awaitable<void> assign_sub(const xt::xexpression<E>& delta) const {
+    return io().update(ref_, update_op::assign_sub, to_tensor(delta));
+  }
+  /// Applies `op` with a tensor already in wire form (no conversion).
+  asio::awaitable<void> update(update_op op, tensor value) const {
+    return io().update(ref_, op, std::move(value));
+  }
+
+ private:
+  detail::variable_io& io() const { return *bound_io(); }
+
+  const std::shared_ptr<detail::variable_io>& bound_io() const {
+    if (!io_) throw error(errc::failed_precondition, "variable handle '" + ref_.name + "' is not bound");
+    return io_;
+  }
+
+  // Takes copies: the awaitable must not depend on this handle staying alive.
+  static asio::awaitable<xt::xarray<T>> read_as_xarray(std::shared_ptr<detail::variable_io> io,
+                                                       variable_ref ref) {
+    const tensor t = co_await io->read(std::move(ref));
+    co_return to_xarray<T>(t);
+  }
+
+  variable_ref ref_;
+  std::shared_ptr<detail::variable_io> io_;
+};
+
+template <class T>
+struct codec<variable<T>> {
+  static constexpr std::string_view name = "variable";
+  static value encode(const variable<T>& v) { return v.ref(); }
+  static variable<T> decode(value&& v, const decode_context& context) {
+    auto* ref = std::get_if<variable_ref>(&v);
+    if (!ref) detail::throw_decode_mismatch("variable", v);
+    if (ref->type != dtype_of<T>) {
+      throw error(errc::invalid_argument, "expected a " + std::string(name_of(dtype_of<T>)) +
+                                              " variable, got '" + ref->name + "' of " +
+                                              std::string(name_of(ref->type)));
+    }
+    return variable<T>(std::move(*ref), context.variables);
+  }
+};
+
+template <class T>
+struct codec<xt::xarray<T>> {
+  static constexpr std::string_view name = "xarray";
+  static value encode(const xt::xarray<T>& v) { return to_tensor(v); }
+  static xt::xarray<T> decode(value&& v, const decode_context&) {
+    auto* t = std::get_if<tensor>(&v);
+    if (!t) detail::throw_decode_mismatch("tensor", v);
+    return to_xarray<T>(*t);
+  }
+};
+
+}  // namespace pscoro

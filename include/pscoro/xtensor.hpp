@@ -1,0 +1,37 @@
+// Conversions between pscoro::tensor and xtensor containers (one copy each way).
+#pragma once
+
+#include <pscoro/detail/xtensor.hpp>
+#include <pscoro/error.hpp>
+#include <pscoro/tensor.hpp>
+
+#include <algorithm>
+#include <string>
+
+namespace pscoro {
+
+/// Evaluates `expr` once and copies its elements into a new tensor.
+template <class E>
+tensor to_tensor(const xt::xexpression<E>& expr) {
+  using value_type = typename E::value_type;
+  static_assert(is_element_type_v<value_type>, "pscoro tensors hold float, double, int32 or int64");
+  const auto& evaluated = xt::eval(expr.derived_cast());
+  shape_type shape(evaluated.shape().begin(), evaluated.shape().end());
+  tensor out = tensor::uninitialized(dtype_of<value_type>, std::move(shape));
+  std::copy(evaluated.begin(), evaluated.end(), out.mutable_data<value_type>());
+  return out;
+}
+
+/// Copies `t` into an xarray of T; throws errc::invalid_argument when its dtype is not T's.
+template <class T>
+xt::xarray<T> to_xarray(const tensor& t) {
+  if (t.type() != dtype_of<T>) {
+    throw error(errc::invalid_argument, "expected a " + std::string(name_of(dtype_of<T>)) +
+                                            " tensor, got " + std::string(name_of(t.type())));
+  }
+  xt::xarray<T> out(t.shape());
+  std::copy_n(t.data<T>(), t.size(), out.data());
+  return out;
+}
+
+}  // namespace pscoro

@@ -1,0 +1,77 @@
+#!/usr/bin/env bash
+# The one entry point of the README's quick start:
+#   scripts/run.sh example    install what is missing, build, run the Fashion-MNIST cluster
+#   scripts/run.sh test       install what is missing, build, run the whole test suite
+#   scripts/run.sh sanitize   the test suite under AddressSanitizer + UndefinedBehaviorSanitizer
+#   scripts/run.sh bench      the cluster benchmark (prints a table of ratios)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+packages=(g++ meson ninja-build pkg-config cmake libasio-dev libprotobuf-dev protobuf-compiler
+          libxtensor-dev xtl-dev libfmt-dev doctest-dev nlohmann-json3-dev libcli11-dev zlib1g-dev
+          libbenchmark-dev dataset-fashion-mnist)
+
+install_missing() {
+  local missing=()
+  for p in "${packages[@]}"; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+  done
+  [ ${#missing[@]} -eq 0 ] && return 0
+  if [ "$(id -u)" -eq 0 ]; then
+    echo "installing: ${missing[*]}"
+    apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
+  else
+    echo "pscoro needs these Debian packages; install them, then run this again:" >&2
+    echo "  sudo apt-get install -y ${missing[*]}" >&2
+    exit 1
+  fi
+}
+
+# build DIR [meson options...]
+build() {
+  local dir=$1; shift
+  if [ ! -f "$dir/build.ninja" ]; then
+    meson setup "$dir" "$@" >/dev/null
+  fi
+  meson compile -C "$dir"
+}
+
+# run_tests DIR: runs the suite, prints "N passed, N failed", fails if any failed.
+run_tests() {
+  local dir=$1 status=0
+  meson test -C "$dir" --print-errorlogs --num-processes 2 || status=$?
+  local log="$dir/meson-logs/testlog.json"
+  local passed failed
+  passed=$(grep -c '"result": "OK"' "$log" || true)
+  failed=$(grep -c -E '"result": "(FAIL|TIMEOUT|ERROR|UNEXPECTEDPASS)"' "$log" || true)
+  echo "$passed passed, $failed failed"
+  [ "$status" -eq 0 ] && [ "$failed" -eq 0 ] && [ "$passed" -gt 0 ]
+}
+
+case "${1:-}" in
+  example)
+    install_missing
+    build build
+    exec build/tools/pscoro-launch --ps 2 --workers 2 -- build/examples/fashion_mnist "${@:2}"
+    ;;
+  test)
+    install_missing
+    build build
+    run_tests build
+    ;;
+  sanitize)
+    install_missing
+    build build-sanitize -Db_sanitize=address,undefined -Db_lundef=false -Dbuildtype=debug -Dbenchmarks=false
+    ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 run_tests build-sanitize
+    ;;
+  bench)
+    install_missing
+    build build-release -Dbuildtype=release -Dtests=false
+    exec build-release/benchmarks/cluster_bench "${@:2}"
+    ;;
+  *)
+    echo "usage: scripts/run.sh example|test|sanitize|bench" >&2
+    exit 2
+    ;;
+esac

@@ -1,0 +1,35 @@
+#include <pscoro/tensor.hpp>
+#include <pscoro/value.hpp>
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+namespace pscoro {
+
+std::string to_string(std::span<const std::size_t> shape) { return fmt::format("[{}]", fmt::join(shape, ", ")); }
+
+std::string describe(const value& v) {
+  struct visitor {
+    std::string operator()(std::monostate) const { return "nothing"; }
+    std::string operator()(bool) const { return "bool"; }
+    std::string operator()(std::int64_t) const { return "int64"; }
+    std::string operator()(double) const { return "float64"; }
+    std::string operator()(const std::string&) const { return "string"; }
+    std::string operator()(const tensor& t) const {
+      return fmt::format("tensor<{}>{}", name_of(t.type()), to_string(t.shape()));
+    }
+    std::string operator()(const variable_ref& r) const {
+      return fmt::format("variable '{}' <{}>{}", r.name, name_of(r.type), to_string(r.shape));
+    }
+  };
+  return std::visit(visitor{}, v);
+}
+
+namespace detail {
+
+void throw_decode_mismatch(std::string_view expected, const value& got) {
+  throw error(errc::invalid_argument, fmt::format("expected {}, got {}", expected, describe(got)));
+}
+
+}  // namespace detail
+}  // namespace pscoro

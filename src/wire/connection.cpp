@@ -1,0 +1,137 @@
+#include "wire/connection.hpp"
+
+#include "runtime/log.hpp"
+
+#include <asio/co_spawn.hpp>
+#include <asio/detached.hpp>
+#include <asio/write.hpp>
+
+namespace pscoro::wire {
+
+connection::connection(asio::ip::tcp::socket socket, frame_limits limits, std::string peer)
+    : socket_(std::move(socket)), reader_(limits), peer_(std::move(peer)) {
+  std::error_code ignored;
+  socket_.set_option(asio::ip::tcp::no_delay(true), ignored);
+}
+
+void connection::start(request_handler on_request, close_handler on_close) {
+  on_request_ = std::move(on_request);
+  on_close_ = std::move(on_close);
+  asio::co_spawn(socket_.get_executor(), read_loop(shared_from_this()), asio::detached);
+}
+
+asio::awaitable<void> connection::read_loop(std::shared_ptr<connection> self) {
+  std::string reason = "the peer closed the connection";
+  try {
+    while (!self->closed_) {
+      auto f = co_await self->reader_.read(self->socket_);
+      if (!f) break;
+      self->dispatch(std::move(*f));
+    }
+  } catch (const std::system_error& e) {
+    reason = e.code().category() == error_category() ? e.what() : e.code().message();
+  }
+  self->close(reason);
+}
+
+void connection::dispatch(frame f) {
+  switch (f.kind) {
+    case frame_kind::response: {
+      auto it = pending_.find(f.request_id);
+      if (it == pending_.end()) {
+        close(fmt::format("protocol error: response to request {} which is not pending", f.request_id));
+        return;
+      }
+      auto handler = std::move(it->second);
+      pending_.erase(it);
+      handler(std::error_code{}, std::move(f));
+      return;
+    }
+    case frame_kind::request:
+      if (!on_request_) {
+        close("protocol error: this side serves no requests");
+        return;
+      }
+      asio::co_spawn(socket_.get_executor(), serve(shared_from_this(), std::move(f)), asio::detached);
+      return;
+    case frame_kind::hello:
+    case frame_kind::welcome:
+      close("protocol error: handshake frame after the handshake");
+      return;
+  }
+}
+
+asio::awaitable<void> connection::serve(std::shared_ptr<connection> self, frame request) {
+  const auto id = request.request_id;
+  frame response;
+  try {
+    response = co_await self->on_request_(std::move(request));
+  } catch (const std::exception& e) {
+    response = frame{};
+    set_status(*response.message.mutable_response()->mutable_status(), make_error_code(errc::unknown),
+               e.what(), "");
+  }
+  response.kind = frame_kind::response;
+  response.request_id = id;
+  self->send(std::move(response));
+}
+
+void connection::send(frame f) {
+  if (closed_) return;
+  write_queue_.push_back(encode(std::move(f)));
+  if (!writing_) write_next();
+}
+
+void connection::write_next() {
+  // Gather as many queued frames as fit in one writev (the kernel's IOV_MAX is 1024).
+  static constexpr std::size_t max_buffers = 256;
+  write_buffers_.clear();
+  writing_ = 0;
+  for (const auto& f : write_queue_) {
+    if (writing_ > 0 && write_buffers_.size() + 1 + f.segments.size() > max_buffers) break;
+    write_buffers_.emplace_back(f.head.data(), f.head.size());
+    for (const auto& segment : f.segments) {
+      if (segment.size()) write_buffers_.emplace_back(segment.data(), segment.size());
+    }
+    ++writing_;
+  }
+  if (!writing_) return;
+  asio::async_write(socket_, write_buffers_, [self = shared_from_this()](std::error_code ec, std::size_t) {
+    if (ec) {
+      self->close(fmt::format("write failed: {}", ec.message()));
+      return;
+    }
+    self->write_queue_.erase(self->write_queue_.begin(), self->write_queue_.begin() + self->writing_);
+    self->writing_ = 0;
+    if (!self->closed_) self->write_next();
+  });
+}
+
+void connection::close(const std::string& reason) {
+  if (closed_) return;
+  closed_ = true;
+  close_reason_ = reason;
+  log::debug("connection to {} closed: {}", peer_, reason);
+  std::error_code ignored;
+  socket_.shutdown(asio::ip::tcp::socket::shutdown_both, ignored);
+  socket_.close(ignored);
+  auto pending = std::move(pending_);
+  pending_.clear();
+  for (auto& [id, handler] : pending) handler(make_error_code(errc::unavailable), frame{});
+  if (auto on_close = std::move(on_close_)) on_close(reason);
+  on_request_ = nullptr;  // breaks the cycle handler -> service -> connection
+}
+
+void set_status(Status& status, std::error_code code, const std::string& message, const std::string& origin) {
+  status.set_code(code.category() == error_category() ? code.value() : static_cast<int>(errc::unknown));
+  status.set_message(message);
+  status.set_origin_task(origin);
+}
+
+void throw_if_error(const Status& status, const std::string& origin) {
+  if (status.code() == 0) return;
+  throw remote_error(make_error_code(static_cast<errc>(status.code())),
+                     status.origin_task().empty() ? origin : status.origin_task(), status.message());
+}
+
+}  // namespace pscoro::wire

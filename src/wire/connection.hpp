@@ -1,0 +1,96 @@
+// One TCP connection between two tasks, multiplexed: every request carries an id, many are in
+// flight at once, responses may come back in any order. Writes are queued and gathered (several
+// frames per system call); reads run in one loop per connection. All members must be used on the
+// connection's executor.
+#pragma once
+
+#include "wire/frame.hpp"
+
+#include <pscoro/detail/completion.hpp>
+
+#include <asio/async_result.hpp>
+#include <asio/awaitable.hpp>
+#include <asio/ip/tcp.hpp>
+
+#include <deque>
+#include <functional>
+#include <memory>
+#include <string>
+#include <unordered_map>
+
+namespace pscoro::wire {
+
+class connection : public std::enable_shared_from_this<connection> {
+ public:
+  /// Serves one request; returns the response (status set). Exceptions become error responses.
+  using request_handler = std::function<asio::awaitable<frame>(frame request)>;
+  using close_handler = std::function<void(const std::string& reason)>;
+
+  connection(asio::ip::tcp::socket socket, frame_limits limits, std::string peer);
+
+  /// "worker:1 at 127.0.0.1:4567": used in every message about this connection.
+  const std::string& peer() const noexcept { return peer_; }
+  void set_peer(std::string peer) { peer_ = std::move(peer); }
+  asio::any_io_executor get_executor() { return socket_.get_executor(); }
+  bool is_open() const noexcept { return !closed_; }
+  /// Why the connection closed (empty while open).
+  const std::string& close_reason() const noexcept { return close_reason_; }
+
+  /// Reads one frame before start(), for the handshake. Same results as frame_reader::read.
+  asio::awaitable<std::optional<frame>> read_frame() { return reader_.read(socket_); }
+
+  /// Starts the read loop. Requests go to `on_request` (none: a request closes the connection);
+  /// `on_close` runs once when the connection closes for any reason.
+  void start(request_handler on_request, close_handler on_close);
+
+  /// Queues `f` for writing.
+  void send(frame f);
+
+  /// Sends `request` and completes with its response: void(std::error_code, frame). The code is
+  /// errc::unavailable when the connection closes first (see close_reason()).
+  template <class CompletionToken>
+  auto async_call(frame request, CompletionToken&& token) {
+    return asio::async_initiate<CompletionToken, void(std::error_code, frame)>(
+        [self = shared_from_this()](auto handler, frame request) {
+          detail::erased_handler<void(std::error_code, frame)> stored(std::move(handler), self->get_executor());
+          if (self->closed_) {
+            stored(make_error_code(errc::unavailable), frame{});
+            return;
+          }
+          request.kind = frame_kind::request;
+          request.request_id = self->next_request_id_++;
+          self->pending_.emplace(request.request_id, std::move(stored));
+          self->send(std::move(request));
+        },
+        token, std::move(request));
+  }
+
+  /// Closes the socket, fails pending calls, runs the close handler. Idempotent.
+  void close(const std::string& reason);
+
+ private:
+  static asio::awaitable<void> read_loop(std::shared_ptr<connection> self);
+  static asio::awaitable<void> serve(std::shared_ptr<connection> self, frame request);
+  void dispatch(frame f);
+  void write_next();
+
+  asio::ip::tcp::socket socket_;
+  frame_reader reader_;
+  std::string peer_;
+  request_handler on_request_;
+  close_handler on_close_;
+  bool closed_ = false;
+  std::string close_reason_;
+  std::uint64_t next_request_id_ = 1;
+  std::unordered_map<std::uint64_t, detail::erased_handler<void(std::error_code, frame)>> pending_;
+  std::deque<encoded_frame> write_queue_;
+  std::size_t writing_ = 0;  // frames of write_queue_ in the write under way
+  std::vector<asio::const_buffer> write_buffers_;
+};
+
+/// A status message for `code` and `message`, and the error it describes.
+void set_status(Status& status, std::error_code code, const std::string& message, const std::string& origin);
+/// Throws a remote_error for a non-ok status; `origin` is used when the status names none.
+void throw_if_error(const Status& status, const std::string& origin);
+
+}  // namespace pscoro::wire

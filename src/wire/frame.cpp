@@ -1,0 +1,236 @@
+#include "wire/frame.hpp"
+
+#include <fmt/format.h>
+
+#include <asio/buffer.hpp>
+#include <asio/experimental/as_tuple.hpp>
+#include <asio/read.hpp>
+#include <asio/use_awaitable.hpp>
+
+#include <cstring>
+#include <limits>
+
+namespace pscoro::wire {
+namespace {
+
+template <class T>
+T load_le(const std::byte* p) {
+  T value = 0;
+  for (std::size_t i = 0; i < sizeof(T); ++i) value |= static_cast<T>(std::to_integer<std::uint8_t>(p[i])) << (8 * i);
+  return value;
+}
+
+template <class T>
+void store_le(std::byte* p, T value) {
+  for (std::size_t i = 0; i < sizeof(T); ++i) p[i] = static_cast<std::byte>((value >> (8 * i)) & 0xff);
+}
+
+std::string_view kind_name(frame_kind kind) {
+  switch (kind) {
+    case frame_kind::hello: return "hello";
+    case frame_kind::welcome: return "welcome";
+    case frame_kind::request: return "request";
+    case frame_kind::response: return "response";
+  }
+  return "unknown";
+}
+
+bool body_matches(Frame::BodyCase body, frame_kind kind) {
+  switch (kind) {
+    case frame_kind::hello: return body == Frame::kHello;
+    case frame_kind::welcome: return body == Frame::kWelcome;
+    case frame_kind::request: return body == Frame::kRequest;
+    case frame_kind::response: return body == Frame::kResponse;
+  }
+  return false;
+}
+
+}  // namespace
+
+void protocol_violation(std::string message) { throw error(errc::protocol_error, std::move(message)); }
+
+fixed_header parse_fixed_header(std::span<const std::byte, fixed_header_size> bytes,
+                                const frame_limits& limits) {
+  const std::byte* p = bytes.data();
+  if (const auto magic = load_le<std::uint32_t>(p); magic != frame_magic) {
+    protocol_violation(fmt::format("bad magic 0x{:08x} (expected 0x{:08x}, \"PSCR\"): not a pscoro peer",
+                                   magic, frame_magic));
+  }
+  if (const auto version = load_le<std::uint16_t>(p + 4); version != protocol_version) {
+    protocol_violation(fmt::format("unsupported protocol version {} (this build speaks version {})",
+                                   version, protocol_version));
+  }
+  fixed_header header;
+  const auto kind = load_le<std::uint16_t>(p + 6);
+  if (kind < 1 || kind > 4) protocol_violation(fmt::format("unknown frame kind {}", kind));
+  header.kind = static_cast<frame_kind>(kind);
+  header.request_id = load_le<std::uint64_t>(p + 8);
+  header.header_bytes = load_le<std::uint32_t>(p + 16);
+  if (const auto reserved = load_le<std::uint32_t>(p + 20); reserved != 0) {
+    protocol_violation(fmt::format("reserved header field is 0x{:x}, must be 0", reserved));
+  }
+  header.payload_bytes = load_le<std::uint64_t>(p + 24);
+  if (header.header_bytes > limits.max_header_bytes) {
+    protocol_violation(fmt::format("frame header of {} bytes exceeds the limit of {} bytes",
+                                   header.header_bytes, limits.max_header_bytes));
+  }
+  if (header.payload_bytes > limits.max_payload_bytes) {
+    protocol_violation(fmt::format("frame payload of {} bytes exceeds the limit of {} bytes",
+                                   header.payload_bytes, limits.max_payload_bytes));
+  }
+  return header;
+}
+
+std::array<std::byte, fixed_header_size> encode_fixed_header(const fixed_header& header) {
+  std::array<std::byte, fixed_header_size> bytes{};
+  std::byte* p = bytes.data();
+  store_le<std::uint32_t>(p, frame_magic);
+  store_le<std::uint16_t>(p + 4, protocol_version);
+  store_le<std::uint16_t>(p + 6, static_cast<std::uint16_t>(header.kind));
+  store_le<std::uint64_t>(p + 8, header.request_id);
+  store_le<std::uint32_t>(p + 16, header.header_bytes);
+  store_le<std::uint32_t>(p + 20, 0);
+  store_le<std::uint64_t>(p + 24, header.payload_bytes);
+  return bytes;
+}
+
+void check_body(const Frame& message, const fixed_header& header, const frame_limits& limits) {
+  if (!body_matches(message.body_case(), header.kind)) {
+    protocol_violation(fmt::format("a {} frame carries a message of another kind (body case {})",
+                                   kind_name(header.kind), static_cast<int>(message.body_case())));
+  }
+  if (static_cast<std::uint64_t>(message.segment_sizes_size()) > limits.max_segments) {
+    protocol_violation(fmt::format("frame has {} segments, the limit is {}", message.segment_sizes_size(),
+                                   limits.max_segments));
+  }
+  std::uint64_t total = 0;
+  for (const auto size : message.segment_sizes()) {
+    if (size > header.payload_bytes - total) {
+      protocol_violation(fmt::format("segment sizes add up to more than the payload of {} bytes",
+                                     header.payload_bytes));
+    }
+    total += size;
+  }
+  if (total != header.payload_bytes) {
+    protocol_violation(fmt::format("segment sizes add up to {} bytes but the payload is {} bytes", total,
+                                   header.payload_bytes));
+  }
+}
+
+encoded_frame encode(frame f) {
+  f.message.clear_segment_sizes();
+  std::uint64_t payload = 0;
+  for (const auto& segment : f.segments) {
+    f.message.add_segment_sizes(segment.size());
+    payload += segment.size();
+  }
+  const std::size_t header_bytes = f.message.ByteSizeLong();
+  encoded_frame out;
+  out.head.resize(fixed_header_size + header_bytes);
+  const auto fixed = encode_fixed_header({f.kind, f.request_id, static_cast<std::uint32_t>(header_bytes), payload});
+  std::memcpy(out.head.data(), fixed.data(), fixed.size());
+  f.message.SerializeWithCachedSizesToArray(reinterpret_cast<std::uint8_t*>(out.head.data() + fixed_header_size));
+  out.segments = std::move(f.segments);
+  return out;
+}
+
+void put_tensor(frame& f, TensorRef& ref, const tensor& t) {
+  ref.set_dtype(static_cast<std::uint32_t>(t.type()));
+  ref.clear_shape();
+  for (const auto dim : t.shape()) ref.add_shape(dim);
+  ref.set_segment(static_cast<std::uint32_t>(f.segments.size()));
+  f.segments.push_back(t.bytes());
+}
+
+tensor get_tensor(const frame& f, const TensorRef& ref) {
+  const auto type = static_cast<dtype>(ref.dtype());
+  if (ref.dtype() > 255 || !is_valid(type)) {
+    throw error(errc::invalid_argument, fmt::format("tensor has unknown dtype {}", ref.dtype()));
+  }
+  if (ref.segment() >= f.segments.size()) {
+    throw error(errc::invalid_argument, fmt::format("tensor refers to segment {} but the frame has {}",
+                                                    ref.segment(), f.segments.size()));
+  }
+  shape_type shape(ref.shape().begin(), ref.shape().end());
+  // Overflow-safe element count: a hostile shape must not wrap around to the segment size.
+  std::uint64_t bytes = size_of(type);
+  for (const auto dim : shape) {
+    if (dim != 0 && bytes > std::numeric_limits<std::uint64_t>::max() / dim) {
+      throw error(errc::invalid_argument, fmt::format("tensor shape {} is too large", to_string(shape)));
+    }
+    bytes *= dim;
+  }
+  const auto& segment = f.segments[ref.segment()];
+  if (bytes != segment.size()) {
+    throw error(errc::invalid_argument,
+                fmt::format("{} tensor of shape {} needs {} bytes but its segment has {}", name_of(type),
+                            to_string(shape), bytes, segment.size()));
+  }
+  return {type, std::move(shape), segment};
+}
+
+asio::awaitable<bool> frame_reader::fill(asio::ip::tcp::socket& socket, std::size_t n, std::size_t frame_offset) {
+  if (buffered() >= n) co_return true;
+  if (buffer_.size() - begin_ < n) {
+    // Compact, then grow if the frame part is larger than the buffer (bounded by the limits).
+    std::memmove(buffer_.data(), buffer_.data() + begin_, buffered());
+    end_ -= begin_;
+    begin_ = 0;
+    if (buffer_.size() < n) buffer_.resize(n);
+  }
+  while (buffered() < n) {
+    auto [ec, got] = co_await socket.async_read_some(asio::buffer(buffer_.data() + end_, buffer_.size() - end_),
+                                                     asio::experimental::as_tuple(asio::use_awaitable));
+    if (ec == asio::error::eof) {
+      if (frame_offset == 0 && buffered() == 0) co_return false;
+      protocol_violation(fmt::format("truncated frame: the peer closed the connection {} bytes into a frame",
+                                     frame_offset + buffered()));
+    }
+    if (ec) throw std::system_error(ec);
+    end_ += got;
+  }
+  co_return true;
+}
+
+asio::awaitable<std::optional<frame>> frame_reader::read(asio::ip::tcp::socket& socket) {
+  if (!co_await fill(socket, fixed_header_size, 0)) co_return std::nullopt;
+  const auto header = parse_fixed_header(
+      std::span<const std::byte, fixed_header_size>(buffer_.data() + begin_, fixed_header_size), limits_);
+  begin_ += fixed_header_size;
+
+  co_await fill(socket, header.header_bytes, fixed_header_size);
+  frame f;
+  f.kind = header.kind;
+  f.request_id = header.request_id;
+  if (!f.message.ParseFromArray(buffer_.data() + begin_, static_cast<int>(header.header_bytes))) {
+    protocol_violation(fmt::format("unparsable {}-byte frame header (not a pscoro.wire.Frame)", header.header_bytes));
+  }
+  begin_ += header.header_bytes;
+  check_body(f.message, header, limits_);
+
+  // Segments: take what is already buffered, then read the rest straight into the segments.
+  std::vector<asio::mutable_buffer> rest;
+  std::size_t offset = fixed_header_size + header.header_bytes;
+  for (const auto size : f.message.segment_sizes()) {
+    byte_buffer segment(size);
+    const std::size_t have = std::min<std::size_t>(size, buffered());
+    std::memcpy(segment.data(), buffer_.data() + begin_, have);
+    begin_ += have;
+    if (have < size) rest.emplace_back(segment.data() + have, size - have);
+    offset += size;
+    f.segments.push_back(std::move(segment));
+  }
+  if (!rest.empty()) {
+    auto [ec, got] = co_await asio::async_read(socket, rest, asio::experimental::as_tuple(asio::use_awaitable));
+    if (ec == asio::error::eof) {
+      protocol_violation(fmt::format("truncated frame: the peer closed the connection {} bytes short of the "
+                                     "{}-byte frame",
+                                     asio::buffer_size(rest) - got, offset));
+    }
+    if (ec) throw std::system_error(ec);
+  }
+  if (begin_ == end_) begin_ = end_ = 0;
+  co_return f;
+}
+
+}  // namespace pscoro::wire

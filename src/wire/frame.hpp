@@ -1,0 +1,96 @@
+// Frames as docs/protocol.md specifies them: a 32-byte fixed header, a protobuf wire::Frame, then
+// raw tensor segments. Reading checks every limit before allocating; bad input throws
+// error(errc::protocol_error) naming what was wrong.
+#pragma once
+
+#include <pscoro/error.hpp>
+#include <pscoro/tensor.hpp>
+
+#include "pscoro.pb.h"
+
+#include <asio/awaitable.hpp>
+#include <asio/ip/tcp.hpp>
+
+#include <array>
+#include <cstdint>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+namespace pscoro::wire {
+
+inline constexpr std::uint32_t frame_magic = 0x52435350;  // bytes "PSCR" in little-endian order
+inline constexpr std::uint16_t protocol_version = 1;
+inline constexpr std::size_t fixed_header_size = 32;
+
+enum class frame_kind : std::uint16_t { hello = 1, welcome = 2, request = 3, response = 4 };
+
+struct frame_limits {
+  std::uint32_t max_header_bytes = 16u << 20;        ///< protobuf part
+  std::uint64_t max_payload_bytes = std::uint64_t{4} << 30;  ///< all tensor segments together
+  std::uint32_t max_segments = 1u << 16;
+};
+
+struct fixed_header {
+  frame_kind kind = frame_kind::request;
+  std::uint64_t request_id = 0;
+  std::uint32_t header_bytes = 0;
+  std::uint64_t payload_bytes = 0;
+};
+
+/// Checks magic, version, kind and limits; throws errc::protocol_error.
+fixed_header parse_fixed_header(std::span<const std::byte, fixed_header_size> bytes,
+                                const frame_limits& limits);
+std::array<std::byte, fixed_header_size> encode_fixed_header(const fixed_header& header);
+
+struct frame {
+  frame_kind kind = frame_kind::request;
+  std::uint64_t request_id = 0;
+  Frame message;
+  std::vector<byte_buffer> segments;
+};
+
+/// Checks that `message` fits `header`: its body matches the kind and its segment sizes add up to
+/// the payload; throws errc::protocol_error.
+void check_body(const Frame& message, const fixed_header& header, const frame_limits& limits);
+
+/// The bytes of a frame ready for one gather write: fixed header + protobuf, then the segments.
+struct encoded_frame {
+  std::string head;
+  std::vector<byte_buffer> segments;
+};
+encoded_frame encode(frame f);
+
+/// Attaches `t`'s bytes to `f` as a new segment (shared, not copied) and describes it in `ref`.
+void put_tensor(frame& f, TensorRef& ref, const tensor& t);
+/// The tensor `ref` describes; throws errc::invalid_argument if it does not match its segment.
+tensor get_tensor(const frame& f, const TensorRef& ref);
+
+/// Reads frames from a stream through a buffer; segments large enough are read straight into
+/// their own storage (no copy), small frames arrive in one read.
+class frame_reader {
+ public:
+  explicit frame_reader(frame_limits limits) : limits_(limits), buffer_(64 * 1024) {}
+
+  /// The next frame, or nullopt when the peer closed cleanly between frames. Throws
+  /// errc::protocol_error for bad input (including a frame cut short) and std::system_error for
+  /// socket errors.
+  asio::awaitable<std::optional<frame>> read(asio::ip::tcp::socket& socket);
+
+  const frame_limits& limits() const noexcept { return limits_; }
+
+ private:
+  asio::awaitable<bool> fill(asio::ip::tcp::socket& socket, std::size_t n, std::size_t frame_offset);
+  std::size_t buffered() const noexcept { return end_ - begin_; }
+
+  frame_limits limits_;
+  std::vector<std::byte> buffer_;
+  std::size_t begin_ = 0;
+  std::size_t end_ = 0;
+};
+
+/// A protocol_error with a formatted message.
+[[noreturn]] void protocol_violation(std::string message);
+
+}  // namespace pscoro::wire
