@@ -93,7 +93,7 @@ class remote_value {
   /// Blocks the calling thread until the result is there; same results as get(). Must not be
   /// called on the coordinator's executor (that thread would wait on itself).
   [[nodiscard]] R fetch() const {
-    if (state_->get_executor().running_in_this_thread()) {
+    if (detail::running_in_this_thread(state_->get_executor())) {
       throw error(errc::failed_precondition,
                   "remote_value::fetch() blocks; on the coordinator's executor use co_await get()");
     }

@@ -34,43 +34,45 @@ class variable {
   const variable_ref& ref() const noexcept { return ref_; }
 
   /// Reads the current value.
-  asio::awaitable<xt::xarray<T>> read() const { return read_as_xarray(bound_io(), ref_); }
+  asio::awaitable<xt::xarray<T>> read() const { return read_as_xarray(io_, ref_); }
   /// Reads the current value as a tensor (no conversion).
-  asio::awaitable<tensor> read_tensor() const { return io().read(ref_); }
+  asio::awaitable<tensor> read_tensor() const { return read_as_tensor(io_, ref_); }
 
   /// Replaces the value; `value` must have the variable's shape.
   template <class E>
   asio::awaitable<void> assign(const xt::xexpression<E>& value) const {
-    return io().update(ref_, update_op::assign, to_tensor(value));
+    return apply(io_, ref_, update_op::assign, to_tensor(value));
   }
   /// Adds `delta` element-wise.
   template <class E>
   asio::awaitable<void> assign_add(const xt::xexpression<E>& delta) const {
-    return io().update(ref_, update_op::assign_add, to_tensor(delta));
+    return apply(io_, ref_, update_op::assign_add, to_tensor(delta));
   }
   /// Subtracts `delta` element-wise.
   template <class E>
   asio::awaitable<void> assign_sub(const xt::xexpression<E>& delta) const {
-    return io().update(ref_, update_op::assign_sub, to_tensor(delta));
+    return apply(io_, ref_, update_op::assign_sub, to_tensor(delta));
   }
   /// Applies `op` with a tensor already in wire form (no conversion).
-  asio::awaitable<void> update(update_op op, tensor value) const {
-    return io().update(ref_, op, std::move(value));
-  }
+  asio::awaitable<void> update(update_op op, tensor value) const { return apply(io_, ref_, op, std::move(value)); }
 
  private:
-  detail::variable_io& io() const { return *bound_io(); }
-
-  const std::shared_ptr<detail::variable_io>& bound_io() const {
-    if (!io_) throw error(errc::failed_precondition, "variable handle '" + ref_.name + "' is not bound");
-    return io_;
+  // Static and by value: an awaitable must not depend on the handle staying alive, and every
+  // failure (an unbound handle too) surfaces where it is awaited.
+  static detail::variable_io& bound(const std::shared_ptr<detail::variable_io>& io, const variable_ref& ref) {
+    if (!io) throw error(errc::failed_precondition, "variable handle '" + ref.name + "' is not bound");
+    return *io;
   }
-
-  // Takes copies: the awaitable must not depend on this handle staying alive.
-  static asio::awaitable<xt::xarray<T>> read_as_xarray(std::shared_ptr<detail::variable_io> io,
-                                                       variable_ref ref) {
-    const tensor t = co_await io->read(std::move(ref));
+  static asio::awaitable<tensor> read_as_tensor(std::shared_ptr<detail::variable_io> io, variable_ref ref) {
+    co_return co_await bound(io, ref).read(std::move(ref));
+  }
+  static asio::awaitable<xt::xarray<T>> read_as_xarray(std::shared_ptr<detail::variable_io> io, variable_ref ref) {
+    const tensor t = co_await bound(io, ref).read(std::move(ref));
     co_return to_xarray<T>(t);
+  }
+  static asio::awaitable<void> apply(std::shared_ptr<detail::variable_io> io, variable_ref ref, update_op op,
+                                     tensor value) {
+    co_await bound(io, ref).update(std::move(ref), op, std::move(value));
   }
 
   variable_ref ref_;

@@ -103,8 +103,20 @@ void connection::write_next() {
     }
     self->write_queue_.erase(self->write_queue_.begin(), self->write_queue_.begin() + self->writing_);
     self->writing_ = 0;
-    if (!self->closed_) self->write_next();
+    if (self->write_queue_.empty() && self->close_when_flushed_) {
+      self->close(*self->close_when_flushed_);
+    } else if (!self->closed_) {
+      self->write_next();
+    }
   });
+}
+
+void connection::close_after_flush(const std::string& reason) {
+  if (write_queue_.empty()) {
+    close(reason);
+  } else {
+    close_when_flushed_ = reason;
+  }
 }
 
 void connection::close(const std::string& reason) {

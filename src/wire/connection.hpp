@@ -67,6 +67,8 @@ class connection : public std::enable_shared_from_this<connection> {
 
   /// Closes the socket, fails pending calls, runs the close handler. Idempotent.
   void close(const std::string& reason);
+  /// Closes once every queued frame is written (e.g. after a Welcome that refuses the peer).
+  void close_after_flush(const std::string& reason);
 
  private:
   static asio::awaitable<void> read_loop(std::shared_ptr<connection> self);
@@ -86,6 +88,7 @@ class connection : public std::enable_shared_from_this<connection> {
   std::deque<encoded_frame> write_queue_;
   std::size_t writing_ = 0;  // frames of write_queue_ in the write under way
   std::vector<asio::const_buffer> write_buffers_;
+  std::optional<std::string> close_when_flushed_;
 };
 
 /// A status message for `code` and `message`, and the error it describes.

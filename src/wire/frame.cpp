@@ -214,7 +214,7 @@ asio::awaitable<std::optional<frame>> frame_reader::read(asio::ip::tcp::socket& 
   for (const auto size : f.message.segment_sizes()) {
     byte_buffer segment(size);
     const std::size_t have = std::min<std::size_t>(size, buffered());
-    std::memcpy(segment.data(), buffer_.data() + begin_, have);
+    if (have) std::memcpy(segment.data(), buffer_.data() + begin_, have);
     begin_ += have;
     if (have < size) rest.emplace_back(segment.data() + have, size - have);
     offset += size;

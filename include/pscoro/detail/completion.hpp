@@ -10,7 +10,12 @@
 #include <asio/async_result.hpp>
 #include <asio/execution.hpp>
 #include <asio/post.hpp>
+#include <asio/io_context.hpp>
+#include <asio/post.hpp>
 #include <asio/prefer.hpp>
+#include <asio/strand.hpp>
+
+#include <future>
 
 #include <memory>
 #include <utility>
@@ -69,6 +74,26 @@ class erased_handler<void(Args...)> {
  private:
   std::unique_ptr<base> impl_;
 };
+
+/// True when the caller runs inside `executor` (an io_context executor or a strand over one).
+inline bool running_in_this_thread(const asio::any_io_executor& executor) {
+  if (auto* io = executor.target<asio::io_context::executor_type>()) return io->running_in_this_thread();
+  if (auto* strand = executor.target<asio::strand<asio::io_context::executor_type>>()) {
+    return strand->running_in_this_thread();
+  }
+  return false;
+}
+
+/// Runs `f` on `executor` and returns its result: inline when already there, else posts and
+/// blocks the calling thread until it has run (exceptions propagate).
+template <class F>
+auto run_on(const asio::any_io_executor& executor, F&& f) -> decltype(f()) {
+  if (running_in_this_thread(executor)) return f();
+  std::packaged_task<decltype(f())()> task(std::forward<F>(f));
+  auto result = task.get_future();
+  asio::post(executor, [&task] { task(); });
+  return result.get();
+}
 
 /// A one-shot event on a single executor: waiters complete (posted) once `set()` is called.
 /// Not thread-safe: use it from its executor only.

@@ -1,0 +1,85 @@
+// ClusterCoordinator: schedules worker functions on workers and reports their results and errors.
+//
+//   pscoro::cluster_coordinator coordinator(strategy);
+//   for (int step = 0; step < 1000; ++step) coordinator.schedule(train_step, w, step);
+//   co_await coordinator.join();      // throws the first error, once
+//
+// schedule() never waits on the network: it queues a closure and returns its remote_value. The
+// coordinator's executor sends queued closures to workers with a free slot (several in flight per
+// worker). Error contract (TF's): the first error of a closure is raised once, by the next
+// schedule, join or done, then cleared; closures still queued then are cancelled.
+#pragma once
+
+#include <pscoro/detail/completion.hpp>
+#include <pscoro/remote_value.hpp>
+#include <pscoro/strategy.hpp>
+#include <pscoro/worker_function.hpp>
+
+#include <asio/async_result.hpp>
+#include <asio/awaitable.hpp>
+#include <asio/use_awaitable.hpp>
+
+#include <exception>
+#include <memory>
+#include <vector>
+
+namespace pscoro {
+
+struct coordinator_options {
+  /// Closures sent to one worker before it answers (TF: 1). More hides the round trip.
+  std::size_t closures_per_worker = 4;
+};
+
+class cluster_coordinator {
+ public:
+  /// The coordinator of `strategy`; the strategy must outlive it. Like TF, there is one per
+  /// strategy: a second coordinator shares the first one's queue (and its options).
+  explicit cluster_coordinator(parameter_server_strategy& strategy, coordinator_options options = {});
+
+  /// Queues `function(args...)` and returns its result handle. Callable from the coordinator's
+  /// executor or from any thread (which then waits for the executor to take the closure).
+  /// Throws the pending error of an earlier closure, if any (then clears it).
+  template <class R, class... Params, class... Args>
+  remote_value<R> schedule(const worker_function<R(Params...)>& function, Args&&... args) {
+    static_assert(sizeof...(Params) == sizeof...(Args), "schedule: wrong number of arguments");
+    std::vector<value> encoded{codec<std::decay_t<Params>>::encode(std::decay_t<Params>(std::forward<Args>(args)))...};
+    return remote_value<R>(schedule_erased(function.name(), function.signature(), std::move(encoded)));
+  }
+
+  /// Completes when every scheduled closure has finished, with signature
+  /// void(std::exception_ptr): the first error since the last report, if any. A plain thread
+  /// waits with `async_join(asio::use_future).get()`, which throws that error.
+  template <class CompletionToken>
+  auto async_join(CompletionToken&& token) {
+    return asio::async_initiate<CompletionToken, void(std::exception_ptr)>(
+        [this](auto handler) {
+          join_erased(detail::erased_handler<void(std::exception_ptr)>(std::move(handler), executor()));
+        },
+        token);
+  }
+
+  /// Waits for every scheduled closure; throws the first error (then clears it).
+  [[nodiscard]] asio::awaitable<void> join() { return async_join(asio::use_awaitable); }
+
+  /// True when nothing is queued or running. Throws the pending error, if any (then clears it).
+  [[nodiscard]] bool done();
+
+  /// The results of `values`, in order (TF's coordinator.fetch); throws the first failure.
+  template <class R>
+  [[nodiscard]] static asio::awaitable<std::vector<R>> fetch(std::vector<remote_value<R>> values) {
+    std::vector<R> results;
+    results.reserve(values.size());
+    for (const auto& v : values) results.push_back(co_await v.get());
+    co_return results;
+  }
+
+ private:
+  std::shared_ptr<detail::remote_state> schedule_erased(std::string name, std::string signature,
+                                                        std::vector<value> args);
+  void join_erased(detail::erased_handler<void(std::exception_ptr)> handler);
+  const asio::any_io_executor& executor() const noexcept;
+
+  std::shared_ptr<detail::coordinator_core> core_;
+};
+
+}  // namespace pscoro

@@ -1,0 +1,77 @@
+// A parameter-server or worker task (TF's tf.distribute.Server).
+//
+// A ps holds variables; a worker runs the worker functions bound to it. Both accept the chief's
+// connection; a ps also accepts the workers'. Use `server` inside your own program and io_context,
+// or `run_server` from a main that branches on its task type:
+//
+//   int main() {
+//     auto resolver = pscoro::tf_config_cluster_resolver::from_environment();
+//     if (resolver.task_type() != "chief")
+//       return pscoro::run_server(resolver, [](pscoro::server& s) { s.bind(train_step, do_step); });
+//     ...
+//   }
+#pragma once
+
+#include <pscoro/cluster_spec.hpp>
+#include <pscoro/transport_options.hpp>
+#include <pscoro/worker_function.hpp>
+
+#include <asio/any_io_executor.hpp>
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+
+namespace pscoro {
+
+struct server_options {
+  /// Where to listen; empty means this task's address in the cluster spec. Port 0 picks a free
+  /// port (see port()).
+  std::string listen_address;
+  transport_options transport;
+};
+
+class server {
+ public:
+  /// A server for task `resolver.task_type():task_id()`, which must be "ps" or "worker" and
+  /// listed in the cluster spec. Throws errc::invalid_argument otherwise.
+  server(asio::any_io_executor executor, const simple_cluster_resolver& resolver, server_options options = {});
+  ~server();
+  server(const server&) = delete;
+  server& operator=(const server&) = delete;
+
+  /// Binds `fn` (callable as `asio::awaitable<R>(Args...)`) to `function` on a worker. Its
+  /// captures live as long as the server.
+  template <class R, class... Args, class F>
+  void bind(const worker_function<R(Args...)>& function, F&& fn) {
+    bind_erased(function.name(), function.signature(), detail::erase_worker_function(function, std::forward<F>(fn)));
+  }
+
+  /// Listens and starts accepting on the executor. Throws if the address cannot be bound.
+  void start();
+  /// Stops accepting and closes every connection.
+  void stop();
+
+  /// The port listened on (after start()).
+  std::uint16_t port() const;
+  /// "host:port" listened on (after start()).
+  std::string address() const;
+  /// "ps:0".
+  const std::string& task() const noexcept;
+
+ private:
+  void bind_erased(std::string name, std::string signature, detail::erased_worker_function fn);
+
+  struct impl;
+  std::shared_ptr<impl> impl_;
+};
+
+/// Runs this process as the ps or worker task of `resolver` until SIGINT or SIGTERM: makes an
+/// io_context, lets `configure` bind worker functions, starts the server and prints
+/// "pscoro: <task> listening on <host:port>" on stdout (the launcher reads the port from it).
+/// Returns the process exit code.
+int run_server(const simple_cluster_resolver& resolver, const std::function<void(server&)>& configure = {},
+               server_options options = {});
+
+}  // namespace pscoro

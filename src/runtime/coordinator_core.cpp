@@ -1,0 +1,208 @@
+#include "runtime/coordinator_core.hpp"
+
+#include "runtime/log.hpp"
+#include "runtime/values.hpp"
+#include "wire/connection.hpp"
+
+#include <asio/co_spawn.hpp>
+#include <asio/detached.hpp>
+#include <asio/experimental/as_tuple.hpp>
+#include <asio/use_awaitable.hpp>
+
+#include <fmt/format.h>
+
+#include <random>
+
+namespace pscoro::detail {
+
+using asio::experimental::as_tuple;
+using asio::use_awaitable;
+
+coordinator_core::coordinator_core(asio::any_io_executor executor, const simple_cluster_resolver& resolver,
+                                   strategy_options options)
+    : executor_(std::move(executor)), cluster_(resolver.cluster_spec()), strategy_options_(options) {
+  const std::string task_type = resolver.task_type().empty() ? "chief" : resolver.task_type();
+  if (task_type == "ps" || task_type == "worker") {
+    throw error(errc::invalid_argument,
+                fmt::format("the coordinator runs as the 'chief' task, not '{}' (TF: coordinator name should not be "
+                            "'worker' or 'ps')",
+                            task_type));
+  }
+  validate_parameter_server_cluster(cluster_, resolver.task_type(), resolver.task_id());
+  for (const auto& job : {"ps", "worker"}) {
+    const auto indices = cluster_.task_indices(job);
+    for (std::size_t i = 0; i < indices.size(); ++i) {
+      if (indices[i] != static_cast<int>(i)) {
+        throw error(errc::invalid_argument,
+                    fmt::format("job '{}' must list tasks 0..{} for training; task {} is missing", job,
+                                indices.size() - 1, i));
+      }
+    }
+  }
+  task_ = task_name(task_type, resolver.task_id().value_or(0));
+
+  std::random_device device;
+  hello_.set_protocol_version(wire::protocol_version);
+  hello_.set_job("chief");
+  hello_.set_task_index(resolver.task_id().value_or(0));
+  hello_.set_incarnation((std::uint64_t{device()} << 32) ^ device());
+  for (const auto& job : {"ps", "worker"}) {
+    auto* entry = hello_.add_cluster();
+    entry->set_name(job);
+    for (const int index : cluster_.task_indices(job)) (*entry->mutable_tasks())[index] = cluster_.task_address(job, index);
+  }
+  for (const int index : cluster_.task_indices("ps")) {
+    ps_peers_.push_back(std::make_shared<runtime::peer>(executor_, task_name("ps", index),
+                                                        cluster_.task_address("ps", index), hello_,
+                                                        strategy_options_.transport));
+  }
+  ps_ = std::make_shared<runtime::ps_client>(ps_peers_);
+  for (const int index : cluster_.task_indices("worker")) {
+    workers_.push_back({std::make_shared<runtime::peer>(executor_, task_name("worker", index),
+                                                        cluster_.task_address("worker", index), hello_,
+                                                        strategy_options_.transport)});
+  }
+}
+
+asio::awaitable<void> coordinator_core::connect() {
+  for (const auto& ps : ps_peers_) co_await ps->get();
+  for (const auto& worker : workers_) co_await worker.peer->get();
+  log::info("connected to {} ps and {} workers", ps_peers_.size(), workers_.size());
+}
+
+void coordinator_core::close() {
+  closed_ = true;
+  for (const auto& ps : ps_peers_) ps->close("the coordinator closed");
+  for (const auto& worker : workers_) worker.peer->close("the coordinator closed");
+}
+
+asio::awaitable<variable_ref> coordinator_core::create_variable(std::string name, tensor initial) {
+  variable_ref ref{std::move(name), initial.type(), initial.shape(),
+                   static_cast<int>(next_placement_++ % ps_peers_.size())};
+  co_await ps_->create(ref, std::move(initial));
+  co_return ref;
+}
+
+std::shared_ptr<remote_state> coordinator_core::schedule(std::string name, std::string signature,
+                                                         std::vector<value> args) {
+  if (auto e = take_error()) std::rethrow_exception(e);
+  auto result = std::make_shared<remote_state>(executor_, decode_context{ps_});
+  queue_.push_back(std::make_shared<closure>(
+      closure{std::move(name), std::move(signature), std::move(args), result, generation_}));
+  dispatch();
+  return result;
+}
+
+void coordinator_core::dispatch() {
+  // While an error waits to be reported, nothing new starts: what is queued will be cancelled.
+  while (!queue_.empty() && !pending_error_) {
+    // The least busy live worker with a free slot, scanning from a rotating start for fairness.
+    std::size_t best = workers_.size();
+    for (std::size_t k = 0; k < workers_.size(); ++k) {
+      const std::size_t i = (next_worker_ + k) % workers_.size();
+      const auto& w = workers_[i];
+      if (!w.alive || w.in_flight >= options_.closures_per_worker) continue;
+      if (best == workers_.size() || w.in_flight < workers_[best].in_flight) best = i;
+    }
+    if (best == workers_.size()) break;
+    next_worker_ = (best + 1) % workers_.size();
+    auto c = std::move(queue_.front());
+    queue_.pop_front();
+    ++workers_[best].in_flight;
+    ++in_flight_;
+    asio::co_spawn(executor_, run(shared_from_this(), best, std::move(c)), asio::detached);
+  }
+  const bool any_alive = std::any_of(workers_.begin(), workers_.end(), [](const auto& w) { return w.alive; });
+  if (!any_alive && !queue_.empty() && !pending_error_) {
+    // Until workers can come back (fault-tolerance issue), losing all of them ends the run.
+    record_error(std::make_exception_ptr(error(errc::unavailable, "every worker is lost; queued closures cannot run")),
+                 generation_);
+  }
+  notify_joiners();
+}
+
+asio::awaitable<void> coordinator_core::run(std::shared_ptr<coordinator_core> self, std::size_t index,
+                                            std::shared_ptr<closure> c) {
+  auto& slot = self->workers_[index];
+  wire::frame request;
+  auto* call = request.message.mutable_request()->mutable_run_function();
+  call->set_name(c->function);
+  call->set_signature(c->signature);
+  for (const auto& arg : c->args) runtime::encode_value(request, *call->add_args(), arg);
+
+  std::string lost;
+  wire::frame response;
+  if (auto connection = slot.peer->connection()) {
+    auto [ec, reply] = co_await connection->async_call(std::move(request), as_tuple(use_awaitable));
+    if (ec) lost = connection->close_reason();
+    response = std::move(reply);
+  } else {
+    lost = "not connected";
+  }
+  --slot.in_flight;
+  --self->in_flight_;
+  if (!lost.empty() && self->closed_) {
+    c->result->set_error(std::make_exception_ptr(error(errc::cancelled, "the coordinator closed")),
+                         remote_status::cancelled);
+  } else if (!lost.empty()) {
+    if (slot.alive) log::warning("lost {}: {}; its closures go back to the queue", slot.peer->task(), lost);
+    slot.alive = false;
+    self->queue_.push_back(std::move(c));  // at least once: it runs again elsewhere (TF: at the tail)
+  } else {
+    self->finish(c, response, slot.peer->task());
+  }
+  self->dispatch();
+}
+
+void coordinator_core::finish(const std::shared_ptr<closure>& c, const wire::frame& response, const std::string& worker) {
+  const auto& reply = response.message.response();
+  try {
+    wire::throw_if_error(reply.status(), worker);
+    c->result->set_value(runtime::decode_value(response, reply.result()));
+  } catch (const std::exception&) {
+    auto e = std::current_exception();
+    c->result->set_error(e);
+    record_error(e, c->generation);
+  }
+}
+
+void coordinator_core::record_error(std::exception_ptr e, std::uint64_t generation) {
+  if (generation != generation_ || pending_error_) return;  // first error only; older ones were reported
+  pending_error_ = std::move(e);
+}
+
+std::exception_ptr coordinator_core::take_error() {
+  if (!pending_error_) return nullptr;
+  auto queued = std::move(queue_);
+  queue_.clear();
+  for (const auto& c : queued) {
+    c->result->set_error(
+        std::make_exception_ptr(error(errc::cancelled, fmt::format("The corresponding function '{}' is cancelled. "
+                                                                   "Please reschedule the function.",
+                                                                   c->function))),
+        remote_status::cancelled);
+  }
+  ++generation_;
+  return std::exchange(pending_error_, nullptr);
+}
+
+void coordinator_core::join(erased_handler<void(std::exception_ptr)> handler) {
+  joiners_.push_back(std::move(handler));
+  notify_joiners();
+}
+
+void coordinator_core::notify_joiners() {
+  // TF: join returns (or raises) only when no closure is running.
+  if (joiners_.empty() || in_flight_ > 0 || (!queue_.empty() && !pending_error_)) return;
+  auto error = take_error();
+  auto joiners = std::move(joiners_);
+  joiners_.clear();
+  for (auto& joiner : joiners) joiner(error);
+}
+
+bool coordinator_core::done() {
+  if (auto e = take_error()) std::rethrow_exception(e);
+  return queue_.empty() && in_flight_ == 0;
+}
+
+}  // namespace pscoro::detail

@@ -1,0 +1,84 @@
+// The chief's state: connections to every task, variable placement and the closure queue. One
+// object per strategy, shared with its coordinator; used on the strategy's executor only (public
+// entry points hop onto it).
+#pragma once
+
+#include <pscoro/coordinator.hpp>
+#include <pscoro/strategy.hpp>
+
+#include "runtime/peer.hpp"
+#include "runtime/ps_client.hpp"
+
+#include <deque>
+#include <memory>
+#include <vector>
+
+namespace pscoro::detail {
+
+class coordinator_core : public std::enable_shared_from_this<coordinator_core> {
+ public:
+  coordinator_core(asio::any_io_executor executor, const simple_cluster_resolver& resolver, strategy_options options);
+
+  asio::awaitable<void> connect();
+  /// Closes every connection; closures still running fail as their worker is lost.
+  void close();
+
+  asio::awaitable<variable_ref> create_variable(std::string name, tensor initial);
+  const std::shared_ptr<runtime::ps_client>& ps() const noexcept { return ps_; }
+
+  void set_options(const coordinator_options& options) { options_ = options; }
+
+  // Closures. All on the executor.
+  std::shared_ptr<remote_state> schedule(std::string name, std::string signature, std::vector<value> args);
+  void join(erased_handler<void(std::exception_ptr)> handler);
+  bool done();
+
+  const asio::any_io_executor& executor() const noexcept { return executor_; }
+  const cluster_spec& cluster() const noexcept { return cluster_; }
+  std::size_t num_ps() const noexcept { return ps_peers_.size(); }
+  std::size_t num_workers() const noexcept { return workers_.size(); }
+
+ private:
+  struct closure {
+    std::string function;
+    std::string signature;
+    std::vector<value> args;
+    std::shared_ptr<remote_state> result;
+    std::uint64_t generation;  // errors of closures from before the last report are not reported again
+  };
+  struct worker_slot {
+    std::shared_ptr<runtime::peer> peer;
+    std::size_t in_flight = 0;
+    bool alive = true;
+  };
+
+  void dispatch();
+  static asio::awaitable<void> run(std::shared_ptr<coordinator_core> self, std::size_t worker,
+                                   std::shared_ptr<closure> c);
+  void finish(const std::shared_ptr<closure>& c, const wire::frame& response, const std::string& worker);
+  void record_error(std::exception_ptr e, std::uint64_t generation);
+  /// Cancels what is queued and returns the pending error (cleared), or null.
+  std::exception_ptr take_error();
+  void notify_joiners();
+
+  asio::any_io_executor executor_;
+  cluster_spec cluster_;
+  std::string task_;
+  strategy_options strategy_options_;
+  coordinator_options options_;
+  wire::Hello hello_;
+  std::vector<std::shared_ptr<runtime::peer>> ps_peers_;
+  std::shared_ptr<runtime::ps_client> ps_;
+  std::vector<worker_slot> workers_;
+  std::size_t next_placement_ = 0;
+  bool closed_ = false;
+
+  std::deque<std::shared_ptr<closure>> queue_;
+  std::size_t in_flight_ = 0;
+  std::size_t next_worker_ = 0;
+  std::uint64_t generation_ = 0;
+  std::exception_ptr pending_error_;
+  std::vector<erased_handler<void(std::exception_ptr)>> joiners_;
+};
+
+}  // namespace pscoro::detail

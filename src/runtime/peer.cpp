@@ -1,0 +1,163 @@
+#include "runtime/peer.hpp"
+
+#include "runtime/log.hpp"
+
+#include <asio/connect.hpp>
+#include <asio/experimental/as_tuple.hpp>
+#include <asio/ip/tcp.hpp>
+#include <asio/steady_timer.hpp>
+#include <asio/this_coro.hpp>
+#include <asio/use_awaitable.hpp>
+
+#include <fmt/chrono.h>
+
+namespace pscoro::runtime {
+
+using asio::experimental::as_tuple;
+using asio::use_awaitable;
+
+wire::frame_limits limits_of(const transport_options& options) {
+  wire::frame_limits limits;
+  limits.max_header_bytes = options.max_header_bytes;
+  limits.max_payload_bytes = options.max_payload_bytes;
+  return limits;
+}
+
+std::pair<std::string, std::string> split_address(const std::string& address, const std::string& task) {
+  const auto colon = address.rfind(':');
+  if (colon == std::string::npos || colon == 0 || colon + 1 == address.size()) {
+    throw error(errc::invalid_argument, fmt::format("address '{}' of {} is not host:port", address, task));
+  }
+  std::string host = address.substr(0, colon);
+  if (host.size() > 2 && host.front() == '[' && host.back() == ']') host = host.substr(1, host.size() - 2);
+  const std::string port = address.substr(colon + 1);
+  if (port.find_first_not_of("0123456789") != std::string::npos || port.size() > 5 || std::stoul(port) > 65535) {
+    throw error(errc::invalid_argument, fmt::format("address '{}' of {} has an invalid port", address, task));
+  }
+  return {host, port};
+}
+
+namespace {
+
+// One attempt: connect, hello, welcome. Returns null with `why` set for a retryable failure.
+asio::awaitable<std::shared_ptr<wire::connection>> try_connect(const std::string& task, const std::string& host,
+                                                               const std::string& port, const wire::Hello& hello,
+                                                               const transport_options& options, std::string& why) {
+  auto executor = co_await asio::this_coro::executor;
+  asio::ip::tcp::resolver resolver(executor);
+  auto [resolve_error, endpoints] = co_await resolver.async_resolve(host, port, as_tuple(use_awaitable));
+  if (resolve_error) {
+    why = fmt::format("cannot resolve {}: {}", host, resolve_error.message());
+    co_return nullptr;
+  }
+  asio::ip::tcp::socket socket(executor);
+  auto [connect_error, endpoint] = co_await asio::async_connect(socket, endpoints, as_tuple(use_awaitable));
+  if (connect_error) {
+    why = connect_error.message();
+    co_return nullptr;
+  }
+  auto connection = std::make_shared<wire::connection>(
+      std::move(socket), limits_of(options), fmt::format("{} at {}:{}", task, endpoint.address().to_string(), endpoint.port()));
+
+  wire::frame hello_frame;
+  hello_frame.kind = wire::frame_kind::hello;
+  *hello_frame.message.mutable_hello() = hello;
+  connection->send(std::move(hello_frame));
+
+  // The deadline closes the connection, which ends the read below. A task that accepts but does
+  // not answer is not retried: something else is listening there, or it hangs.
+  asio::steady_timer deadline(executor, options.handshake_timeout);
+  auto timed_out = std::make_shared<bool>(false);
+  deadline.async_wait([weak = std::weak_ptr(connection), timed_out](std::error_code ec) {
+    if (auto c = weak.lock(); !ec && c) {
+      *timed_out = true;
+      c->close("no Welcome within the handshake timeout");
+    }
+  });
+  std::optional<wire::frame> welcome;
+  try {
+    welcome = co_await connection->read_frame();
+  } catch (const std::system_error& e) {
+    why = connection->close_reason().empty() ? e.what() : connection->close_reason();
+    connection->close(why);
+  }
+  deadline.cancel();
+  if (*timed_out) {
+    throw error(errc::deadline_exceeded,
+                fmt::format("{} at {}:{} accepted the connection but sent no Welcome within {}", task, host, port,
+                            options.handshake_timeout));
+  }
+  if (!why.empty()) co_return nullptr;
+  if (!welcome) {
+    why = connection->close_reason().empty() ? "closed during the handshake" : connection->close_reason();
+    co_return nullptr;
+  }
+  if (welcome->kind != wire::frame_kind::welcome) {
+    connection->close("protocol error: expected a Welcome");
+    throw error(errc::protocol_error, fmt::format("{} answered the handshake with something else than a Welcome", task));
+  }
+  const auto& w = welcome->message.welcome();
+  if (w.status().code() != 0) {
+    connection->close("handshake refused");
+    wire::throw_if_error(w.status(), task);
+  }
+  co_return connection;
+}
+
+}  // namespace
+
+asio::awaitable<std::shared_ptr<wire::connection>> connect_to_task(std::string task, std::string address,
+                                                                   wire::Hello hello, transport_options options) {
+  const auto [host, port] = split_address(address, task);
+  const auto deadline = std::chrono::steady_clock::now() + options.connect_timeout;
+  auto backoff = std::chrono::milliseconds(10);
+  asio::steady_timer timer(co_await asio::this_coro::executor);
+  for (int attempt = 1;; ++attempt) {
+    std::string why;
+    if (auto connection = co_await try_connect(task, host, port, hello, options, why)) co_return connection;
+    if (std::chrono::steady_clock::now() + backoff >= deadline) {
+      throw error(errc::unavailable, fmt::format("cannot reach {} at {} within {} ({} attempts): {}", task, address,
+                                                 options.connect_timeout, attempt, why));
+    }
+    if (attempt == 1 || attempt % 20 == 0) log::debug("waiting for {} at {}: {}", task, address, why);
+    timer.expires_after(backoff);
+    co_await timer.async_wait(as_tuple(use_awaitable));
+    backoff = std::min<std::chrono::milliseconds>(backoff * 3 / 2, std::chrono::seconds(1));
+  }
+}
+
+asio::awaitable<std::shared_ptr<wire::connection>> peer::get() {
+  for (;;) {
+    if (auto open = connection()) co_return open;
+    if (auto attempt = connecting_) {
+      co_await attempt->async_wait(use_awaitable);
+      if (connect_error_) std::rethrow_exception(connect_error_);
+      continue;
+    }
+    auto attempt = std::make_shared<detail::async_event>(executor_);
+    connecting_ = attempt;
+    connect_error_ = nullptr;
+    try {
+      auto fresh = co_await connect_to_task(task_, address_, hello_, options_);
+      fresh->start(nullptr, nullptr);
+      connection_ = std::move(fresh);
+    } catch (...) {
+      connect_error_ = std::current_exception();
+    }
+    connecting_ = nullptr;
+    attempt->set();
+    if (connect_error_) std::rethrow_exception(connect_error_);
+  }
+}
+
+asio::awaitable<wire::frame> peer::call(wire::frame request) {
+  auto connection = co_await get();
+  auto [ec, response] = co_await connection->async_call(std::move(request), as_tuple(use_awaitable));
+  if (ec) {
+    throw error(errc::unavailable, fmt::format("connection to {} lost: {}", connection->peer(), connection->close_reason()));
+  }
+  wire::throw_if_error(response.message.response().status(), task_);
+  co_return std::move(response);
+}
+
+}  // namespace pscoro::runtime

@@ -1,0 +1,70 @@
+// The client side of connections: reaching a task (with retries while it starts), the handshake,
+// and a peer that reconnects on demand.
+#pragma once
+
+#include <pscoro/transport_options.hpp>
+
+#include "wire/connection.hpp"
+
+#include <asio/awaitable.hpp>
+
+#include <memory>
+#include <string>
+
+namespace pscoro::runtime {
+
+wire::frame_limits limits_of(const transport_options& options);
+
+/// Splits "host:port"; throws errc::invalid_argument naming `task` when it is malformed.
+std::pair<std::string, std::string> split_address(const std::string& address, const std::string& task);
+
+/// Connects to `task` at `address`, sends `hello` and waits for the Welcome. Retries refused and
+/// failed connections with backoff until options.connect_timeout, then throws errc::unavailable;
+/// a refusal in the Welcome (e.g. a version mismatch) throws at once as a remote_error.
+asio::awaitable<std::shared_ptr<wire::connection>> connect_to_task(std::string task, std::string address,
+                                                                   wire::Hello hello, transport_options options);
+
+/// One remote task: `get()` returns the open connection, connecting first when there is none.
+/// Concurrent callers share one attempt. Use on one executor only.
+class peer {
+ public:
+  peer(asio::any_io_executor executor, std::string task, std::string address, wire::Hello hello,
+       transport_options options)
+      : executor_(std::move(executor)),
+        task_(std::move(task)),
+        address_(std::move(address)),
+        hello_(std::move(hello)),
+        options_(options) {}
+
+  const std::string& task() const noexcept { return task_; }
+  const std::string& address() const noexcept { return address_; }
+  void set_address(std::string address) { address_ = std::move(address); }
+  /// The open connection, or null.
+  std::shared_ptr<wire::connection> connection() const {
+    return connection_ && connection_->is_open() ? connection_ : nullptr;
+  }
+
+  /// Closes the connection, if open; the next get() connects again.
+  void close(const std::string& reason) {
+    if (connection_) connection_->close(reason);
+  }
+
+  /// The open connection; connects (with retries) if needed. Throws what connecting throws.
+  asio::awaitable<std::shared_ptr<wire::connection>> get();
+
+  /// Sends `request` and returns the response; a lost connection throws errc::unavailable naming
+  /// the task and the reason, an error status throws its remote_error.
+  asio::awaitable<wire::frame> call(wire::frame request);
+
+ private:
+  asio::any_io_executor executor_;
+  std::string task_;
+  std::string address_;
+  wire::Hello hello_;
+  transport_options options_;
+  std::shared_ptr<wire::connection> connection_;
+  std::shared_ptr<detail::async_event> connecting_;
+  std::exception_ptr connect_error_;
+};
+
+}  // namespace pscoro::runtime

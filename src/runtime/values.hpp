@@ -1,0 +1,18 @@
+// pscoro::value <-> wire::Value, with tensors carried as frame segments.
+#pragma once
+
+#include <pscoro/value.hpp>
+
+#include "wire/frame.hpp"
+
+namespace pscoro::runtime {
+
+void encode_ref(wire::VariableRef& out, const variable_ref& ref);
+/// Throws errc::invalid_argument for an unknown dtype.
+variable_ref decode_ref(const wire::VariableRef& in);
+
+void encode_value(wire::frame& f, wire::Value& out, const value& v);
+/// Throws errc::invalid_argument when `in` does not describe a valid value of `f`.
+value decode_value(const wire::frame& f, const wire::Value& in);
+
+}  // namespace pscoro::runtime

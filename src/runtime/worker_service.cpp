@@ -1,0 +1,107 @@
+#include "runtime/worker_service.hpp"
+
+#include "runtime/values.hpp"
+#include "wire/connection.hpp"
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+namespace pscoro::runtime {
+
+worker_service::worker_service(asio::any_io_executor executor, std::string task, int task_index,
+                               std::uint64_t incarnation, transport_options options)
+    : executor_(std::move(executor)),
+      task_(std::move(task)),
+      task_index_(task_index),
+      incarnation_(incarnation),
+      options_(options),
+      ps_(std::make_shared<ps_client>(std::vector<std::shared_ptr<peer>>{})) {}
+
+void worker_service::bind(std::string name, std::string signature, detail::erased_worker_function fn) {
+  functions_[std::move(name)] = bound_function{std::move(signature), std::move(fn)};
+}
+
+void worker_service::set_cluster(const wire::Hello& hello) {
+  std::map<int, std::string> ps_addresses;
+  for (const auto& job : hello.cluster()) {
+    if (job.name() == "ps") ps_addresses.insert(job.tasks().begin(), job.tasks().end());
+  }
+  wire::Hello ours;
+  ours.set_protocol_version(wire::protocol_version);
+  ours.set_job("worker");
+  ours.set_task_index(task_index_);
+  ours.set_incarnation(incarnation_);
+  // Keep open connections to ps that did not move; index i of the list is ps task i.
+  const auto& old = ps_->peers();
+  std::vector<std::shared_ptr<peer>> peers;
+  for (const auto& [index, address] : ps_addresses) {
+    if (index != static_cast<int>(peers.size())) break;  // ps tasks are dense (checked by the chief)
+    const auto name = fmt::format("ps:{}", index);
+    if (static_cast<std::size_t>(index) < old.size() && old[index]->address() == address) {
+      peers.push_back(old[index]);
+    } else {
+      peers.push_back(std::make_shared<peer>(executor_, name, address, ours, options_));
+    }
+  }
+  ps_->set_peers(std::move(peers));
+}
+
+asio::awaitable<value> worker_service::run(const wire::frame& request, const wire::RunFunction& call) {
+  auto it = functions_.find(call.name());
+  if (it == functions_.end()) {
+    std::vector<std::string_view> known;
+    for (const auto& entry : functions_) known.push_back(entry.first);
+    throw error(errc::not_found, fmt::format("worker function '{}' is not bound on {} (it binds: {})", call.name(),
+                                             task_, known.empty() ? "nothing" : fmt::format("{}", fmt::join(known, ", "))));
+  }
+  if (!call.signature().empty() && call.signature() != it->second.signature) {
+    throw error(errc::invalid_argument,
+                fmt::format("worker function '{}' is scheduled as {} but {} binds it as {}", call.name(),
+                            call.signature(), task_, it->second.signature));
+  }
+  std::vector<value> args;
+  args.reserve(call.args_size());
+  for (const auto& arg : call.args()) args.push_back(decode_value(request, arg));
+  // Copy the function: a later bind() of the same name must not pull it from under this call.
+  const auto fn = it->second.fn;
+  // Named, not a temporary: g++ 12 destroys temporaries of a co_await expression too early.
+  const decode_context context{ps_};
+  auto call_result = fn(std::move(args), context);
+  co_return co_await std::move(call_result);
+}
+
+asio::awaitable<wire::frame> worker_service::handle(wire::frame request) {
+  const auto& body = request.message.request();
+  wire::frame response;
+  auto* out = response.message.mutable_response();
+  if (body.body_case() != wire::Request::kRunFunction) {
+    wire::set_status(*out->mutable_status(), make_error_code(errc::failed_precondition),
+                     fmt::format("{} is a worker and holds no variables", task_), task_);
+    co_return response;
+  }
+  const auto& call = body.run_function();
+  std::error_code code;
+  std::string message;
+  std::string origin = task_;
+  try {
+    const value result = co_await run(request, call);
+    encode_value(response, *out->mutable_result(), result);
+    co_return response;
+  } catch (const remote_error& e) {
+    // A failure of a ps this function talked to keeps its origin (the coordinator classifies it).
+    code = e.code();
+    origin = e.origin_task();
+    message = fmt::format("worker function '{}' on {} failed: {}", call.name(), task_, e.remote_message());
+  } catch (const error& e) {
+    code = e.code();
+    message = fmt::format("worker function '{}' failed: {}", call.name(), e.what());
+  } catch (const std::exception& e) {
+    code = make_error_code(errc::unknown);
+    message = fmt::format("worker function '{}' raised: {}", call.name(), e.what());
+  }
+  response = wire::frame{};
+  wire::set_status(*response.message.mutable_response()->mutable_status(), code, message, origin);
+  co_return response;
+}
+
+}  // namespace pscoro::runtime

@@ -1,0 +1,52 @@
+// The worker role: the registry of bound worker functions, and running them for the chief.
+// Functions reach the parameter servers through this worker's own connections, learnt from the
+// cluster the chief sends in its Hello.
+#pragma once
+
+#include <pscoro/transport_options.hpp>
+#include <pscoro/worker_function.hpp>
+
+#include "runtime/ps_client.hpp"
+#include "wire/frame.hpp"
+
+#include <asio/any_io_executor.hpp>
+#include <asio/awaitable.hpp>
+
+#include <map>
+#include <memory>
+#include <string>
+
+namespace pscoro::runtime {
+
+class worker_service {
+ public:
+  worker_service(asio::any_io_executor executor, std::string task, int task_index, std::uint64_t incarnation,
+                 transport_options options);
+
+  /// Registers `fn` under `name`; binding a name twice replaces the first binding.
+  void bind(std::string name, std::string signature, detail::erased_worker_function fn);
+
+  /// Takes the ps addresses from the chief's Hello.
+  void set_cluster(const wire::Hello& hello);
+
+  /// Runs a RunFunction request; failures come back as an error status.
+  asio::awaitable<wire::frame> handle(wire::frame request);
+
+ private:
+  struct bound_function {
+    std::string signature;
+    detail::erased_worker_function fn;
+  };
+
+  asio::awaitable<value> run(const wire::frame& request, const wire::RunFunction& call);
+
+  asio::any_io_executor executor_;
+  std::string task_;
+  int task_index_;
+  std::uint64_t incarnation_;
+  transport_options options_;
+  std::map<std::string, bound_function, std::less<>> functions_;
+  std::shared_ptr<ps_client> ps_;
+};
+
+}  // namespace pscoro::runtime

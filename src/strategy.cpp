@@ -1,0 +1,57 @@
+#include <pscoro/coordinator.hpp>
+#include <pscoro/strategy.hpp>
+
+#include "runtime/coordinator_core.hpp"
+
+namespace pscoro {
+
+parameter_server_strategy::parameter_server_strategy(asio::any_io_executor executor,
+                                                     const simple_cluster_resolver& resolver,
+                                                     strategy_options options)
+    : core_(std::make_shared<detail::coordinator_core>(std::move(executor), resolver, options)) {}
+
+parameter_server_strategy::~parameter_server_strategy() {
+  // Queued, not awaited: if the executor no longer runs, the connections go with its io_context.
+  asio::post(core_->executor(), [core = core_] { core->close(); });
+}
+
+void parameter_server_strategy::close() { core_->close(); }
+
+asio::awaitable<void> parameter_server_strategy::connect() { return core_->connect(); }
+
+asio::awaitable<std::pair<variable_ref, std::shared_ptr<detail::variable_io>>>
+parameter_server_strategy::scope_type::create_erased(std::shared_ptr<detail::coordinator_core> core, std::string name,
+                                                     tensor initial) {
+  auto ref = co_await core->create_variable(std::move(name), std::move(initial));
+  co_return std::pair{std::move(ref), std::shared_ptr<detail::variable_io>(core->ps())};
+}
+
+const cluster_spec& parameter_server_strategy::cluster() const noexcept { return core_->cluster(); }
+std::size_t parameter_server_strategy::num_ps() const noexcept { return core_->num_ps(); }
+std::size_t parameter_server_strategy::num_workers() const noexcept { return core_->num_workers(); }
+const asio::any_io_executor& parameter_server_strategy::get_executor() const noexcept { return core_->executor(); }
+
+cluster_coordinator::cluster_coordinator(parameter_server_strategy& strategy, coordinator_options options)
+    : core_(strategy.core()) {
+  // Queued, not awaited: the executor may not run yet; it handles this before later calls.
+  asio::dispatch(core_->executor(), [core = core_, options] { core->set_options(options); });
+}
+
+std::shared_ptr<detail::remote_state> cluster_coordinator::schedule_erased(std::string name, std::string signature,
+                                                                           std::vector<value> args) {
+  return detail::run_on(core_->executor(), [&] {
+    return core_->schedule(std::move(name), std::move(signature), std::move(args));
+  });
+}
+
+void cluster_coordinator::join_erased(detail::erased_handler<void(std::exception_ptr)> handler) {
+  asio::dispatch(core_->executor(), [core = core_, h = std::move(handler)]() mutable { core->join(std::move(h)); });
+}
+
+bool cluster_coordinator::done() {
+  return detail::run_on(core_->executor(), [&] { return core_->done(); });
+}
+
+const asio::any_io_executor& cluster_coordinator::executor() const noexcept { return core_->executor(); }
+
+}  // namespace pscoro

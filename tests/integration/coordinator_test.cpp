@@ -1,0 +1,399 @@
+// Coordinator, 2 ps and 2 workers in one process over real loopback TCP.
+#include "local_cluster.hpp"
+#include "test_support.hpp"
+
+#include <pscoro/coordinator.hpp>
+
+#include <asio/steady_timer.hpp>
+#include <asio/use_awaitable.hpp>
+
+#include <atomic>
+#include <set>
+#include <stdexcept>
+#include <thread>
+
+using namespace pscoro;
+using pscoro::testing::local_cluster;
+
+namespace {
+
+const worker_function<std::int64_t(std::int64_t)> add_one{"test.add_one"};
+const worker_function<void(std::string)> fail{"test.fail"};
+const worker_function<void(std::string)> fail_with_code{"test.fail_with_code"};
+const worker_function<void()> hold{"test.hold"};
+const worker_function<double(variable<float>, double)> bump{"test.bump"};
+const worker_function<std::string()> whoami{"test.whoami"};
+const worker_function<double(variable<float>)> read_sum{"test.read_sum"};
+
+std::atomic<bool> release_holds{false};
+
+void bind_test_functions(server& s) {
+  s.bind(add_one, [](std::int64_t x) -> asio::awaitable<std::int64_t> { co_return x + 1; });
+  s.bind(fail, [](std::string message) -> asio::awaitable<void> {
+    throw std::runtime_error(message);
+    co_return;
+  });
+  s.bind(fail_with_code, [](std::string message) -> asio::awaitable<void> {
+    throw error(errc::invalid_argument, message);
+    co_return;
+  });
+  s.bind(hold, []() -> asio::awaitable<void> {
+    asio::steady_timer timer(co_await asio::this_coro::executor);
+    while (!release_holds) {
+      timer.expires_after(std::chrono::milliseconds(1));
+      co_await timer.async_wait(asio::use_awaitable);
+    }
+  });
+  // Adds `x` to every element on the ps, then returns the sum it reads back.
+  s.bind(bump, [](variable<float> v, double x) -> asio::awaitable<double> {
+    xt::xarray<float> delta = xt::zeros<float>(v.shape());
+    delta.fill(static_cast<float>(x));
+    co_await v.assign_add(delta);
+    const auto value = co_await v.read();
+    co_return static_cast<double>(xt::sum(value)());
+  });
+  s.bind(whoami, [task = s.task()]() -> asio::awaitable<std::string> { co_return task; });
+  s.bind(read_sum, [](variable<float> v) -> asio::awaitable<double> {
+    const auto value = co_await v.read();
+    co_return static_cast<double>(xt::sum(value)());
+  });
+}
+
+// The code of the exception in `e`.
+std::error_code code_of(std::exception_ptr e) {
+  try {
+    std::rethrow_exception(e);
+  } catch (const std::system_error& s) {
+    return s.code();
+  }
+}
+
+template <class Awaitable>
+asio::awaitable<std::exception_ptr> failure_of(Awaitable a) {
+  try {
+    co_await std::move(a);
+  } catch (...) {
+    co_return std::current_exception();
+  }
+  co_return nullptr;
+}
+
+}  // namespace
+
+TEST_CASE("scheduled closures return their results and join waits for all of them") {
+  local_cluster cluster(2, 2, bind_test_functions);
+  cluster.run_chief([](parameter_server_strategy&, cluster_coordinator& coordinator) -> asio::awaitable<void> {
+    std::vector<remote_value<std::int64_t>> values;
+    for (int i = 0; i < 100; ++i) values.push_back(coordinator.schedule(add_one, i));
+    co_await coordinator.join();
+    CHECK(coordinator.done());
+    for (int i = 0; i < 100; ++i) {
+      CHECK(values[i].status() == remote_status::ready);
+      CHECK(co_await values[i].get() == i + 1);
+    }
+    const auto all = co_await cluster_coordinator::fetch(values);
+    CHECK(all.size() == 100);
+    CHECK(all[99] == 100);
+  });
+}
+
+TEST_CASE("closures are spread over both workers") {
+  local_cluster cluster(1, 2, bind_test_functions);
+  cluster.run_chief([](parameter_server_strategy&, cluster_coordinator& coordinator) -> asio::awaitable<void> {
+    std::vector<remote_value<std::string>> values;
+    for (int i = 0; i < 64; ++i) values.push_back(coordinator.schedule(whoami));
+    std::set<std::string> seen;
+    for (auto& v : values) seen.insert(co_await v.get());
+    CHECK(seen == std::set<std::string>{"worker:0", "worker:1"});
+  });
+}
+
+TEST_CASE("a remote_value goes from not_ready to ready") {
+  release_holds = false;
+  local_cluster cluster(1, 1, bind_test_functions);
+  cluster.run_chief([](parameter_server_strategy&, cluster_coordinator& coordinator) -> asio::awaitable<void> {
+    auto held = coordinator.schedule(hold);
+    CHECK(held.status() == remote_status::not_ready);
+    CHECK_FALSE(coordinator.done());
+    release_holds = true;
+    co_await held.get();
+    CHECK(held.status() == remote_status::ready);
+  });
+}
+
+TEST_CASE("a worker function's exception comes back with its message, the function and the worker") {
+  local_cluster cluster(1, 1, bind_test_functions);
+  cluster.run_chief([](parameter_server_strategy&, cluster_coordinator& coordinator) -> asio::awaitable<void> {
+    auto failed = coordinator.schedule(fail, std::string("boom"));
+    auto e = co_await failure_of(failed.get());
+    REQUIRE(e);
+    CHECK(failed.status() == remote_status::error);
+    try {
+      std::rethrow_exception(e);
+    } catch (const remote_error& r) {
+      CHECK(r.code() == errc::unknown);
+      CHECK(r.origin_task() == "worker:0");
+      CHECK(contains(r.what(), "worker function 'test.fail' raised: boom"));
+    }
+    // The same error is raised once by join, then cleared.
+    auto joined = co_await failure_of(coordinator.join());
+    REQUIRE(joined);
+    CHECK(code_of(joined) == errc::unknown);
+    CHECK(co_await failure_of(coordinator.join()) == nullptr);
+  });
+}
+
+TEST_CASE("a pscoro error keeps its code across the wire") {
+  local_cluster cluster(1, 1, bind_test_functions);
+  cluster.run_chief([](parameter_server_strategy&, cluster_coordinator& coordinator) -> asio::awaitable<void> {
+    auto failed = coordinator.schedule(fail_with_code, std::string("bad input"));
+    auto e = co_await failure_of(failed.get());
+    CHECK(code_of(e) == errc::invalid_argument);
+    CHECK_THROWS_AS((void)coordinator.done(), remote_error);
+  });
+}
+
+TEST_CASE("the first error is raised once by done, then cleared") {
+  local_cluster cluster(1, 2, bind_test_functions);
+  cluster.run_chief([](parameter_server_strategy&, cluster_coordinator& coordinator) -> asio::awaitable<void> {
+    auto first = coordinator.schedule(fail, std::string("first"));
+    (void)co_await failure_of(first.get());
+    CHECK_THROWS_WITH_AS((void)coordinator.done(), doctest::Contains("first"), remote_error);
+    CHECK(coordinator.done());
+  });
+}
+
+TEST_CASE("the pending error is raised by the next schedule, which queues nothing") {
+  local_cluster cluster(1, 2, bind_test_functions);
+  cluster.run_chief([](parameter_server_strategy&, cluster_coordinator& coordinator) -> asio::awaitable<void> {
+    auto first = coordinator.schedule(fail, std::string("first"));
+    (void)co_await failure_of(first.get());
+    CHECK_THROWS_WITH_AS(coordinator.schedule(add_one, 1), doctest::Contains("first"), remote_error);
+    // Cleared: scheduling works again and join reports nothing old.
+    auto later = coordinator.schedule(add_one, 41);
+    co_await coordinator.join();
+    CHECK(co_await later.get() == 42);
+  });
+}
+
+TEST_CASE("closures still queued when an error is raised are cancelled and say so") {
+  release_holds = false;
+  local_cluster cluster(1, 2, bind_test_functions);
+  coordinator_options options;
+  options.closures_per_worker = 2;
+  cluster.run_chief(
+      [](parameter_server_strategy&, cluster_coordinator& coordinator) -> asio::awaitable<void> {
+        // Four slots: the failure and three holds take them all, so the rest stay queued.
+        auto failed = coordinator.schedule(fail, std::string("boom"));
+        std::vector<remote_value<void>> held;
+        for (int i = 0; i < 3; ++i) held.push_back(coordinator.schedule(hold));
+        std::vector<remote_value<std::int64_t>> queued;
+        for (int i = 0; i < 20; ++i) queued.push_back(coordinator.schedule(add_one, i));
+        (void)co_await failure_of(failed.get());
+        release_holds = true;
+        auto joined = co_await failure_of(coordinator.join());
+        REQUIRE(joined);
+        CHECK(code_of(joined) == errc::unknown);
+        for (auto& h : held) CHECK(h.status() == remote_status::ready);  // join waited for them
+        for (auto& q : queued) {
+          CHECK(q.status() == remote_status::cancelled);
+          auto e = co_await failure_of(q.get());
+          CHECK(code_of(e) == errc::cancelled);
+        }
+        // Nothing of the cancelled closures is reported again.
+        CHECK(coordinator.done());
+        co_await coordinator.join();
+      },
+      options);
+}
+
+TEST_CASE("scheduling a function no worker binds names the function and the worker") {
+  const worker_function<void()> unknown{"test.not_bound"};
+  local_cluster cluster(1, 1, bind_test_functions);
+  cluster.run_chief([unknown](parameter_server_strategy&, cluster_coordinator& coordinator) -> asio::awaitable<void> {
+    coordinator.schedule(unknown);
+    auto e = co_await failure_of(coordinator.join());
+    REQUIRE(e);
+    CHECK(code_of(e) == errc::not_found);
+    try {
+      std::rethrow_exception(e);
+    } catch (const remote_error& r) {
+      CHECK(contains(r.what(), "worker function 'test.not_bound' is not bound on worker:0"));
+      CHECK(contains(r.what(), "test.add_one"));  // lists what it does bind
+    }
+  });
+}
+
+TEST_CASE("a function scheduled with another signature than the worker binds is refused") {
+  const worker_function<double(std::int64_t)> add_one_as_double{"test.add_one"};
+  local_cluster cluster(1, 1, bind_test_functions);
+  cluster.run_chief([add_one_as_double](parameter_server_strategy&, cluster_coordinator& coordinator) -> asio::awaitable<void> {
+    auto v = coordinator.schedule(add_one_as_double, 1);
+    auto e = co_await failure_of(v.get());
+    CHECK(code_of(e) == errc::invalid_argument);
+    CHECK_THROWS_WITH((void)coordinator.done(), doctest::Contains("scheduled as float64(int64) but worker:0 binds it as int64(int64)"));
+  });
+}
+
+TEST_CASE("fetch from a plain thread blocks until the result is there") {
+  local_cluster cluster(1, 2, bind_test_functions);
+  asio::io_context io;
+  parameter_server_strategy strategy(io.get_executor(), simple_cluster_resolver(cluster.spec));
+  auto connected = asio::co_spawn(io, strategy.connect(), asio::use_future);
+  auto guard = asio::make_work_guard(io);
+  std::thread chief([&] { io.run(); });
+  connected.get();
+  cluster_coordinator coordinator(strategy);
+  std::vector<remote_value<std::int64_t>> values;
+  for (int i = 0; i < 50; ++i) values.push_back(coordinator.schedule(add_one, i));
+  for (int i = 0; i < 50; ++i) CHECK(values[i].fetch() == i + 1);
+  coordinator.async_join(asio::use_future).get();
+  CHECK(coordinator.done());
+  auto failed = coordinator.schedule(fail, std::string("from a thread"));
+  CHECK_THROWS_WITH_AS(failed.fetch(), doctest::Contains("from a thread"), remote_error);
+  CHECK_THROWS_AS(coordinator.async_join(asio::use_future).get(), remote_error);  // the future throws
+  asio::post(io, [&] { strategy.close(); });
+  guard.reset();
+  chief.join();
+}
+
+TEST_CASE("fetch on the coordinator's own executor is refused instead of deadlocking") {
+  local_cluster cluster(1, 1, bind_test_functions);
+  cluster.run_chief([](parameter_server_strategy&, cluster_coordinator& coordinator) -> asio::awaitable<void> {
+    auto v = coordinator.schedule(add_one, 1);
+    CHECK_THROWS_WITH_AS((void)v.fetch(), doctest::Contains("co_await get()"), error);
+    try {
+      (void)v.fetch();
+    } catch (const error& e) {
+      CHECK(e.code() == errc::failed_precondition);
+    }
+    co_await coordinator.join();
+  });
+}
+
+TEST_CASE("variables are placed round robin and read, assigned and updated from the coordinator") {
+  local_cluster cluster(2, 1, bind_test_functions);
+  cluster.run_chief([](parameter_server_strategy& strategy, cluster_coordinator&) -> asio::awaitable<void> {
+    // Array literals are named first: g++ 12 cannot keep an initializer_list across co_await.
+    const xt::xarray<float> a0{{1, 2}, {3, 4}}, ones{{1, 1}, {1, 1}}, some{{0, 0}, {0, 2}};
+    const xt::xarray<float> a1{{2, 3}, {4, 3}}, a2{{0, 0}, {0, 1}};
+    const xt::xarray<double> b0{0.5};
+    const xt::xarray<std::int64_t> c0{7, 8, 9}, c_ones{1, 1, 1}, c1{8, 9, 10};
+    auto scope = strategy.scope();
+    auto a = co_await scope.create_variable("a", a0);
+    auto b = co_await scope.create_variable("b", b0);
+    auto c = co_await scope.create_variable("c", c0);
+    CHECK(a.ps_task() == 0);
+    CHECK(b.ps_task() == 1);
+    CHECK(c.ps_task() == 0);
+    CHECK(a.shape() == shape_type{2, 2});
+    CHECK((co_await a.read() == a0));
+    co_await a.assign_add(ones);
+    co_await a.assign_sub(some);
+    CHECK((co_await a.read() == a1));
+    co_await a.assign(a2);
+    CHECK((co_await a.read() == a2));
+    co_await c.assign_add(c_ones);
+    CHECK((co_await c.read() == c1));
+    CHECK((co_await b.read() == b0));
+  });
+}
+
+TEST_CASE("workers read and update variables passed to them") {
+  local_cluster cluster(2, 2, bind_test_functions);
+  cluster.run_chief([](parameter_server_strategy& strategy, cluster_coordinator& coordinator) -> asio::awaitable<void> {
+    auto scope = strategy.scope();
+    const xt::xarray<float> zeros10 = xt::zeros<float>({10}), zeros44 = xt::zeros<float>({4, 4});
+    xt::xarray<float> twenty = zeros10, ten = zeros44;
+    twenty.fill(20.0f);
+    ten.fill(10.0f);
+    auto first = co_await scope.create_variable("first", zeros10);
+    auto second = co_await scope.create_variable("second", zeros44);
+    for (int i = 0; i < 20; ++i) {
+      coordinator.schedule(bump, first, 1.0);
+      coordinator.schedule(bump, second, 0.5);
+    }
+    co_await coordinator.join();
+    CHECK((co_await first.read() == twenty));
+    CHECK((co_await second.read() == ten));
+  });
+}
+
+TEST_CASE("a shape or dtype mismatch is refused and leaves the variable unchanged") {
+  local_cluster cluster(1, 1, bind_test_functions);
+  cluster.run_chief([](parameter_server_strategy& strategy, cluster_coordinator& coordinator) -> asio::awaitable<void> {
+    const xt::xarray<float> initial{1, 2, 3}, too_short{1, 2};
+    const xt::xarray<std::int32_t> integers{1, 2, 3};
+    auto v = co_await strategy.scope().create_variable("v", initial);
+    auto e = co_await failure_of(v.assign_add(too_short));
+    CHECK(code_of(e) == errc::invalid_argument);
+    CHECK_THROWS_WITH(std::rethrow_exception(e), doctest::Contains("assign_add to 'v': shape [2] does not match the variable's [3]"));
+    e = co_await failure_of(v.update(update_op::assign, to_tensor(integers)));
+    CHECK_THROWS_WITH(std::rethrow_exception(e), doctest::Contains("assign to 'v': dtype int32 does not match the variable's float32"));
+    // A handle whose idea of the variable is wrong is refused by the ps (sent via a worker, which
+    // binds the handle to its own connections).
+    variable_ref wrong = v.ref();
+    wrong.shape = {3, 1};
+    auto misread = coordinator.schedule(read_sum, variable<float>(wrong, nullptr));
+    e = co_await failure_of(misread.get());
+    CHECK(code_of(e) == errc::invalid_argument);
+    CHECK_THROWS_WITH(std::rethrow_exception(e),
+                      doctest::Contains("the handle says 'v' is float32 [3, 1] but ps:0 holds it as float32 [3]"));
+    CHECK_THROWS_AS((void)coordinator.done(), remote_error);
+    // An unbound handle fails before anything is sent.
+    e = co_await failure_of(variable<float>(wrong, nullptr).read());
+    CHECK(code_of(e) == errc::failed_precondition);
+    CHECK((co_await v.read() == initial));
+  });
+}
+
+TEST_CASE("creating a variable twice on the same ps is already_exists; an unknown one is not_found") {
+  local_cluster cluster(1, 1, bind_test_functions);
+  cluster.run_chief([](parameter_server_strategy& strategy, cluster_coordinator& coordinator) -> asio::awaitable<void> {
+    const xt::xarray<float> one{1}, two{2};
+    auto scope = strategy.scope();
+    auto v = co_await scope.create_variable("dup", one);
+    auto e = co_await failure_of(scope.create_variable("dup", two));
+    CHECK(code_of(e) == errc::already_exists);
+    CHECK_THROWS_WITH(std::rethrow_exception(e), doctest::Contains("variable 'dup' already exists on ps:0"));
+    CHECK((co_await v.read() == one));
+    variable_ref missing = v.ref();
+    missing.name = "missing";
+    auto read_missing = coordinator.schedule(read_sum, variable<float>(missing, nullptr));
+    e = co_await failure_of(read_missing.get());
+    CHECK(code_of(e) == errc::not_found);
+    CHECK_THROWS_WITH(std::rethrow_exception(e), doctest::Contains("read: variable 'missing' does not exist on ps:0"));
+    try {
+      std::rethrow_exception(e);
+    } catch (const remote_error& r) {
+      CHECK(r.origin_task() == "ps:0");  // the ps's failure keeps its origin through the worker
+    }
+    CHECK_THROWS_AS((void)coordinator.done(), remote_error);
+  });
+}
+
+TEST_CASE("connecting to a cluster that is not there fails with unavailable, naming the task") {
+  cluster_spec spec{{"ps", {"127.0.0.1:1"}}, {"worker", {"127.0.0.1:1"}}};
+  asio::io_context io;
+  strategy_options options;
+  options.transport.connect_timeout = std::chrono::milliseconds(200);
+  parameter_server_strategy strategy(io.get_executor(), simple_cluster_resolver(spec), options);
+  auto connected = asio::co_spawn(io, strategy.connect(), asio::use_future);
+  io.run();
+  try {
+    connected.get();
+    FAIL("connect succeeded");
+  } catch (const error& e) {
+    CHECK(e.code() == errc::unavailable);
+    CHECK(contains(e.what(), "cannot reach ps:0 at 127.0.0.1:1"));
+  }
+}
+
+TEST_CASE("the strategy validates its cluster like TF") {
+  asio::io_context io;
+  CHECK_THROWS_WITH_AS(parameter_server_strategy(io.get_executor(), simple_cluster_resolver(cluster_spec{{"worker", {"w:1"}}})),
+                       "There must be at least one ps.", error);
+  CHECK_THROWS_WITH_AS(parameter_server_strategy(io.get_executor(),
+                                                 simple_cluster_resolver(cluster_spec{{"ps", {"p:1"}}, {"worker", {"w:1"}}}, "worker", 0)),
+                       doctest::Contains("coordinator runs as the 'chief' task"), error);
+}

@@ -1,0 +1,103 @@
+// An in-process cluster for tests and benchmarks: every ps and worker is a real server with its own
+// io_context and thread, listening on 127.0.0.1 port 0; the chief runs on the caller's thread.
+#pragma once
+
+#include <pscoro/coordinator.hpp>
+#include <pscoro/server.hpp>
+#include <pscoro/strategy.hpp>
+
+#include <asio/co_spawn.hpp>
+#include <asio/io_context.hpp>
+#include <asio/use_future.hpp>
+
+#include <functional>
+#include <memory>
+#include <thread>
+#include <vector>
+
+namespace pscoro::testing {
+
+class local_cluster {
+ public:
+  using configure_worker = std::function<void(server&)>;
+
+  local_cluster(int num_ps, int num_workers, const configure_worker& configure = {}, server_options options = {}) {
+    cluster_spec placeholder;
+    for (int i = 0; i < num_ps; ++i) placeholder.add_task("ps", i, "127.0.0.1:0");
+    for (int i = 0; i < num_workers; ++i) placeholder.add_task("worker", i, "127.0.0.1:0");
+    auto start = [&](const std::string& job, int index) {
+      auto task = std::make_unique<running_task>();
+      task->srv = std::make_unique<server>(task->io.get_executor(), simple_cluster_resolver(placeholder, job, index),
+                                           options);
+      if (job == "worker" && configure) configure(*task->srv);
+      task->srv->start();
+      spec.add_task(job, index, task->srv->address());
+      task->thread = std::thread([t = task.get()] { t->io.run(); });
+      tasks_.push_back(std::move(task));
+    };
+    for (int i = 0; i < num_ps; ++i) start("ps", i);
+    for (int i = 0; i < num_workers; ++i) start("worker", i);
+  }
+
+  ~local_cluster() {
+    for (auto& task : tasks_) {
+      asio::post(task->io, [t = task.get()] {
+        t->srv->stop();
+        t->io.stop();
+      });
+    }
+    for (auto& task : tasks_) task->thread.join();
+  }
+
+  /// The server of `job`:`index` (e.g. to stop it).
+  server& task(const std::string& job, int index) {
+    for (auto& t : tasks_) {
+      if (t->srv->task() == task_name(job, index)) return *t->srv;
+    }
+    throw error(errc::not_found, task_name(job, index));
+  }
+  /// Runs `f` on the thread of `job`:`index` and waits.
+  template <class F>
+  void on_task(const std::string& job, int index, F f) {
+    for (auto& t : tasks_) {
+      if (t->srv->task() == task_name(job, index)) detail::run_on(t->io.get_executor(), f);
+    }
+  }
+
+  /// Runs `body(strategy, coordinator)` as the chief on this thread until it finishes; rethrows.
+  template <class Body>
+  void run_chief(Body body, coordinator_options options = {}, strategy_options strategy_opts = {}) {
+    asio::io_context io;
+    parameter_server_strategy strategy(io.get_executor(), simple_cluster_resolver(spec), strategy_opts);
+    cluster_coordinator coordinator(strategy, options);
+    auto done = asio::co_spawn(io, chief_main(strategy, coordinator, std::move(body)), asio::use_future);
+    io.run();
+    done.get();
+  }
+
+  cluster_spec spec;
+
+ private:
+  template <class Body>
+  static asio::awaitable<void> chief_main(parameter_server_strategy& strategy, cluster_coordinator& coordinator,
+                                          Body body) {
+    co_await strategy.connect();
+    std::exception_ptr failure;
+    try {
+      co_await body(strategy, coordinator);
+    } catch (...) {
+      failure = std::current_exception();
+    }
+    strategy.close();
+    if (failure) std::rethrow_exception(failure);
+  }
+
+  struct running_task {
+    asio::io_context io;
+    std::unique_ptr<server> srv;
+    std::thread thread;
+  };
+  std::vector<std::unique_ptr<running_task>> tasks_;
+};
+
+}  // namespace pscoro::testing

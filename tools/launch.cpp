@@ -1,0 +1,273 @@
+// pscoro-launch: runs a local cluster (chief + P ps + W workers) as separate processes on one host.
+//
+//   pscoro-launch --ps 2 --workers 2 -- ./my_training_program --steps 1000
+//
+// Every task runs the same program with its own TF_CONFIG. Servers (ps, workers) bind port 0 and
+// report their real port on stdout ("pscoro: ps:0 listening on 127.0.0.1:40123"), so there is no
+// pick-then-bind race; once all have reported, the chief starts with the real addresses. Output
+// lines are prefixed with the task ("[ps-0] "). When the chief exits, or any task fails, the rest
+// get SIGTERM, then SIGKILL after the grace period; the launcher exits with the chief's code, or
+// the failing task's (128 + signal for a signal).
+#include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
+
+#include <asio/co_spawn.hpp>
+#include <asio/detached.hpp>
+#include <asio/experimental/as_tuple.hpp>
+#include <asio/io_context.hpp>
+#include <asio/posix/stream_descriptor.hpp>
+#include <asio/read_until.hpp>
+#include <asio/signal_set.hpp>
+#include <asio/steady_timer.hpp>
+#include <asio/streambuf.hpp>
+#include <asio/use_awaitable.hpp>
+
+#include <fmt/format.h>
+
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <csignal>
+#include <cstdio>
+#include <map>
+#include <optional>
+#include <regex>
+#include <string>
+#include <vector>
+
+extern char** environ;
+
+namespace {
+
+using asio::experimental::as_tuple;
+using asio::use_awaitable;
+
+struct task {
+  task(std::string j, int i, std::string l) : job(std::move(j)), index(i), label(std::move(l)) {}
+
+  std::string job;
+  int index;
+  std::string label;  // "ps-0"
+  pid_t pid = -1;
+  std::optional<int> exit_code;
+  std::optional<std::string> address;  // reported by a server
+};
+
+class launcher {
+ public:
+  launcher(asio::io_context& io, int num_ps, int num_workers, std::string host, std::vector<std::string> command,
+           std::chrono::seconds grace, std::chrono::seconds startup_timeout)
+      : io_(io),
+        host_(std::move(host)),
+        command_(std::move(command)),
+        grace_(grace),
+        startup_timeout_(startup_timeout),
+        signals_(io, SIGCHLD, SIGINT, SIGTERM),
+        startup_timer_(io) {
+    for (int i = 0; i < num_ps; ++i) tasks_.emplace_back("ps", i, fmt::format("ps-{}", i));
+    for (int i = 0; i < num_workers; ++i) tasks_.emplace_back("worker", i, fmt::format("worker-{}", i));
+  }
+
+  void start() {
+    watch_signals();
+    for (auto& t : tasks_) spawn(t, server_config(t));
+    startup_timer_.expires_after(startup_timeout_);
+    startup_timer_.async_wait([this](std::error_code ec) {
+      if (ec || chief_started_ || stopping_) return;
+      std::fprintf(stderr, "pscoro-launch: servers did not report their ports within %llds\n",
+                   static_cast<long long>(startup_timeout_.count()));
+      stop_all(1);
+    });
+  }
+
+  int exit_code() const { return exit_code_; }
+
+ private:
+  nlohmann::json cluster(bool with_real_addresses) const {
+    nlohmann::json c;
+    c["chief"] = nlohmann::json::array({host_ + ":0"});
+    for (const auto& t : tasks_) {
+      if (t.job == "chief") continue;
+      c[t.job].push_back(with_real_addresses && t.address ? *t.address : host_ + ":0");
+    }
+    return c;
+  }
+
+  std::string server_config(const task& t) const {
+    return nlohmann::json{{"cluster", cluster(false)}, {"task", {{"type", t.job}, {"index", t.index}}}}.dump();
+  }
+
+  void spawn(task& t, const std::string& tf_config) {
+    int fds[2];
+    if (::pipe2(fds, O_CLOEXEC) != 0) throw std::system_error(errno, std::generic_category(), "pipe");
+    const pid_t parent = ::getpid();
+    const pid_t pid = ::fork();
+    if (pid < 0) throw std::system_error(errno, std::generic_category(), "fork");
+    if (pid == 0) {
+      // Child: dies with the launcher, writes both streams into the pipe.
+      ::prctl(PR_SET_PDEATHSIG, SIGTERM);
+      if (::getppid() != parent) ::_exit(1);
+      ::dup2(fds[1], STDOUT_FILENO);
+      ::dup2(fds[1], STDERR_FILENO);
+      ::setenv("TF_CONFIG", tf_config.c_str(), 1);
+      std::vector<char*> argv;
+      for (const auto& arg : command_) argv.push_back(const_cast<char*>(arg.c_str()));
+      argv.push_back(nullptr);
+      ::execvp(argv[0], argv.data());
+      std::fprintf(stderr, "pscoro-launch: cannot run %s: %s\n", argv[0], std::strerror(errno));
+      ::_exit(127);
+    }
+    ::close(fds[1]);
+    t.pid = pid;
+    std::printf("pscoro-launch: started %s (pid %d)\n", t.label.c_str(), pid);
+    std::fflush(stdout);
+    asio::co_spawn(io_, relay_output(t.label, fds[0]), asio::detached);
+  }
+
+  // Copies the child's lines to stdout with its label; notes a server's reported address.
+  asio::awaitable<void> relay_output(std::string label, int fd) {
+    asio::posix::stream_descriptor pipe(io_, fd);
+    asio::streambuf buffer;
+    static const std::regex listening(R"(^pscoro: (\w+):(\d+) listening on (\S+)$)");
+    for (;;) {
+      auto [ec, n] = co_await asio::async_read_until(pipe, buffer, '\n', as_tuple(use_awaitable));
+      if (ec) break;
+      std::string line(asio::buffers_begin(buffer.data()), asio::buffers_begin(buffer.data()) + n);
+      buffer.consume(n);
+      std::printf("[%s] %s", label.c_str(), line.c_str());
+      std::fflush(stdout);
+      std::smatch m;
+      line.pop_back();
+      if (std::regex_match(line, m, listening)) on_listening(m[1], std::stoi(m[2]), m[3]);
+    }
+    if (buffer.size()) {
+      std::printf("[%s] %.*s\n", label.c_str(), static_cast<int>(buffer.size()),
+                  static_cast<const char*>(buffer.data().data()));
+    }
+  }
+
+  void on_listening(const std::string& job, int index, const std::string& address) {
+    for (auto& t : tasks_) {
+      if (t.job == job && t.index == index) t.address = address;
+    }
+    const bool all = std::all_of(tasks_.begin(), tasks_.end(), [](const task& t) { return t.address.has_value(); });
+    if (all && !chief_started_ && !stopping_) {
+      chief_started_ = true;
+      startup_timer_.cancel();
+      tasks_.emplace_back("chief", 0, "chief");
+      const auto config =
+          nlohmann::json{{"cluster", cluster(true)}, {"task", {{"type", "chief"}, {"index", 0}}}}.dump();
+      spawn(tasks_.back(), config);
+    }
+  }
+
+  void watch_signals() {
+    signals_.async_wait([this](std::error_code ec, int signal) {
+      if (ec) return;
+      if (signal == SIGCHLD) {
+        reap();
+      } else {
+        std::fprintf(stderr, "pscoro-launch: signal %d, stopping the cluster\n", signal);
+        stop_all(128 + signal);
+      }
+      if (!all_exited()) watch_signals();
+    });
+  }
+
+  void reap() {
+    int status = 0;
+    pid_t pid;
+    while ((pid = ::waitpid(-1, &status, WNOHANG)) > 0) {
+      for (auto& t : tasks_) {
+        if (t.pid != pid) continue;
+        t.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+        std::printf("pscoro-launch: %s exited with %d\n", t.label.c_str(), *t.exit_code);
+        std::fflush(stdout);
+        if (!stopping_) {
+          // The chief ending ends the job; any other task ending first is a failure.
+          if (t.job == "chief") {
+            stop_all(*t.exit_code);
+          } else {
+            std::fprintf(stderr, "pscoro-launch: %s ended before the chief; stopping the cluster\n", t.label.c_str());
+            stop_all(*t.exit_code == 0 ? 1 : *t.exit_code);
+          }
+        }
+      }
+    }
+    if (all_exited()) io_.stop();
+  }
+
+  bool all_exited() const {
+    return std::all_of(tasks_.begin(), tasks_.end(), [](const task& t) { return t.exit_code.has_value(); });
+  }
+
+  void stop_all(int code) {
+    if (stopping_) return;
+    stopping_ = true;
+    exit_code_ = code;
+    startup_timer_.cancel();
+    for (const auto& t : tasks_) {
+      if (!t.exit_code) ::kill(t.pid, SIGTERM);
+    }
+    if (all_exited()) {
+      io_.stop();
+      return;
+    }
+    kill_timer_.emplace(io_, grace_);
+    kill_timer_->async_wait([this](std::error_code ec) {
+      if (ec) return;
+      for (const auto& t : tasks_) {
+        if (!t.exit_code) {
+          std::fprintf(stderr, "pscoro-launch: %s did not stop within the grace period; killing it\n", t.label.c_str());
+          ::kill(t.pid, SIGKILL);
+        }
+      }
+    });
+  }
+
+  asio::io_context& io_;
+  std::string host_;
+  std::vector<std::string> command_;
+  std::chrono::seconds grace_;
+  std::chrono::seconds startup_timeout_;
+  asio::signal_set signals_;
+  asio::steady_timer startup_timer_;
+  std::optional<asio::steady_timer> kill_timer_;
+  std::vector<task> tasks_;
+  bool chief_started_ = false;
+  bool stopping_ = false;
+  int exit_code_ = 0;
+};
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"Runs a pscoro cluster (chief, ps, workers) as processes on this host."};
+  int num_ps = 1;
+  int num_workers = 2;
+  std::string host = "127.0.0.1";
+  int grace = 5;
+  int startup_timeout = 60;
+  std::vector<std::string> command;
+  app.add_option("--ps", num_ps, "number of parameter servers")->check(CLI::Range(1, 64));
+  app.add_option("--workers", num_workers, "number of workers")->check(CLI::Range(1, 256));
+  app.add_option("--host", host, "address every task binds");
+  app.add_option("--grace-period", grace, "seconds between SIGTERM and SIGKILL when stopping")->check(CLI::NonNegativeNumber);
+  app.add_option("--startup-timeout", startup_timeout, "seconds for the servers to report their ports")
+      ->check(CLI::PositiveNumber);
+  app.add_option("command", command, "the program every task runs, and its arguments")->required();
+  app.allow_extras(false);
+  CLI11_PARSE(app, argc, argv);
+
+  try {
+    asio::io_context io;
+    launcher l(io, num_ps, num_workers, host, command, std::chrono::seconds(grace), std::chrono::seconds(startup_timeout));
+    l.start();
+    io.run();
+    return l.exit_code();
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "pscoro-launch: %s\n", e.what());
+    return 1;
+  }
+}
