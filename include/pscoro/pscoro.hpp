@@ -1,0 +1,16 @@
+// Everything pscoro offers, in one include.
+#pragma once
+
+#include <pscoro/cluster_spec.hpp>
+#include <pscoro/coordinator.hpp>
+#include <pscoro/dtype.hpp>
+#include <pscoro/error.hpp>
+#include <pscoro/remote_value.hpp>
+#include <pscoro/server.hpp>
+#include <pscoro/strategy.hpp>
+#include <pscoro/tensor.hpp>
+#include <pscoro/transport_options.hpp>
+#include <pscoro/value.hpp>
+#include <pscoro/variable.hpp>
+#include <pscoro/worker_function.hpp>
+#include <pscoro/xtensor.hpp>
