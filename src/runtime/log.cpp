@@ -18,14 +18,18 @@ level threshold_from_environment() {
   return level::info;
 }
 
-const level threshold = threshold_from_environment();
+// Read on first use, so a program may set PSCORO_LOG_LEVEL early in main.
+level threshold() {
+  static const level value = threshold_from_environment();
+  return value;
+}
 // Several io_contexts may share a process (tests, the in-process cluster): lines stay whole.
 std::mutex output_mutex;
 std::string task_label;
 
 }  // namespace
 
-bool enabled(level l) noexcept { return l >= threshold; }
+bool enabled(level l) noexcept { return l >= threshold(); }
 
 void set_task(std::string task) {
   std::lock_guard lock(output_mutex);

@@ -1,0 +1,154 @@
+// Cluster benchmark: a no-op closure's schedule -> result latency and the closure throughput,
+// against the machine's own raw loopback TCP round trip measured in the same run.
+//
+// Everything runs in one process on 127.0.0.1 (servers on their own threads), so the raw round
+// trip and pscoro cross the same kernel path. Quote the ratios, not the absolute times: the
+// machine is shared and noisy.
+#include "local_cluster.hpp"
+
+#include <pscoro/pscoro.hpp>
+
+#include <CLI/CLI.hpp>
+#include <asio/ip/tcp.hpp>
+#include <asio/read.hpp>
+#include <asio/write.hpp>
+
+#include <fmt/chrono.h>
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <chrono>
+#include <ctime>
+#include <thread>
+#include <vector>
+
+namespace {
+
+using clock_type = std::chrono::steady_clock;
+using micros = std::chrono::duration<double, std::micro>;
+
+const pscoro::worker_function<void()> noop{"bench.noop"};
+
+struct percentiles {
+  double p50;
+  double p99;
+};
+
+percentiles summarize(std::vector<double> samples) {
+  std::sort(samples.begin(), samples.end());
+  auto at = [&](double q) { return samples[std::min(samples.size() - 1, static_cast<std::size_t>(q * samples.size()))]; };
+  return {at(0.50), at(0.99)};
+}
+
+double median(std::vector<double> values) {
+  std::sort(values.begin(), values.end());
+  return values[values.size() / 2];
+}
+
+// Blocking ping-pong of `size` bytes between two threads over loopback TCP with TCP_NODELAY.
+percentiles raw_round_trip(std::size_t size, int iterations) {
+  asio::io_context io;
+  asio::ip::tcp::acceptor acceptor(io, {asio::ip::address_v4::loopback(), 0});
+  std::thread echo([&] {
+    asio::io_context echo_io;
+    asio::ip::tcp::socket s(echo_io);
+    acceptor.accept(s);
+    s.set_option(asio::ip::tcp::no_delay(true));
+    std::vector<char> buffer(size);
+    std::error_code ec;
+    while (asio::read(s, asio::buffer(buffer), ec), !ec) asio::write(s, asio::buffer(buffer), ec);
+  });
+  asio::ip::tcp::socket client(io);
+  client.connect(acceptor.local_endpoint());
+  client.set_option(asio::ip::tcp::no_delay(true));
+  std::vector<char> buffer(size, 'x');
+  std::vector<double> samples;
+  samples.reserve(iterations);
+  for (int i = -iterations / 10; i < iterations; ++i) {  // the first tenth warms up
+    const auto start = clock_type::now();
+    asio::write(client, asio::buffer(buffer));
+    asio::read(client, asio::buffer(buffer));
+    if (i >= 0) samples.push_back(micros(clock_type::now() - start).count());
+  }
+  client.close();
+  echo.join();
+  return summarize(std::move(samples));
+}
+
+struct closure_figures {
+  percentiles latency;
+  double throughput;  // closures per second, median of rounds
+};
+
+closure_figures measure_closures(int workers, std::size_t in_flight, int latency_iterations, int throughput_closures,
+                                 int rounds) {
+  pscoro::testing::local_cluster cluster(1, workers, [](pscoro::server& s) {
+    s.bind(noop, []() -> asio::awaitable<void> { co_return; });
+  });
+  closure_figures out{};
+  pscoro::coordinator_options options;
+  options.closures_per_worker = in_flight;
+  cluster.run_chief(
+      [&](pscoro::parameter_server_strategy&, pscoro::cluster_coordinator& coordinator) -> asio::awaitable<void> {
+        std::vector<double> samples;
+        samples.reserve(latency_iterations);
+        for (int i = -latency_iterations / 10; i < latency_iterations; ++i) {
+          const auto start = clock_type::now();
+          auto result = coordinator.schedule(noop);
+          co_await result.get();
+          if (i >= 0) samples.push_back(micros(clock_type::now() - start).count());
+        }
+        out.latency = summarize(std::move(samples));
+        std::vector<double> rates;
+        for (int round = 0; round < rounds; ++round) {
+          const auto start = clock_type::now();
+          for (int i = 0; i < throughput_closures; ++i) coordinator.schedule(noop);
+          co_await coordinator.join();
+          rates.push_back(throughput_closures / std::chrono::duration<double>(clock_type::now() - start).count());
+        }
+        out.throughput = median(std::move(rates));
+      },
+      options);
+  return out;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"pscoro cluster benchmark: closure latency and throughput against raw loopback TCP."};
+  int iterations = 20000;
+  int closures = 50000;
+  int rounds = 5;
+  std::size_t in_flight = 8;
+  app.add_option("--iterations", iterations, "round trips per latency measurement")->check(CLI::PositiveNumber);
+  app.add_option("--closures", closures, "closures per throughput round")->check(CLI::PositiveNumber);
+  app.add_option("--rounds", rounds, "throughput rounds (the median is reported)")->check(CLI::PositiveNumber);
+  app.add_option("--in-flight", in_flight, "closures in flight per worker for throughput")->check(CLI::PositiveNumber);
+  CLI11_PARSE(app, argc, argv);
+  ::setenv("PSCORO_LOG_LEVEL", "warning", 0);
+
+  const auto raw64 = raw_round_trip(64, iterations);
+  const auto raw4k = raw_round_trip(4096, iterations);
+  const auto one = measure_closures(1, in_flight, iterations, closures, rounds);
+  const auto two = measure_closures(2, in_flight, iterations, closures, rounds);
+
+  const std::time_t now = std::time(nullptr);
+  fmt::print("pscoro cluster benchmark, {:%Y-%m-%d}, {} hardware threads\n\n", fmt::localtime(now),
+             std::thread::hardware_concurrency());
+  fmt::print("{:<36} {:>10} {:>10} {:>16}\n", "latency (schedule -> result)", "p50 us", "p99 us", "p50 / raw 64 B");
+  auto latency_row = [&](std::string_view name, percentiles p) {
+    fmt::print("{:<36} {:>10.1f} {:>10.1f} {:>16.2f}\n", name, p.p50, p.p99, p.p50 / raw64.p50);
+  };
+  latency_row("raw TCP round trip, 64 B", raw64);
+  latency_row("raw TCP round trip, 4 KiB", raw4k);
+  latency_row("no-op closure, 1 worker", one.latency);
+  latency_row("no-op closure, 2 workers", two.latency);
+  fmt::print("\n{:<36} {:>21} {:>16}\n", fmt::format("throughput ({} in flight per worker)", in_flight),
+             "closures/s (median)", "/ 20,000 target");
+  fmt::print("{:<36} {:>21.0f} {:>16.2f}\n", "no-op closures, 1 worker", one.throughput, one.throughput / 20000);
+  fmt::print("{:<36} {:>21.0f} {:>16.2f}\n", "no-op closures, 2 workers", two.throughput, two.throughput / 20000);
+  fmt::print("\nraw TCP round trip at 1 closure in flight bounds latency; throughput is bounded by the\n"
+             "per-closure CPU cost on {} hardware threads shared by chief, ps and workers.\n\n",
+             std::thread::hardware_concurrency());
+  return 0;
+}
