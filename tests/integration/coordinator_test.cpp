@@ -397,3 +397,35 @@ TEST_CASE("the strategy validates its cluster like TF") {
                                                  simple_cluster_resolver(cluster_spec{{"ps", {"p:1"}}, {"worker", {"w:1"}}}, "worker", 0)),
                        doctest::Contains("coordinator runs as the 'chief' task"), error);
 }
+
+TEST_CASE("closures of a lost worker run again on the other worker") {
+  release_holds = false;
+  local_cluster cluster(1, 2, bind_test_functions);
+  coordinator_options options;
+  options.closures_per_worker = 2;
+  cluster.run_chief(
+      [&cluster](parameter_server_strategy&, cluster_coordinator& coordinator) -> asio::awaitable<void> {
+        std::vector<remote_value<void>> held;
+        for (int i = 0; i < 4; ++i) held.push_back(coordinator.schedule(hold));  // two on each worker
+        cluster.on_task("worker", 1, [&cluster] { cluster.task("worker", 1).stop(); });
+        release_holds = true;
+        co_await coordinator.join();  // no error: worker 1's closures ran again on worker 0
+        for (auto& h : held) CHECK(h.status() == remote_status::ready);
+        for (int i = 0; i < 8; ++i) CHECK(co_await coordinator.schedule(whoami).get() == "worker:0");
+      },
+      options);
+}
+
+TEST_CASE("losing every worker is reported as unavailable") {
+  release_holds = false;
+  local_cluster cluster(1, 1, bind_test_functions);
+  cluster.run_chief([&cluster](parameter_server_strategy&, cluster_coordinator& coordinator) -> asio::awaitable<void> {
+    auto held = coordinator.schedule(hold);
+    cluster.on_task("worker", 0, [&cluster] { cluster.task("worker", 0).stop(); });
+    auto e = co_await failure_of(coordinator.join());
+    release_holds = true;
+    REQUIRE(e);
+    CHECK(code_of(e) == errc::unavailable);
+    CHECK(held.status() == remote_status::cancelled);
+  });
+}
