@@ -49,7 +49,9 @@ cluster_spec cluster_from_json(const json& cluster, std::string_view source) {
                         source, cluster.dump()));
   }
   cluster_spec spec;
-  for (const auto& [job, tasks] : cluster.items()) {
+  for (const auto& item : cluster.items()) {
+    const std::string& job = item.key();
+    const json& tasks = item.value();
     auto address_of = [&](const json& address, const std::string& where) {
       if (!address.is_string()) {
         invalid(fmt::format("{}: task address {} of job '{}' ({}) must be a string", source,
