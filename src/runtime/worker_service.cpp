@@ -3,10 +3,29 @@
 #include "runtime/values.hpp"
 #include "wire/connection.hpp"
 
+#include "runtime/log.hpp"
+
+#include <asio/co_spawn.hpp>
+#include <asio/detached.hpp>
+
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
 namespace pscoro::runtime {
+
+namespace {
+
+// Connects to a ps ahead of the first variable operation, so a missing ps shows up in the log at
+// once; operations still (re)connect on demand.
+asio::awaitable<void> connect_early(std::shared_ptr<peer> ps) {
+  try {
+    co_await ps->get();
+  } catch (const std::exception& e) {
+    log::warning("cannot reach {} yet: {}", ps->task(), e.what());
+  }
+}
+
+}  // namespace
 
 worker_service::worker_service(asio::any_io_executor executor, std::string task, int task_index,
                                std::uint64_t incarnation, transport_options options)
@@ -41,6 +60,7 @@ void worker_service::set_cluster(const wire::Hello& hello) {
       peers.push_back(old[index]);
     } else {
       peers.push_back(std::make_shared<peer>(executor_, name, address, ours, options_));
+      asio::co_spawn(executor_, connect_early(peers.back()), asio::detached);
     }
   }
   ps_->set_peers(std::move(peers));
