@@ -118,20 +118,12 @@ struct server::impl : std::enable_shared_from_this<impl> {
     auto connection = std::make_shared<wire::connection>(
         std::move(socket), runtime::limits_of(self->transport),
         fmt::format("{}:{}", remote.address().to_string(), remote.port()));
-    asio::steady_timer deadline(self->executor, self->transport.handshake_timeout);
-    // Shared: the handler may run after this frame is gone.
-    auto timed_out = std::make_shared<bool>(false);
-    deadline.async_wait([weak = std::weak_ptr(connection), timed_out](std::error_code ec) {
-      if (auto c = weak.lock(); !ec && c) {
-        *timed_out = true;
-        c->close("no handshake");
-      }
-    });
+    wire::handshake_deadline deadline(connection, self->transport.handshake_timeout, "no handshake");
     std::optional<wire::frame> hello;
     try {
       hello = co_await connection->read_frame();
     } catch (const std::system_error& e) {
-      if (*timed_out) {
+      if (deadline.expired()) {
         log::warning("closed connection from {}: no handshake within {}", connection->peer(),
                      self->transport.handshake_timeout);
       } else {
@@ -141,7 +133,12 @@ struct server::impl : std::enable_shared_from_this<impl> {
     }
     deadline.cancel();
     if (!hello) {
-      log::info("connection from {} closed before its handshake", connection->peer());
+      if (deadline.expired()) {
+        log::warning("closed connection from {}: no handshake within {}", connection->peer(),
+                     self->transport.handshake_timeout);
+      } else {
+        log::info("connection from {} closed before its handshake", connection->peer());
+      }
       co_return;
     }
     if (hello->kind != wire::frame_kind::hello) {

@@ -100,4 +100,19 @@ class local_cluster {
   std::vector<std::unique_ptr<running_task>> tasks_;
 };
 
+/// Connects a chief to `spec` and returns the pscoro::error that connecting throws; fails the
+/// calling test when connecting succeeds.
+inline error connect_failure(const cluster_spec& spec, strategy_options options) {
+  asio::io_context io;
+  parameter_server_strategy strategy(io.get_executor(), simple_cluster_resolver(spec), options);
+  auto connected = asio::co_spawn(io, strategy.connect(), asio::use_future);
+  io.run();
+  try {
+    connected.get();
+  } catch (const error& e) {
+    return e;
+  }
+  throw std::logic_error("connecting succeeded where it should have failed");
+}
+
 }  // namespace pscoro::testing

@@ -64,16 +64,8 @@ asio::awaitable<std::shared_ptr<wire::connection>> try_connect(const std::string
   *hello_frame.message.mutable_hello() = hello;
   connection->send(std::move(hello_frame));
 
-  // The deadline closes the connection, which ends the read below. A task that accepts but does
-  // not answer is not retried: something else is listening there, or it hangs.
-  asio::steady_timer deadline(executor, options.handshake_timeout);
-  auto timed_out = std::make_shared<bool>(false);
-  deadline.async_wait([weak = std::weak_ptr(connection), timed_out](std::error_code ec) {
-    if (auto c = weak.lock(); !ec && c) {
-      *timed_out = true;
-      c->close("no Welcome within the handshake timeout");
-    }
-  });
+  // A task that accepts but does not answer is not retried: something else listens there, or it hangs.
+  wire::handshake_deadline deadline(connection, options.handshake_timeout, "no Welcome within the handshake timeout");
   std::optional<wire::frame> welcome;
   try {
     welcome = co_await connection->read_frame();
@@ -82,7 +74,7 @@ asio::awaitable<std::shared_ptr<wire::connection>> try_connect(const std::string
     connection->close(why);
   }
   deadline.cancel();
-  if (*timed_out) {
+  if (deadline.expired()) {
     throw error(errc::deadline_exceeded,
                 fmt::format("{} at {}:{} accepted the connection but sent no Welcome within {}", task, host, port,
                             options.handshake_timeout));

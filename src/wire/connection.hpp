@@ -11,6 +11,7 @@
 #include <asio/async_result.hpp>
 #include <asio/awaitable.hpp>
 #include <asio/ip/tcp.hpp>
+#include <asio/steady_timer.hpp>
 
 #include <deque>
 #include <functional>
@@ -89,6 +90,28 @@ class connection : public std::enable_shared_from_this<connection> {
   std::size_t writing_ = 0;  // frames of write_queue_ in the write under way
   std::vector<asio::const_buffer> write_buffers_;
   std::optional<std::string> close_when_flushed_;
+};
+
+/// Closes a connection that has not finished its handshake in time: a pending read on it then
+/// ends. cancel() once the handshake is done; expired() tells whether it fired.
+class handshake_deadline {
+ public:
+  handshake_deadline(const std::shared_ptr<connection>& c, std::chrono::milliseconds timeout, std::string reason)
+      : timer_(c->get_executor(), timeout) {
+    // The handler may run after the awaiting coroutine is gone: it holds only shared state.
+    timer_.async_wait([weak = std::weak_ptr(c), expired = expired_, reason = std::move(reason)](std::error_code ec) {
+      if (auto open = weak.lock(); !ec && open) {
+        *expired = true;
+        open->close(reason);
+      }
+    });
+  }
+  void cancel() { timer_.cancel(); }
+  bool expired() const noexcept { return *expired_; }
+
+ private:
+  std::shared_ptr<bool> expired_ = std::make_shared<bool>(false);
+  asio::steady_timer timer_;
 };
 
 /// A status message for `code` and `message`, and the error it describes.

@@ -374,19 +374,11 @@ TEST_CASE("creating a variable twice on the same ps is already_exists; an unknow
 
 TEST_CASE("connecting to a cluster that is not there fails with unavailable, naming the task") {
   cluster_spec spec{{"ps", {"127.0.0.1:1"}}, {"worker", {"127.0.0.1:1"}}};
-  asio::io_context io;
   strategy_options options;
   options.transport.connect_timeout = std::chrono::milliseconds(200);
-  parameter_server_strategy strategy(io.get_executor(), simple_cluster_resolver(spec), options);
-  auto connected = asio::co_spawn(io, strategy.connect(), asio::use_future);
-  io.run();
-  try {
-    connected.get();
-    FAIL("connect succeeded");
-  } catch (const error& e) {
-    CHECK(e.code() == errc::unavailable);
-    CHECK(contains(e.what(), "cannot reach ps:0 at 127.0.0.1:1"));
-  }
+  const auto e = pscoro::testing::connect_failure(spec, options);
+  CHECK(e.code() == errc::unavailable);
+  CHECK(contains(e.what(), "cannot reach ps:0 at 127.0.0.1:1"));
 }
 
 TEST_CASE("the strategy validates its cluster like TF") {

@@ -194,14 +194,7 @@ TEST_CASE("a task that accepts but never answers the handshake is deadline_excee
   cluster_spec spec{{"ps", {address}}, {"worker", {address}}};
   strategy_options options;
   options.transport.handshake_timeout = std::chrono::milliseconds(200);
-  parameter_server_strategy strategy(io.get_executor(), simple_cluster_resolver(spec), options);
-  auto connected = asio::co_spawn(io, strategy.connect(), asio::use_future);
-  io.run();
-  try {
-    connected.get();
-    FAIL("connect succeeded");
-  } catch (const error& e) {
-    CHECK(e.code() == errc::deadline_exceeded);
-    CHECK(contains(e.what(), "accepted the connection but sent no Welcome"));
-  }
+  const auto e = pscoro::testing::connect_failure(spec, options);
+  CHECK(e.code() == errc::deadline_exceeded);
+  CHECK(contains(e.what(), "accepted the connection but sent no Welcome"));
 }
