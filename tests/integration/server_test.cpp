@@ -1,0 +1,119 @@
+// Servers refuse what their role cannot do, and configuration they cannot use, with clear errors.
+#include "local_cluster.hpp"
+#include "runtime/peer.hpp"
+#include "runtime/values.hpp"
+#include "test_support.hpp"
+
+#include <asio/experimental/as_tuple.hpp>
+
+using namespace pscoro;
+using pscoro::testing::local_cluster;
+
+namespace {
+
+const cluster_spec spec{{"ps", {"127.0.0.1:0"}}, {"worker", {"127.0.0.1:0"}}};
+
+// Sends `request` to `job`:0 of `cluster` as the chief would and returns the response status.
+wire::Status call(local_cluster& cluster, const std::string& job, wire::frame request) {
+  asio::io_context io;
+  wire::Hello hello;
+  hello.set_protocol_version(wire::protocol_version);
+  hello.set_job("chief");
+  auto response = asio::co_spawn(
+      io,
+      [&]() -> asio::awaitable<wire::Status> {
+        auto connection = co_await runtime::connect_to_task(job + ":0", cluster.spec.task_address(job, 0), hello, {});
+        connection->start(nullptr, nullptr);
+        auto [ec, reply] =
+            co_await connection->async_call(std::move(request), asio::experimental::as_tuple(asio::use_awaitable));
+        REQUIRE_FALSE(ec);
+        connection->close("done");
+        co_return reply.message.response().status();
+      },
+      asio::use_future);
+  io.run();
+  return response.get();
+}
+
+}  // namespace
+
+TEST_CASE("a server runs only ps and worker tasks listed in the spec") {
+  asio::io_context io;
+  CHECK_THROWS_WITH_AS(server(io.get_executor(), simple_cluster_resolver(spec, "chief", 0)),
+                       "a server runs a 'ps' or 'worker' task, not 'chief'", error);
+  CHECK_THROWS_WITH_AS(server(io.get_executor(), simple_cluster_resolver(spec, "ps")), "the ps task has no index",
+                       error);
+  CHECK_THROWS_WITH_AS(server(io.get_executor(), simple_cluster_resolver(spec, "ps", 3)),
+                       "No task with index 3 in job 'ps'", error);
+}
+
+TEST_CASE("a malformed listen address is refused with the task and the address") {
+  asio::io_context io;
+  server_options options;
+  options.listen_address = "no-port-here";
+  server bad_host(io.get_executor(), simple_cluster_resolver(spec, "ps", 0), options);
+  CHECK_THROWS_WITH_AS(bad_host.start(), "address 'no-port-here' of ps:0 is not host:port", error);
+  options.listen_address = "127.0.0.1:99999";
+  server bad_port(io.get_executor(), simple_cluster_resolver(spec, "ps", 0), options);
+  CHECK_THROWS_WITH_AS(bad_port.start(), "address '127.0.0.1:99999' of ps:0 has an invalid port", error);
+}
+
+TEST_CASE("only workers bind worker functions") {
+  asio::io_context io;
+  server ps(io.get_executor(), simple_cluster_resolver(spec, "ps", 0));
+  const worker_function<void()> f{"test.f"};
+  try {
+    ps.bind(f, []() -> asio::awaitable<void> { co_return; });
+    FAIL("a ps bound a worker function");
+  } catch (const error& e) {
+    CHECK(e.code() == errc::failed_precondition);
+    CHECK(contains(e.what(), "ps:0 is not a worker: it cannot bind 'test.f'"));
+  }
+}
+
+TEST_CASE("a ps runs no functions and a worker holds no variables") {
+  local_cluster cluster(1, 1);
+  wire::frame run;
+  run.message.mutable_request()->mutable_run_function()->set_name("model.step");
+  auto status = call(cluster, "ps", std::move(run));
+  CHECK(status.code() == static_cast<int>(errc::failed_precondition));
+  CHECK(contains(status.message(), "ps:0 is a parameter server and runs no worker functions ('model.step'"));
+
+  wire::frame read;
+  runtime::encode_ref(*read.message.mutable_request()->mutable_read_variable()->mutable_variable(),
+                      variable_ref{"w", dtype::float32, {2}, 0});
+  status = call(cluster, "worker", std::move(read));
+  CHECK(status.code() == static_cast<int>(errc::failed_precondition));
+  CHECK(status.message() == "worker:0 is a worker and holds no variables");
+}
+
+TEST_CASE("a tensor that does not match its segment fails that request only") {
+  local_cluster cluster(1, 1);
+  wire::frame create;
+  auto* body = create.message.mutable_request()->mutable_create_variable();
+  runtime::encode_ref(*body->mutable_variable(), variable_ref{"w", dtype::float32, {4}, 0});
+  wire::put_tensor(create, *body->mutable_initial_value(), tensor::uninitialized(dtype::float32, {4}));
+  body->mutable_initial_value()->set_shape(0, 5);  // claims 20 bytes, the segment has 16
+  auto status = call(cluster, "ps", std::move(create));
+  CHECK(status.code() == static_cast<int>(errc::invalid_argument));
+  CHECK(contains(status.message(), "float32 tensor of shape [5] needs 20 bytes but its segment has 16"));
+  CHECK(status.origin_task() == "ps:0");
+
+  // The ps still serves, and holds no half-made variable.
+  cluster.run_chief([](parameter_server_strategy& strategy, cluster_coordinator&) -> asio::awaitable<void> {
+    const xt::xarray<float> initial{1, 2, 3, 4};
+    auto w = co_await strategy.scope().create_variable("w", initial);
+    CHECK((co_await w.read() == initial));
+  });
+}
+
+TEST_CASE("an unknown dtype in a variable handle is invalid_argument") {
+  local_cluster cluster(1, 1);
+  wire::frame read;
+  auto* ref = read.message.mutable_request()->mutable_read_variable()->mutable_variable();
+  ref->set_name("w");
+  ref->set_dtype(99);
+  const auto status = call(cluster, "ps", std::move(read));
+  CHECK(status.code() == static_cast<int>(errc::invalid_argument));
+  CHECK(status.message() == "variable 'w' has unknown dtype 99");
+}
