@@ -72,6 +72,11 @@ asio::awaitable<std::shared_ptr<wire::connection>> try_connect(const std::string
   } catch (const std::system_error& e) {
     why = connection->close_reason().empty() ? e.what() : connection->close_reason();
     connection->close(why);
+    // Whatever answers there speaks something else: retrying will not change that.
+    if (e.code() == errc::protocol_error && !deadline.expired()) {
+      throw error(errc::protocol_error,
+                  fmt::format("{} at {}:{} does not answer in pscoro's protocol: {}", task, host, port, e.what()));
+    }
   }
   deadline.cancel();
   if (deadline.expired()) {

@@ -11,6 +11,8 @@
 
 #include <sys/socket.h>
 
+#include <thread>
+
 #include <cstring>
 
 using namespace pscoro;
@@ -197,4 +199,19 @@ TEST_CASE("a task that accepts but never answers the handshake is deadline_excee
   const auto e = pscoro::testing::connect_failure(spec, options);
   CHECK(e.code() == errc::deadline_exceeded);
   CHECK(contains(e.what(), "accepted the connection but sent no Welcome"));
+}
+
+TEST_CASE("a task address where something else answers fails at once with protocol_error") {
+  asio::io_context io;
+  asio::ip::tcp::acceptor impostor(io, {asio::ip::address_v4::loopback(), 0});
+  const auto address = fmt::format("127.0.0.1:{}", impostor.local_endpoint().port());
+  std::thread answer([&] {
+    auto s = impostor.accept();
+    asio::write(s, asio::buffer(std::string_view("HTTP/1.1 400 Bad Request\r\n\r\n.....")));
+  });
+  cluster_spec spec{{"ps", {address}}, {"worker", {address}}};
+  const auto e = pscoro::testing::connect_failure(spec, {});  // default: would retry for 3 minutes
+  answer.join();
+  CHECK(e.code() == errc::protocol_error);
+  CHECK(contains(e.what(), "does not answer in pscoro's protocol: bad magic"));
 }
