@@ -33,6 +33,9 @@ const asio::any_io_executor& parameter_server_strategy::get_executor() const noe
 
 cluster_coordinator::cluster_coordinator(parameter_server_strategy& strategy, coordinator_options options)
     : core_(strategy.core()) {
+  if (options.closures_per_worker == 0) {
+    throw error(errc::invalid_argument, "coordinator_options::closures_per_worker must be at least 1");
+  }
   // Queued, not awaited: the executor may not run yet; it handles this before later calls.
   asio::dispatch(core_->executor(), [core = core_, options] { core->set_options(options); });
 }

@@ -381,6 +381,16 @@ TEST_CASE("connecting to a cluster that is not there fails with unavailable, nam
   CHECK(contains(e.what(), "cannot reach ps:0 at 127.0.0.1:1"));
 }
 
+TEST_CASE("a coordinator with no slot per worker is refused") {
+  asio::io_context io;
+  parameter_server_strategy strategy(io.get_executor(),
+                                     simple_cluster_resolver(cluster_spec{{"ps", {"p:1"}}, {"worker", {"w:1"}}}));
+  coordinator_options options;
+  options.closures_per_worker = 0;
+  CHECK_THROWS_WITH_AS(cluster_coordinator(strategy, options),
+                       "coordinator_options::closures_per_worker must be at least 1", error);
+}
+
 TEST_CASE("the strategy validates its cluster like TF") {
   asio::io_context io;
   CHECK_THROWS_WITH_AS(parameter_server_strategy(io.get_executor(), simple_cluster_resolver(cluster_spec{{"worker", {"w:1"}}})),
