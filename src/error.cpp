@@ -15,6 +15,7 @@ class category final : public std::error_category {
       case errc::deadline_exceeded: return "deadline exceeded";
       case errc::not_found: return "not found";
       case errc::already_exists: return "already exists";
+      case errc::resource_exhausted: return "resource exhausted";
       case errc::failed_precondition: return "failed precondition";
       case errc::unavailable: return "unavailable";
       case errc::protocol_error: return "protocol error";

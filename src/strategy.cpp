@@ -3,6 +3,8 @@
 
 #include "runtime/coordinator_core.hpp"
 
+#include <future>
+
 namespace pscoro {
 
 parameter_server_strategy::parameter_server_strategy(asio::any_io_executor executor,
@@ -42,9 +44,35 @@ cluster_coordinator::cluster_coordinator(parameter_server_strategy& strategy, co
 
 std::shared_ptr<detail::remote_state> cluster_coordinator::schedule_erased(std::string name, std::string signature,
                                                                            std::vector<value> args) {
-  return detail::run_on(core_->executor(), [&] {
+  if (detail::running_in_this_thread(core_->executor())) {
     return core_->schedule(std::move(name), std::move(signature), std::move(args));
+  }
+  // Another thread may wait: for the executor, and for room in the queue.
+  std::promise<void> admitted;
+  auto done = admitted.get_future();
+  auto state = detail::run_on(core_->executor(), [&] {
+    return core_->schedule_when_room(
+        std::move(name), std::move(signature), std::move(args),
+        detail::erased_handler<void(std::exception_ptr)>(
+            [&admitted](std::exception_ptr e) { e ? admitted.set_exception(e) : admitted.set_value(); },
+            core_->executor()));
   });
+  done.get();
+  return state;
+}
+
+asio::awaitable<std::shared_ptr<detail::remote_state>> cluster_coordinator::wait_and_schedule_erased(
+    std::shared_ptr<detail::coordinator_core> core, std::string name, std::string signature, std::vector<value> args) {
+  // Runs on the coordinator's executor (the caller's coroutine); throws the pending error instead.
+  std::shared_ptr<detail::remote_state> state;
+  co_await asio::async_initiate<decltype(asio::use_awaitable), void(std::exception_ptr)>(
+      [&](auto handler) {
+        state = core->schedule_when_room(std::move(name), std::move(signature), std::move(args),
+                                         detail::erased_handler<void(std::exception_ptr)>(std::move(handler),
+                                                                                         core->executor()));
+      },
+      asio::use_awaitable);
+  co_return state;
 }
 
 void cluster_coordinator::join_erased(detail::erased_handler<void(std::exception_ptr)> handler) {

@@ -28,6 +28,8 @@ namespace pscoro {
 struct coordinator_options {
   /// Closures sent to one worker before it answers (TF: 1). More hides the round trip.
   std::size_t closures_per_worker = 4;
+  /// Closures queued (not yet sent) at most; 0 = no limit. TF's limit is 256 * 1024.
+  std::size_t max_queued_closures = 256 * 1024;
 };
 
 class cluster_coordinator {
@@ -36,14 +38,20 @@ class cluster_coordinator {
   /// strategy: a second coordinator shares the first one's queue (and its options).
   explicit cluster_coordinator(parameter_server_strategy& strategy, coordinator_options options = {});
 
-  /// Queues `function(args...)` and returns its result handle. Callable from the coordinator's
-  /// executor or from any thread (which then waits for the executor to take the closure).
-  /// Throws the pending error of an earlier closure, if any (then clears it).
+  /// Queues `function(args...)` and returns its result handle. Throws the pending error of an
+  /// earlier closure, if any (then clears it). From any thread but the coordinator's executor, a
+  /// full queue makes it wait for room (TF); on the executor, where waiting would stall
+  /// everything, a full queue throws errc::resource_exhausted: use `wait_and_schedule` there.
   template <class R, class... Params, class... Args>
   remote_value<R> schedule(const worker_function<R(Params...)>& function, Args&&... args) {
-    static_assert(sizeof...(Params) == sizeof...(Args), "schedule: wrong number of arguments");
-    std::vector<value> encoded{codec<std::decay_t<Params>>::encode(std::decay_t<Params>(std::forward<Args>(args)))...};
-    return remote_value<R>(schedule_erased(function.name(), function.signature(), std::move(encoded)));
+    return remote_value<R>(schedule_erased(function.name(), function.signature(), encode_arguments<Params...>(std::forward<Args>(args)...)));
+  }
+
+  /// Like schedule, but on the coordinator's executor: waits for room in the queue first.
+  template <class R, class... Params, class... Args>
+  [[nodiscard]] asio::awaitable<remote_value<R>> wait_and_schedule(const worker_function<R(Params...)>& function,
+                                                                   Args&&... args) {
+    return wait_and_schedule_as<R>(core_, function.name(), function.signature(), encode_arguments<Params...>(std::forward<Args>(args)...));
   }
 
   /// Completes when every scheduled closure has finished, with signature
@@ -74,6 +82,21 @@ class cluster_coordinator {
   }
 
  private:
+  template <class... Params, class... Args>
+  static std::vector<value> encode_arguments(Args&&... args) {
+    static_assert(sizeof...(Params) == sizeof...(Args), "schedule: wrong number of arguments");
+    return {codec<std::decay_t<Params>>::encode(std::decay_t<Params>(std::forward<Args>(args)))...};
+  }
+  template <class R>
+  static asio::awaitable<remote_value<R>> wait_and_schedule_as(std::shared_ptr<detail::coordinator_core> core,
+                                                               std::string name, std::string signature,
+                                                               std::vector<value> args) {
+    co_return remote_value<R>(
+        co_await wait_and_schedule_erased(std::move(core), std::move(name), std::move(signature), std::move(args)));
+  }
+  static asio::awaitable<std::shared_ptr<detail::remote_state>> wait_and_schedule_erased(
+      std::shared_ptr<detail::coordinator_core> core, std::string name, std::string signature,
+      std::vector<value> args);
   std::shared_ptr<detail::remote_state> schedule_erased(std::string name, std::string signature,
                                                         std::vector<value> args);
   void join_erased(detail::erased_handler<void(std::exception_ptr)> handler);

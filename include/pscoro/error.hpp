@@ -18,6 +18,7 @@ enum class errc {
   deadline_exceeded = 4,    ///< a peer did not answer in time (e.g. handshake deadline)
   not_found = 5,            ///< unknown worker function or variable
   already_exists = 6,       ///< a variable with that name already exists
+  resource_exhausted = 8,   ///< the closure queue is full and the caller cannot wait
   failed_precondition = 9,  ///< the call is not valid in the current state
   unavailable = 14,         ///< a peer cannot be reached or its connection was lost
   protocol_error = 100,     ///< a peer sent bytes that are not pscoro's protocol

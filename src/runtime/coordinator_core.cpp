@@ -83,17 +83,75 @@ asio::awaitable<variable_ref> coordinator_core::create_variable(std::string name
   co_return ref;
 }
 
+std::shared_ptr<coordinator_core::closure> coordinator_core::make_closure(std::string name, std::string signature,
+                                                                          std::vector<value> args) {
+  auto result = std::make_shared<remote_state>(executor_, decode_context{ps_});
+  return std::make_shared<closure>(closure{std::move(name), std::move(signature), std::move(args), result, generation_});
+}
+
 std::shared_ptr<remote_state> coordinator_core::schedule(std::string name, std::string signature,
                                                          std::vector<value> args) {
   if (auto e = take_error()) std::rethrow_exception(e);
-  auto result = std::make_shared<remote_state>(executor_, decode_context{ps_});
-  queue_.push_back(std::make_shared<closure>(
-      closure{std::move(name), std::move(signature), std::move(args), result, generation_}));
+  if (!has_room() || !waiting_.empty()) {
+    throw error(errc::resource_exhausted,
+                fmt::format("the closure queue holds {} closures (coordinator_options::max_queued_closures); on the "
+                            "coordinator's executor, co_await wait_and_schedule() to wait for room",
+                            queue_.size()));
+  }
+  auto c = make_closure(std::move(name), std::move(signature), std::move(args));
+  queue_.push_back(c);
   dispatch();
-  return result;
+  return c->result;
+}
+
+std::shared_ptr<remote_state> coordinator_core::schedule_when_room(std::string name, std::string signature,
+                                                                   std::vector<value> args,
+                                                                   erased_handler<void(std::exception_ptr)> admitted) {
+  auto c = make_closure(std::move(name), std::move(signature), std::move(args));
+  waiting_.push_back({c, std::move(admitted)});
+  dispatch();
+  return c->result;
+}
+
+bool coordinator_core::admit_waiting() {
+  bool admitted = false;
+  while (!waiting_.empty()) {
+    auto producer = std::move(waiting_.front());
+    if (pending_error_) {
+      // No closure starts while an error waits, so the queue would not drain: the waiting
+      // producer is the next schedule call, and reports the error (TF: put() raises it).
+      waiting_.pop_front();
+      producer.admitted(take_error());
+      continue;
+    }
+    if (!has_room()) {
+      waiting_.front() = std::move(producer);
+      break;
+    }
+    waiting_.pop_front();
+    producer.c->generation = generation_;
+    queue_.push_back(std::move(producer.c));
+    producer.admitted(nullptr);
+    admitted = true;
+  }
+  return admitted;
 }
 
 void coordinator_core::dispatch() {
+  do {
+    start_closures();
+  } while (admit_waiting());
+  const bool any_alive = std::any_of(workers_.begin(), workers_.end(), [](const auto& w) { return w.alive; });
+  if (!any_alive && !queue_.empty() && !pending_error_) {
+    // Until workers can come back (fault-tolerance issue), losing all of them ends the run.
+    record_error(std::make_exception_ptr(error(errc::unavailable, "every worker is lost; queued closures cannot run")),
+                 generation_);
+    admit_waiting();
+  }
+  notify_joiners();
+}
+
+void coordinator_core::start_closures() {
   // While an error waits to be reported, nothing new starts: what is queued will be cancelled.
   while (!queue_.empty() && !pending_error_) {
     // The least busy live worker with a free slot, scanning from a rotating start for fairness.
@@ -112,13 +170,6 @@ void coordinator_core::dispatch() {
     ++in_flight_;
     asio::co_spawn(executor_, run(shared_from_this(), best, std::move(c)), asio::detached);
   }
-  const bool any_alive = std::any_of(workers_.begin(), workers_.end(), [](const auto& w) { return w.alive; });
-  if (!any_alive && !queue_.empty() && !pending_error_) {
-    // Until workers can come back (fault-tolerance issue), losing all of them ends the run.
-    record_error(std::make_exception_ptr(error(errc::unavailable, "every worker is lost; queued closures cannot run")),
-                 generation_);
-  }
-  notify_joiners();
 }
 
 asio::awaitable<void> coordinator_core::run(std::shared_ptr<coordinator_core> self, std::size_t index,
@@ -183,6 +234,7 @@ std::exception_ptr coordinator_core::take_error() {
         remote_status::cancelled);
   }
   ++generation_;
+  if (!waiting_.empty()) asio::post(executor_, [self = shared_from_this()] { self->dispatch(); });
   return std::exchange(pending_error_, nullptr);
 }
 

@@ -29,7 +29,11 @@ class coordinator_core : public std::enable_shared_from_this<coordinator_core> {
   void set_options(const coordinator_options& options) { options_ = options; }
 
   // Closures. All on the executor.
+  /// Queues at once; throws the pending error, or errc::resource_exhausted when the queue is full.
   std::shared_ptr<remote_state> schedule(std::string name, std::string signature, std::vector<value> args);
+  /// Queues when there is room: `admitted` gets null then, or the pending error instead.
+  std::shared_ptr<remote_state> schedule_when_room(std::string name, std::string signature, std::vector<value> args,
+                                                   erased_handler<void(std::exception_ptr)> admitted);
   void join(erased_handler<void(std::exception_ptr)> handler);
   bool done();
 
@@ -52,7 +56,13 @@ class coordinator_core : public std::enable_shared_from_this<coordinator_core> {
     bool alive = true;
   };
 
+  std::shared_ptr<closure> make_closure(std::string name, std::string signature, std::vector<value> args);
+  bool has_room() const noexcept {
+    return options_.max_queued_closures == 0 || queue_.size() < options_.max_queued_closures;
+  }
   void dispatch();
+  void start_closures();
+  bool admit_waiting();
   static asio::awaitable<void> run(std::shared_ptr<coordinator_core> self, std::size_t worker,
                                    std::shared_ptr<closure> c);
   void finish(const std::shared_ptr<closure>& c, const wire::frame& response, const std::string& worker);
@@ -73,7 +83,13 @@ class coordinator_core : public std::enable_shared_from_this<coordinator_core> {
   std::size_t next_placement_ = 0;
   bool closed_ = false;
 
+  struct waiting_producer {
+    std::shared_ptr<closure> c;
+    erased_handler<void(std::exception_ptr)> admitted;
+  };
+
   std::deque<std::shared_ptr<closure>> queue_;
+  std::deque<waiting_producer> waiting_;  // closures waiting for room in queue_, in order
   std::size_t in_flight_ = 0;
   std::size_t next_worker_ = 0;
   std::uint64_t generation_ = 0;

@@ -431,3 +431,84 @@ TEST_CASE("losing every worker is reported as unavailable") {
     CHECK(held.status() == remote_status::cancelled);
   });
 }
+
+TEST_CASE("a full queue refuses schedule on the executor and admits wait_and_schedule when room frees") {
+  release_holds = false;
+  local_cluster cluster(1, 1, bind_test_functions);
+  coordinator_options options;
+  options.closures_per_worker = 1;
+  options.max_queued_closures = 3;
+  cluster.run_chief(
+      [](parameter_server_strategy&, cluster_coordinator& coordinator) -> asio::awaitable<void> {
+        auto held = coordinator.schedule(hold);  // takes the only slot
+        std::vector<remote_value<std::int64_t>> queued;
+        for (int i = 0; i < 3; ++i) queued.push_back(coordinator.schedule(add_one, i));
+        try {
+          coordinator.schedule(add_one, 3);
+          FAIL("a fourth closure was queued");
+        } catch (const error& e) {
+          CHECK(e.code() == errc::resource_exhausted);
+          CHECK(contains(e.what(), "co_await wait_and_schedule()"));
+        }
+        release_holds = true;  // the queue drains, so the wait below ends
+        auto later = co_await coordinator.wait_and_schedule(add_one, 41);
+        co_await coordinator.join();
+        CHECK(co_await later.get() == 42);
+        CHECK(co_await queued[2].get() == 3);
+        CHECK(held.status() == remote_status::ready);
+      },
+      options);
+}
+
+TEST_CASE("a producer waiting for room gets the pending error") {
+  release_holds = false;
+  local_cluster cluster(1, 1, bind_test_functions);
+  coordinator_options options;
+  options.closures_per_worker = 2;
+  options.max_queued_closures = 2;
+  cluster.run_chief(
+      [](parameter_server_strategy&, cluster_coordinator& coordinator) -> asio::awaitable<void> {
+        auto held = coordinator.schedule(hold);                          // slot 1, held until the end
+        auto failing = coordinator.schedule(fail, std::string("boom"));  // slot 2, fails
+        auto first = coordinator.schedule(add_one, 1);                   // queued
+        auto second = coordinator.schedule(add_one, 2);                  // queued: the queue is full
+        // The failure stops new closures, so the queue cannot drain: the waiting producer reports it.
+        auto e = co_await failure_of(coordinator.wait_and_schedule(add_one, 3));
+        REQUIRE(e);
+        CHECK(code_of(e) == errc::unknown);
+        CHECK(failing.status() == remote_status::error);
+        CHECK(first.status() == remote_status::cancelled);
+        CHECK(second.status() == remote_status::cancelled);
+        release_holds = true;
+        co_await coordinator.join();  // reported once: nothing left to report
+        CHECK(held.status() == remote_status::ready);
+      },
+      options);
+}
+
+TEST_CASE("schedule from a plain thread waits for room in a full queue") {
+  release_holds = false;
+  local_cluster cluster(1, 1, bind_test_functions);
+  asio::io_context io;
+  parameter_server_strategy strategy(io.get_executor(), simple_cluster_resolver(cluster.spec));
+  auto connected = asio::co_spawn(io, strategy.connect(), asio::use_future);
+  auto guard = asio::make_work_guard(io);
+  std::thread chief([&] { io.run(); });
+  connected.get();
+  coordinator_options options;
+  options.closures_per_worker = 1;
+  options.max_queued_closures = 2;
+  cluster_coordinator coordinator(strategy, options);
+  coordinator.schedule(hold);
+  coordinator.schedule(add_one, 0);
+  coordinator.schedule(add_one, 1);  // full now
+  std::optional<remote_value<std::int64_t>> late;
+  std::thread producer([&] { late = coordinator.schedule(add_one, 99); });  // waits for room
+  release_holds = true;
+  producer.join();
+  CHECK(late->fetch() == 100);
+  coordinator.async_join(asio::use_future).get();
+  asio::post(io, [&] { strategy.close(); });
+  guard.reset();
+  chief.join();
+}
