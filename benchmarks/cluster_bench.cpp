@@ -19,6 +19,9 @@
 #include <algorithm>
 #include <chrono>
 #include <ctime>
+#include <fstream>
+
+#include <unistd.h>
 #include <thread>
 #include <vector>
 
@@ -78,10 +81,22 @@ percentiles raw_round_trip(std::size_t size, int iterations) {
 struct closure_figures {
   percentiles latency;
   double throughput;  // closures per second, median of rounds
+  // Resident memory before the flood, halfway through and at its end (1 worker run only).
+  double rss_before_mib = 0;
+  double rss_half_mib = 0;
+  double rss_after_mib = 0;
 };
 
+// Resident memory of this process, in MiB.
+double resident_mib() {
+  std::ifstream statm("/proc/self/statm");
+  std::size_t pages = 0, resident = 0;
+  statm >> pages >> resident;
+  return static_cast<double>(resident) * static_cast<double>(::sysconf(_SC_PAGESIZE)) / (1 << 20);
+}
+
 closure_figures measure_closures(int workers, std::size_t in_flight, int latency_iterations, int throughput_closures,
-                                 int rounds) {
+                                 int rounds, int flood) {
   pscoro::testing::local_cluster cluster(1, workers, [](pscoro::server& s) {
     s.bind(noop, []() -> asio::awaitable<void> { co_return; });
   });
@@ -107,6 +122,16 @@ closure_figures measure_closures(int workers, std::size_t in_flight, int latency
           rates.push_back(throughput_closures / std::chrono::duration<double>(clock_type::now() - start).count());
         }
         out.throughput = median(std::move(rates));
+        if (flood > 0) {
+          // Many more closures than the queue holds: memory must stay flat.
+          out.rss_before_mib = resident_mib();
+          for (int i = 0; i < flood; ++i) {
+            (void)co_await coordinator.wait_and_schedule(noop);
+            if (i == flood / 2) out.rss_half_mib = resident_mib();
+          }
+          co_await coordinator.join();
+          out.rss_after_mib = resident_mib();
+        }
       },
       options);
   return out;
@@ -120,17 +145,20 @@ int main(int argc, char** argv) {
   int closures = 50000;
   int rounds = 5;
   std::size_t in_flight = 8;
+  int flood = 1000000;
   app.add_option("--iterations", iterations, "round trips per latency measurement")->check(CLI::PositiveNumber);
   app.add_option("--closures", closures, "closures per throughput round")->check(CLI::PositiveNumber);
   app.add_option("--rounds", rounds, "throughput rounds (the median is reported)")->check(CLI::PositiveNumber);
   app.add_option("--in-flight", in_flight, "closures in flight per worker for throughput")->check(CLI::PositiveNumber);
+  app.add_option("--flood", flood, "closures pushed through the bounded queue to check memory (0: skip)")
+      ->check(CLI::NonNegativeNumber);
   CLI11_PARSE(app, argc, argv);
   ::setenv("PSCORO_LOG_LEVEL", "warning", 0);
 
   const auto raw64 = raw_round_trip(64, iterations);
   const auto raw4k = raw_round_trip(4096, iterations);
-  const auto one = measure_closures(1, in_flight, iterations, closures, rounds);
-  const auto two = measure_closures(2, in_flight, iterations, closures, rounds);
+  const auto one = measure_closures(1, in_flight, iterations, closures, rounds, flood);
+  const auto two = measure_closures(2, in_flight, iterations, closures, rounds, 0);
 
   const std::time_t now = std::time(nullptr);
   fmt::print("pscoro cluster benchmark, {:%Y-%m-%d}, {} hardware threads\n\n", fmt::localtime(now),
@@ -147,6 +175,12 @@ int main(int argc, char** argv) {
              "closures/s (median)", "/ 20,000 target");
   fmt::print("{:<36} {:>21.0f} {:>16.2f}\n", "no-op closures, 1 worker", one.throughput, one.throughput / 20000);
   fmt::print("{:<36} {:>21.0f} {:>16.2f}\n", "no-op closures, 2 workers", two.throughput, two.throughput / 20000);
+  if (flood > 0) {
+    fmt::print("\nresident memory while {} closures flow through a queue bounded at {} (1 worker):\n"
+               "  {:.1f} MiB before, {:.1f} MiB halfway, {:.1f} MiB at the end (flat = halfway ~ end)\n",
+               flood, pscoro::coordinator_options{}.max_queued_closures, one.rss_before_mib, one.rss_half_mib,
+               one.rss_after_mib);
+  }
   fmt::print("\nraw TCP round trip at 1 closure in flight bounds latency; throughput is bounded by the\n"
              "per-closure CPU cost on {} hardware threads shared by chief, ps and workers.\n\n",
              std::thread::hardware_concurrency());
