@@ -61,12 +61,24 @@ struct server::impl : std::enable_shared_from_this<impl> {
     task = task_name(job, index);
     const auto& spec = resolver.cluster_spec();
     if (!spec.has_job(job)) throw error(errc::invalid_argument, fmt::format("`task_type` '{}' not found in cluster_spec.", job));
-    listen_address = options.listen_address.empty() ? spec.task_address(job, index) : options.listen_address;
+    listen_address =
+        options.listen_address.empty() ? listen_address_for(spec.task_address(job, index), task) : options.listen_address;
     if (job == "ps") {
       ps.emplace(task);
     } else {
       worker.emplace(executor, task, index, incarnation, transport);
     }
+  }
+
+  // The task's address from the spec, as a place to listen: a loopback host is kept (local
+  // clusters); any other host becomes the wildcard with the same port, as TF's server does. Under
+  // Kubernetes the address is a service name, which need not be an address of this pod.
+  static std::string listen_address_for(const std::string& spec_address, const std::string& task) {
+    const auto [host, port] = runtime::split_address(spec_address, task);
+    std::error_code not_literal;
+    const auto literal = asio::ip::make_address(host, not_literal);
+    if (host == "localhost" || (!not_literal && literal.is_loopback())) return spec_address;
+    return (!not_literal && literal.is_v6() ? "[::]:" : "0.0.0.0:") + port;
   }
 
   void start() {

@@ -58,6 +58,24 @@ TEST_CASE("a malformed listen address is refused with the task and the address")
   CHECK_THROWS_WITH_AS(bad_port.start(), "address '127.0.0.1:99999' of ps:0 has an invalid port", error);
 }
 
+TEST_CASE("a server listens on all interfaces unless its address is loopback, like TF's") {
+  asio::io_context io;
+  // A Kubernetes service name need not resolve to an address of this pod: only its port is used.
+  const cluster_spec service{{"ps", {"test-tfjob-ps-0.ns2.svc.invalid:0"}}, {"worker", {"127.0.0.1:0"}}};
+  server ps(io.get_executor(), simple_cluster_resolver(service, "ps", 0));
+  ps.start();
+  CHECK(ps.address().starts_with("0.0.0.0:"));
+  CHECK(ps.port() != 0);
+  server worker(io.get_executor(), simple_cluster_resolver(service, "worker", 0));
+  worker.start();
+  CHECK(worker.address().starts_with("127.0.0.1:"));
+  server_options explicit_address;
+  explicit_address.listen_address = "127.0.0.1:0";
+  server ps_on_loopback(io.get_executor(), simple_cluster_resolver(service, "ps", 0), explicit_address);
+  ps_on_loopback.start();
+  CHECK(ps_on_loopback.address().starts_with("127.0.0.1:"));
+}
+
 TEST_CASE("only workers bind worker functions") {
   asio::io_context io;
   server ps(io.get_executor(), simple_cluster_resolver(spec, "ps", 0));
