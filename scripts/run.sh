@@ -28,13 +28,12 @@ install_missing() {
   fi
 }
 
-# build DIR [meson options...]
-build() {
+# configure DIR [meson options...]: sets DIR up once.
+configure() {
   local dir=$1; shift
   if [ ! -f "$dir/build.ninja" ]; then
     meson setup "$dir" "$@" >/dev/null
   fi
-  meson compile -C "$dir"
 }
 
 # run_tests DIR: runs the suite and prints "N passed, N failed" over the test cases of every test
@@ -49,22 +48,26 @@ run_tests() {
 case "${1:-}" in
   example)
     install_missing
-    build build
+    configure build
+    meson compile -C build pscoro-launch fashion_mnist
     exec build/tools/pscoro-launch --ps 2 --workers 2 -- build/examples/fashion_mnist "${@:2}"
     ;;
   test)
     install_missing
-    build build
+    configure build
+    meson compile -C build
     run_tests build
     ;;
   sanitize)
     install_missing
-    build build-sanitize -Db_sanitize=address,undefined -Db_lundef=false -Dbuildtype=debug -Dbenchmarks=false
+    configure build-sanitize -Db_sanitize=address,undefined -Db_lundef=false -Dbuildtype=debug -Dbenchmarks=false
+    meson compile -C build-sanitize
     ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 run_tests build-sanitize
     ;;
   bench)
     install_missing
-    build build-release -Dbuildtype=release -Dtests=false
+    configure build-release -Dbuildtype=release -Dtests=false
+    meson compile -C build-release cluster_bench
     exec build-release/benchmarks/cluster_bench "${@:2}"
     ;;
   *)
