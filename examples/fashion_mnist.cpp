@@ -144,7 +144,7 @@ struct options {
   std::string data_dir = "/usr/share/datasets/fashion-mnist";
   std::int64_t steps = 3000;
   std::int64_t batch_size = 100;
-  double learning_rate = 0.1;
+  double learning_rate = 0.3;
   double min_accuracy = 0.80;
   std::size_t closures_per_worker = 2;
   std::int64_t log_every = 500;
@@ -164,7 +164,9 @@ asio::awaitable<int> run_chief(pscoro::parameter_server_strategy& strategy, cons
   // Schedule everything at once; keep the losses we print.
   std::vector<std::pair<std::int64_t, pscoro::remote_value<double>>> progress;
   for (std::int64_t step = 0; step < o.steps; ++step) {
-    auto loss = coordinator.schedule(train_step, w, b, step, o.batch_size, o.learning_rate);
+    // Linear decay to zero: the last steps settle instead of jumping around the optimum.
+    const double learning_rate = o.learning_rate * static_cast<double>(o.steps - step) / static_cast<double>(o.steps);
+    auto loss = coordinator.schedule(train_step, w, b, step, o.batch_size, learning_rate);
     if ((step + 1) % o.log_every == 0 || step + 1 == o.steps) progress.emplace_back(step + 1, std::move(loss));
   }
   for (auto& [step, loss] : progress) {
@@ -192,7 +194,8 @@ int main(int argc, char** argv) {
   app.add_option("--data-dir", o.data_dir, "directory of the gzipped IDX files");
   app.add_option("--steps", o.steps, "training steps")->check(CLI::PositiveNumber);
   app.add_option("--batch-size", o.batch_size, "images per step")->check(CLI::PositiveNumber);
-  app.add_option("--learning-rate", o.learning_rate, "SGD learning rate")->check(CLI::PositiveNumber);
+  app.add_option("--learning-rate", o.learning_rate, "initial SGD learning rate (decays linearly to 0)")
+      ->check(CLI::PositiveNumber);
   app.add_option("--min-accuracy", o.min_accuracy, "exit 1 if the test accuracy ends below this");
   app.add_option("--closures-per-worker", o.closures_per_worker, "closures in flight per worker")->check(CLI::PositiveNumber);
   app.add_option("--log-every", o.log_every, "print the loss every N steps")->check(CLI::PositiveNumber);
