@@ -2,7 +2,7 @@
 #include <pscoro/error.hpp>
 
 #include <fmt/format.h>
-#include <fmt/ranges.h>
+#include "runtime/text.hpp"
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
@@ -156,10 +156,13 @@ std::string cluster_spec::to_string() const {
     for (const auto& [index, address] : tasks) {
       entries.push_back(dense ? fmt::format("'{}'", address) : fmt::format("{}: '{}'", index, address));
     }
-    const auto joined = fmt::format("{}", fmt::join(entries, ", "));
+    const auto joined = runtime::join(entries, ", ");
     parts.push_back(dense ? fmt::format("'{}': [{}]", job, joined) : fmt::format("'{}': {{{}}}", job, joined));
   }
-  return fmt::format("ClusterSpec({{{}}})", fmt::join(parts, ", "));
+  std::string out = "ClusterSpec({";  // appended: see to_string(shape) on g++ 12's -Wrestrict
+  out += runtime::join(parts, ", ");
+  out += "})";
+  return out;
 }
 
 std::string cluster_spec::to_json() const {
@@ -268,7 +271,7 @@ void validate_parameter_server_cluster(const cluster_spec& spec, std::string_vie
     if (*task_id < 0 || std::find(indices.begin(), indices.end(), *task_id) == indices.end()) {
       invalid(fmt::format("The `task_id` {} exceeds the maximum id of {} (job '{}' has tasks {}).",
                           *task_id, indices.empty() ? -1 : indices.back(), task_type,
-                          fmt::join(indices, ", ")));
+                          runtime::join(indices, ", ")));
     }
   }
   if (!spec.has_job("ps") || spec.num_tasks("ps") < 1) invalid("There must be at least one ps.");

@@ -2,11 +2,17 @@
 #include <pscoro/value.hpp>
 
 #include <fmt/format.h>
-#include <fmt/ranges.h>
+#include "runtime/text.hpp"
 
 namespace pscoro {
 
-std::string to_string(std::span<const std::size_t> shape) { return fmt::format("[{}]", fmt::join(shape, ", ")); }
+std::string to_string(std::span<const std::size_t> shape) {
+  // Appended, not "[" + ... + "]": g++ 12 at -O3 reports a false -Wrestrict on that (GCC 105329).
+  std::string out = "[";
+  out += runtime::join(shape, ", ");
+  out += ']';
+  return out;
+}
 
 std::string describe(const value& v) {
   struct visitor {

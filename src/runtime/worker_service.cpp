@@ -9,7 +9,7 @@
 #include <asio/detached.hpp>
 
 #include <fmt/format.h>
-#include <fmt/ranges.h>
+#include "runtime/text.hpp"
 
 namespace pscoro::runtime {
 
@@ -72,7 +72,7 @@ asio::awaitable<value> worker_service::run(const wire::frame& request, const wir
     std::vector<std::string_view> known;
     for (const auto& entry : functions_) known.push_back(entry.first);
     throw error(errc::not_found, fmt::format("worker function '{}' is not bound on {} (it binds: {})", call.name(),
-                                             task_, known.empty() ? "nothing" : fmt::format("{}", fmt::join(known, ", "))));
+                                             task_, known.empty() ? "nothing" : join(known, ", ")));
   }
   if (!call.signature().empty() && call.signature() != it->second.signature) {
     throw error(errc::invalid_argument,
