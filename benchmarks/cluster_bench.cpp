@@ -28,6 +28,9 @@
 namespace {
 
 using clock_type = std::chrono::steady_clock;
+
+// Smaller than the default bound, so that the flood fills the queue early and the plateau shows.
+constexpr std::size_t flood_queue_bound = 65536;
 using micros = std::chrono::duration<double, std::micro>;
 
 const pscoro::worker_function<void()> noop{"bench.noop"};
@@ -81,10 +84,9 @@ percentiles raw_round_trip(std::size_t size, int iterations) {
 struct closure_figures {
   percentiles latency;
   double throughput;  // closures per second, median of rounds
-  // Resident memory before the flood, halfway through and at its end (1 worker run only).
+  // Resident memory before the flood and after each quarter of it (1 worker run only).
   double rss_before_mib = 0;
-  double rss_half_mib = 0;
-  double rss_after_mib = 0;
+  std::vector<double> rss_quarters_mib;
 };
 
 // Resident memory of this process, in MiB.
@@ -103,6 +105,7 @@ closure_figures measure_closures(int workers, std::size_t in_flight, int latency
   closure_figures out{};
   pscoro::coordinator_options options;
   options.closures_per_worker = in_flight;
+  options.max_queued_closures = flood_queue_bound;
   cluster.run_chief(
       [&](pscoro::parameter_server_strategy&, pscoro::cluster_coordinator& coordinator) -> asio::awaitable<void> {
         std::vector<double> samples;
@@ -125,12 +128,11 @@ closure_figures measure_closures(int workers, std::size_t in_flight, int latency
         if (flood > 0) {
           // Many more closures than the queue holds: memory must stay flat.
           out.rss_before_mib = resident_mib();
-          for (int i = 0; i < flood; ++i) {
+          for (int i = 1; i <= flood; ++i) {
             (void)co_await coordinator.wait_and_schedule(noop);
-            if (i == flood / 2) out.rss_half_mib = resident_mib();
+            if (i % (flood / 4) == 0) out.rss_quarters_mib.push_back(resident_mib());
           }
           co_await coordinator.join();
-          out.rss_after_mib = resident_mib();
         }
       },
       options);
@@ -145,7 +147,7 @@ int main(int argc, char** argv) {
   int closures = 50000;
   int rounds = 5;
   std::size_t in_flight = 8;
-  int flood = 1000000;
+  int flood = 4000000;
   app.add_option("--iterations", iterations, "round trips per latency measurement")->check(CLI::PositiveNumber);
   app.add_option("--closures", closures, "closures per throughput round")->check(CLI::PositiveNumber);
   app.add_option("--rounds", rounds, "throughput rounds (the median is reported)")->check(CLI::PositiveNumber);
@@ -153,6 +155,7 @@ int main(int argc, char** argv) {
   app.add_option("--flood", flood, "closures pushed through the bounded queue to check memory (0: skip)")
       ->check(CLI::NonNegativeNumber);
   CLI11_PARSE(app, argc, argv);
+  if (flood < 4) flood = 0;  // reported by quarters
   ::setenv("PSCORO_LOG_LEVEL", "warning", 0);
 
   const auto raw64 = raw_round_trip(64, iterations);
@@ -177,9 +180,10 @@ int main(int argc, char** argv) {
   fmt::print("{:<36} {:>21.0f} {:>16.2f}\n", "no-op closures, 2 workers", two.throughput, two.throughput / 20000);
   if (flood > 0) {
     fmt::print("\nresident memory while {} closures flow through a queue bounded at {} (1 worker):\n"
-               "  {:.1f} MiB before, {:.1f} MiB halfway, {:.1f} MiB at the end (flat = halfway ~ end)\n",
-               flood, pscoro::coordinator_options{}.max_queued_closures, one.rss_before_mib, one.rss_half_mib,
-               one.rss_after_mib);
+               "  {:.1f} MiB before; after each quarter:", flood, flood_queue_bound,
+               one.rss_before_mib);
+    for (const double mib : one.rss_quarters_mib) fmt::print(" {:.1f}", mib);
+    fmt::print(" MiB (it rises while the queue fills, then stays flat)\n");
   }
   fmt::print("\nraw TCP round trip at 1 closure in flight bounds latency; throughput is bounded by the\n"
              "per-closure CPU cost on {} hardware threads shared by chief, ps and workers.\n\n",
