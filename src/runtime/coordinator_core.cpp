@@ -72,6 +72,17 @@ asio::awaitable<void> coordinator_core::connect() {
 
 void coordinator_core::close() {
   closed_ = true;
+  // Nothing queued will run any more: say so, rather than leave remote_values waiting forever.
+  const auto closed = std::make_exception_ptr(error(errc::cancelled, "the coordinator closed"));
+  auto queued = std::move(queue_);
+  queue_.clear();
+  for (const auto& c : queued) c->result->set_error(closed, remote_status::cancelled);
+  auto waiting = std::move(waiting_);
+  waiting_.clear();
+  for (auto& producer : waiting) {
+    producer.c->result->set_error(closed, remote_status::cancelled);
+    producer.admitted(closed);
+  }
   for (const auto& ps : ps_peers_) ps->close("the coordinator closed");
   for (const auto& worker : workers_) worker.peer->close("the coordinator closed");
 }
@@ -121,7 +132,9 @@ bool coordinator_core::admit_waiting() {
       // No closure starts while an error waits, so the queue would not drain: the waiting
       // producer is the next schedule call, and reports the error (TF: put() raises it).
       waiting_.pop_front();
-      producer.admitted(take_error());
+      auto e = take_error();
+      producer.c->result->set_error(e);
+      producer.admitted(e);
       continue;
     }
     if (!has_room()) {

@@ -512,3 +512,22 @@ TEST_CASE("schedule from a plain thread waits for room in a full queue") {
   guard.reset();
   chief.join();
 }
+
+TEST_CASE("closing the strategy cancels the closures still queued") {
+  release_holds = false;
+  local_cluster cluster(1, 1, bind_test_functions);
+  coordinator_options options;
+  options.closures_per_worker = 1;
+  cluster.run_chief(
+      [](parameter_server_strategy& strategy, cluster_coordinator& coordinator) -> asio::awaitable<void> {
+        auto held = coordinator.schedule(hold);
+        auto queued = coordinator.schedule(add_one, 1);
+        strategy.close();
+        release_holds = true;
+        auto e = co_await failure_of(queued.get());
+        CHECK(code_of(e) == errc::cancelled);
+        e = co_await failure_of(held.get());  // its connection closed under it
+        CHECK(code_of(e) == errc::cancelled);
+      },
+      options);
+}
