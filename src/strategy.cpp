@@ -47,32 +47,30 @@ std::shared_ptr<detail::remote_state> cluster_coordinator::schedule_erased(std::
   if (detail::running_in_this_thread(core_->executor())) {
     return core_->schedule(std::move(name), std::move(signature), std::move(args));
   }
-  // Another thread may wait: for the executor, and for room in the queue.
-  std::promise<void> admitted;
-  auto done = admitted.get_future();
-  auto state = detail::run_on(core_->executor(), [&] {
-    return core_->schedule_when_room(
-        std::move(name), std::move(signature), std::move(args),
-        detail::erased_handler<void(std::exception_ptr)>(
-            [&admitted](std::exception_ptr e) { e ? admitted.set_exception(e) : admitted.set_value(); },
-            core_->executor()));
+  // Another thread waits once: for the executor to take the closure and for room in the queue.
+  std::promise<std::shared_ptr<detail::remote_state>> admitted;
+  auto result = admitted.get_future();
+  asio::post(core_->executor(), [&, core = core_] {
+    core->schedule_when_room(std::move(name), std::move(signature), std::move(args),
+                             detail::coordinator_core::admission_handler(
+                                 [&admitted](std::exception_ptr e, std::shared_ptr<detail::remote_state> state) {
+                                   e ? admitted.set_exception(e) : admitted.set_value(std::move(state));
+                                 },
+                                 core->executor()));
   });
-  done.get();
-  return state;
+  return result.get();
 }
 
 asio::awaitable<std::shared_ptr<detail::remote_state>> cluster_coordinator::wait_and_schedule_erased(
     std::shared_ptr<detail::coordinator_core> core, std::string name, std::string signature, std::vector<value> args) {
   // Runs on the coordinator's executor (the caller's coroutine); throws the pending error instead.
-  std::shared_ptr<detail::remote_state> state;
-  co_await asio::async_initiate<decltype(asio::use_awaitable), void(std::exception_ptr)>(
+  co_return co_await asio::async_initiate<decltype(asio::use_awaitable),
+                                          void(std::exception_ptr, std::shared_ptr<detail::remote_state>)>(
       [&](auto handler) {
-        state = core->schedule_when_room(std::move(name), std::move(signature), std::move(args),
-                                         detail::erased_handler<void(std::exception_ptr)>(std::move(handler),
-                                                                                         core->executor()));
+        core->schedule_when_room(std::move(name), std::move(signature), std::move(args),
+                                 detail::coordinator_core::admission_handler(std::move(handler), core->executor()));
       },
       asio::use_awaitable);
-  co_return state;
 }
 
 void cluster_coordinator::join_erased(detail::erased_handler<void(std::exception_ptr)> handler) {

@@ -79,10 +79,7 @@ void coordinator_core::close() {
   for (const auto& c : queued) c->result->set_error(closed, remote_status::cancelled);
   auto waiting = std::move(waiting_);
   waiting_.clear();
-  for (auto& producer : waiting) {
-    producer.c->result->set_error(closed, remote_status::cancelled);
-    producer.admitted(closed);
-  }
+  for (auto& producer : waiting) producer.admitted(closed, nullptr);
   for (const auto& ps : ps_peers_) ps->close("the coordinator closed");
   for (const auto& worker : workers_) worker.peer->close("the coordinator closed");
 }
@@ -115,13 +112,10 @@ std::shared_ptr<remote_state> coordinator_core::schedule(std::string name, std::
   return c->result;
 }
 
-std::shared_ptr<remote_state> coordinator_core::schedule_when_room(std::string name, std::string signature,
-                                                                   std::vector<value> args,
-                                                                   erased_handler<void(std::exception_ptr)> admitted) {
-  auto c = make_closure(std::move(name), std::move(signature), std::move(args));
-  waiting_.push_back({c, std::move(admitted)});
+void coordinator_core::schedule_when_room(std::string name, std::string signature, std::vector<value> args,
+                                          admission_handler admitted) {
+  waiting_.push_back({make_closure(std::move(name), std::move(signature), std::move(args)), std::move(admitted)});
   dispatch();
-  return c->result;
 }
 
 bool coordinator_core::admit_waiting() {
@@ -132,9 +126,7 @@ bool coordinator_core::admit_waiting() {
       // No closure starts while an error waits, so the queue would not drain: the waiting
       // producer is the next schedule call, and reports the error (TF: put() raises it).
       waiting_.pop_front();
-      auto e = take_error();
-      producer.c->result->set_error(e);
-      producer.admitted(e);
+      producer.admitted(take_error(), nullptr);
       continue;
     }
     if (!has_room()) {
@@ -143,8 +135,8 @@ bool coordinator_core::admit_waiting() {
     }
     waiting_.pop_front();
     producer.c->generation = generation_;
+    producer.admitted(nullptr, producer.c->result);
     queue_.push_back(std::move(producer.c));
-    producer.admitted(nullptr);
     admitted = true;
   }
   return admitted;

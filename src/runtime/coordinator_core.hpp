@@ -31,9 +31,11 @@ class coordinator_core : public std::enable_shared_from_this<coordinator_core> {
   // Closures. All on the executor.
   /// Queues at once; throws the pending error, or errc::resource_exhausted when the queue is full.
   std::shared_ptr<remote_state> schedule(std::string name, std::string signature, std::vector<value> args);
-  /// Queues when there is room: `admitted` gets null then, or the pending error instead.
-  std::shared_ptr<remote_state> schedule_when_room(std::string name, std::string signature, std::vector<value> args,
-                                                   erased_handler<void(std::exception_ptr)> admitted);
+  /// Queues when there is room: `admitted` gets the closure's result state then, or the pending
+  /// error instead.
+  using admission_handler = erased_handler<void(std::exception_ptr, std::shared_ptr<remote_state>)>;
+  void schedule_when_room(std::string name, std::string signature, std::vector<value> args,
+                          admission_handler admitted);
   void join(erased_handler<void(std::exception_ptr)> handler);
   bool done();
 
@@ -85,7 +87,7 @@ class coordinator_core : public std::enable_shared_from_this<coordinator_core> {
 
   struct waiting_producer {
     std::shared_ptr<closure> c;
-    erased_handler<void(std::exception_ptr)> admitted;
+    admission_handler admitted;
   };
 
   std::deque<std::shared_ptr<closure>> queue_;
