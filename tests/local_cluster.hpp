@@ -100,6 +100,31 @@ class local_cluster {
   std::vector<std::unique_ptr<running_task>> tasks_;
 };
 
+/// A connected chief whose executor runs on a thread of its own, for tests of plain-thread callers.
+class threaded_chief {
+ public:
+  explicit threaded_chief(const cluster_spec& spec)
+      : strategy(io_.get_executor(), simple_cluster_resolver(spec)), thread_([this] { io_.run(); }) {
+    asio::co_spawn(io_, strategy.connect(), asio::use_future).get();
+  }
+  ~threaded_chief() {
+    asio::post(io_, [this] { strategy.close(); });
+    guard_.reset();
+    thread_.join();
+  }
+
+ private:
+  // Declaration order is construction order: the io_context, its guard, the strategy, the thread.
+  asio::io_context io_;
+  asio::executor_work_guard<asio::io_context::executor_type> guard_ = asio::make_work_guard(io_);
+
+ public:
+  parameter_server_strategy strategy;
+
+ private:
+  std::thread thread_;
+};
+
 /// Connects a chief to `spec` and returns the pscoro::error that connecting throws; fails the
 /// calling test when connecting succeeds.
 inline error connect_failure(const cluster_spec& spec, strategy_options options) {

@@ -237,13 +237,8 @@ TEST_CASE("a function scheduled with another signature than the worker binds is 
 
 TEST_CASE("fetch from a plain thread blocks until the result is there") {
   local_cluster cluster(1, 2, bind_test_functions);
-  asio::io_context io;
-  parameter_server_strategy strategy(io.get_executor(), simple_cluster_resolver(cluster.spec));
-  auto connected = asio::co_spawn(io, strategy.connect(), asio::use_future);
-  auto guard = asio::make_work_guard(io);
-  std::thread chief([&] { io.run(); });
-  connected.get();
-  cluster_coordinator coordinator(strategy);
+  pscoro::testing::threaded_chief chief(cluster.spec);
+  cluster_coordinator coordinator(chief.strategy);
   std::vector<remote_value<std::int64_t>> values;
   for (int i = 0; i < 50; ++i) values.push_back(coordinator.schedule(add_one, i));
   for (int i = 0; i < 50; ++i) CHECK(values[i].fetch() == i + 1);
@@ -252,9 +247,6 @@ TEST_CASE("fetch from a plain thread blocks until the result is there") {
   auto failed = coordinator.schedule(fail, std::string("from a thread"));
   CHECK_THROWS_WITH_AS(failed.fetch(), doctest::Contains("from a thread"), remote_error);
   CHECK_THROWS_AS(coordinator.async_join(asio::use_future).get(), remote_error);  // the future throws
-  asio::post(io, [&] { strategy.close(); });
-  guard.reset();
-  chief.join();
 }
 
 TEST_CASE("fetch on the coordinator's own executor is refused instead of deadlocking") {
@@ -489,16 +481,11 @@ TEST_CASE("a producer waiting for room gets the pending error") {
 TEST_CASE("schedule from a plain thread waits for room in a full queue") {
   release_holds = false;
   local_cluster cluster(1, 1, bind_test_functions);
-  asio::io_context io;
-  parameter_server_strategy strategy(io.get_executor(), simple_cluster_resolver(cluster.spec));
-  auto connected = asio::co_spawn(io, strategy.connect(), asio::use_future);
-  auto guard = asio::make_work_guard(io);
-  std::thread chief([&] { io.run(); });
-  connected.get();
+  pscoro::testing::threaded_chief chief(cluster.spec);
   coordinator_options options;
   options.closures_per_worker = 1;
   options.max_queued_closures = 2;
-  cluster_coordinator coordinator(strategy, options);
+  cluster_coordinator coordinator(chief.strategy, options);
   coordinator.schedule(hold);
   coordinator.schedule(add_one, 0);
   coordinator.schedule(add_one, 1);  // full now
@@ -508,9 +495,6 @@ TEST_CASE("schedule from a plain thread waits for room in a full queue") {
   producer.join();
   CHECK(late->fetch() == 100);
   coordinator.async_join(asio::use_future).get();
-  asio::post(io, [&] { strategy.close(); });
-  guard.reset();
-  chief.join();
 }
 
 TEST_CASE("closing the strategy cancels the closures still queued") {

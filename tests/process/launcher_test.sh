@@ -84,5 +84,12 @@ code=$?
 check "the launcher fails with the exec failure code 127 (got $code)" test "$code" -eq 127
 check "it says why" grep -q 'cannot run' "$work/missing.log"
 
+echo "--- servers that never report their ports time out the launch"
+"$launch" --ps 1 --workers 1 --startup-timeout 1 --grace-period 1 -- sleep 60 > "$work/silent.log" 2>&1
+code=$?
+check "the launcher fails with 1 (got $code)" test "$code" -eq 1
+check "it says why" grep -q 'servers did not report their ports within 1s' "$work/silent.log"
+check "no task survives" all_gone "$work/silent.log"
+
 echo "$passed passed, $failed failed"
 [ "$failed" -eq 0 ]
