@@ -5,6 +5,7 @@
 #include <pscoro/coordinator.hpp>
 #include <pscoro/dtype.hpp>
 #include <pscoro/error.hpp>
+#include <pscoro/partitioners.hpp>
 #include <pscoro/remote_value.hpp>
 #include <pscoro/server.hpp>
 #include <pscoro/strategy.hpp>
