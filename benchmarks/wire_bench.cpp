@@ -22,7 +22,7 @@ wire::frame update_request(std::size_t floats) {
   f.kind = wire::frame_kind::request;
   auto* update = f.message.mutable_request()->mutable_update_variable();
   runtime::encode_ref(*update->mutable_variable(), variable_ref{"w", dtype::float32, {floats}, 0});
-  update->set_op(wire::UpdateVariable::ASSIGN_ADD);
+  update->set_op(wire::UpdateVariable::ADD);
   auto value = tensor::uninitialized(dtype::float32, {floats});
   std::fill_n(value.mutable_data<float>(), floats, 1.0f);
   wire::put_tensor(f, *update->mutable_value(), value);

@@ -12,6 +12,13 @@ parameter_server_strategy::parameter_server_strategy(asio::any_io_executor execu
                                                      strategy_options options)
     : core_(std::make_shared<detail::coordinator_core>(std::move(executor), resolver, options)) {}
 
+parameter_server_strategy::parameter_server_strategy(asio::any_io_executor executor,
+                                                     const simple_cluster_resolver& resolver,
+                                                     variable_partitioner partitioner, strategy_options options)
+    : parameter_server_strategy(std::move(executor), resolver, options) {
+  core_->set_partitioner(std::move(partitioner));
+}
+
 parameter_server_strategy::~parameter_server_strategy() {
   // Queued, not awaited: if the executor no longer runs, the connections go with its io_context.
   asio::post(core_->executor(), [core = core_] { core->close(); });
@@ -21,10 +28,11 @@ void parameter_server_strategy::close() { core_->close(); }
 
 asio::awaitable<void> parameter_server_strategy::connect() { return core_->connect(); }
 
-asio::awaitable<std::pair<variable_ref, std::shared_ptr<detail::variable_io>>>
+asio::awaitable<std::pair<sharded_variable_ref, std::shared_ptr<detail::variable_io>>>
 parameter_server_strategy::scope_type::create_erased(std::shared_ptr<detail::coordinator_core> core, std::string name,
-                                                     tensor initial) {
-  auto ref = co_await core->create_variable(std::move(name), std::move(initial));
+                                                     dtype type, shape_type shape, variable_source source,
+                                                     bool partition) {
+  auto ref = co_await core->create_variable(std::move(name), type, std::move(shape), std::move(source), partition);
   co_return std::pair{std::move(ref), std::shared_ptr<detail::variable_io>(core->ps())};
 }
 

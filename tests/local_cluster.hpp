@@ -66,9 +66,11 @@ class local_cluster {
 
   /// Runs `body(strategy, coordinator)` as the chief on this thread until it finishes; rethrows.
   template <class Body>
-  void run_chief(Body body, coordinator_options options = {}, strategy_options strategy_opts = {}) {
+  void run_chief(Body body, coordinator_options options = {}, strategy_options strategy_opts = {},
+                 variable_partitioner partitioner = {}) {
     asio::io_context io;
-    parameter_server_strategy strategy(io.get_executor(), simple_cluster_resolver(spec), strategy_opts);
+    parameter_server_strategy strategy(io.get_executor(), simple_cluster_resolver(spec), std::move(partitioner),
+                                       strategy_opts);
     cluster_coordinator coordinator(strategy, options);
     auto done = asio::co_spawn(io, chief_main(strategy, coordinator, std::move(body)), asio::use_future);
     io.run();
@@ -124,6 +126,35 @@ class threaded_chief {
  private:
   std::thread thread_;
 };
+
+/// The code of the exception in `e`.
+inline std::error_code code_of(std::exception_ptr e) {
+  try {
+    std::rethrow_exception(e);
+  } catch (const std::system_error& s) {
+    return s.code();
+  }
+}
+
+/// Awaits `a` and returns what it threw, or null.
+template <class Awaitable>
+asio::awaitable<std::exception_ptr> failure_of(Awaitable a) {
+  try {
+    co_await std::move(a);
+  } catch (...) {
+    co_return std::current_exception();
+  }
+  co_return nullptr;
+}
+
+/// The message of the exception in `e`.
+inline std::string message_of(std::exception_ptr e) {
+  try {
+    std::rethrow_exception(e);
+  } catch (const std::exception& x) {
+    return x.what();
+  }
+}
 
 /// Connects a chief to `spec` and returns the pscoro::error that connecting throws; fails the
 /// calling test when connecting succeeds.

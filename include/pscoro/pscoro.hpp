@@ -5,9 +5,12 @@
 #include <pscoro/coordinator.hpp>
 #include <pscoro/dtype.hpp>
 #include <pscoro/error.hpp>
+#include <pscoro/initializers.hpp>
+#include <pscoro/optimizers.hpp>
 #include <pscoro/partitioners.hpp>
 #include <pscoro/remote_value.hpp>
 #include <pscoro/server.hpp>
+#include <pscoro/sharded_variable.hpp>
 #include <pscoro/strategy.hpp>
 #include <pscoro/tensor.hpp>
 #include <pscoro/transport_options.hpp>

@@ -1,15 +1,23 @@
 // ParameterServerStrategy: the chief's view of a cluster and the factory of its variables.
 //
 //   asio::io_context io;
-//   pscoro::parameter_server_strategy strategy(io.get_executor(), resolver);
+//   pscoro::parameter_server_strategy strategy(io.get_executor(), resolver,
+//                                              pscoro::min_size_partitioner{1 << 20, 2});
 //   co_await strategy.connect();                         // reach every ps and worker
 //   auto scope = strategy.scope();
 //   auto w = co_await scope.create_variable("w", xt::zeros<float>({784, 10}));
+//   auto table = co_await scope.create_sharded_variable<float>("embedding", {1'000'000, 16},
+//                                                              pscoro::initializers::random_normal{});
 //
-// Variables are placed round robin over the ps, one counter per strategy (as in TF).
+// Variables and shards are placed round robin over the ps, one counter per strategy (as in TF).
+// create_variable never splits; create_sharded_variable splits as the partitioner says (TF applies
+// the partitioner to every variable; C++ needs the two result types told apart).
 #pragma once
 
 #include <pscoro/cluster_spec.hpp>
+#include <pscoro/initializers.hpp>
+#include <pscoro/partitioners.hpp>
+#include <pscoro/sharded_variable.hpp>
 #include <pscoro/transport_options.hpp>
 #include <pscoro/variable.hpp>
 #include <pscoro/xtensor.hpp>
@@ -19,6 +27,7 @@
 
 #include <memory>
 #include <string>
+#include <variant>
 
 namespace pscoro {
 
@@ -35,6 +44,9 @@ class parameter_server_strategy {
   /// Validates the cluster as TF does (errc::invalid_argument with TF's message); connects nothing.
   parameter_server_strategy(asio::any_io_executor executor, const simple_cluster_resolver& resolver,
                             strategy_options options = {});
+  /// The same, splitting variables made by create_sharded_variable as `partitioner` says.
+  parameter_server_strategy(asio::any_io_executor executor, const simple_cluster_resolver& resolver,
+                            variable_partitioner partitioner, strategy_options options = {});
   ~parameter_server_strategy();
   parameter_server_strategy(const parameter_server_strategy&) = delete;
   parameter_server_strategy& operator=(const parameter_server_strategy&) = delete;
@@ -47,15 +59,45 @@ class parameter_server_strategy {
   /// Closures still running are cancelled. Call on the executor (e.g. at the end of training).
   void close();
 
-  /// Creates variables on the parameter servers.
+  /// Where a new variable's values come from: a value evaluated on the coordinator, or an
+  /// initializer each ps evaluates for its own shard.
+  using variable_source = std::variant<tensor, initializer>;
+
+  /// Creates variables on the parameter servers. Names must be unique (errc::already_exists).
   class scope_type {
    public:
-    /// Creates variable `name` with `initial_value` (evaluated once, here) on the next ps in
-    /// round-robin order. Throws errc::already_exists if the ps already holds `name`.
+    /// Creates dense variable `name` from `initial_value` (evaluated once, here) on the next ps.
     template <class E>
     [[nodiscard]] asio::awaitable<variable<typename E::value_type>> create_variable(
         std::string name, const xt::xexpression<E>& initial_value) const {
-      return create_typed<typename E::value_type>(core_, std::move(name), to_tensor(initial_value));
+      auto value = to_tensor(initial_value);
+      auto shape = value.shape();
+      return create_dense<typename E::value_type>(core_, std::move(name), std::move(shape), std::move(value));
+    }
+    /// Creates dense variable `name` of `shape`, filled by its ps with `init`.
+    template <class T>
+    [[nodiscard]] asio::awaitable<variable<T>> create_variable(std::string name, shape_type shape,
+                                                               initializer init) const {
+      return create_dense<T>(core_, std::move(name), std::move(shape), std::move(init));
+    }
+
+    /// Creates variable `name` split along axis 0 into as many shards as the strategy's partitioner
+    /// says (clamped to the row count; one without a partitioner or for a scalar), named
+    /// "<name>/part_<i>" when there are several, each on the next ps in round-robin order. Each
+    /// shard gets its rows of `initial_value` (evaluated once, here).
+    template <class E>
+    [[nodiscard]] asio::awaitable<sharded_variable<typename E::value_type>> create_sharded_variable(
+        std::string name, const xt::xexpression<E>& initial_value) const {
+      auto value = to_tensor(initial_value);
+      auto shape = value.shape();
+      return create_sharded<typename E::value_type>(core_, std::move(name), std::move(shape), std::move(value));
+    }
+    /// The same with each shard filled by its ps with `init`: the values do not depend on the
+    /// number of shards, and no full tensor is built here.
+    template <class T>
+    [[nodiscard]] asio::awaitable<sharded_variable<T>> create_sharded_variable(std::string name, shape_type shape,
+                                                                               initializer init) const {
+      return create_sharded<T>(core_, std::move(name), std::move(shape), std::move(init));
     }
 
    private:
@@ -63,13 +105,23 @@ class parameter_server_strategy {
     explicit scope_type(std::shared_ptr<detail::coordinator_core> core) : core_(std::move(core)) {}
 
     template <class T>
-    static asio::awaitable<variable<T>> create_typed(std::shared_ptr<detail::coordinator_core> core,
-                                                     std::string name, tensor initial) {
-      auto [ref, io] = co_await create_erased(core, std::move(name), std::move(initial));
-      co_return variable<T>(std::move(ref), std::move(io));
+    static asio::awaitable<variable<T>> create_dense(std::shared_ptr<detail::coordinator_core> core, std::string name,
+                                                     shape_type shape, variable_source source) {
+      auto [ref, io] =
+          co_await create_erased(core, std::move(name), dtype_of<T>, std::move(shape), std::move(source), false);
+      co_return variable<T>(std::move(ref.shards.front()), std::move(io));
     }
-    static asio::awaitable<std::pair<variable_ref, std::shared_ptr<detail::variable_io>>> create_erased(
-        std::shared_ptr<detail::coordinator_core> core, std::string name, tensor initial);
+    template <class T>
+    static asio::awaitable<sharded_variable<T>> create_sharded(std::shared_ptr<detail::coordinator_core> core,
+                                                               std::string name, shape_type shape,
+                                                               variable_source source) {
+      auto [ref, io] =
+          co_await create_erased(core, std::move(name), dtype_of<T>, std::move(shape), std::move(source), true);
+      co_return sharded_variable<T>(std::move(ref), std::move(io));
+    }
+    static asio::awaitable<std::pair<sharded_variable_ref, std::shared_ptr<detail::variable_io>>> create_erased(
+        std::shared_ptr<detail::coordinator_core> core, std::string name, dtype type, shape_type shape,
+        variable_source source, bool partition);
 
     std::shared_ptr<detail::coordinator_core> core_;
   };

@@ -41,6 +41,14 @@ class byte_buffer {
   /// True when no other byte_buffer shares these bytes (an in-place update is then invisible).
   bool unique() const noexcept { return data_.use_count() <= 1; }
 
+  /// `size` bytes from `offset`, sharing (and keeping alive) this buffer's storage: no copy.
+  byte_buffer slice(std::size_t offset, std::size_t size) const noexcept {
+    byte_buffer out;
+    out.data_ = std::shared_ptr<std::byte[]>(data_, data_.get() + offset);
+    out.size_ = size;
+    return out;
+  }
+
  private:
   std::shared_ptr<std::byte[]> data_;
   std::size_t size_ = 0;

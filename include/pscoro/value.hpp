@@ -8,14 +8,14 @@
 #include <pscoro/error.hpp>
 #include <pscoro/tensor.hpp>
 
-#include <asio/awaitable.hpp>
-
 #include <cstdint>
 #include <limits>
 #include <memory>
 #include <string>
 #include <type_traits>
+#include <utility>
 #include <variant>
+#include <vector>
 
 namespace pscoro {
 
@@ -28,24 +28,23 @@ struct variable_ref {
   friend bool operator==(const variable_ref&, const variable_ref&) = default;
 };
 
-/// How variables are updated on their parameter server.
-enum class update_op { assign, assign_add, assign_sub };
-
-namespace detail {
-
-/// How a variable handle reaches its parameter server: implemented by the coordinator and by the
-/// worker runtime, each over its own connections.
-class variable_io {
- public:
-  virtual ~variable_io() = default;
-  virtual asio::awaitable<tensor> read(variable_ref variable) = 0;
-  virtual asio::awaitable<void> update(variable_ref variable, update_op op, tensor value) = 0;
+/// Where a sharded variable lives: its name, element type, whole shape, and its shards in row order
+/// (each a dense variable holding consecutive rows).
+struct sharded_variable_ref {
+  std::string name;
+  dtype type = dtype::float32;
+  shape_type shape;
+  std::vector<variable_ref> shards;
+  friend bool operator==(const sharded_variable_ref&, const sharded_variable_ref&) = default;
 };
 
-}  // namespace detail
+namespace detail {
+class variable_io;
+}
 
 /// A worker-function argument or result. monostate: a function that returns nothing.
-using value = std::variant<std::monostate, bool, std::int64_t, double, std::string, tensor, variable_ref>;
+using value = std::variant<std::monostate, bool, std::int64_t, double, std::string, tensor, variable_ref,
+                           sharded_variable_ref>;
 
 /// What decoding a value may need besides the value: the side's variable I/O.
 struct decode_context {

@@ -2,9 +2,13 @@
 //
 // Handles are cheap to copy and can be passed to worker functions: the worker gets a handle bound
 // to its own connections to the parameter servers. Every operation is one round trip to the ps
-// that holds the variable, which checks dtype and shape before it changes anything.
+// that holds the variable, which checks dtype, shape and ids before it changes anything. The row
+// and optimizer operations (sparse_read, embedding_lookup, scatter_*, apply_gradient,
+// apply_sparse_gradient) are those of sharded_variable<T>: a dense variable is one shard.
 #pragma once
 
+#include <pscoro/detail/sharded_io.hpp>
+#include <pscoro/detail/variable_io.hpp>
 #include <pscoro/detail/xtensor.hpp>
 #include <pscoro/value.hpp>
 #include <pscoro/xtensor.hpp>
@@ -18,7 +22,7 @@ namespace pscoro {
 
 template <class T>
   requires is_element_type_v<T>
-class variable {
+class variable : public detail::row_operations<variable<T>, T> {
  public:
   using value_type = T;
 
@@ -46,12 +50,12 @@ class variable {
   /// Adds `delta` element-wise.
   template <class E>
   asio::awaitable<void> assign_add(const xt::xexpression<E>& delta) const {
-    return apply(io_, ref_, update_op::assign_add, to_tensor(delta));
+    return apply(io_, ref_, update_op::add, to_tensor(delta));
   }
   /// Subtracts `delta` element-wise.
   template <class E>
   asio::awaitable<void> assign_sub(const xt::xexpression<E>& delta) const {
-    return apply(io_, ref_, update_op::assign_sub, to_tensor(delta));
+    return apply(io_, ref_, update_op::sub, to_tensor(delta));
   }
   /// Applies `op` with a tensor already in wire form (no conversion).
   asio::awaitable<void> update(update_op op, tensor value) const { return apply(io_, ref_, op, std::move(value)); }
@@ -74,6 +78,10 @@ class variable {
                                      tensor value) {
     co_await bound(io, ref).update(std::move(ref), op, std::move(value));
   }
+
+  friend class detail::row_operations<variable, T>;
+  std::shared_ptr<const detail::sharded_layout> row_layout() const { return detail::single_layout(ref_); }
+  const std::shared_ptr<detail::variable_io>& row_io() const noexcept { return io_; }
 
   variable_ref ref_;
   std::shared_ptr<detail::variable_io> io_;

@@ -23,7 +23,12 @@ class coordinator_core : public std::enable_shared_from_this<coordinator_core> {
   /// Closes every connection; closures still running fail as their worker is lost.
   void close();
 
-  asio::awaitable<variable_ref> create_variable(std::string name, tensor initial);
+  /// Creates a variable of `shards` (1 unless `partition` and the partitioner say otherwise),
+  /// placed round robin, concurrently.
+  asio::awaitable<sharded_variable_ref> create_variable(std::string name, dtype type, shape_type shape,
+                                                        parameter_server_strategy::variable_source source,
+                                                        bool partition);
+  void set_partitioner(variable_partitioner partitioner) { partitioner_ = std::move(partitioner); }
   const std::shared_ptr<runtime::ps_client>& ps() const noexcept { return ps_; }
 
   void set_options(const coordinator_options& options) { options_ = options; }
@@ -83,6 +88,7 @@ class coordinator_core : public std::enable_shared_from_this<coordinator_core> {
   std::shared_ptr<runtime::ps_client> ps_;
   std::vector<worker_slot> workers_;
   std::size_t next_placement_ = 0;
+  variable_partitioner partitioner_;
   bool closed_ = false;
 
   struct waiting_producer {

@@ -6,6 +6,64 @@
 
 namespace pscoro::runtime {
 
+namespace {
+
+wire::UpdateVariable::Op encode_op(update_op op) {
+  switch (op) {
+    case update_op::assign: return wire::UpdateVariable::ASSIGN;
+    case update_op::add: return wire::UpdateVariable::ADD;
+    case update_op::sub: return wire::UpdateVariable::SUB;
+    case update_op::mul: return wire::UpdateVariable::MUL;
+    case update_op::div: return wire::UpdateVariable::DIV;
+    case update_op::min: return wire::UpdateVariable::MIN;
+    case update_op::max: return wire::UpdateVariable::MAX;
+  }
+  throw error(errc::invalid_argument, fmt::format("unknown update operation {}", static_cast<int>(op)));
+}
+
+}  // namespace
+
+wire::Optimizer encode_optimizer(const optimizer& opt) {
+  wire::Optimizer out;
+  struct visitor {
+    wire::Optimizer& out;
+    void operator()(const optimizers::sgd& o) const {
+      out.set_kind(wire::Optimizer::SGD);
+      out.set_learning_rate(o.learning_rate);
+    }
+    void operator()(const optimizers::momentum& o) const {
+      out.set_kind(wire::Optimizer::MOMENTUM);
+      out.set_learning_rate(o.learning_rate);
+      out.set_momentum(o.momentum);
+      out.set_nesterov(o.nesterov);
+    }
+    void operator()(const optimizers::adagrad& o) const {
+      out.set_kind(wire::Optimizer::ADAGRAD);
+      out.set_learning_rate(o.learning_rate);
+      out.set_initial_accumulator_value(o.initial_accumulator_value);
+      out.set_epsilon(o.epsilon);
+    }
+    void operator()(const optimizers::adam& o) const {
+      out.set_kind(wire::Optimizer::ADAM);
+      out.set_learning_rate(o.learning_rate);
+      out.set_beta_1(o.beta_1);
+      out.set_beta_2(o.beta_2);
+      out.set_epsilon(o.epsilon);
+    }
+    void operator()(const optimizers::ftrl& o) const {
+      out.set_kind(wire::Optimizer::FTRL);
+      out.set_learning_rate(o.learning_rate);
+      out.set_learning_rate_power(o.learning_rate_power);
+      out.set_initial_accumulator_value(o.initial_accumulator_value);
+      out.set_l1(o.l1);
+      out.set_l2(o.l2);
+      out.set_beta(o.beta);
+    }
+  };
+  std::visit(visitor{out}, opt);
+  return out;
+}
+
 peer& ps_client::ps_of(const variable_ref& variable) const {
   if (variable.ps_task < 0 || static_cast<std::size_t>(variable.ps_task) >= ps_.size()) {
     throw error(errc::invalid_argument, fmt::format("variable '{}' is placed on ps task {} but the cluster has {} ps",
@@ -23,10 +81,16 @@ asio::awaitable<void> ps_client::create(variable_ref variable, tensor initial_va
   co_await ps.call(std::move(request));
 }
 
-asio::awaitable<tensor> ps_client::read(variable_ref variable) {
+asio::awaitable<void> ps_client::create(variable_ref variable, wire::Initializer initializer) {
   peer& ps = ps_of(variable);
   wire::frame request;
-  encode_ref(*request.message.mutable_request()->mutable_read_variable()->mutable_variable(), variable);
+  auto* create = request.message.mutable_request()->mutable_create_variable();
+  encode_ref(*create->mutable_variable(), variable);
+  *create->mutable_initializer() = std::move(initializer);
+  co_await ps.call(std::move(request));
+}
+
+asio::awaitable<tensor> ps_client::read_tensor(peer& ps, wire::frame request, const variable_ref& variable) {
   const auto response = co_await ps.call(std::move(request));
   const auto& result = response.message.response().result();
   if (!result.has_tensor()) {
@@ -35,15 +99,52 @@ asio::awaitable<tensor> ps_client::read(variable_ref variable) {
   co_return wire::get_tensor(response, result.tensor());
 }
 
+asio::awaitable<tensor> ps_client::read(variable_ref variable) {
+  peer& ps = ps_of(variable);
+  wire::frame request;
+  encode_ref(*request.message.mutable_request()->mutable_read_variable()->mutable_variable(), variable);
+  co_return co_await read_tensor(ps, std::move(request), variable);
+}
+
+asio::awaitable<tensor> ps_client::gather(variable_ref variable, tensor ids) {
+  peer& ps = ps_of(variable);
+  wire::frame request;
+  auto* read = request.message.mutable_request()->mutable_read_variable();
+  encode_ref(*read->mutable_variable(), variable);
+  wire::put_tensor(request, *read->mutable_indices(), ids);
+  co_return co_await read_tensor(ps, std::move(request), variable);
+}
+
 asio::awaitable<void> ps_client::update(variable_ref variable, update_op op, tensor value) {
   peer& ps = ps_of(variable);
   wire::frame request;
   auto* update = request.message.mutable_request()->mutable_update_variable();
   encode_ref(*update->mutable_variable(), variable);
-  update->set_op(op == update_op::assign       ? wire::UpdateVariable::ASSIGN
-                 : op == update_op::assign_add ? wire::UpdateVariable::ASSIGN_ADD
-                                               : wire::UpdateVariable::ASSIGN_SUB);
+  update->set_op(encode_op(op));
   wire::put_tensor(request, *update->mutable_value(), value);
+  co_await ps.call(std::move(request));
+}
+
+asio::awaitable<void> ps_client::scatter(variable_ref variable, update_op op, tensor ids, tensor rows) {
+  peer& ps = ps_of(variable);
+  wire::frame request;
+  auto* update = request.message.mutable_request()->mutable_update_variable();
+  encode_ref(*update->mutable_variable(), variable);
+  update->set_op(encode_op(op));
+  wire::put_tensor(request, *update->mutable_value(), rows);
+  wire::put_tensor(request, *update->mutable_indices(), ids);
+  co_await ps.call(std::move(request));
+}
+
+asio::awaitable<void> ps_client::apply_gradient(variable_ref variable, optimizer opt, tensor gradient,
+                                                std::optional<tensor> ids) {
+  peer& ps = ps_of(variable);
+  wire::frame request;
+  auto* apply = request.message.mutable_request()->mutable_apply_gradient();
+  encode_ref(*apply->mutable_variable(), variable);
+  *apply->mutable_optimizer() = encode_optimizer(opt);
+  wire::put_tensor(request, *apply->mutable_gradient(), gradient);
+  if (ids) wire::put_tensor(request, *apply->mutable_indices(), *ids);
   co_await ps.call(std::move(request));
 }
 

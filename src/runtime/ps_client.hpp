@@ -2,7 +2,7 @@
 // variable handle, on the coordinator and on workers alike.
 #pragma once
 
-#include <pscoro/value.hpp>
+#include <pscoro/detail/variable_io.hpp>
 
 #include "runtime/peer.hpp"
 
@@ -19,13 +19,25 @@ class ps_client final : public detail::variable_io {
   void set_peers(std::vector<std::shared_ptr<peer>> ps) { ps_ = std::move(ps); }
   const std::vector<std::shared_ptr<peer>>& peers() const noexcept { return ps_; }
 
+  /// Creates `variable` from a value.
   asio::awaitable<void> create(variable_ref variable, tensor initial_value);
+  /// Creates `variable` filled by its ps.
+  asio::awaitable<void> create(variable_ref variable, wire::Initializer initializer);
+
   asio::awaitable<tensor> read(variable_ref variable) override;
+  asio::awaitable<tensor> gather(variable_ref variable, tensor ids) override;
   asio::awaitable<void> update(variable_ref variable, update_op op, tensor value) override;
+  asio::awaitable<void> scatter(variable_ref variable, update_op op, tensor ids, tensor rows) override;
+  asio::awaitable<void> apply_gradient(variable_ref variable, optimizer opt, tensor gradient,
+                                       std::optional<tensor> ids) override;
 
  private:
   peer& ps_of(const variable_ref& variable) const;
+  asio::awaitable<tensor> read_tensor(peer& ps, wire::frame request, const variable_ref& variable);
   std::vector<std::shared_ptr<peer>> ps_;
 };
+
+/// The wire form of `opt`.
+wire::Optimizer encode_optimizer(const optimizer& opt);
 
 }  // namespace pscoro::runtime

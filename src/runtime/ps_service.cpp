@@ -1,5 +1,6 @@
 #include "runtime/ps_service.hpp"
 
+#include "runtime/ps_kernels.hpp"
 #include "runtime/values.hpp"
 #include "wire/connection.hpp"
 
@@ -13,22 +14,36 @@ namespace {
 
 [[noreturn]] void invalid(std::string message) { throw error(errc::invalid_argument, std::move(message)); }
 
-std::string_view op_name(wire::UpdateVariable::Op op) {
+std::string_view op_name(wire::UpdateVariable::Op op, bool scatter) {
   switch (op) {
-    case wire::UpdateVariable::ASSIGN: return "assign";
-    case wire::UpdateVariable::ASSIGN_ADD: return "assign_add";
-    case wire::UpdateVariable::ASSIGN_SUB: return "assign_sub";
-    default: return "unknown update";
+    case wire::UpdateVariable::ASSIGN: return scatter ? "scatter_update" : "assign";
+    case wire::UpdateVariable::ADD: return scatter ? "scatter_add" : "assign_add";
+    case wire::UpdateVariable::SUB: return scatter ? "scatter_sub" : "assign_sub";
+    case wire::UpdateVariable::MUL: return scatter ? "scatter_mul" : "assign_mul";
+    case wire::UpdateVariable::DIV: return scatter ? "scatter_div" : "assign_div";
+    case wire::UpdateVariable::MIN: return scatter ? "scatter_min" : "assign_min";
+    case wire::UpdateVariable::MAX: return scatter ? "scatter_max" : "assign_max";
+    default: invalid(fmt::format("unknown update operation {}", static_cast<int>(op)));
   }
 }
 
-template <class T>
-void apply(T* destination, const T* source, std::size_t n, bool subtract) {
-  if (subtract) {
-    for (std::size_t i = 0; i < n; ++i) destination[i] -= source[i];
-  } else {
-    for (std::size_t i = 0; i < n; ++i) destination[i] += source[i];
-  }
+// Elements per row (axis 0) of a variable of `shape`; rank 0 has no rows.
+std::size_t row_elements(const shape_type& shape) { return num_elements(std::span(shape).subspan(1)); }
+
+// The shape of `n` rows of a variable of `shape`.
+shape_type rows_shape(std::size_t n, const shape_type& shape) {
+  shape_type out{n};
+  out.insert(out.end(), shape.begin() + 1, shape.end());
+  return out;
+}
+
+// Copies the bytes first if a reply still holds them (copy on write), so an update in place is
+// never seen by a read being written out.
+void make_writable(byte_buffer& bytes) {
+  if (bytes.unique()) return;
+  byte_buffer fresh(bytes.size());
+  if (fresh.size()) std::memcpy(fresh.data(), bytes.data(), fresh.size());
+  bytes = std::move(fresh);
 }
 
 }  // namespace
@@ -42,6 +57,7 @@ wire::frame ps_service::handle(const wire::frame& request) {
       case wire::Request::kCreateVariable: create(request, body.create_variable()); break;
       case wire::Request::kReadVariable: read(request, body.read_variable(), response); break;
       case wire::Request::kUpdateVariable: update(request, body.update_variable()); break;
+      case wire::Request::kApplyGradient: apply_gradient(request, body.apply_gradient()); break;
       case wire::Request::kRunFunction:
         throw error(errc::failed_precondition,
                     fmt::format("{} is a parameter server and runs no worker functions ('{}' was sent here)", task_,
@@ -57,17 +73,25 @@ wire::frame ps_service::handle(const wire::frame& request) {
 
 void ps_service::create(const wire::frame& request, const wire::CreateVariable& create) {
   const variable_ref ref = decode_ref(create.variable());
-  const tensor initial = wire::get_tensor(request, create.initial_value());
   if (ref.name.empty()) invalid("a variable needs a name");
-  if (initial.type() != ref.type || initial.shape() != ref.shape) {
-    invalid(fmt::format("initial value of '{}' is {} {} but the variable is {} {}", ref.name, name_of(initial.type()),
-                        to_string(initial.shape()), name_of(ref.type), to_string(ref.shape)));
+  byte_buffer bytes;
+  if (create.has_initializer()) {
+    kernels::check_initializer(create.initializer(), ref.type, ref.shape);
+    bytes = byte_buffer(num_elements(ref.shape) * size_of(ref.type));
+  } else {
+    const tensor initial = wire::get_tensor(request, create.initial_value());
+    if (initial.type() != ref.type || initial.shape() != ref.shape) {
+      invalid(fmt::format("initial value of '{}' is {} {} but the variable is {} {}", ref.name,
+                          name_of(initial.type()), to_string(initial.shape()), name_of(ref.type),
+                          to_string(ref.shape)));
+    }
+    bytes = initial.bytes();  // the frame's segment becomes the variable's storage: no copy
   }
   if (variables_.contains(ref.name)) {
     throw error(errc::already_exists, fmt::format("variable '{}' already exists on {}", ref.name, task_));
   }
-  // The frame's segment becomes the variable's storage: no copy.
-  variables_.emplace(ref.name, stored_variable{ref.type, ref.shape, initial.bytes()});
+  if (create.has_initializer()) kernels::initialize(create.initializer(), ref.type, ref.shape, bytes.data());
+  variables_.emplace(ref.name, stored_variable{ref.type, ref.shape, std::move(bytes)});
 }
 
 ps_service::stored_variable& ps_service::find(const wire::VariableRef& ref, std::string_view operation) {
@@ -85,45 +109,151 @@ ps_service::stored_variable& ps_service::find(const wire::VariableRef& ref, std:
   return stored;
 }
 
-void ps_service::read(const wire::frame&, const wire::ReadVariable& read, wire::frame& response) {
-  auto& stored = find(read.variable(), "read");
-  // The reply shares the storage; a later update copies first (see update), so the bytes being
-  // written out never change underneath the write.
-  wire::put_tensor(response, *response.message.mutable_response()->mutable_result()->mutable_tensor(),
-                   tensor(stored.type, stored.shape, stored.bytes));
+std::span<const std::int64_t> ps_service::row_ids(const tensor& indices, const stored_variable& variable,
+                                                  std::string_view operation, const std::string& name) const {
+  if (variable.shape.empty()) invalid(fmt::format("{} of '{}': a scalar variable has no rows", operation, name));
+  if (indices.type() != dtype::int64 || indices.shape().size() != 1) {
+    invalid(fmt::format("{} of '{}': ids must be a 1-D int64 tensor, got {} {}", operation, name,
+                        name_of(indices.type()), to_string(indices.shape())));
+  }
+  const std::span<const std::int64_t> ids(indices.data<std::int64_t>(), indices.size());
+  const auto rows = static_cast<std::int64_t>(variable.shape[0]);
+  for (std::size_t k = 0; k < ids.size(); ++k) {
+    if (ids[k] < 0 || ids[k] >= rows) {
+      invalid(fmt::format("{} of '{}': id {} (position {}) is out of range [0, {})", operation, name, ids[k], k,
+                          rows));
+    }
+  }
+  return ids;
+}
+
+void ps_service::read(const wire::frame& request, const wire::ReadVariable& read, wire::frame& response) {
+  const bool sparse = read.has_indices();
+  auto& stored = find(read.variable(), sparse ? "sparse_read" : "read");
+  auto& out = *response.message.mutable_response()->mutable_result()->mutable_tensor();
+  if (!sparse) {
+    // The reply shares the storage; a later update copies first (make_writable), so the bytes being
+    // written out never change underneath the write.
+    wire::put_tensor(response, out, tensor(stored.type, stored.shape, stored.bytes));
+    return;
+  }
+  const tensor indices = wire::get_tensor(request, read.indices());
+  const auto ids = row_ids(indices, stored, "sparse_read", read.variable().name());
+  tensor rows = tensor::uninitialized(stored.type, rows_shape(ids.size(), stored.shape));
+  const std::size_t row_bytes = row_elements(stored.shape) * size_of(stored.type);
+  for (std::size_t k = 0; k < ids.size(); ++k) {
+    std::memcpy(rows.bytes().data() + k * row_bytes, stored.bytes.data() + ids[k] * row_bytes, row_bytes);
+  }
+  wire::put_tensor(response, out, rows);
 }
 
 void ps_service::update(const wire::frame& request, const wire::UpdateVariable& update) {
   const auto op = update.op();
-  const auto name = op_name(op);
+  const bool scatter = update.has_indices();
+  const auto name = op_name(op, scatter);
   auto& stored = find(update.variable(), name);
+  const auto& variable = update.variable().name();
   const tensor value = wire::get_tensor(request, update.value());
   if (value.type() != stored.type) {
-    invalid(fmt::format("{} to '{}': dtype {} does not match the variable's {}", name, update.variable().name(),
+    invalid(fmt::format("{} to '{}': dtype {} does not match the variable's {}", name, variable,
                         name_of(value.type()), name_of(stored.type)));
   }
-  if (value.shape() != stored.shape) {
-    invalid(fmt::format("{} to '{}': shape {} does not match the variable's {}", name, update.variable().name(),
-                        to_string(value.shape()), to_string(stored.shape)));
-  }
-  if (op == wire::UpdateVariable::ASSIGN) {
-    stored.bytes = value.bytes();  // adopt the received segment
+  if (!scatter) {
+    if (value.shape() != stored.shape) {
+      invalid(fmt::format("{} to '{}': shape {} does not match the variable's {}", name, variable,
+                          to_string(value.shape()), to_string(stored.shape)));
+    }
+    kernels::check_divisors(op, stored.type, value.bytes().data(), value.size());
+    if (op == wire::UpdateVariable::ASSIGN) {
+      stored.bytes = value.bytes();  // adopt the received segment
+      return;
+    }
+    make_writable(stored.bytes);
+    kernels::combine(op, stored.type, stored.bytes.data(), value.bytes().data(), value.size());
     return;
   }
-  if (op != wire::UpdateVariable::ASSIGN_ADD && op != wire::UpdateVariable::ASSIGN_SUB) {
-    invalid(fmt::format("unknown update operation {}", static_cast<int>(op)));
+  const tensor indices = wire::get_tensor(request, update.indices());
+  const auto ids = row_ids(indices, stored, name, variable);
+  if (value.shape() != rows_shape(ids.size(), stored.shape)) {
+    invalid(fmt::format("{} to '{}': {} ids need rows of shape {}, got {}", name, variable, ids.size(),
+                        to_string(rows_shape(ids.size(), stored.shape)), to_string(value.shape())));
   }
-  if (!stored.bytes.unique()) {
-    // A reply still holds these bytes: copy on write.
-    byte_buffer fresh(stored.bytes.size());
-    if (fresh.size()) std::memcpy(fresh.data(), stored.bytes.data(), fresh.size());
-    stored.bytes = std::move(fresh);
+  kernels::check_divisors(op, stored.type, value.bytes().data(), value.size());
+  make_writable(stored.bytes);
+  kernels::scatter(op, stored.type, stored.bytes.data(), ids, value.bytes().data(), row_elements(stored.shape));
+}
+
+ps_service::stored_variable& ps_service::slot(const std::string& variable, const stored_variable& of,
+                                              const std::string& name, dtype type, const shape_type& shape,
+                                              double initial_value) {
+  const std::string full_name = variable + "/" + name;
+  auto it = variables_.find(full_name);
+  if (it == variables_.end()) {
+    wire::Initializer fill;
+    fill.set_kind(wire::Initializer::CONSTANT);
+    fill.set_a(initial_value);
+    for (const auto d : shape) fill.add_full_shape(d);
+    byte_buffer bytes(num_elements(shape) * size_of(type));
+    kernels::initialize(fill, type, shape, bytes.data());
+    it = variables_.emplace(full_name, stored_variable{type, shape, std::move(bytes)}).first;
+  } else if (it->second.type != type || it->second.shape != shape) {
+    invalid(fmt::format("slot '{}' of {} {} exists as {} {}", full_name, name_of(of.type), to_string(of.shape),
+                        name_of(it->second.type), to_string(it->second.shape)));
   }
-  visit_dtype(stored.type, [&](auto zero) {
-    using T = decltype(zero);
-    apply(reinterpret_cast<T*>(stored.bytes.data()), value.data<T>(), value.size(),
-          op == wire::UpdateVariable::ASSIGN_SUB);
-  });
+  make_writable(it->second.bytes);
+  return it->second;
+}
+
+void ps_service::apply_gradient(const wire::frame& request, const wire::ApplyGradient& apply) {
+  const auto& opt = apply.optimizer();
+  const std::string optimizer = kernels::optimizer_name(opt);
+  const bool sparse = apply.has_indices();
+  const std::string operation = fmt::format("{} {}", optimizer, sparse ? "sparse update" : "update");
+  auto& stored = find(apply.variable(), operation);
+  const std::string& variable = apply.variable().name();
+  kernels::check_optimizer(opt);
+  if (stored.type != dtype::float32 && stored.type != dtype::float64) {
+    invalid(fmt::format("{} of '{}': optimizers update float32 or float64 variables, not {}", operation, variable,
+                        name_of(stored.type)));
+  }
+  const tensor gradient = wire::get_tensor(request, apply.gradient());
+  if (gradient.type() != stored.type) {
+    invalid(fmt::format("{} of '{}': gradient dtype {} does not match the variable's {}", operation, variable,
+                        name_of(gradient.type()), name_of(stored.type)));
+  }
+  std::span<const std::int64_t> ids;
+  tensor indices;
+  if (sparse) {
+    indices = wire::get_tensor(request, apply.indices());
+    ids = row_ids(indices, stored, operation, variable);
+    if (gradient.shape() != rows_shape(ids.size(), stored.shape)) {
+      invalid(fmt::format("{} of '{}': {} ids need gradient rows of shape {}, got {}", operation, variable,
+                          ids.size(), to_string(rows_shape(ids.size(), stored.shape)),
+                          to_string(gradient.shape())));
+    }
+  } else if (gradient.shape() != stored.shape) {
+    invalid(fmt::format("{} of '{}': gradient shape {} does not match the variable's {}", operation, variable,
+                        to_string(gradient.shape()), to_string(stored.shape)));
+  }
+  // Everything is checked: from here on nothing throws, so variable and slots change together.
+  std::vector<std::byte*> slots;
+  for (const auto& spec : kernels::slots_of(opt)) {
+    slots.push_back(
+        slot(variable, stored, optimizer + "/" + spec.name, stored.type, stored.shape, spec.initial_value).bytes.data());
+  }
+  std::int64_t step = 0;
+  if (kernels::counts_steps(opt)) {
+    auto& count = slot(variable, stored, optimizer + "/iterations", dtype::int64, {}, 0);
+    step = ++*reinterpret_cast<std::int64_t*>(count.bytes.data());
+  }
+  make_writable(stored.bytes);
+  if (sparse) {
+    kernels::apply_sparse(opt, stored.type, stored.bytes.data(), slots, step, ids, gradient.bytes().data(),
+                          row_elements(stored.shape));
+  } else {
+    kernels::apply_dense(opt, stored.type, stored.bytes.data(), slots, step, gradient.bytes().data(),
+                         gradient.size());
+  }
 }
 
 }  // namespace pscoro::runtime

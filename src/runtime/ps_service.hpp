@@ -1,12 +1,12 @@
-// The parameter-server role: holds variables and serves create, read and update requests.
-// Every update is checked (dtype, shape, the caller's idea of the variable) before anything
-// changes, so a bad request leaves the variable as it was.
+// The parameter-server role: holds variables (and optimizer slots beside them) and serves create,
+// read, gather, update, scatter and optimizer requests. Every request is checked in full (dtype,
+// shape, ids, the caller's idea of the variable, parameters) before anything changes, so a bad
+// request leaves every variable as it was.
 #pragma once
 
 #include "wire/frame.hpp"
 
-#include <asio/awaitable.hpp>
-
+#include <span>
 #include <string>
 #include <unordered_map>
 
@@ -31,7 +31,14 @@ class ps_service {
   void create(const wire::frame& request, const wire::CreateVariable& create);
   void read(const wire::frame& request, const wire::ReadVariable& read, wire::frame& response);
   void update(const wire::frame& request, const wire::UpdateVariable& update);
+  void apply_gradient(const wire::frame& request, const wire::ApplyGradient& apply);
   stored_variable& find(const wire::VariableRef& ref, std::string_view operation);
+  /// The slot `name` of `variable` (created with `initial_value` on first use).
+  stored_variable& slot(const std::string& variable, const stored_variable& of, const std::string& name, dtype type,
+                        const shape_type& shape, double initial_value);
+  /// Validates `indices` as row ids of `variable`: int64, 1-D, each in [0, rows).
+  std::span<const std::int64_t> row_ids(const tensor& indices, const stored_variable& variable,
+                                        std::string_view operation, const std::string& name) const;
 
   std::string task_;
   std::unordered_map<std::string, stored_variable> variables_;

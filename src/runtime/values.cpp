@@ -12,12 +12,17 @@ void encode_ref(wire::VariableRef& out, const variable_ref& ref) {
   out.set_ps_task(ref.ps_task);
 }
 
-variable_ref decode_ref(const wire::VariableRef& in) {
-  const auto type = static_cast<dtype>(in.dtype());
-  if (in.dtype() > 255 || !is_valid(type)) {
-    throw error(errc::invalid_argument, fmt::format("variable '{}' has unknown dtype {}", in.name(), in.dtype()));
+dtype decode_dtype(std::uint32_t code, std::string_view variable) {
+  const auto type = static_cast<dtype>(code);
+  if (code > 255 || !is_valid(type)) {
+    throw error(errc::invalid_argument, fmt::format("variable '{}' has unknown dtype {}", variable, code));
   }
-  return {in.name(), type, shape_type(in.shape().begin(), in.shape().end()), in.ps_task()};
+  return type;
+}
+
+variable_ref decode_ref(const wire::VariableRef& in) {
+  return {in.name(), decode_dtype(in.dtype(), in.name()), shape_type(in.shape().begin(), in.shape().end()),
+          in.ps_task()};
 }
 
 void encode_value(wire::frame& f, wire::Value& out, const value& v) {
@@ -31,6 +36,13 @@ void encode_value(wire::frame& f, wire::Value& out, const value& v) {
     void operator()(const std::string& s) const { out.set_text(s); }
     void operator()(const tensor& t) const { wire::put_tensor(f, *out.mutable_tensor(), t); }
     void operator()(const variable_ref& r) const { encode_ref(*out.mutable_variable(), r); }
+    void operator()(const sharded_variable_ref& r) const {
+      auto& sharded = *out.mutable_sharded_variable();
+      sharded.set_name(r.name);
+      sharded.set_dtype(static_cast<std::uint32_t>(r.type));
+      for (const auto dim : r.shape) sharded.add_shape(dim);
+      for (const auto& shard : r.shards) encode_ref(*sharded.add_shards(), shard);
+    }
   };
   std::visit(visitor{f, out}, v);
 }
@@ -44,6 +56,14 @@ value decode_value(const wire::frame& f, const wire::Value& in) {
     case wire::Value::kText: return in.text();
     case wire::Value::kTensor: return wire::get_tensor(f, in.tensor());
     case wire::Value::kVariable: return decode_ref(in.variable());
+    case wire::Value::kShardedVariable: {
+      const auto& sharded = in.sharded_variable();
+      sharded_variable_ref ref{sharded.name(), decode_dtype(sharded.dtype(), sharded.name()),
+                               shape_type(sharded.shape().begin(), sharded.shape().end()), {}};
+      ref.shards.reserve(sharded.shards_size());
+      for (const auto& shard : sharded.shards()) ref.shards.push_back(decode_ref(shard));
+      return ref;
+    }
     case wire::Value::KIND_NOT_SET: break;
   }
   throw error(errc::invalid_argument, "a value with no kind");

@@ -7,6 +7,9 @@
 
 namespace pscoro::runtime {
 
+/// Throws errc::invalid_argument naming `variable` for a code that is not a dtype.
+dtype decode_dtype(std::uint32_t code, std::string_view variable);
+
 void encode_ref(wire::VariableRef& out, const variable_ref& ref);
 /// Throws errc::invalid_argument for an unknown dtype.
 variable_ref decode_ref(const wire::VariableRef& in);

@@ -13,6 +13,8 @@
 #include <thread>
 
 using namespace pscoro;
+using pscoro::testing::code_of;
+using pscoro::testing::failure_of;
 using pscoro::testing::local_cluster;
 
 namespace {
@@ -57,25 +59,6 @@ void bind_test_functions(server& s) {
     const auto value = co_await v.read();
     co_return static_cast<double>(xt::sum(value)());
   });
-}
-
-// The code of the exception in `e`.
-std::error_code code_of(std::exception_ptr e) {
-  try {
-    std::rethrow_exception(e);
-  } catch (const std::system_error& s) {
-    return s.code();
-  }
-}
-
-template <class Awaitable>
-asio::awaitable<std::exception_ptr> failure_of(Awaitable a) {
-  try {
-    co_await std::move(a);
-  } catch (...) {
-    co_return std::current_exception();
-  }
-  co_return nullptr;
 }
 
 }  // namespace

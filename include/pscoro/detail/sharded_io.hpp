@@ -1,0 +1,264 @@
+// The row arithmetic and the per-shard fan-out behind sharded_variable<T> (and the row operations
+// of variable<T>, which is a sharded variable of one shard). Type-independent parts are compiled
+// (src/sharded.cpp); what needs T is here.
+#pragma once
+
+#include <pscoro/detail/parallel.hpp>
+#include <pscoro/detail/variable_io.hpp>
+#include <pscoro/detail/xtensor.hpp>
+#include <pscoro/partitioners.hpp>
+#include <pscoro/xtensor.hpp>
+
+#include <asio/awaitable.hpp>
+
+#include <cstdint>
+#include <cstring>
+#include <span>
+#include <limits>
+#include <memory>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace pscoro::detail {
+
+/// A sharded variable's shards and where their rows start.
+struct sharded_layout {
+  sharded_variable_ref ref;
+  std::vector<std::size_t> offsets;  // shards + 1 row offsets; the last is the row count
+
+  std::size_t rows() const noexcept { return offsets.back(); }
+  std::size_t num_shards() const noexcept { return ref.shards.size(); }
+  /// Elements per row (1 for a scalar).
+  std::size_t row_elements() const noexcept;
+};
+
+/// Checks `ref` as TF checks a ShardedVariable (shards present, one dtype, equal dims besides axis
+/// 0, rows adding up) plus the "div" layout the id mapping needs; throws errc::invalid_argument.
+std::shared_ptr<const sharded_layout> make_layout(sharded_variable_ref ref);
+/// The layout of a dense variable: one shard.
+std::shared_ptr<const sharded_layout> single_layout(const variable_ref& ref);
+
+/// Row ids as they travel: int64, with the shape they came in (embedding_lookup keeps it).
+struct id_list {
+  std::vector<std::int64_t> ids;
+  shape_type shape;
+};
+
+/// Evaluates `ids` (an integral expression) once; throws errc::invalid_argument for a value that
+/// does not fit in int64.
+template <class E>
+id_list to_id_list(const xt::xexpression<E>& ids) {
+  using id_type = typename E::value_type;
+  static_assert(std::is_integral_v<id_type> && !std::is_same_v<id_type, bool>, "ids must be integers");
+  const auto& evaluated = xt::eval(ids.derived_cast());
+  id_list out{{}, shape_type(evaluated.shape().begin(), evaluated.shape().end())};
+  out.ids.reserve(evaluated.size());
+  for (const auto id : evaluated) {
+    if constexpr (std::is_unsigned_v<id_type> && sizeof(id_type) >= sizeof(std::int64_t)) {
+      if (id > static_cast<id_type>(std::numeric_limits<std::int64_t>::max())) {
+        throw error(errc::invalid_argument, "id " + std::to_string(id) + " does not fit in int64");
+      }
+    }
+    out.ids.push_back(static_cast<std::int64_t>(id));
+  }
+  return out;
+}
+
+/// Per-shard requests of a row operation. `local_ids` as an int64 tensor per shard (empty shards
+/// get no request); `rows` (if any) split to match.
+struct shard_rows {
+  std::size_t shard;
+  tensor ids;
+  tensor rows;                                               // scatter / sparse gradient only
+  std::vector<std::pair<std::size_t, std::size_t>> places;  // lookups: (output row, row of the reply)
+};
+
+/// Splits `ids` by shard, keeping their order within each shard; `rows` (one per id, may be empty)
+/// is split alongside. Every id is range-checked first (errc::invalid_argument naming the id, its
+/// position and the row count), so a bad id sends nothing. `operation` and the variable name go
+/// into messages.
+std::vector<shard_rows> split_by_shard(const sharded_layout& layout, std::span<const std::int64_t> ids,
+                                       const tensor* rows, std::string_view operation);
+/// The same for a lookup: each shard is asked for each of its rows once (duplicates are answered
+/// from one reply row), with `places` saying where reply rows go.
+std::vector<shard_rows> plan_lookup(const sharded_layout& layout, std::span<const std::int64_t> ids,
+                                    std::string_view operation);
+/// Copies reply rows to their places in `out` (rows of `row_bytes`); a reply of the wrong size is
+/// errc::protocol_error.
+void place_rows(std::byte* out, const tensor& reply, const shard_rows& plan, std::size_t row_bytes);
+/// Splits a dense value of the whole variable's shape into per-shard views (no copy); throws
+/// errc::invalid_argument when its dtype or shape is not the variable's.
+std::vector<tensor> split_dense(const sharded_layout& layout, const tensor& value, std::string_view operation);
+/// TF's check for sparse operations: ids must be 1-D (errc::invalid_argument).
+void check_one_dimensional(const id_list& ids, std::string_view operation);
+/// Checks that a ps answered a read of `shard` with its dtype and shape (errc::protocol_error).
+void check_reply(const variable_ref& shard, const tensor& reply);
+/// Checks `rows` against `ids` for a scatter: shape [n] + the row shape, the variable's dtype.
+void check_rows(const sharded_layout& layout, std::size_t n, const tensor& rows, std::string_view operation);
+
+/// The coroutines behind the handles. Static and by value: an awaitable must not depend on the
+/// handle staying alive, and every failure (an unbound handle too) surfaces where it is awaited.
+template <class T>
+struct sharded_ops {
+  using layout_ptr = std::shared_ptr<const sharded_layout>;
+  using io_ptr = std::shared_ptr<variable_io>;
+
+  static variable_io& bound(const io_ptr& io, const sharded_layout& layout) {
+    if (!io) throw error(errc::failed_precondition, "variable handle '" + layout.ref.name + "' is not bound");
+    return *io;
+  }
+
+  static asio::awaitable<void> read_into(variable_io& io, variable_ref shard, std::byte* out) {
+    const tensor t = co_await io.read(shard);
+    check_reply(shard, t);
+    if (t.size_bytes()) std::memcpy(out, t.bytes().data(), t.size_bytes());
+  }
+
+  static asio::awaitable<xt::xarray<T>> read(io_ptr io, layout_ptr layout) {
+    auto& channel = bound(io, *layout);
+    xt::xarray<T> out(layout->ref.shape);
+    auto* bytes = reinterpret_cast<std::byte*>(out.data());
+    const std::size_t row_bytes = layout->row_elements() * sizeof(T);
+    co_await run_all(layout->num_shards(), [&](std::size_t i) {
+      return read_into(channel, layout->ref.shards[i], bytes + layout->offsets[i] * row_bytes);
+    });
+    co_return out;
+  }
+
+  static asio::awaitable<void> update(io_ptr io, layout_ptr layout, update_op op, tensor value, const char* operation) {
+    auto& channel = bound(io, *layout);
+    const auto parts = split_dense(*layout, value, operation);
+    co_await run_all(parts.size(), [&](std::size_t i) { return channel.update(layout->ref.shards[i], op, parts[i]); });
+  }
+
+  static asio::awaitable<void> lookup_shard(variable_io& io, variable_ref shard, const shard_rows& plan,
+                                            std::byte* out, std::size_t row_bytes) {
+    const tensor reply = co_await io.gather(std::move(shard), plan.ids);
+    place_rows(out, reply, plan, row_bytes);
+  }
+
+  static asio::awaitable<xt::xarray<T>> gather(io_ptr io, layout_ptr layout, id_list ids, bool flat,
+                                               const char* operation) {
+    auto& channel = bound(io, *layout);
+    if (flat) check_one_dimensional(ids, operation);
+    const auto plan = plan_lookup(*layout, ids.ids, operation);
+    shape_type shape = std::move(ids.shape);
+    shape.insert(shape.end(), layout->ref.shape.begin() + 1, layout->ref.shape.end());
+    xt::xarray<T> out(shape);
+    auto* bytes = reinterpret_cast<std::byte*>(out.data());
+    const std::size_t row_bytes = layout->row_elements() * sizeof(T);
+    co_await run_all(plan.size(), [&](std::size_t i) {
+      return lookup_shard(channel, layout->ref.shards[plan[i].shard], plan[i], bytes, row_bytes);
+    });
+    co_return out;
+  }
+
+  static asio::awaitable<void> scatter(io_ptr io, layout_ptr layout, update_op op, id_list ids, tensor rows,
+                                       const char* operation) {
+    auto& channel = bound(io, *layout);
+    check_one_dimensional(ids, operation);
+    check_rows(*layout, ids.ids.size(), rows, operation);
+    const auto parts = split_by_shard(*layout, ids.ids, &rows, operation);
+    co_await run_all(parts.size(), [&](std::size_t i) {
+      return channel.scatter(layout->ref.shards[parts[i].shard], op, parts[i].ids, parts[i].rows);
+    });
+  }
+
+  static asio::awaitable<void> apply_dense(io_ptr io, layout_ptr layout, optimizer opt, tensor gradient) {
+    auto& channel = bound(io, *layout);
+    const auto parts = split_dense(*layout, gradient, "apply_gradient");
+    co_await run_all(parts.size(), [&](std::size_t i) {
+      return channel.apply_gradient(layout->ref.shards[i], opt, parts[i], std::nullopt);
+    });
+  }
+
+  static asio::awaitable<void> apply_sparse(io_ptr io, layout_ptr layout, optimizer opt, id_list ids, tensor rows) {
+    auto& channel = bound(io, *layout);
+    check_one_dimensional(ids, "apply_sparse_gradient");
+    check_rows(*layout, ids.ids.size(), rows, "apply_sparse_gradient");
+    const auto parts = split_by_shard(*layout, ids.ids, &rows, "apply_sparse_gradient");
+    co_await run_all(parts.size(), [&](std::size_t i) {
+      return channel.apply_gradient(layout->ref.shards[parts[i].shard], opt, parts[i].rows, parts[i].ids);
+    });
+  }
+};
+
+/// The row and optimizer operations of variable<T> and sharded_variable<T>, written once. Derived
+/// provides `row_layout()` and `row_io()`.
+template <class Derived, class T>
+class row_operations {
+ public:
+  /// The rows `ids` (1-D) in input order, duplicates allowed: shape [ids.size()] + row shape.
+  template <class E>
+  asio::awaitable<xt::xarray<T>> sparse_read(const xt::xexpression<E>& ids) const {
+    return ops::gather(io(), layout(), to_id_list(ids), true, "sparse_read");
+  }
+  /// The rows `ids` (any shape) in input order: shape ids.shape + row shape. Only those rows
+  /// travel, each once per request however often it is named.
+  template <class E>
+  asio::awaitable<xt::xarray<T>> embedding_lookup(const xt::xexpression<E>& ids) const {
+    return ops::gather(io(), layout(), to_id_list(ids), false, "embedding_lookup");
+  }
+
+  /// Row ids[k] = rows[k], in order (TF's scatter_update; rows: [ids.size()] + row shape).
+  template <class I, class R>
+  asio::awaitable<void> scatter_update(const xt::xexpression<I>& ids, const xt::xexpression<R>& rows) const {
+    return scatter(update_op::assign, ids, rows, "scatter_update");
+  }
+  /// Row ids[k] += rows[k]; a repeated id receives every one of its rows.
+  template <class I, class R>
+  asio::awaitable<void> scatter_add(const xt::xexpression<I>& ids, const xt::xexpression<R>& rows) const {
+    return scatter(update_op::add, ids, rows, "scatter_add");
+  }
+  template <class I, class R>
+  asio::awaitable<void> scatter_sub(const xt::xexpression<I>& ids, const xt::xexpression<R>& rows) const {
+    return scatter(update_op::sub, ids, rows, "scatter_sub");
+  }
+  template <class I, class R>
+  asio::awaitable<void> scatter_mul(const xt::xexpression<I>& ids, const xt::xexpression<R>& rows) const {
+    return scatter(update_op::mul, ids, rows, "scatter_mul");
+  }
+  /// Integer division by zero is refused before anything changes.
+  template <class I, class R>
+  asio::awaitable<void> scatter_div(const xt::xexpression<I>& ids, const xt::xexpression<R>& rows) const {
+    return scatter(update_op::div, ids, rows, "scatter_div");
+  }
+  template <class I, class R>
+  asio::awaitable<void> scatter_min(const xt::xexpression<I>& ids, const xt::xexpression<R>& rows) const {
+    return scatter(update_op::min, ids, rows, "scatter_min");
+  }
+  template <class I, class R>
+  asio::awaitable<void> scatter_max(const xt::xexpression<I>& ids, const xt::xexpression<R>& rows) const {
+    return scatter(update_op::max, ids, rows, "scatter_max");
+  }
+
+  /// One optimizer step with a dense gradient of the variable's shape: one message per shard.
+  template <class E>
+    requires std::is_floating_point_v<T>
+  asio::awaitable<void> apply_gradient(const optimizer& opt, const xt::xexpression<E>& gradient) const {
+    return ops::apply_dense(io(), layout(), opt, to_tensor(gradient));
+  }
+  /// One optimizer step on the rows `ids` (1-D; duplicates are summed on the ps): one message per
+  /// shard that holds any of them.
+  template <class I, class R>
+    requires std::is_floating_point_v<T>
+  asio::awaitable<void> apply_sparse_gradient(const optimizer& opt, const xt::xexpression<I>& ids,
+                                              const xt::xexpression<R>& rows) const {
+    return ops::apply_sparse(io(), layout(), opt, to_id_list(ids), to_tensor(rows));
+  }
+
+ private:
+  using ops = sharded_ops<T>;
+  std::shared_ptr<const sharded_layout> layout() const { return static_cast<const Derived&>(*this).row_layout(); }
+  const std::shared_ptr<variable_io>& io() const { return static_cast<const Derived&>(*this).row_io(); }
+
+  template <class I, class R>
+  asio::awaitable<void> scatter(update_op op, const xt::xexpression<I>& ids, const xt::xexpression<R>& rows,
+                                const char* operation) const {
+    return ops::scatter(io(), layout(), op, to_id_list(ids), to_tensor(rows), operation);
+  }
+};
+
+}  // namespace pscoro::detail

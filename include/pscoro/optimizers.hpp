@@ -1,0 +1,58 @@
+// Optimizers that run on the parameter servers, next to the variables they update.
+//
+//   const pscoro::optimizers::adagrad opt{.learning_rate = 0.05};
+//   co_await table.apply_sparse_gradient(opt, ids, rows);   // one message per shard
+//
+// An optimizer value only describes the algorithm and its hyper-parameters; it is sent with every
+// update, so a learning-rate schedule is the caller's to compute. Its state (slot variables) lives on
+// the ps beside each variable or shard, created on first use and named "<variable>/<optimizer>/<slot>"
+// ("embedding/part_0/adagrad/accumulator"); slots are ordinary variables there (readable, and saved by
+// checkpoints). Defaults and formulas are Keras's (docs/design.md lists them). Sparse updates sum
+// duplicate ids first and touch only the rows named (as TF's sparse apply ops; for adam this is
+// "lazy" Adam: moments of other rows do not decay). Variables must be float32 or float64.
+#pragma once
+
+#include <variant>
+
+namespace pscoro {
+namespace optimizers {
+
+/// var -= learning_rate * g
+struct sgd {
+  double learning_rate = 0.01;
+};
+/// v = momentum * v - learning_rate * g; var += v (nesterov: var += momentum * v - learning_rate * g)
+struct momentum {
+  double learning_rate = 0.01;
+  double momentum = 0.9;
+  bool nesterov = false;
+};
+/// acc += g^2; var -= learning_rate * g / (sqrt(acc) + epsilon)
+struct adagrad {
+  double learning_rate = 0.001;
+  double initial_accumulator_value = 0.1;
+  double epsilon = 1e-7;
+};
+/// Adam with the step count t kept per variable (shard): lr_t = lr * sqrt(1 - beta_2^t) / (1 - beta_1^t).
+struct adam {
+  double learning_rate = 0.001;
+  double beta_1 = 0.9;
+  double beta_2 = 0.999;
+  double epsilon = 1e-7;
+};
+/// FTRL-Proximal (McMahan et al. 2013) as TF's ApplyFtrl, with Keras's `beta` folded into l2.
+struct ftrl {
+  double learning_rate = 0.001;
+  double learning_rate_power = -0.5;
+  double initial_accumulator_value = 0.1;
+  double l1 = 0;
+  double l2 = 0;
+  double beta = 0;
+};
+
+}  // namespace optimizers
+
+using optimizer = std::variant<optimizers::sgd, optimizers::momentum, optimizers::adagrad, optimizers::adam,
+                               optimizers::ftrl>;
+
+}  // namespace pscoro

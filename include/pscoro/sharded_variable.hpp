@@ -1,0 +1,101 @@
+// A variable split into shards along axis 0, each shard a dense variable on some parameter server
+// (TF's ShardedVariable), with whole-variable, row and optimizer operations fanned out to the shards
+// concurrently.
+//
+//   auto table = co_await scope.create_sharded_variable<float>(
+//       "embedding", {1'000'000, 16}, pscoro::initializers::random_normal{.stddev = 0.01});
+//   auto rows = co_await table.embedding_lookup(ids);                 // ids.shape + [16], input order
+//   co_await table.apply_sparse_gradient(pscoro::optimizers::adagrad{.learning_rate = 0.1}, ids, grads);
+//
+// Rows are laid out as TF's "div" partition (div_offsets): shard i holds rows [offsets[i],
+// offsets[i+1]). Handles are cheap to copy and can be worker-function arguments. Ids are checked
+// against the row count before anything is sent: a bad id reads and writes nothing. Row operations
+// on one shard keep the order of their ids, so every result equals the same operation on a dense
+// variable.
+#pragma once
+
+#include <pscoro/detail/sharded_io.hpp>
+#include <pscoro/variable.hpp>
+
+namespace pscoro {
+
+template <class T>
+  requires is_element_type_v<T>
+class sharded_variable : public detail::row_operations<sharded_variable<T>, T> {
+ public:
+  using value_type = T;
+
+  /// One shard: its handle and the first row of the whole variable it holds.
+  struct shard {
+    variable<T> handle;
+    std::size_t offset;
+  };
+
+  sharded_variable() = default;
+  /// Binds `ref` to `io`; throws errc::invalid_argument when `ref` is not a valid "div" layout of T.
+  sharded_variable(sharded_variable_ref ref, std::shared_ptr<detail::variable_io> io)
+      : layout_(detail::make_layout(checked(std::move(ref)))), io_(std::move(io)) {}
+
+  const std::string& name() const noexcept { return layout_->ref.name; }
+  const shape_type& shape() const noexcept { return layout_->ref.shape; }
+  static constexpr pscoro::dtype dtype() noexcept { return dtype_of<T>; }
+  const sharded_variable_ref& ref() const noexcept { return layout_->ref; }
+  std::size_t num_shards() const noexcept { return layout_->num_shards(); }
+  /// The shards + 1 row offsets (the last is the row count).
+  const std::vector<std::size_t>& offsets() const noexcept { return layout_->offsets; }
+  /// The shards in row order, each a dense variable handle with its offset.
+  std::vector<shard> shards() const {
+    std::vector<shard> out;
+    for (std::size_t i = 0; i < num_shards(); ++i) out.push_back({variable<T>(layout_->ref.shards[i], io_), offsets()[i]});
+    return out;
+  }
+
+  /// Reads every shard concurrently into one array of shape().
+  asio::awaitable<xt::xarray<T>> read() const { return ops::read(io_, layout_); }
+
+  /// Replaces the value; `value` must have shape() (checked before anything is sent).
+  template <class E>
+  asio::awaitable<void> assign(const xt::xexpression<E>& value) const {
+    return ops::update(io_, layout_, update_op::assign, to_tensor(value), "assign");
+  }
+  template <class E>
+  asio::awaitable<void> assign_add(const xt::xexpression<E>& delta) const {
+    return ops::update(io_, layout_, update_op::add, to_tensor(delta), "assign_add");
+  }
+  template <class E>
+  asio::awaitable<void> assign_sub(const xt::xexpression<E>& delta) const {
+    return ops::update(io_, layout_, update_op::sub, to_tensor(delta), "assign_sub");
+  }
+
+ private:
+  using ops = detail::sharded_ops<T>;
+
+  static sharded_variable_ref checked(sharded_variable_ref ref) {
+    if (ref.type != dtype_of<T>) {
+      throw error(errc::invalid_argument, "expected a " + std::string(name_of(dtype_of<T>)) +
+                                              " variable, got '" + ref.name + "' of " +
+                                              std::string(name_of(ref.type)));
+    }
+    return ref;
+  }
+
+  friend class detail::row_operations<sharded_variable, T>;
+  const std::shared_ptr<const detail::sharded_layout>& row_layout() const noexcept { return layout_; }
+  const std::shared_ptr<detail::variable_io>& row_io() const noexcept { return io_; }
+
+  std::shared_ptr<const detail::sharded_layout> layout_ = detail::single_layout({});
+  std::shared_ptr<detail::variable_io> io_;
+};
+
+template <class T>
+struct codec<sharded_variable<T>> {
+  static constexpr std::string_view name = "sharded_variable";
+  static value encode(const sharded_variable<T>& v) { return v.ref(); }
+  static sharded_variable<T> decode(value&& v, const decode_context& context) {
+    auto* ref = std::get_if<sharded_variable_ref>(&v);
+    if (!ref) detail::throw_decode_mismatch(name, v);
+    return sharded_variable<T>(std::move(*ref), context.variables);
+  }
+};
+
+}  // namespace pscoro

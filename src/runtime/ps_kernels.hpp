@@ -1,0 +1,58 @@
+// The math a parameter server runs on the bytes of its variables: initializers, element-wise and
+// row-wise updates, optimizer steps. Callers (ps_service) validate shapes and ids first; the checks
+// here are the ones only the math knows (parameters, divisors), and they run before any write.
+#pragma once
+
+#include <pscoro/tensor.hpp>
+
+#include "pscoro.pb.h"
+
+#include <cstdint>
+#include <span>
+#include <string>
+#include <vector>
+
+namespace pscoro::runtime::kernels {
+
+// Initializers.
+
+/// Throws errc::invalid_argument when `init` cannot fill a shard of `shard_shape` and `type`.
+void check_initializer(const wire::Initializer& init, dtype type, const shape_type& shard_shape);
+/// Fills `out`, a shard of `shard_shape`, element i with the value of element
+/// (row_offset * row size + i) of the whole variable.
+void initialize(const wire::Initializer& init, dtype type, const shape_type& shard_shape, std::byte* out);
+
+// Updates.
+
+/// `destination[i] = destination[i] op source[i]` for n elements of `type`.
+void combine(wire::UpdateVariable::Op op, dtype type, std::byte* destination, const std::byte* source, std::size_t n);
+/// The same per row: row `ids[k]` of `destination` with row k of `rows`, in order.
+void scatter(wire::UpdateVariable::Op op, dtype type, std::byte* destination, std::span<const std::int64_t> ids,
+             const std::byte* rows, std::size_t row_elements);
+/// Throws errc::invalid_argument when an integer division in `op` would divide by zero or overflow.
+void check_divisors(wire::UpdateVariable::Op op, dtype type, const std::byte* source, std::size_t n);
+
+// Optimizers.
+
+struct slot_spec {
+  std::string name;        // "accumulator"; stored as "<variable>/<optimizer>/<name>"
+  double initial_value;
+};
+/// "adagrad".
+std::string optimizer_name(const wire::Optimizer& opt);
+/// The slots `opt` keeps per variable, of the variable's dtype and shape, in the order apply takes them.
+std::vector<slot_spec> slots_of(const wire::Optimizer& opt);
+/// True when `opt` keeps a step count ("<variable>/<optimizer>/iterations", an int64 scalar).
+bool counts_steps(const wire::Optimizer& opt);
+/// Throws errc::invalid_argument naming the bad hyper-parameter.
+void check_optimizer(const wire::Optimizer& opt);
+
+/// One step over a dense gradient of n elements. `step` is the count after this step (adam).
+void apply_dense(const wire::Optimizer& opt, dtype type, std::byte* variable, std::span<std::byte* const> slots,
+                 std::int64_t step, const std::byte* gradient, std::size_t n);
+/// One step over the rows `ids` (valid, possibly repeated: their gradient rows are summed first).
+void apply_sparse(const wire::Optimizer& opt, dtype type, std::byte* variable, std::span<std::byte* const> slots,
+                  std::int64_t step, std::span<const std::int64_t> ids, const std::byte* rows,
+                  std::size_t row_elements);
+
+}  // namespace pscoro::runtime::kernels

@@ -1,0 +1,185 @@
+#include <pscoro/detail/sharded_io.hpp>
+
+#include <fmt/format.h>
+
+#include <unordered_map>
+
+namespace pscoro::detail {
+
+namespace {
+
+[[noreturn]] void invalid(std::string message) { throw error(errc::invalid_argument, std::move(message)); }
+
+std::size_t row_elements_of(const shape_type& shape) {
+  return shape.empty() ? 1 : num_elements(std::span(shape).subspan(1));
+}
+
+tensor ids_tensor(const std::vector<std::int64_t>& ids) {
+  tensor out = tensor::uninitialized(dtype::int64, {ids.size()});
+  if (!ids.empty()) std::memcpy(out.mutable_data<std::int64_t>(), ids.data(), ids.size() * sizeof(std::int64_t));
+  return out;
+}
+
+void check_id(std::int64_t id, std::size_t position, std::size_t rows, const sharded_layout& layout,
+              std::string_view operation) {
+  if (id < 0 || static_cast<std::uint64_t>(id) >= rows) {
+    invalid(fmt::format("{} of '{}': id {} (position {}) is out of range [0, {})", operation, layout.ref.name, id,
+                        position, rows));
+  }
+}
+
+}  // namespace
+
+std::size_t sharded_layout::row_elements() const noexcept { return row_elements_of(ref.shape); }
+
+std::shared_ptr<const sharded_layout> make_layout(sharded_variable_ref ref) {
+  // TF's checks (ShardedVariable.__init__), then the "div" layout that the id mapping relies on.
+  if (ref.shards.empty()) invalid(fmt::format("sharded variable '{}' has no shards", ref.name));
+  std::vector<std::size_t> offsets{0};
+  for (const auto& shard : ref.shards) {
+    if (shard.type != ref.type) {
+      invalid(fmt::format("all shards of '{}' must have its dtype {}; '{}' is {}", ref.name, name_of(ref.type),
+                          shard.name, name_of(shard.type)));
+    }
+    if (shard.shape.size() != ref.shape.size() ||
+        !std::equal(shard.shape.begin() + (shard.shape.empty() ? 0 : 1), shard.shape.end(),
+                    ref.shape.begin() + (ref.shape.empty() ? 0 : 1))) {
+      invalid(fmt::format("all shards of '{}' {} must have its shape except for the first axis; '{}' is {}",
+                          ref.name, to_string(ref.shape), shard.name, to_string(shard.shape)));
+    }
+    offsets.push_back(offsets.back() + (shard.shape.empty() ? 1 : shard.shape[0]));
+  }
+  if (ref.shape.empty()) {
+    if (ref.shards.size() != 1) invalid(fmt::format("scalar variable '{}' cannot have several shards", ref.name));
+  } else if (offsets.back() != ref.shape[0]) {
+    invalid(fmt::format("the shards of '{}' hold {} rows but its shape {} has {}", ref.name, offsets.back(),
+                        to_string(ref.shape), ref.shape[0]));
+  } else if (ref.shape[0] != 0 && offsets != div_offsets(ref.shape[0], ref.shards.size())) {
+    invalid(fmt::format("the shards of '{}' are not TF's \"div\" partition of {} rows into {} shards", ref.name,
+                        ref.shape[0], ref.shards.size()));
+  }
+  return std::make_shared<const sharded_layout>(sharded_layout{std::move(ref), std::move(offsets)});
+}
+
+std::shared_ptr<const sharded_layout> single_layout(const variable_ref& ref) {
+  const std::size_t rows = ref.shape.empty() ? 1 : ref.shape[0];
+  return std::make_shared<const sharded_layout>(
+      sharded_layout{sharded_variable_ref{ref.name, ref.type, ref.shape, {ref}}, {0, rows}});
+}
+
+void check_one_dimensional(const id_list& ids, std::string_view operation) {
+  if (ids.shape.size() != 1) {
+    // TF's wording (sharded_variable.py).
+    invalid(fmt::format("{}: indices must be 1D Tensor for sparse operations. Received shape: {}", operation,
+                        to_string(ids.shape)));
+  }
+}
+
+void check_reply(const variable_ref& shard, const tensor& reply) {
+  if (reply.type() != shard.type || reply.shape() != shard.shape) {
+    throw error(errc::protocol_error,
+                fmt::format("a read of '{}' ({} {}) was answered with {} {}", shard.name, name_of(shard.type),
+                            to_string(shard.shape), name_of(reply.type()), to_string(reply.shape())));
+  }
+}
+
+void check_rows(const sharded_layout& layout, std::size_t n, const tensor& rows, std::string_view operation) {
+  const auto& ref = layout.ref;
+  if (ref.shape.empty()) invalid(fmt::format("{} of '{}': a scalar variable has no rows", operation, ref.name));
+  shape_type expected{n};
+  expected.insert(expected.end(), ref.shape.begin() + 1, ref.shape.end());
+  if (rows.type() != ref.type || rows.shape() != expected) {
+    invalid(fmt::format("{} of '{}': {} ids need {} rows of shape {}, got {} {}", operation, ref.name, n,
+                        name_of(ref.type), to_string(expected), name_of(rows.type()), to_string(rows.shape())));
+  }
+}
+
+std::vector<tensor> split_dense(const sharded_layout& layout, const tensor& value, std::string_view operation) {
+  const auto& ref = layout.ref;
+  if (value.type() != ref.type || value.shape() != ref.shape) {
+    invalid(fmt::format("{} to '{}': the value is {} {} but the variable is {} {}", operation, ref.name,
+                        name_of(value.type()), to_string(value.shape()), name_of(ref.type), to_string(ref.shape)));
+  }
+  if (layout.num_shards() == 1) return {value};
+  const std::size_t row_bytes = layout.row_elements() * size_of(ref.type);
+  std::vector<tensor> parts;
+  parts.reserve(layout.num_shards());
+  for (std::size_t i = 0; i < layout.num_shards(); ++i) {
+    const std::size_t begin = layout.offsets[i] * row_bytes;
+    const std::size_t size = (layout.offsets[i + 1] - layout.offsets[i]) * row_bytes;
+    parts.emplace_back(ref.type, ref.shards[i].shape, value.bytes().slice(begin, size));
+  }
+  return parts;
+}
+
+std::vector<shard_rows> split_by_shard(const sharded_layout& layout, std::span<const std::int64_t> ids,
+                                       const tensor* rows, std::string_view operation) {
+  const std::size_t total = layout.rows();
+  const std::size_t shards = layout.num_shards();
+  for (std::size_t k = 0; k < ids.size(); ++k) check_id(ids[k], k, total, layout, operation);
+  if (shards == 1) {
+    // One shard: the ids and rows go as they are.
+    return {shard_rows{0, ids_tensor({ids.begin(), ids.end()}), rows ? *rows : tensor{}, {}}};
+  }
+  std::vector<std::vector<std::int64_t>> local(shards);
+  std::vector<std::vector<std::size_t>> positions(shards);
+  for (std::size_t k = 0; k < ids.size(); ++k) {
+    const auto where = div_locate(static_cast<std::size_t>(ids[k]), total, shards);
+    local[where.shard].push_back(static_cast<std::int64_t>(where.row));
+    positions[where.shard].push_back(k);
+  }
+  const std::size_t row_bytes = layout.row_elements() * size_of(layout.ref.type);
+  std::vector<shard_rows> out;
+  for (std::size_t s = 0; s < shards; ++s) {
+    if (local[s].empty()) continue;
+    shard_rows part{s, ids_tensor(local[s]), {}, {}};
+    if (rows) {
+      shape_type shape = rows->shape();
+      shape[0] = local[s].size();
+      part.rows = tensor::uninitialized(rows->type(), std::move(shape));
+      std::byte* to = part.rows.bytes().data();
+      for (std::size_t j = 0; j < positions[s].size(); ++j) {
+        std::memcpy(to + j * row_bytes, rows->bytes().data() + positions[s][j] * row_bytes, row_bytes);
+      }
+    }
+    out.push_back(std::move(part));
+  }
+  return out;
+}
+
+std::vector<shard_rows> plan_lookup(const sharded_layout& layout, std::span<const std::int64_t> ids,
+                                    std::string_view operation) {
+  const std::size_t total = layout.rows();
+  const std::size_t shards = layout.num_shards();
+  if (layout.ref.shape.empty()) invalid(fmt::format("{} of '{}': a scalar variable has no rows", operation, layout.ref.name));
+  for (std::size_t k = 0; k < ids.size(); ++k) check_id(ids[k], k, total, layout, operation);
+  std::vector<std::vector<std::int64_t>> local(shards);
+  std::vector<std::vector<std::pair<std::size_t, std::size_t>>> places(shards);
+  // Each (shard, row) is asked for once: skewed ids (the usual case for embeddings) travel once.
+  std::unordered_map<std::int64_t, std::size_t> asked;
+  asked.reserve(ids.size());
+  for (std::size_t k = 0; k < ids.size(); ++k) {
+    const auto where = div_locate(static_cast<std::size_t>(ids[k]), total, shards);
+    auto [it, fresh] = asked.try_emplace(ids[k], local[where.shard].size());
+    if (fresh) local[where.shard].push_back(static_cast<std::int64_t>(where.row));
+    places[where.shard].emplace_back(k, it->second);
+  }
+  std::vector<shard_rows> out;
+  for (std::size_t s = 0; s < shards; ++s) {
+    if (local[s].empty()) continue;
+    out.push_back(shard_rows{s, ids_tensor(local[s]), {}, std::move(places[s])});
+  }
+  return out;
+}
+
+void place_rows(std::byte* out, const tensor& reply, const shard_rows& plan, std::size_t row_bytes) {
+  const std::size_t asked = plan.ids.size();
+  if (reply.size_bytes() != asked * row_bytes || reply.shape().empty() || reply.shape()[0] != asked) {
+    throw error(errc::protocol_error, fmt::format("a lookup of {} rows was answered with {} {}", asked,
+                                                  name_of(reply.type()), to_string(reply.shape())));
+  }
+  const std::byte* from = reply.bytes().data();
+  for (const auto& [position, row] : plan.places) std::memcpy(out + position * row_bytes, from + row * row_bytes, row_bytes);
+}
+
+}  // namespace pscoro::detail

@@ -1,0 +1,349 @@
+// Sharded variables on a real in-process cluster: every operation against the same operation on a
+// dense variable, over uneven shards; lookups in input order; bad ids that change nothing;
+// initializers that do not depend on the number of shards.
+#include "local_cluster.hpp"
+#include "test_support.hpp"
+
+#include <pscoro/sharded_variable.hpp>
+#include <pscoro/strategy.hpp>
+
+#include <xtensor/xview.hpp>
+
+#include <cmath>
+#include <set>
+
+using namespace pscoro;
+using pscoro::testing::code_of;
+using pscoro::testing::failure_of;
+using pscoro::testing::local_cluster;
+using pscoro::testing::message_of;
+
+namespace {
+
+const worker_function<double(sharded_variable<float>, std::int64_t)> bump_row{"test.bump_row"};
+
+void bind_test_functions(server& s) {
+  // Adds 1 to every element of row `id`, then returns the sum of that row as the worker reads it.
+  s.bind(bump_row, [](sharded_variable<float> table, std::int64_t id) -> asio::awaitable<double> {
+    const xt::xarray<std::int64_t> ids{id};
+    xt::xarray<float> ones = xt::zeros<float>({std::size_t{1}, table.shape()[1]});
+    ones.fill(1.0f);
+    co_await table.scatter_add(ids, ones);
+    const auto row = co_await table.sparse_read(ids);
+    co_return static_cast<double>(xt::sum(row)());
+  });
+}
+
+template <class T>
+xt::xarray<T> iota_rows(std::size_t rows, std::size_t columns) {
+  xt::xarray<T> out = xt::zeros<T>({rows, columns});
+  for (std::size_t i = 0; i < rows; ++i) {
+    for (std::size_t j = 0; j < columns; ++j) out(i, j) = static_cast<T>(1 + i * columns + j) / T(4);
+  }
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE_TEMPLATE("every sharded operation equals the same operation on a dense variable", T, float, double) {
+  local_cluster cluster(2, 1);
+  cluster.run_chief(
+      [](parameter_server_strategy& strategy, cluster_coordinator&) -> asio::awaitable<void> {
+        auto scope = strategy.scope();
+        const auto initial = iota_rows<T>(13, 3);
+        auto dense = co_await scope.create_variable("dense", initial);
+        auto sharded = co_await scope.create_sharded_variable("sharded", initial);
+        // 13 rows in 3 shards: TF's "div" layout 5, 4, 4, placed round robin after "dense" (ps:0).
+        REQUIRE(sharded.num_shards() == 3);
+        CHECK(sharded.offsets() == std::vector<std::size_t>{0, 5, 9, 13});
+        const auto shards = sharded.shards();
+        CHECK(shards[0].handle.name() == "sharded/part_0");
+        CHECK(shards[2].handle.name() == "sharded/part_2");
+        CHECK(shards[1].handle.shape() == shape_type{4, 3});
+        CHECK(shards[0].handle.ps_task() == 1);
+        CHECK(shards[1].handle.ps_task() == 0);
+        CHECK(shards[2].handle.ps_task() == 1);
+        CHECK(shards[2].offset == 9);
+        CHECK((co_await sharded.read() == initial));
+        const xt::xarray<T> middle_rows = xt::view(initial, xt::range(5, 9));
+        CHECK((co_await shards[1].handle.read() == middle_rows));
+
+        auto same = [&]() -> asio::awaitable<bool> {
+          const auto a = co_await dense.read();
+          const auto b = co_await sharded.read();
+          co_return a == b;
+        };
+        const xt::xarray<T> delta = iota_rows<T>(13, 3) * T(0.5);  // evaluated here, not in co_await
+        co_await dense.assign_add(delta);
+        co_await sharded.assign_add(delta);
+        CHECK(co_await same());
+        co_await dense.assign_sub(initial);
+        co_await sharded.assign_sub(initial);
+        CHECK(co_await same());
+
+        // Ids over every shard, repeated, unsorted; one row per id.
+        const xt::xarray<std::int64_t> ids{12, 0, 5, 12, 4, 9, 8, 0, 12};
+        xt::xarray<T> rows = xt::zeros<T>({ids.size(), std::size_t{3}});
+        for (std::size_t k = 0; k < ids.size(); ++k) {
+          for (std::size_t j = 0; j < 3; ++j) rows(k, j) = static_cast<T>(k + 1) - static_cast<T>(j) / T(2);
+        }
+        // Operands are named arrays, not expressions: g++ 12 destroys temporaries of a co_await
+        // full-expression before the call has used them (clang does not).
+        const xt::xarray<T> quarter = rows * T(0.25), shifted = rows + T(3), lowered = rows - T(2),
+                            negated = rows * T(-1);
+        co_await dense.scatter_add(ids, rows);
+        co_await sharded.scatter_add(ids, rows);
+        CHECK(co_await same());
+        co_await dense.scatter_sub(ids, quarter);
+        co_await sharded.scatter_sub(ids, quarter);
+        CHECK(co_await same());
+        co_await dense.scatter_mul(ids, rows);
+        co_await sharded.scatter_mul(ids, rows);
+        CHECK(co_await same());
+        co_await dense.scatter_div(ids, shifted);
+        co_await sharded.scatter_div(ids, shifted);
+        CHECK(co_await same());
+        co_await dense.scatter_min(ids, lowered);
+        co_await sharded.scatter_min(ids, lowered);
+        CHECK(co_await same());
+        co_await dense.scatter_max(ids, negated);
+        co_await sharded.scatter_max(ids, negated);
+        CHECK(co_await same());
+        co_await dense.scatter_update(ids, rows);
+        co_await sharded.scatter_update(ids, rows);
+        CHECK(co_await same());
+        // scatter_update with a repeated id keeps the last row, as applied in order.
+        const auto now = co_await sharded.read();
+        CHECK(now(12, 0) == rows(8, 0));
+
+        CHECK((co_await dense.sparse_read(ids) == co_await sharded.sparse_read(ids)));
+        const xt::xarray<std::int64_t> grid{{3, 11}, {11, 6}};
+        const auto looked_up = co_await sharded.embedding_lookup(grid);
+        CHECK(looked_up.shape() == std::vector<std::size_t>{2, 2, 3});
+        CHECK((looked_up == co_await dense.embedding_lookup(grid)));
+      },
+      {}, {}, fixed_shards_partitioner{3});
+}
+
+TEST_CASE("lookups return rows in input order, duplicates included") {
+  local_cluster cluster(2, 1);
+  cluster.run_chief(
+      [](parameter_server_strategy& strategy, cluster_coordinator&) -> asio::awaitable<void> {
+        const auto initial = iota_rows<float>(11, 2);
+        auto table = co_await strategy.scope().create_sharded_variable("table", initial);
+        REQUIRE(table.num_shards() == 4);
+        const std::vector<std::int64_t> order{10, 0, 7, 7, 3, 10, 1};
+        const auto order_ids = xt::adapt(order);
+        const auto rows = co_await table.sparse_read(order_ids);
+        REQUIRE(rows.shape() == std::vector<std::size_t>{7, 2});
+        for (std::size_t k = 0; k < order.size(); ++k) {
+          CHECK(rows(k, 0) == initial(order[k], 0));
+          CHECK(rows(k, 1) == initial(order[k], 1));
+        }
+        const std::vector<std::int64_t> none;
+        const auto no_ids = xt::adapt(none);
+        const auto nothing = co_await table.sparse_read(no_ids);
+        const std::vector<std::size_t> no_rows{0, 2};
+        CHECK(nothing.shape() == no_rows);
+      },
+      {}, {}, fixed_shards_partitioner{4});
+}
+
+TEST_CASE("an id out of range names the id and the row count and changes nothing") {
+  local_cluster cluster(2, 1);
+  cluster.run_chief(
+      [](parameter_server_strategy& strategy, cluster_coordinator&) -> asio::awaitable<void> {
+        const auto initial = iota_rows<float>(10, 2);
+        auto scope = strategy.scope();
+        auto table = co_await scope.create_sharded_variable("table", initial);
+        auto dense = co_await scope.create_variable("dense", initial);
+        const xt::xarray<std::int64_t> too_big{1, 9, 10};
+        const xt::xarray<std::int64_t> negative{-1};
+        const xt::xarray<float> three_rows = xt::ones<float>({3, 2});
+        const xt::xarray<float> one_row = xt::ones<float>({1, 2});
+        auto e = co_await failure_of(table.scatter_add(too_big, three_rows));
+        CHECK(code_of(e) == errc::invalid_argument);
+        CHECK(message_of(e) == "scatter_add of 'table': id 10 (position 2) is out of range [0, 10)");
+        e = co_await failure_of(table.scatter_update(negative, one_row));
+        CHECK(message_of(e) == "scatter_update of 'table': id -1 (position 0) is out of range [0, 10)");
+        e = co_await failure_of(table.embedding_lookup(too_big));
+        CHECK(message_of(e) == "embedding_lookup of 'table': id 10 (position 2) is out of range [0, 10)");
+        e = co_await failure_of(table.apply_sparse_gradient(optimizers::sgd{}, too_big, three_rows));
+        CHECK(code_of(e) == errc::invalid_argument);
+        // A dense variable's ids are checked the same way.
+        e = co_await failure_of(dense.scatter_sub(too_big, three_rows));
+        CHECK(message_of(e) == "scatter_sub of 'dense': id 10 (position 2) is out of range [0, 10)");
+        // Rows that do not match the ids, a dense value of the wrong shape, ids of rank 2.
+        e = co_await failure_of(table.scatter_add(too_big, one_row));
+        CHECK(message_of(e) == "scatter_add of 'table': 3 ids need float32 rows of shape [3, 2], got float32 [1, 2]");
+        const xt::xarray<float> wrong_shape = xt::ones<float>({2, 10});
+        e = co_await failure_of(table.assign(wrong_shape));
+        CHECK(message_of(e) == "assign to 'table': the value is float32 [2, 10] but the variable is float32 [10, 2]");
+        const xt::xarray<std::int64_t> matrix{{1, 2}};
+        e = co_await failure_of(table.sparse_read(matrix));
+        CHECK(message_of(e) == "sparse_read: indices must be 1D Tensor for sparse operations. Received shape: [1, 2]");
+        CHECK((co_await table.read() == initial));
+        CHECK((co_await dense.read() == initial));
+      },
+      {}, {}, fixed_shards_partitioner{3});
+}
+
+TEST_CASE("an integer division by zero is refused before anything changes") {
+  local_cluster cluster(1, 1);
+  cluster.run_chief([](parameter_server_strategy& strategy, cluster_coordinator&) -> asio::awaitable<void> {
+    const xt::xarray<std::int32_t> initial{{8, 9}, {10, 11}, {-7, 3}};
+    auto v = co_await strategy.scope().create_variable("counts", initial);
+    const xt::xarray<std::int64_t> ids{0, 1};
+    const xt::xarray<std::int32_t> divisors{{2, 3}, {0, 1}};
+    auto e = co_await failure_of(v.scatter_div(ids, divisors));
+    CHECK(code_of(e) == errc::invalid_argument);
+    CHECK(contains(message_of(e), "integer division by zero"));
+    CHECK((co_await v.read() == initial));
+    const xt::xarray<std::int64_t> last{2};
+    const xt::xarray<std::int32_t> minus_one{{-1, 2}};
+    co_await v.scatter_div(last, minus_one);
+    const xt::xarray<std::int32_t> expected{{8, 9}, {10, 11}, {7, 1}};
+    CHECK((co_await v.read() == expected));
+  });
+}
+
+TEST_CASE("a partitioner's answer is clamped to the row count, 0 is refused, scalars never split") {
+  local_cluster cluster(2, 1);
+  cluster.run_chief(
+      [](parameter_server_strategy& strategy, cluster_coordinator&) -> asio::awaitable<void> {
+        auto scope = strategy.scope();
+        xt::xarray<double> three_rows = xt::zeros<double>({3, 1});
+        three_rows.fill(1.5);
+        auto clamped = co_await scope.create_sharded_variable("clamped", three_rows);
+        CHECK(clamped.num_shards() == 3);
+        const xt::xarray<double> scalar(4.0);
+        auto single = co_await scope.create_sharded_variable("scalar", scalar);
+        CHECK(single.num_shards() == 1);
+        CHECK(single.shards()[0].handle.name() == "scalar");
+        CHECK((co_await single.read())() == 4.0);
+        const xt::xarray<double> zero_rows = xt::zeros<double>({0, 4});
+        auto empty = co_await scope.create_sharded_variable("empty", zero_rows);
+        CHECK(empty.num_shards() == 1);
+        const auto empty_value = co_await empty.read();
+        CHECK(empty_value.shape() == zero_rows.shape());
+      },
+      {}, {}, [](std::span<const std::size_t> shape, dtype) -> std::size_t { return shape.size() == 1 ? 0 : 7; });
+
+  local_cluster refusing(1, 1);
+  refusing.run_chief(
+      [](parameter_server_strategy& strategy, cluster_coordinator&) -> asio::awaitable<void> {
+        const xt::xarray<float> v{1.0f, 2.0f};
+        auto e = co_await failure_of(strategy.scope().create_sharded_variable("v", v));
+        CHECK(code_of(e) == errc::invalid_argument);
+        CHECK(message_of(e) ==
+              "variable_partitioner must return a non-zero number of shards, got 0 for 'v' float32 [2]");
+      },
+      {}, {}, [](std::span<const std::size_t>, dtype) -> std::size_t { return 0; });
+}
+
+TEST_CASE("a sharded variable is a worker-function argument") {
+  local_cluster cluster(2, 2, bind_test_functions);
+  cluster.run_chief(
+      [](parameter_server_strategy& strategy, cluster_coordinator& coordinator) -> asio::awaitable<void> {
+        const xt::xarray<float> zeros = xt::zeros<float>({9, 4});
+        auto table = co_await strategy.scope().create_sharded_variable("table", zeros);
+        REQUIRE(table.num_shards() == 2);
+        std::vector<remote_value<double>> sums;
+        for (int i = 0; i < 6; ++i) sums.push_back(coordinator.schedule(bump_row, table, std::int64_t{7}));
+        co_await coordinator.join();
+        const auto value = co_await table.read();
+        CHECK(xt::sum(value)() == doctest::Approx(6 * 4));
+        CHECK(value(7, 3) == 6.0f);
+        CHECK(value(6, 0) == 0.0f);
+      },
+      {}, {}, fixed_shards_partitioner{2});
+}
+
+TEST_CASE("a layout that is not TF's div partition is refused") {
+  const variable_ref a{"t/part_0", dtype::float32, {2, 3}, 0};
+  const variable_ref b{"t/part_1", dtype::float32, {3, 3}, 1};
+  CHECK_THROWS_WITH_AS(sharded_variable<float>(sharded_variable_ref{"t", dtype::float32, {5, 3}, {a, b}}, nullptr),
+                       "the shards of 't' are not TF's \"div\" partition of 5 rows into 2 shards", error);
+  CHECK_THROWS_WITH_AS(sharded_variable<float>(sharded_variable_ref{"t", dtype::float32, {6, 3}, {b, a}}, nullptr),
+                       "the shards of 't' hold 5 rows but its shape [6, 3] has 6", error);
+  const variable_ref c{"t/part_1", dtype::float32, {2, 4}, 1};
+  CHECK_THROWS_AS(sharded_variable<float>(sharded_variable_ref{"t", dtype::float32, {4, 3}, {a, c}}, nullptr), error);
+  CHECK_THROWS_WITH_AS(sharded_variable<double>(sharded_variable_ref{"t", dtype::float32, {4, 3}, {a, a}}, nullptr),
+                       "expected a float64 variable, got 't' of float32", error);
+  CHECK_THROWS_AS(sharded_variable<float>(sharded_variable_ref{"t", dtype::float32, {}, {}}, nullptr), error);
+}
+
+TEST_CASE("initializers give the same values whatever the number of shards") {
+  const std::vector<initializer> inits{initializers::random_uniform{-1, 2, 5}, initializers::random_normal{1, 3, 5},
+                                       initializers::truncated_normal{0, 1, 5}, initializers::glorot_uniform{5},
+                                       initializers::constant{2.5}, initializers::ones{}};
+  std::vector<std::vector<xt::xarray<float>>> by_shards;
+  for (const std::size_t shards : {1, 2, 3, 5}) {
+    local_cluster cluster(3, 1);
+    auto& values = by_shards.emplace_back();
+    cluster.run_chief(
+        [&](parameter_server_strategy& strategy, cluster_coordinator&) -> asio::awaitable<void> {
+          for (std::size_t i = 0; i < inits.size(); ++i) {
+            // Named, not a braced list in the co_await expression: g++ 12 cannot compile that.
+            const shape_type shape{37, 4};
+            auto v = co_await strategy.scope().create_sharded_variable<float>("v" + std::to_string(i), shape, inits[i]);
+            CHECK(v.num_shards() == shards);
+            values.push_back(co_await v.read());
+          }
+        },
+        {}, {}, fixed_shards_partitioner{static_cast<std::int64_t>(shards)});
+  }
+  for (std::size_t s = 1; s < by_shards.size(); ++s) {
+    for (std::size_t i = 0; i < inits.size(); ++i) CHECK((by_shards[s][i] == by_shards[0][i]));
+  }
+  const auto& v = by_shards[0];
+  CHECK(xt::amin(v[0])() >= -1.0f);
+  CHECK(xt::amax(v[0])() < 2.0f);
+  CHECK(xt::amin(v[2])() >= -2.0f);
+  CHECK(xt::amax(v[2])() <= 2.0f);
+  const float glorot_limit = std::sqrt(6.0f / (37 + 4));
+  CHECK(xt::amax(xt::abs(v[3]))() <= glorot_limit);
+  CHECK(xt::amax(xt::abs(v[3]))() > glorot_limit * 0.8f);
+  CHECK((v[4] == xt::xarray<float>(2.5f * xt::ones<float>({37, 4}))));
+  CHECK((v[5] == xt::xarray<float>(xt::ones<float>({37, 4}))));
+  // Values are random, not a copy of one draw.
+  CHECK(std::set<float>(v[1].begin(), v[1].end()).size() == 37 * 4);
+}
+
+TEST_CASE("initializer statistics match their distributions; names and seeds give different values") {
+  local_cluster cluster(2, 1);
+  cluster.run_chief(
+      [](parameter_server_strategy& strategy, cluster_coordinator&) -> asio::awaitable<void> {
+        auto scope = strategy.scope();
+        const shape_type shape{20000, 5};
+        const shape_type three{3};
+        const shape_type long_vector{100000};
+        auto normal = co_await scope.create_sharded_variable<double>("normal", shape,
+                                                                     initializers::random_normal{1.0, 2.0, 11});
+        const auto n = co_await normal.read();
+        const double mean = xt::mean(n)();
+        const double stddev = std::sqrt(xt::mean(xt::square(n - mean))());
+        // 100,000 draws: the sample mean is within 0.03 (5 standard errors) and the deviation within 2%.
+        CHECK(std::abs(mean - 1.0) < 0.03);
+        CHECK(std::abs(stddev - 2.0) < 0.04);
+        auto uniform = co_await scope.create_variable<double>("uniform", long_vector, initializers::random_uniform{0, 1, 11});
+        const double uniform_mean = xt::mean(co_await uniform.read())();
+        CHECK(std::abs(uniform_mean - 0.5) < 0.005);
+        auto other_name = co_await scope.create_sharded_variable<double>("other", shape,
+                                                                         initializers::random_normal{1.0, 2.0, 11});
+        auto other_seed = co_await scope.create_sharded_variable<double>("normal2", shape,
+                                                                         initializers::random_normal{1.0, 2.0, 12});
+        CHECK((co_await other_name.read() != n));
+        CHECK((co_await other_seed.read() != n));
+        // Bad parameters are refused by the ps, which creates nothing.
+        auto e = co_await failure_of(scope.create_variable<double>("bad", three, initializers::random_uniform{2, 1}));
+        CHECK(code_of(e) == errc::invalid_argument);
+        CHECK(contains(message_of(e), "random_uniform initializer: minval 2 is above maxval 1"));
+        e = co_await failure_of(scope.create_variable<std::int32_t>("bad", three, initializers::random_normal{}));
+        CHECK(contains(message_of(e), "random_normal initializer needs a float32 or float64 variable, not int32"));
+        auto ok = co_await scope.create_variable<std::int32_t>("bad", three, initializers::constant{7});
+        const xt::xarray<std::int32_t> sevens{7, 7, 7};
+        CHECK((co_await ok.read() == sevens));
+      },
+      {}, {}, min_size_partitioner{64 << 10, 2});
+}
