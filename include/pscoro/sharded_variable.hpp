@@ -50,6 +50,16 @@ class sharded_variable : public detail::row_operations<sharded_variable<T>, T> {
     return out;
   }
 
+  /// The optimizer slot `slot` of `optimizer` ("adagrad", "accumulator"), sharded like this
+  /// variable; it exists on the ps once that optimizer has updated the variable (before: not_found).
+  sharded_variable slot(std::string_view optimizer, std::string_view slot) const {
+    sharded_variable_ref out = ref();
+    const std::string suffix = "/" + std::string(optimizer) + "/" + std::string(slot);
+    out.name += suffix;
+    for (auto& shard : out.shards) shard.name += suffix;
+    return sharded_variable(std::move(out), io_);
+  }
+
   /// Reads every shard concurrently into one array of shape().
   asio::awaitable<xt::xarray<T>> read() const { return ops::read(io_, layout_); }
 

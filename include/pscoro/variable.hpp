@@ -17,6 +17,7 @@
 
 #include <memory>
 #include <string>
+#include <string_view>
 
 namespace pscoro {
 
@@ -36,6 +37,14 @@ class variable : public detail::row_operations<variable<T>, T> {
   /// The index of the ps task that holds the variable.
   int ps_task() const noexcept { return ref_.ps_task; }
   const variable_ref& ref() const noexcept { return ref_; }
+
+  /// The optimizer slot `slot` of `optimizer` ("adagrad", "accumulator"), on this variable's ps;
+  /// it exists once that optimizer has updated the variable (before: not_found).
+  variable slot(std::string_view optimizer, std::string_view slot) const {
+    variable_ref out = ref_;
+    out.name += "/" + std::string(optimizer) + "/" + std::string(slot);
+    return variable(std::move(out), io_);
+  }
 
   /// Reads the current value.
   asio::awaitable<xt::xarray<T>> read() const { return read_as_xarray(io_, ref_); }
