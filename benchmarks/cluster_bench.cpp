@@ -5,13 +5,11 @@
 // trip and pscoro cross the same kernel path. Quote the ratios, not the absolute times: the
 // machine is shared and noisy.
 #include "local_cluster.hpp"
+#include "raw_limits.hpp"
 
 #include <pscoro/pscoro.hpp>
 
 #include <CLI/CLI.hpp>
-#include <asio/ip/tcp.hpp>
-#include <asio/read.hpp>
-#include <asio/write.hpp>
 
 #include <fmt/chrono.h>
 #include <fmt/format.h>
@@ -27,59 +25,17 @@
 
 namespace {
 
-using clock_type = std::chrono::steady_clock;
+using bench::clock_type;
+using bench::median;
+using bench::micros;
+using bench::percentiles;
+using bench::raw_round_trip;
+using bench::summarize;
 
 // Smaller than the default bound, so that the flood fills the queue early and the plateau shows.
 constexpr std::size_t flood_queue_bound = 65536;
-using micros = std::chrono::duration<double, std::micro>;
 
 const pscoro::worker_function<void()> noop{"bench.noop"};
-
-struct percentiles {
-  double p50;
-  double p99;
-};
-
-percentiles summarize(std::vector<double> samples) {
-  std::sort(samples.begin(), samples.end());
-  auto at = [&](double q) { return samples[std::min(samples.size() - 1, static_cast<std::size_t>(q * samples.size()))]; };
-  return {at(0.50), at(0.99)};
-}
-
-double median(std::vector<double> values) {
-  std::sort(values.begin(), values.end());
-  return values[values.size() / 2];
-}
-
-// Blocking ping-pong of `size` bytes between two threads over loopback TCP with TCP_NODELAY.
-percentiles raw_round_trip(std::size_t size, int iterations) {
-  asio::io_context io;
-  asio::ip::tcp::acceptor acceptor(io, {asio::ip::address_v4::loopback(), 0});
-  std::thread echo([&] {
-    asio::io_context echo_io;
-    asio::ip::tcp::socket s(echo_io);
-    acceptor.accept(s);
-    s.set_option(asio::ip::tcp::no_delay(true));
-    std::vector<char> buffer(size);
-    std::error_code ec;
-    while (asio::read(s, asio::buffer(buffer), ec), !ec) asio::write(s, asio::buffer(buffer), ec);
-  });
-  asio::ip::tcp::socket client(io);
-  client.connect(acceptor.local_endpoint());
-  client.set_option(asio::ip::tcp::no_delay(true));
-  std::vector<char> buffer(size, 'x');
-  std::vector<double> samples;
-  samples.reserve(iterations);
-  for (int i = -iterations / 10; i < iterations; ++i) {  // the first tenth warms up
-    const auto start = clock_type::now();
-    asio::write(client, asio::buffer(buffer));
-    asio::read(client, asio::buffer(buffer));
-    if (i >= 0) samples.push_back(micros(clock_type::now() - start).count());
-  }
-  client.close();
-  echo.join();
-  return summarize(std::move(samples));
-}
 
 struct closure_figures {
   percentiles latency;

@@ -62,6 +62,9 @@ class sharded_variable : public detail::row_operations<sharded_variable<T>, T> {
 
   /// Reads every shard concurrently into one array of shape().
   asio::awaitable<xt::xarray<T>> read() const { return ops::read(io_, layout_); }
+  /// Reads into `out` (resized to shape() if it has another shape), reusing its storage: a loop that
+  /// reads into the same array allocates nothing. `out` must live until the read completes.
+  asio::awaitable<void> read(xt::xarray<T>& out) const { return ops::read_to(io_, layout_, out); }
 
   /// Replaces the value; `value` must have shape() (checked before anything is sent).
   template <class E>

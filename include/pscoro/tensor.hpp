@@ -41,6 +41,15 @@ class byte_buffer {
   /// True when no other byte_buffer shares these bytes (an in-place update is then invisible).
   bool unique() const noexcept { return data_.use_count() <= 1; }
 
+  /// A buffer over `size` bytes at `data` that it does not own: the caller keeps them alive while
+  /// any copy of the result lives. Lets a receive land in memory the caller already has.
+  static byte_buffer borrow(std::byte* data, std::size_t size) {
+    byte_buffer out;
+    out.data_ = std::shared_ptr<std::byte[]>(data, [](std::byte*) {});
+    out.size_ = size;
+    return out;
+  }
+
   /// `size` bytes from `offset`, sharing (and keeping alive) this buffer's storage: no copy.
   byte_buffer slice(std::size_t offset, std::size_t size) const noexcept {
     byte_buffer out;

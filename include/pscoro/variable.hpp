@@ -46,8 +46,11 @@ class variable : public detail::row_operations<variable<T>, T> {
     return variable(std::move(out), io_);
   }
 
-  /// Reads the current value.
-  asio::awaitable<xt::xarray<T>> read() const { return read_as_xarray(io_, ref_); }
+  /// Reads the current value (received straight into the result's storage).
+  asio::awaitable<xt::xarray<T>> read() const { return detail::sharded_ops<T>::read(io_, row_layout()); }
+  /// Reads into `out` (resized to shape() if it has another shape), reusing its storage: a loop that
+  /// reads into the same array allocates nothing. `out` must live until the read completes.
+  asio::awaitable<void> read(xt::xarray<T>& out) const { return detail::sharded_ops<T>::read_to(io_, row_layout(), out); }
   /// Reads the current value as a tensor (no conversion).
   asio::awaitable<tensor> read_tensor() const { return read_as_tensor(io_, ref_); }
 
@@ -77,11 +80,7 @@ class variable : public detail::row_operations<variable<T>, T> {
     return *io;
   }
   static asio::awaitable<tensor> read_as_tensor(std::shared_ptr<detail::variable_io> io, variable_ref ref) {
-    co_return co_await bound(io, ref).read(std::move(ref));
-  }
-  static asio::awaitable<xt::xarray<T>> read_as_xarray(std::shared_ptr<detail::variable_io> io, variable_ref ref) {
-    const tensor t = co_await bound(io, ref).read(std::move(ref));
-    co_return to_xarray<T>(t);
+    co_return co_await bound(io, ref).read(std::move(ref), {});
   }
   static asio::awaitable<void> apply(std::shared_ptr<detail::variable_io> io, variable_ref ref, update_op op,
                                      tensor value) {

@@ -147,9 +147,10 @@ asio::awaitable<std::shared_ptr<wire::connection>> peer::get() {
   }
 }
 
-asio::awaitable<wire::frame> peer::call(wire::frame request) {
+asio::awaitable<wire::frame> peer::call(wire::frame request, std::vector<byte_buffer> receive_into) {
   auto connection = co_await get();
-  auto [ec, response] = co_await connection->async_call(std::move(request), as_tuple(use_awaitable));
+  auto [ec, response] =
+      co_await connection->async_call(std::move(request), std::move(receive_into), as_tuple(use_awaitable));
   if (ec) {
     throw error(errc::unavailable, fmt::format("connection to {} lost: {}", connection->peer(), connection->close_reason()));
   }

@@ -54,7 +54,7 @@ class peer {
 
   /// Sends `request` and returns the response; a lost connection throws errc::unavailable naming
   /// the task and the reason, an error status throws its remote_error.
-  asio::awaitable<wire::frame> call(wire::frame request);
+  asio::awaitable<wire::frame> call(wire::frame request, std::vector<byte_buffer> receive_into = {});
 
  private:
   asio::any_io_executor executor_;

@@ -90,8 +90,11 @@ asio::awaitable<void> ps_client::create(variable_ref variable, wire::Initializer
   co_await ps.call(std::move(request));
 }
 
-asio::awaitable<tensor> ps_client::read_tensor(peer& ps, wire::frame request, const variable_ref& variable) {
-  const auto response = co_await ps.call(std::move(request));
+asio::awaitable<tensor> ps_client::read_tensor(peer& ps, wire::frame request, const variable_ref& variable,
+                                               byte_buffer into) {
+  std::vector<byte_buffer> receive_into;
+  if (into.size()) receive_into.push_back(std::move(into));
+  const auto response = co_await ps.call(std::move(request), std::move(receive_into));
   const auto& result = response.message.response().result();
   if (!result.has_tensor()) {
     throw error(errc::protocol_error, fmt::format("{} answered a read of '{}' without a tensor", ps.task(), variable.name));
@@ -99,11 +102,11 @@ asio::awaitable<tensor> ps_client::read_tensor(peer& ps, wire::frame request, co
   co_return wire::get_tensor(response, result.tensor());
 }
 
-asio::awaitable<tensor> ps_client::read(variable_ref variable) {
+asio::awaitable<tensor> ps_client::read(variable_ref variable, byte_buffer into) {
   peer& ps = ps_of(variable);
   wire::frame request;
   encode_ref(*request.message.mutable_request()->mutable_read_variable()->mutable_variable(), variable);
-  co_return co_await read_tensor(ps, std::move(request), variable);
+  co_return co_await read_tensor(ps, std::move(request), variable, std::move(into));
 }
 
 asio::awaitable<tensor> ps_client::gather(variable_ref variable, tensor ids) {

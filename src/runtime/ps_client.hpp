@@ -24,7 +24,7 @@ class ps_client final : public detail::variable_io {
   /// Creates `variable` filled by its ps.
   asio::awaitable<void> create(variable_ref variable, wire::Initializer initializer);
 
-  asio::awaitable<tensor> read(variable_ref variable) override;
+  asio::awaitable<tensor> read(variable_ref variable, byte_buffer into) override;
   asio::awaitable<tensor> gather(variable_ref variable, tensor ids) override;
   asio::awaitable<void> update(variable_ref variable, update_op op, tensor value) override;
   asio::awaitable<void> scatter(variable_ref variable, update_op op, tensor ids, tensor rows) override;
@@ -33,7 +33,8 @@ class ps_client final : public detail::variable_io {
 
  private:
   peer& ps_of(const variable_ref& variable) const;
-  asio::awaitable<tensor> read_tensor(peer& ps, wire::frame request, const variable_ref& variable);
+  asio::awaitable<tensor> read_tensor(peer& ps, wire::frame request, const variable_ref& variable,
+                                      byte_buffer into = {});
   std::vector<std::shared_ptr<peer>> ps_;
 };
 

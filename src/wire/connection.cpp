@@ -22,9 +22,17 @@ void connection::start(request_handler on_request, close_handler on_close) {
 
 asio::awaitable<void> connection::read_loop(std::shared_ptr<connection> self) {
   std::string reason = "the peer closed the connection";
+  // A response's segments go where its caller asked, if it did (see async_call).
+  const segment_destination destination = [raw = self.get()](const fixed_header& header, std::size_t index,
+                                                              std::uint64_t) -> byte_buffer {
+    if (header.kind != frame_kind::response) return {};
+    auto it = raw->pending_.find(header.request_id);
+    if (it == raw->pending_.end() || index >= it->second.receive_into.size()) return {};
+    return it->second.receive_into[index];
+  };
   try {
     while (!self->closed_) {
-      auto f = co_await self->reader_.read(self->socket_);
+      auto f = co_await self->reader_.read(self->socket_, destination);
       if (!f) break;
       self->dispatch(std::move(*f));
     }
@@ -42,7 +50,7 @@ void connection::dispatch(frame f) {
         close(fmt::format("protocol error: response to request {} which is not pending", f.request_id));
         return;
       }
-      auto handler = std::move(it->second);
+      auto handler = std::move(it->second.handler);
       pending_.erase(it);
       handler(std::error_code{}, std::move(f));
       return;
@@ -129,7 +137,7 @@ void connection::close(const std::string& reason) {
   socket_.close(ignored);
   auto pending = std::move(pending_);
   pending_.clear();
-  for (auto& [id, handler] : pending) handler(make_error_code(errc::unavailable), frame{});
+  for (auto& [id, call] : pending) call.handler(make_error_code(errc::unavailable), frame{});
   if (auto on_close = std::move(on_close_)) on_close(reason);
   on_request_ = nullptr;  // breaks the cycle handler -> service -> connection
 }

@@ -48,11 +48,12 @@ class connection : public std::enable_shared_from_this<connection> {
   void send(frame f);
 
   /// Sends `request` and completes with its response: void(std::error_code, frame). The code is
-  /// errc::unavailable when the connection closes first (see close_reason()).
+  /// errc::unavailable when the connection closes first (see close_reason()). Segment i of the
+  /// response is read into `receive_into[i]` when that has its size (no copy after the read).
   template <class CompletionToken>
-  auto async_call(frame request, CompletionToken&& token) {
+  auto async_call(frame request, std::vector<byte_buffer> receive_into, CompletionToken&& token) {
     return asio::async_initiate<CompletionToken, void(std::error_code, frame)>(
-        [self = shared_from_this()](auto handler, frame request) {
+        [self = shared_from_this()](auto handler, frame request, std::vector<byte_buffer> receive_into) {
           detail::erased_handler<void(std::error_code, frame)> stored(std::move(handler), self->get_executor());
           if (self->closed_) {
             stored(make_error_code(errc::unavailable), frame{});
@@ -60,10 +61,14 @@ class connection : public std::enable_shared_from_this<connection> {
           }
           request.kind = frame_kind::request;
           request.request_id = self->next_request_id_++;
-          self->pending_.emplace(request.request_id, std::move(stored));
+          self->pending_.emplace(request.request_id, pending_call{std::move(stored), std::move(receive_into)});
           self->send(std::move(request));
         },
-        token, std::move(request));
+        token, std::move(request), std::move(receive_into));
+  }
+  template <class CompletionToken>
+  auto async_call(frame request, CompletionToken&& token) {
+    return async_call(std::move(request), {}, std::forward<CompletionToken>(token));
   }
 
   /// Closes the socket, fails pending calls, runs the close handler. Idempotent.
@@ -85,7 +90,11 @@ class connection : public std::enable_shared_from_this<connection> {
   bool closed_ = false;
   std::string close_reason_;
   std::uint64_t next_request_id_ = 1;
-  std::unordered_map<std::uint64_t, detail::erased_handler<void(std::error_code, frame)>> pending_;
+  struct pending_call {
+    detail::erased_handler<void(std::error_code, frame)> handler;
+    std::vector<byte_buffer> receive_into;
+  };
+  std::unordered_map<std::uint64_t, pending_call> pending_;
   std::deque<encoded_frame> write_queue_;
   std::size_t writing_ = 0;  // frames of write_queue_ in the write under way
   std::vector<asio::const_buffer> write_buffers_;

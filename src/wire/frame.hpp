@@ -13,6 +13,7 @@
 
 #include <array>
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <span>
 #include <string>
@@ -67,8 +68,14 @@ void put_tensor(frame& f, TensorRef& ref, const tensor& t);
 /// The tensor `ref` describes; throws errc::invalid_argument if it does not match its segment.
 tensor get_tensor(const frame& f, const TensorRef& ref);
 
+/// Where segment `index` (of `size` bytes) of the frame with `header` is read to: a buffer of exactly
+/// `size` bytes the reader should fill, or an empty one for a fresh buffer.
+using segment_destination =
+    std::function<byte_buffer(const fixed_header& header, std::size_t index, std::uint64_t size)>;
+
 /// Reads frames from a stream through a buffer; segments large enough are read straight into
-/// their own storage (no copy), small frames arrive in one read.
+/// their own storage, or into the destination the caller names (no copy), small frames arrive in
+/// one read.
 class frame_reader {
  public:
   explicit frame_reader(frame_limits limits) : limits_(limits), buffer_(64 * 1024) {}
@@ -76,7 +83,8 @@ class frame_reader {
   /// The next frame, or nullopt when the peer closed cleanly between frames. Throws
   /// errc::protocol_error for bad input (including a frame cut short) and std::system_error for
   /// socket errors.
-  asio::awaitable<std::optional<frame>> read(asio::ip::tcp::socket& socket);
+  asio::awaitable<std::optional<frame>> read(asio::ip::tcp::socket& socket,
+                                             const segment_destination& destination = {});
 
   const frame_limits& limits() const noexcept { return limits_; }
 

@@ -110,20 +110,29 @@ struct sharded_ops {
     return *io;
   }
 
+  // The shard's bytes are received straight into `out`; a copy is only needed if the transport
+  // could not use it.
   static asio::awaitable<void> read_into(variable_io& io, variable_ref shard, std::byte* out) {
-    const tensor t = co_await io.read(shard);
+    const std::size_t bytes = num_elements(shard.shape) * sizeof(T);
+    const tensor t = co_await io.read(shard, byte_buffer::borrow(out, bytes));
     check_reply(shard, t);
-    if (t.size_bytes()) std::memcpy(out, t.bytes().data(), t.size_bytes());
+    if (t.size_bytes() && t.bytes().data() != out) std::memcpy(out, t.bytes().data(), t.size_bytes());
   }
 
-  static asio::awaitable<xt::xarray<T>> read(io_ptr io, layout_ptr layout) {
+  static asio::awaitable<void> read_to(io_ptr io, layout_ptr layout, xt::xarray<T>& out) {
     auto& channel = bound(io, *layout);
-    xt::xarray<T> out(layout->ref.shape);
+    const auto& shape = layout->ref.shape;
+    if (!std::equal(out.shape().begin(), out.shape().end(), shape.begin(), shape.end())) out.resize(shape);
     auto* bytes = reinterpret_cast<std::byte*>(out.data());
     const std::size_t row_bytes = layout->row_elements() * sizeof(T);
     co_await run_all(layout->num_shards(), [&](std::size_t i) {
       return read_into(channel, layout->ref.shards[i], bytes + layout->offsets[i] * row_bytes);
     });
+  }
+
+  static asio::awaitable<xt::xarray<T>> read(io_ptr io, layout_ptr layout) {
+    xt::xarray<T> out(layout->ref.shape);
+    co_await read_to(std::move(io), std::move(layout), out);
     co_return out;
   }
 

@@ -20,8 +20,9 @@ namespace detail {
 class variable_io {
  public:
   virtual ~variable_io() = default;
-  /// The whole variable.
-  virtual asio::awaitable<tensor> read(variable_ref variable) = 0;
+  /// The whole variable, received straight into `into` when that has the variable's size (then the
+  /// result shares it); else into a buffer of its own.
+  virtual asio::awaitable<tensor> read(variable_ref variable, byte_buffer into) = 0;
   /// The rows `ids` (a 1-D int64 tensor) in that order, duplicates allowed.
   virtual asio::awaitable<tensor> gather(variable_ref variable, tensor ids) = 0;
   /// `value` has the variable's shape.

@@ -1,0 +1,94 @@
+// The machine's own limits, measured in the same run as what is compared with them: loopback TCP
+// round trips, a loopback "pull" of a large buffer, memcpy. Benchmarks print ratios to these.
+#pragma once
+
+#include <asio/io_context.hpp>
+#include <asio/ip/tcp.hpp>
+#include <asio/read.hpp>
+#include <asio/write.hpp>
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <thread>
+#include <vector>
+
+namespace bench {
+
+using clock_type = std::chrono::steady_clock;
+using micros = std::chrono::duration<double, std::micro>;
+
+struct percentiles {
+  double p50;
+  double p99;
+};
+
+inline percentiles summarize(std::vector<double> samples) {
+  std::sort(samples.begin(), samples.end());
+  auto at = [&](double q) { return samples[std::min(samples.size() - 1, static_cast<std::size_t>(q * samples.size()))]; };
+  return {at(0.50), at(0.99)};
+}
+
+inline double median(std::vector<double> values) {
+  std::sort(values.begin(), values.end());
+  return values[values.size() / 2];
+}
+
+/// Blocking exchange over loopback TCP (TCP_NODELAY) between two threads: the client sends
+/// `request` bytes, the server answers `response` bytes; returns the times of `iterations` exchanges
+/// in microseconds (after a tenth as many to warm up). Ping-pong: request == response.
+inline std::vector<double> raw_exchanges(std::size_t request, std::size_t response, int iterations) {
+  asio::io_context io;
+  asio::ip::tcp::acceptor acceptor(io, {asio::ip::address_v4::loopback(), 0});
+  std::thread server([&] {
+    asio::io_context server_io;
+    asio::ip::tcp::socket s(server_io);
+    acceptor.accept(s);
+    s.set_option(asio::ip::tcp::no_delay(true));
+    std::vector<char> in(request), out(response, 'y');
+    std::error_code ec;
+    while (asio::read(s, asio::buffer(in), ec), !ec) asio::write(s, asio::buffer(out), ec);
+  });
+  asio::ip::tcp::socket client(io);
+  client.connect(acceptor.local_endpoint());
+  client.set_option(asio::ip::tcp::no_delay(true));
+  std::vector<char> out(request, 'x'), in(response);
+  std::vector<double> samples;
+  samples.reserve(static_cast<std::size_t>(iterations));
+  for (int i = -std::max(1, iterations / 10); i < iterations; ++i) {
+    const auto start = clock_type::now();
+    asio::write(client, asio::buffer(out));
+    asio::read(client, asio::buffer(in));
+    if (i >= 0) samples.push_back(micros(clock_type::now() - start).count());
+  }
+  client.close();
+  server.join();
+  return samples;
+}
+
+/// Round trip percentiles of a `size`-byte ping-pong.
+inline percentiles raw_round_trip(std::size_t size, int iterations) {
+  return summarize(raw_exchanges(size, size, iterations));
+}
+
+/// Loopback bandwidth (bytes/s, median) of pulling `bytes` with a 64-byte request: the raw form of
+/// reading a variable.
+inline double raw_pull_bandwidth(std::size_t bytes, int iterations) {
+  const auto samples = raw_exchanges(64, bytes, iterations);
+  return static_cast<double>(bytes) / (median(samples) * 1e-6);
+}
+
+/// memcpy bandwidth (bytes/s, median) for `bytes`-byte buffers.
+inline double memcpy_bandwidth(std::size_t bytes, int iterations) {
+  std::vector<char> a(bytes, 'a'), b(bytes, 'b');
+  std::vector<double> samples;
+  for (int i = -1; i < iterations; ++i) {
+    const auto start = clock_type::now();
+    std::memcpy(b.data(), a.data(), bytes);
+    asm volatile("" : : "r"(b.data()) : "memory");  // keep the copy
+    if (i >= 0) samples.push_back(micros(clock_type::now() - start).count());
+  }
+  return static_cast<double>(bytes) / (median(samples) * 1e-6);
+}
+
+}  // namespace bench
