@@ -2,7 +2,8 @@
 
 #include <fmt/format.h>
 
-#include <unordered_map>
+#include "runtime/id_map.hpp"
+#include "runtime/rows.hpp"
 
 namespace pscoro::detail {
 
@@ -138,9 +139,12 @@ std::vector<shard_rows> split_by_shard(const sharded_layout& layout, std::span<c
       shape[0] = local[s].size();
       part.rows = tensor::uninitialized(rows->type(), std::move(shape));
       std::byte* to = part.rows.bytes().data();
-      for (std::size_t j = 0; j < positions[s].size(); ++j) {
-        std::memcpy(to + j * row_bytes, rows->bytes().data() + positions[s][j] * row_bytes, row_bytes);
-      }
+      const std::byte* from = rows->bytes().data();
+      runtime::with_row_size(row_bytes, [&](auto size) {
+        for (std::size_t j = 0; j < positions[s].size(); ++j) {
+          std::memcpy(to + j * size, from + positions[s][j] * size, size);
+        }
+      });
     }
     out.push_back(std::move(part));
   }
@@ -156,13 +160,16 @@ std::vector<shard_rows> plan_lookup(const sharded_layout& layout, std::span<cons
   std::vector<std::vector<std::int64_t>> local(shards);
   std::vector<std::vector<std::pair<std::size_t, std::size_t>>> places(shards);
   // Each (shard, row) is asked for once: skewed ids (the usual case for embeddings) travel once.
-  std::unordered_map<std::int64_t, std::size_t> asked;
-  asked.reserve(ids.size());
+  runtime::id_map asked(ids.size());
+  std::vector<std::size_t> reply_row;  // by first-seen index: the row of its shard's reply
   for (std::size_t k = 0; k < ids.size(); ++k) {
     const auto where = div_locate(static_cast<std::size_t>(ids[k]), total, shards);
-    auto [it, fresh] = asked.try_emplace(ids[k], local[where.shard].size());
-    if (fresh) local[where.shard].push_back(static_cast<std::int64_t>(where.row));
-    places[where.shard].emplace_back(k, it->second);
+    const std::size_t index = asked.index_of(ids[k]);
+    if (index == reply_row.size()) {
+      reply_row.push_back(local[where.shard].size());
+      local[where.shard].push_back(static_cast<std::int64_t>(where.row));
+    }
+    places[where.shard].emplace_back(k, reply_row[index]);
   }
   std::vector<shard_rows> out;
   for (std::size_t s = 0; s < shards; ++s) {
@@ -179,7 +186,9 @@ void place_rows(std::byte* out, const tensor& reply, const shard_rows& plan, std
                                                   name_of(reply.type()), to_string(reply.shape())));
   }
   const std::byte* from = reply.bytes().data();
-  for (const auto& [position, row] : plan.places) std::memcpy(out + position * row_bytes, from + row * row_bytes, row_bytes);
+  runtime::with_row_size(row_bytes, [&](auto size) {
+    for (const auto& [position, row] : plan.places) std::memcpy(out + position * size, from + row * size, size);
+  });
 }
 
 }  // namespace pscoro::detail

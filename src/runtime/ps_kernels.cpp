@@ -1,5 +1,7 @@
 #include "runtime/ps_kernels.hpp"
 
+#include "runtime/id_map.hpp"
+
 #include <pscoro/error.hpp>
 
 #include <fmt/format.h>
@@ -413,24 +415,27 @@ void apply_sparse(const wire::Optimizer& opt, dtype type, std::byte* variable, s
     using T = decltype(zero);
     if constexpr (std::is_floating_point_v<T>) {
       const T* g = reinterpret_cast<const T*>(rows);
-      // Duplicates are summed first (TF's _deduplicate_indexed_slices): one step per distinct row.
-      std::vector<std::uint32_t> order(ids.size());
-      std::iota(order.begin(), order.end(), 0u);
-      std::stable_sort(order.begin(), order.end(), [&](auto a, auto b) { return ids[a] < ids[b]; });
-      std::vector<T> summed(row_elements);
+      // Duplicates are summed first, in input order (TF's _deduplicate_indexed_slices): one step per
+      // distinct row.
+      id_map rows_seen(ids.size());
+      std::vector<std::int64_t> distinct;
+      std::vector<T> summed;
+      for (std::size_t k = 0; k < ids.size(); ++k) {
+        const std::size_t index = rows_seen.index_of(ids[k]);
+        const T* from = g + k * row_elements;
+        if (index == distinct.size()) {
+          distinct.push_back(ids[k]);
+          summed.insert(summed.end(), from, from + row_elements);
+        } else {
+          T* into = summed.data() + index * row_elements;
+          for (std::size_t i = 0; i < row_elements; ++i) into[i] += from[i];
+        }
+      }
       const auto typed_slots = typed<T>(slots);
       const step_math<T> math(opt, step);
-      for (std::size_t k = 0; k < order.size();) {
-        const std::int64_t id = ids[order[k]];
-        std::copy_n(g + order[k] * row_elements, row_elements, summed.begin());
-        std::size_t next = k + 1;
-        for (; next < order.size() && ids[order[next]] == id; ++next) {
-          const T* more = g + order[next] * row_elements;
-          for (std::size_t i = 0; i < row_elements; ++i) summed[i] += more[i];
-        }
-        math(reinterpret_cast<T*>(variable), typed_slots.data(), static_cast<std::size_t>(id) * row_elements,
-             summed.data(), row_elements);
-        k = next;
+      for (std::size_t u = 0; u < distinct.size(); ++u) {
+        math(reinterpret_cast<T*>(variable), typed_slots.data(), static_cast<std::size_t>(distinct[u]) * row_elements,
+             summed.data() + u * row_elements, row_elements);
       }
     } else {
       invalid(fmt::format("{} updates float32 or float64 variables, not {}", optimizer_name(opt), name_of(type)));

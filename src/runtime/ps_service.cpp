@@ -1,6 +1,7 @@
 #include "runtime/ps_service.hpp"
 
 #include "runtime/ps_kernels.hpp"
+#include "runtime/rows.hpp"
 #include "runtime/values.hpp"
 #include "wire/connection.hpp"
 
@@ -141,9 +142,11 @@ void ps_service::read(const wire::frame& request, const wire::ReadVariable& read
   const auto ids = row_ids(indices, stored, "sparse_read", read.variable().name());
   tensor rows = tensor::uninitialized(stored.type, rows_shape(ids.size(), stored.shape));
   const std::size_t row_bytes = row_elements(stored.shape) * size_of(stored.type);
-  for (std::size_t k = 0; k < ids.size(); ++k) {
-    std::memcpy(rows.bytes().data() + k * row_bytes, stored.bytes.data() + ids[k] * row_bytes, row_bytes);
-  }
+  std::byte* to = rows.bytes().data();
+  const std::byte* from = stored.bytes.data();
+  with_row_size(row_bytes, [&](auto size) {
+    for (std::size_t k = 0; k < ids.size(); ++k) std::memcpy(to + k * size, from + ids[k] * size, size);
+  });
   wire::put_tensor(response, out, rows);
 }
 
