@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # The one entry point of the README's quick start:
 #   scripts/run.sh example    install what is missing, build, run the Fashion-MNIST cluster
+#   scripts/run.sh example ctr   the same for the CTR example (sharded embedding tables)
 #   scripts/run.sh test       install what is missing, build, run the whole test suite
 #   scripts/run.sh sanitize   the test suite under AddressSanitizer + UndefinedBehaviorSanitizer
-#   scripts/run.sh bench      the cluster benchmark (prints a table of ratios)
+#   scripts/run.sh bench      the cluster and variable benchmarks (print tables of ratios)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -49,8 +50,10 @@ case "${1:-}" in
   example)
     install_missing
     configure build
-    meson compile -C build pscoro-launch fashion_mnist
-    exec build/tools/pscoro-launch --ps 2 --workers 2 -- build/examples/fashion_mnist "${@:2}"
+    example=fashion_mnist
+    if [ "${2:-}" = ctr ] || [ "${2:-}" = fashion_mnist ]; then example=$2; shift; fi
+    meson compile -C build pscoro-launch "$example"
+    exec build/tools/pscoro-launch --ps 2 --workers 2 -- "build/examples/$example" "${@:2}"
     ;;
   test)
     install_missing
@@ -67,11 +70,12 @@ case "${1:-}" in
   bench)
     install_missing
     configure build-release -Dbuildtype=release -Dtests=false
-    meson compile -C build-release cluster_bench
-    exec build-release/benchmarks/cluster_bench "${@:2}"
+    meson compile -C build-release cluster_bench variable_bench
+    build-release/benchmarks/cluster_bench
+    build-release/benchmarks/variable_bench
     ;;
   *)
-    echo "usage: scripts/run.sh example|test|sanitize|bench" >&2
+    echo "usage: scripts/run.sh example [fashion_mnist|ctr] | test | sanitize | bench" >&2
     exit 2
     ;;
 esac
