@@ -32,7 +32,7 @@ asio::awaitable<void> connection::read_loop(std::shared_ptr<connection> self) {
   };
   try {
     while (!self->closed_) {
-      auto f = co_await self->reader_.read(self->socket_, destination);
+      auto f = co_await self->reader_.read(self->socket_, &destination);
       if (!f) break;
       self->dispatch(std::move(*f));
     }

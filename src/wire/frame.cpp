@@ -193,7 +193,7 @@ asio::awaitable<bool> frame_reader::fill(asio::ip::tcp::socket& socket, std::siz
 }
 
 asio::awaitable<std::optional<frame>> frame_reader::read(asio::ip::tcp::socket& socket,
-                                                        const segment_destination& destination) {
+                                                        const segment_destination* destination) {
   if (!co_await fill(socket, fixed_header_size, 0)) co_return std::nullopt;
   const auto header = parse_fixed_header(
       std::span<const std::byte, fixed_header_size>(buffer_.data() + begin_, fixed_header_size), limits_);
@@ -213,7 +213,7 @@ asio::awaitable<std::optional<frame>> frame_reader::read(asio::ip::tcp::socket& 
   std::vector<asio::mutable_buffer> rest;
   std::size_t offset = fixed_header_size + header.header_bytes;
   for (const auto size : f.message.segment_sizes()) {
-    byte_buffer segment = destination ? destination(header, f.segments.size(), size) : byte_buffer{};
+    byte_buffer segment = destination ? (*destination)(header, f.segments.size(), size) : byte_buffer{};
     if (segment.size() != size) segment = byte_buffer(size);
     const std::size_t have = std::min<std::size_t>(size, buffered());
     if (have) std::memcpy(segment.data(), buffer_.data() + begin_, have);

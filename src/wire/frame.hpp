@@ -83,8 +83,9 @@ class frame_reader {
   /// The next frame, or nullopt when the peer closed cleanly between frames. Throws
   /// errc::protocol_error for bad input (including a frame cut short) and std::system_error for
   /// socket errors.
+  /// `destination` (may be null) must outlive the read.
   asio::awaitable<std::optional<frame>> read(asio::ip::tcp::socket& socket,
-                                             const segment_destination& destination = {});
+                                             const segment_destination* destination = nullptr);
 
   const frame_limits& limits() const noexcept { return limits_; }
 
