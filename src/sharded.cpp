@@ -113,14 +113,21 @@ std::vector<tensor> split_dense(const sharded_layout& layout, const tensor& valu
   return parts;
 }
 
-std::vector<shard_rows> split_by_shard(const sharded_layout& layout, std::span<const std::int64_t> ids,
-                                       const tensor* rows, std::string_view operation) {
+std::vector<shard_rows> split_by_shard(const sharded_layout& layout, const id_list& list, row_source source,
+                                       std::string_view operation) {
+  check_one_dimensional(list, operation);
+  const std::span<const std::int64_t> ids(list.ids);
+  const tensor& rows = source.rows;
+  check_rows(layout, ids.size(), rows, operation);
   const std::size_t total = layout.rows();
   const std::size_t shards = layout.num_shards();
   for (std::size_t k = 0; k < ids.size(); ++k) check_id(ids[k], k, total, layout, operation);
+  const std::size_t row_bytes = layout.row_elements() * size_of(layout.ref.type);
   if (shards == 1) {
-    // One shard: the ids and rows go as they are.
-    return {shard_rows{0, ids_tensor({ids.begin(), ids.end()}), rows ? *rows : tensor{}, {}}};
+    // One shard: the ids and rows go as they are, rows copied only if they are the caller's.
+    tensor own = source.owned ? rows : tensor::uninitialized(rows.type(), rows.shape());
+    if (!source.owned && rows.size_bytes()) std::memcpy(own.bytes().data(), rows.bytes().data(), rows.size_bytes());
+    return {shard_rows{0, ids_tensor(list.ids), std::move(own), {}}};
   }
   std::vector<std::vector<std::int64_t>> local(shards);
   std::vector<std::vector<std::size_t>> positions(shards);
@@ -129,23 +136,18 @@ std::vector<shard_rows> split_by_shard(const sharded_layout& layout, std::span<c
     local[where.shard].push_back(static_cast<std::int64_t>(where.row));
     positions[where.shard].push_back(k);
   }
-  const std::size_t row_bytes = layout.row_elements() * size_of(layout.ref.type);
   std::vector<shard_rows> out;
   for (std::size_t s = 0; s < shards; ++s) {
     if (local[s].empty()) continue;
     shard_rows part{s, ids_tensor(local[s]), {}, {}};
-    if (rows) {
-      shape_type shape = rows->shape();
-      shape[0] = local[s].size();
-      part.rows = tensor::uninitialized(rows->type(), std::move(shape));
-      std::byte* to = part.rows.bytes().data();
-      const std::byte* from = rows->bytes().data();
-      runtime::with_row_size(row_bytes, [&](auto size) {
-        for (std::size_t j = 0; j < positions[s].size(); ++j) {
-          std::memcpy(to + j * size, from + positions[s][j] * size, size);
-        }
-      });
-    }
+    shape_type shape = rows.shape();
+    shape[0] = local[s].size();
+    part.rows = tensor::uninitialized(rows.type(), std::move(shape));
+    std::byte* to = part.rows.bytes().data();
+    const std::byte* from = rows.bytes().data();
+    runtime::with_row_size(row_bytes, [&](auto size) {
+      for (std::size_t j = 0; j < positions[s].size(); ++j) std::memcpy(to + j * size, from + positions[s][j] * size, size);
+    });
     out.push_back(std::move(part));
   }
   return out;

@@ -75,12 +75,35 @@ struct shard_rows {
   std::vector<std::pair<std::size_t, std::size_t>> places;  // lookups: (output row, row of the reply)
 };
 
-/// Splits `ids` by shard, keeping their order within each shard; `rows` (one per id, may be empty)
-/// is split alongside. Every id is range-checked first (errc::invalid_argument naming the id, its
-/// position and the row count), so a bad id sends nothing. `operation` and the variable name go
-/// into messages.
-std::vector<shard_rows> split_by_shard(const sharded_layout& layout, std::span<const std::int64_t> ids,
-                                       const tensor* rows, std::string_view operation);
+/// Rows as the caller gave them: a view of their storage when they are a row-major container (then
+/// `owned` is false and the view is only valid during the call), else a copy.
+struct row_source {
+  tensor rows;
+  bool owned;
+};
+
+template <class E>
+row_source rows_of(const xt::xexpression<E>& e) {
+  using value_type = typename E::value_type;
+  if constexpr (std::is_base_of_v<xt::xcontainer<E>, E> && E::static_layout == xt::layout_type::row_major &&
+                is_element_type_v<value_type>) {
+    const auto& c = e.derived_cast();
+    auto* data = reinterpret_cast<std::byte*>(const_cast<value_type*>(c.data()));
+    return {tensor(dtype_of<value_type>, shape_type(c.shape().begin(), c.shape().end()),
+                   byte_buffer::borrow(data, c.size() * sizeof(value_type))),
+            false};
+  } else {
+    return {to_tensor(e), true};
+  }
+}
+
+/// Checks a row operation (1-D ids in range, rows of shape [n] + the row shape and the variable's
+/// dtype) and splits ids and rows by shard, keeping their order within each shard. Rows are copied
+/// once into per-shard buffers (not at all for one shard when `rows.owned`), so the result never
+/// refers to the caller's storage. Throws errc::invalid_argument naming the operation, the
+/// variable, and the bad id with its position and the row count: a bad id sends nothing.
+std::vector<shard_rows> split_by_shard(const sharded_layout& layout, const id_list& ids, row_source rows,
+                                       std::string_view operation);
 /// The same for a lookup: each shard is asked for each of its rows once (duplicates are answered
 /// from one reply row), with `places` saying where reply rows go.
 std::vector<shard_rows> plan_lookup(const sharded_layout& layout, std::span<const std::int64_t> ids,
@@ -164,12 +187,14 @@ struct sharded_ops {
     co_return out;
   }
 
-  static asio::awaitable<void> scatter(io_ptr io, layout_ptr layout, update_op op, id_list ids, tensor rows,
-                                       const char* operation) {
+  /// An awaitable that fails with `e` where it is awaited (for checks done at call time).
+  static asio::awaitable<void> failed(std::exception_ptr e) {
+    std::rethrow_exception(e);
+    co_return;
+  }
+
+  static asio::awaitable<void> scatter(io_ptr io, layout_ptr layout, update_op op, std::vector<shard_rows> parts) {
     auto& channel = bound(io, *layout);
-    check_one_dimensional(ids, operation);
-    check_rows(*layout, ids.ids.size(), rows, operation);
-    const auto parts = split_by_shard(*layout, ids.ids, &rows, operation);
     co_await run_all(parts.size(), [&](std::size_t i) {
       return channel.scatter(layout->ref.shards[parts[i].shard], op, parts[i].ids, parts[i].rows);
     });
@@ -183,11 +208,9 @@ struct sharded_ops {
     });
   }
 
-  static asio::awaitable<void> apply_sparse(io_ptr io, layout_ptr layout, optimizer opt, id_list ids, tensor rows) {
+  static asio::awaitable<void> apply_sparse(io_ptr io, layout_ptr layout, optimizer opt,
+                                            std::vector<shard_rows> parts) {
     auto& channel = bound(io, *layout);
-    check_one_dimensional(ids, "apply_sparse_gradient");
-    check_rows(*layout, ids.ids.size(), rows, "apply_sparse_gradient");
-    const auto parts = split_by_shard(*layout, ids.ids, &rows, "apply_sparse_gradient");
     co_await run_all(parts.size(), [&](std::size_t i) {
       return channel.apply_gradient(layout->ref.shards[parts[i].shard], opt, parts[i].rows, parts[i].ids);
     });
@@ -255,7 +278,15 @@ class row_operations {
     requires std::is_floating_point_v<T>
   asio::awaitable<void> apply_sparse_gradient(const optimizer& opt, const xt::xexpression<I>& ids,
                                               const xt::xexpression<R>& rows) const {
-    return ops::apply_sparse(io(), layout(), opt, to_id_list(ids), to_tensor(rows));
+    const auto where = layout();
+    std::vector<shard_rows> parts;
+    try {
+      // Split now, while the caller's rows certainly exist; failures surface where awaited.
+      parts = split_by_shard(*where, to_id_list(ids), rows_of(rows), "apply_sparse_gradient");
+    } catch (...) {
+      return ops::failed(std::current_exception());
+    }
+    return ops::apply_sparse(io(), where, opt, std::move(parts));
   }
 
  private:
@@ -266,7 +297,15 @@ class row_operations {
   template <class I, class R>
   asio::awaitable<void> scatter(update_op op, const xt::xexpression<I>& ids, const xt::xexpression<R>& rows,
                                 const char* operation) const {
-    return ops::scatter(io(), layout(), op, to_id_list(ids), to_tensor(rows), operation);
+    const auto where = layout();
+    std::vector<shard_rows> parts;
+    try {
+      // Split now, while the caller's rows certainly exist; failures surface where awaited.
+      parts = split_by_shard(*where, to_id_list(ids), rows_of(rows), operation);
+    } catch (...) {
+      return ops::failed(std::current_exception());
+    }
+    return ops::scatter(io(), where, op, std::move(parts));
   }
 };
 
