@@ -13,10 +13,10 @@
 
 #include <cstdint>
 #include <cstring>
-#include <span>
 #include <limits>
 #include <memory>
 #include <optional>
+#include <span>
 #include <string>
 #include <utility>
 #include <vector>
@@ -66,8 +66,8 @@ id_list to_id_list(const xt::xexpression<E>& ids) {
   return out;
 }
 
-/// Per-shard requests of a row operation. `local_ids` as an int64 tensor per shard (empty shards
-/// get no request); `rows` (if any) split to match.
+/// One shard's part of a row operation: its local row ids as an int64 tensor (shards with no ids get
+/// no request) and, for scatters and sparse gradients, the matching rows.
 struct shard_rows {
   std::size_t shard;
   tensor ids;
