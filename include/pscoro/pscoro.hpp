@@ -3,6 +3,8 @@
 
 #include <pscoro/cluster_spec.hpp>
 #include <pscoro/coordinator.hpp>
+#include <pscoro/data_formats.hpp>
+#include <pscoro/dataset.hpp>
 #include <pscoro/dtype.hpp>
 #include <pscoro/error.hpp>
 #include <pscoro/initializers.hpp>

@@ -1,0 +1,125 @@
+// Datasets read from files in the formats training data is actually in: text lines, CSV,
+// libsvm/svmlight, Criteo TSV and IDX (MNIST, Fashion-MNIST; gzipped or not).
+//
+//   auto rows = pscoro::csv<float>({"train.csv"}, {.header = true});         // xt::xarray<float> per row
+//   auto clicks = pscoro::criteo_tsv({"day_0.tsv"});                        // criteo_example per line
+//   auto images = pscoro::idx<float>("/usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz");
+//
+// Files are read in the order given, streaming (nothing reads a whole file into memory except
+// IDX headers). Bad data is a pscoro::error naming the file and the line (text formats) or byte
+// offset (binary formats): errc::not_found for a missing file, errc::data_loss for a corrupt or
+// truncated binary file, errc::invalid_argument for an unparsable field. Never a silently wrong
+// element.
+#pragma once
+
+#include <pscoro/dataset.hpp>
+
+#include <array>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace pscoro {
+
+/// The lines of `paths`, file after file, without their line ends ("\n" or "\r\n").
+dataset<std::string> text_lines(std::vector<std::string> paths);
+
+struct csv_options {
+  char delimiter = ',';
+  bool header = false;                ///< skip each file's first line
+  std::optional<double> empty_value{};  ///< the value of an empty field; none: an empty field is an error
+};
+
+namespace detail {
+/// The fields of CSV rows (RFC 4180 quoting), with where they came from.
+struct csv_row {
+  std::vector<std::string> fields;
+  const std::string* file;
+  std::uint64_t line;
+};
+dataset<csv_row> csv_rows(std::vector<std::string> paths, csv_options options);
+/// Parses `field` (column `column` of `row`) as a number; throws errc::invalid_argument naming the
+/// file, line and column.
+double csv_number(const csv_row& row, std::size_t column, const csv_options& options);
+}  // namespace detail
+
+/// Rows of numeric CSV files as 1-D arrays of T. Every row must have as many columns as the first.
+template <class T>
+dataset<xt::xarray<T>> csv(std::vector<std::string> paths, csv_options options = {}) {
+  return detail::csv_rows(std::move(paths), options).map([options](const detail::csv_row& row) {
+    xt::xarray<T> out = xt::xarray<T>::from_shape({row.fields.size()});
+    for (std::size_t i = 0; i < row.fields.size(); ++i) out(i) = static_cast<T>(detail::csv_number(row, i, options));
+    return out;
+  });
+}
+
+/// One line of a libsvm / svmlight file: "label index:value ..." (a "qid:n" token and a "# comment"
+/// are allowed and ignored). Indices are kept as written and must increase along the line.
+struct libsvm_example {
+  double label = 0;
+  std::vector<std::int64_t> indices;
+  std::vector<float> values;
+};
+dataset<libsvm_example> libsvm(std::vector<std::string> paths);
+
+/// One line of Criteo's click logs: label, 13 integer features, 26 categorical features (8 hex
+/// digits), tab-separated; an empty field is missing.
+struct criteo_example {
+  static constexpr std::size_t integer_features = 13;
+  static constexpr std::size_t categorical_features = 26;
+  float label = 0;
+  std::array<std::optional<std::int64_t>, integer_features> integers;
+  std::array<std::optional<std::uint32_t>, categorical_features> categories;
+};
+dataset<criteo_example> criteo_tsv(std::vector<std::string> paths);
+/// Parses one Criteo TSV line; throws errc::invalid_argument naming the field (1-based) and why.
+criteo_example parse_criteo_line(std::string_view line);
+
+namespace detail {
+/// An IDX file's rows, streamed: element type code (0x08 ubyte ... 0x0E double), dimensions, and the
+/// raw big-endian bytes of one row (a slice along axis 0) at a time.
+class idx_reader {
+ public:
+  explicit idx_reader(std::string path);
+  ~idx_reader();
+  idx_reader(const idx_reader&) = delete;
+  idx_reader& operator=(const idx_reader&) = delete;
+
+  std::uint8_t type_code() const noexcept { return type_; }
+  const std::vector<std::size_t>& shape() const noexcept { return shape_; }
+  /// Reads the next row into `out` (resized); false after the last row.
+  bool read_row(std::vector<std::byte>& out);
+  /// Element `i` of a row read by read_row, converted to double.
+  double element(const std::vector<std::byte>& row, std::size_t i) const noexcept;
+
+ private:
+  std::string path_;
+  void* file_ = nullptr;  // gzFile
+  std::uint8_t type_ = 0;
+  std::vector<std::size_t> shape_;
+  std::size_t row_bytes_ = 0;
+  std::size_t rows_read_ = 0;
+  std::uint64_t offset_ = 0;
+};
+}  // namespace detail
+
+/// The rows (slices along axis 0) of the IDX file `path`, gzipped or not, converted to T: for
+/// Fashion-MNIST's images, 28x28 arrays; for its labels, scalars (0-d arrays).
+template <class T>
+dataset<xt::xarray<T>> idx(std::string path) {
+  return dataset<xt::xarray<T>>([path]() {
+    return detail::make_source<xt::xarray<T>>(
+        [path, reader = std::shared_ptr<detail::idx_reader>(),
+         row = std::vector<std::byte>()]() mutable -> std::optional<xt::xarray<T>> {
+          if (!reader) reader = std::make_shared<detail::idx_reader>(path);  // opened by the first next()
+          if (!reader->read_row(row)) return std::nullopt;
+          const std::vector<std::size_t> shape(reader->shape().begin() + 1, reader->shape().end());
+          xt::xarray<T> out = xt::xarray<T>::from_shape(shape);
+          for (std::size_t i = 0; i < out.size(); ++i) out.data()[i] = static_cast<T>(reader->element(row, i));
+          return out;
+        });
+  });
+}
+
+}  // namespace pscoro

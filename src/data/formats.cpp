@@ -1,0 +1,349 @@
+#include <pscoro/data_formats.hpp>
+
+#include <fmt/format.h>
+#include <zlib.h>
+
+#include <bit>
+#include <cerrno>
+#include <charconv>
+#include <cstring>
+#include <fstream>
+
+namespace pscoro {
+
+namespace {
+
+[[noreturn]] void bad_field(const std::string& file, std::uint64_t line, std::string what) {
+  throw error(errc::invalid_argument, fmt::format("{}:{}: {}", file, line, what));
+}
+
+// The lines of several files in order, with their file and line number.
+class line_reader {
+ public:
+  explicit line_reader(std::shared_ptr<const std::vector<std::string>> paths) : paths_(std::move(paths)) {}
+
+  /// The next line (without "\n" / "\r\n"), or false at the end of the last file.
+  bool next(std::string& line) {
+    while (true) {
+      if (!stream_.is_open()) {
+        if (next_file_ >= paths_->size()) return false;
+        file_ = &(*paths_)[next_file_++];
+        line_ = 0;
+        stream_.open(*file_, std::ios::binary);
+        if (!stream_) {
+          throw error(errc::not_found, fmt::format("{}: cannot open: {}", *file_, std::strerror(errno)));
+        }
+      }
+      if (std::getline(stream_, line)) {
+        ++line_;
+        if (!line.empty() && line.back() == '\r') line.pop_back();
+        return true;
+      }
+      if (stream_.bad()) throw error(errc::data_loss, fmt::format("{}: read error after line {}", *file_, line_));
+      stream_.close();
+    }
+  }
+
+  const std::string& file() const noexcept { return *file_; }
+  std::uint64_t line() const noexcept { return line_; }
+  bool first_line_of_file() const noexcept { return line_ == 1; }
+
+ private:
+  std::shared_ptr<const std::vector<std::string>> paths_;
+  std::size_t next_file_ = 0;
+  const std::string* file_ = nullptr;
+  std::uint64_t line_ = 0;
+  std::ifstream stream_;
+};
+
+template <class T, class Parse>
+dataset<T> line_dataset(std::vector<std::string> paths, Parse parse) {
+  auto shared = std::make_shared<const std::vector<std::string>>(std::move(paths));
+  return dataset<T>([shared, parse]() {
+    return detail::make_source<T>([reader = std::make_shared<line_reader>(shared), parse,
+                                   line = std::string()]() mutable -> std::optional<T> {
+      while (reader->next(line)) {
+        if (auto item = parse(*reader, line)) return item;
+      }
+      return std::nullopt;
+    });
+  });
+}
+
+std::string_view trim(std::string_view s) {
+  while (!s.empty() && (s.front() == ' ' || s.front() == '\t')) s.remove_prefix(1);
+  while (!s.empty() && (s.back() == ' ' || s.back() == '\t')) s.remove_suffix(1);
+  return s;
+}
+
+template <class V>
+bool parse_number(std::string_view text, V& out) {
+  const auto* end = text.data() + text.size();
+  const auto [ptr, ec] = std::from_chars(text.data(), end, out);
+  return ec == std::errc{} && ptr == end;
+}
+
+}  // namespace
+
+dataset<std::string> text_lines(std::vector<std::string> paths) {
+  return line_dataset<std::string>(std::move(paths), [](line_reader&, std::string& line) {
+    return std::optional<std::string>(line);
+  });
+}
+
+namespace detail {
+
+dataset<csv_row> csv_rows(std::vector<std::string> paths, csv_options options) {
+  return line_dataset<csv_row>(std::move(paths), [options, columns = std::size_t{0}](
+                                                     line_reader& reader, std::string& line) mutable
+                                   -> std::optional<csv_row> {
+    if (options.header && reader.first_line_of_file()) return std::nullopt;
+    csv_row row{{}, &reader.file(), reader.line()};
+    std::string field;
+    bool quoted = false;
+    std::size_t i = 0;
+    while (true) {
+      if (i == line.size()) {
+        if (quoted) {
+          // A quoted field may hold line ends (RFC 4180).
+          std::string more;
+          if (!reader.next(more)) bad_field(*row.file, row.line, "a quoted field is not closed");
+          line += '\n';
+          line += more;
+          continue;
+        }
+        row.fields.push_back(std::move(field));
+        break;
+      }
+      const char c = line[i++];
+      if (quoted) {
+        if (c == '"') {
+          if (i < line.size() && line[i] == '"') {
+            field += '"';
+            ++i;
+          } else {
+            quoted = false;
+          }
+        } else {
+          field += c;
+        }
+      } else if (c == '"' && trim(field).empty()) {
+        field.clear();
+        quoted = true;
+      } else if (c == options.delimiter) {
+        row.fields.push_back(std::move(field));
+        field.clear();
+      } else {
+        field += c;
+      }
+    }
+    if (row.fields.size() == 1 && row.fields.front().empty()) return std::nullopt;  // a blank line
+    if (columns == 0) columns = row.fields.size();
+    if (row.fields.size() != columns) {
+      bad_field(*row.file, row.line, fmt::format("{} fields, but the first row has {}", row.fields.size(), columns));
+    }
+    return row;
+  });
+}
+
+double csv_number(const csv_row& row, std::size_t column, const csv_options& options) {
+  const auto text = trim(row.fields[column]);
+  if (text.empty()) {
+    if (options.empty_value) return *options.empty_value;
+    bad_field(*row.file, row.line, fmt::format("column {} is empty", column + 1));
+  }
+  double value = 0;
+  if (!parse_number(text, value)) {
+    bad_field(*row.file, row.line, fmt::format("column {}: '{}' is not a number", column + 1, text));
+  }
+  return value;
+}
+
+}  // namespace detail
+
+dataset<libsvm_example> libsvm(std::vector<std::string> paths) {
+  return line_dataset<libsvm_example>(std::move(paths), [](line_reader& reader, std::string& line)
+                                                            -> std::optional<libsvm_example> {
+    std::string_view rest(line);
+    if (const auto hash = rest.find('#'); hash != std::string_view::npos) rest = rest.substr(0, hash);
+    libsvm_example out;
+    bool have_label = false;
+    while (true) {
+      while (!rest.empty() && (rest.front() == ' ' || rest.front() == '\t')) rest.remove_prefix(1);
+      if (rest.empty()) break;
+      const auto end = rest.find_first_of(" \t");
+      const auto token = rest.substr(0, end);
+      rest = end == std::string_view::npos ? std::string_view() : rest.substr(end);
+      if (!have_label) {
+        if (!parse_number(token, out.label)) {
+          bad_field(reader.file(), reader.line(), fmt::format("label '{}' is not a number", token));
+        }
+        have_label = true;
+        continue;
+      }
+      const auto colon = token.find(':');
+      if (colon == std::string_view::npos) {
+        bad_field(reader.file(), reader.line(), fmt::format("'{}' is not index:value", token));
+      }
+      if (token.substr(0, colon) == "qid") continue;
+      std::int64_t index = 0;
+      float value = 0;
+      if (!parse_number(token.substr(0, colon), index) || index < 0 || !parse_number(token.substr(colon + 1), value)) {
+        bad_field(reader.file(), reader.line(), fmt::format("'{}' is not index:value", token));
+      }
+      if (!out.indices.empty() && index <= out.indices.back()) {
+        bad_field(reader.file(), reader.line(),
+                  fmt::format("indices must increase along a line: {} after {}", index, out.indices.back()));
+      }
+      out.indices.push_back(index);
+      out.values.push_back(value);
+    }
+    if (!have_label) return std::nullopt;  // a blank or comment line
+    return out;
+  });
+}
+
+criteo_example parse_criteo_line(std::string_view line) {
+  criteo_example out;
+  std::size_t field = 0;
+  std::size_t begin = 0;
+  auto fail = [&](std::string what) {
+    throw error(errc::invalid_argument, fmt::format("field {}: {}", field, what));
+  };
+  auto next = [&]() -> std::string_view {
+    ++field;
+    if (begin > line.size()) fail(fmt::format("missing: the line has {} fields, Criteo has 40", field - 1));
+    std::size_t end = line.find('\t', begin);
+    if (end == std::string_view::npos) end = line.size();
+    const auto text = line.substr(begin, end - begin);
+    begin = end + 1;
+    return text;
+  };
+  const auto label = next();
+  if (label != "0" && label != "1") fail(fmt::format("the label must be 0 or 1, not '{}'", label));
+  out.label = label == "1" ? 1.0f : 0.0f;
+  for (auto& value : out.integers) {
+    const auto text = next();
+    if (text.empty()) continue;
+    std::int64_t v = 0;
+    if (!parse_number(text, v)) fail(fmt::format("'{}' is not an integer", text));
+    value = v;
+  }
+  for (auto& value : out.categories) {
+    const auto text = next();
+    if (text.empty()) continue;
+    std::uint32_t v = 0;
+    const auto* end = text.data() + text.size();
+    const auto [ptr, ec] = std::from_chars(text.data(), end, v, 16);
+    if (text.size() != 8 || ec != std::errc{} || ptr != end) fail(fmt::format("'{}' is not 8 hex digits", text));
+    value = v;
+  }
+  if (begin <= line.size()) fail("more than the 40 fields of a Criteo line");
+  return out;
+}
+
+dataset<criteo_example> criteo_tsv(std::vector<std::string> paths) {
+  return line_dataset<criteo_example>(std::move(paths), [](line_reader& reader, std::string& line)
+                                                            -> std::optional<criteo_example> {
+    if (line.empty()) return std::nullopt;
+    try {
+      return parse_criteo_line(line);
+    } catch (const error& e) {
+      bad_field(reader.file(), reader.line(), e.what());
+    }
+  });
+}
+
+namespace detail {
+
+namespace {
+std::size_t idx_element_size(std::uint8_t type) {
+  switch (type) {
+    case 0x08: case 0x09: return 1;
+    case 0x0B: return 2;
+    case 0x0C: case 0x0D: return 4;
+    case 0x0E: return 8;
+    default: return 0;
+  }
+}
+}  // namespace
+
+idx_reader::idx_reader(std::string path) : path_(std::move(path)) {
+  // zlib reads plain files as they are, so one reader serves .gz and uncompressed IDX files.
+  file_ = gzopen(path_.c_str(), "rb");
+  if (!file_) throw error(errc::not_found, fmt::format("{}: cannot open: {}", path_, std::strerror(errno)));
+  unsigned char magic[4];
+  if (gzread(static_cast<gzFile>(file_), magic, 4) != 4) {
+    throw error(errc::data_loss, fmt::format("{}: too short for an IDX header", path_));
+  }
+  type_ = magic[2];
+  if (magic[0] != 0 || magic[1] != 0 || idx_element_size(type_) == 0 || magic[3] == 0) {
+    throw error(errc::data_loss, fmt::format("{}: bad IDX magic {:02x} {:02x} {:02x} {:02x} at byte 0", path_,
+                                             magic[0], magic[1], magic[2], magic[3]));
+  }
+  offset_ = 4;
+  std::size_t elements = 1;
+  for (int i = 0; i < magic[3]; ++i) {
+    unsigned char be[4];
+    if (gzread(static_cast<gzFile>(file_), be, 4) != 4) {
+      throw error(errc::data_loss, fmt::format("{}: truncated at byte {} (in the dimensions)", path_, offset_));
+    }
+    offset_ += 4;
+    shape_.push_back((std::size_t{be[0]} << 24) | (std::size_t{be[1]} << 16) | (std::size_t{be[2]} << 8) | be[3]);
+    if (i > 0) elements *= shape_.back();
+  }
+  row_bytes_ = elements * idx_element_size(type_);
+}
+
+idx_reader::~idx_reader() {
+  if (file_) gzclose(static_cast<gzFile>(file_));
+}
+
+bool idx_reader::read_row(std::vector<std::byte>& out) {
+  if (rows_read_ == shape_[0]) {
+    unsigned char extra;
+    if (gzread(static_cast<gzFile>(file_), &extra, 1) > 0) {
+      throw error(errc::data_loss,
+                  fmt::format("{}: bytes after the last of its {} rows, at byte {}", path_, shape_[0], offset_));
+    }
+    return false;
+  }
+  out.resize(row_bytes_);
+  std::size_t got = 0;
+  while (got < row_bytes_) {
+    const auto chunk = static_cast<unsigned>(std::min<std::size_t>(row_bytes_ - got, 1u << 30));
+    const int n = gzread(static_cast<gzFile>(file_), out.data() + got, chunk);
+    if (n <= 0) {
+      int code = 0;
+      const char* why = gzerror(static_cast<gzFile>(file_), &code);
+      throw error(errc::data_loss, fmt::format("{}: truncated at byte {}: row {} of {} is incomplete{}{}", path_,
+                                               offset_ + got, rows_read_, shape_[0], code < 0 ? ": " : "",
+                                               code < 0 ? why : ""));
+    }
+    got += static_cast<std::size_t>(n);
+  }
+  offset_ += row_bytes_;
+  ++rows_read_;
+  return true;
+}
+
+double idx_reader::element(const std::vector<std::byte>& row, std::size_t i) const noexcept {
+  const auto* p = reinterpret_cast<const unsigned char*>(row.data());
+  auto be = [&](std::size_t size) {
+    std::uint64_t v = 0;
+    for (std::size_t b = 0; b < size; ++b) v = (v << 8) | p[i * size + b];
+    return v;
+  };
+  switch (type_) {
+    case 0x08: return p[i];
+    case 0x09: return static_cast<std::int8_t>(p[i]);
+    case 0x0B: return static_cast<std::int16_t>(be(2));
+    case 0x0C: return static_cast<std::int32_t>(be(4));
+    case 0x0D: return std::bit_cast<float>(static_cast<std::uint32_t>(be(4)));
+    case 0x0E: return std::bit_cast<double>(be(8));
+    default: return 0;
+  }
+}
+
+}  // namespace detail
+}  // namespace pscoro

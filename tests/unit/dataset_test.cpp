@@ -1,0 +1,310 @@
+// Dataset pipelines: transformations on in-memory data, then every file format on small files the
+// test writes (corrupt ones included), and the real Fashion-MNIST files.
+#include "test_support.hpp"
+
+#include <pscoro/data_formats.hpp>
+#include <pscoro/dataset.hpp>
+
+#include <zlib.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <set>
+
+using namespace pscoro;
+
+namespace {
+
+template <class T>
+std::vector<T> collect(const dataset<T>& d) {
+  std::vector<T> out;
+  auto it = d.make_iterator();
+  while (auto item = it.next()) out.push_back(std::move(*item));
+  return out;
+}
+
+dataset<std::int64_t> counting(std::int64_t n) {
+  return from_generator([n]() { return [i = std::int64_t{0}, n]() mutable -> std::optional<std::int64_t> {
+    if (i >= n) return std::nullopt;
+    return i++;
+  }; });
+}
+
+std::vector<std::int64_t> range(std::int64_t n) {
+  std::vector<std::int64_t> out(static_cast<std::size_t>(n));
+  std::iota(out.begin(), out.end(), 0);
+  return out;
+}
+
+// A scratch directory removed at the end of the test.
+struct scratch {
+  std::filesystem::path dir = std::filesystem::temp_directory_path() /
+                              ("pscoro-dataset-" + std::to_string(::getpid()) + "-" + std::to_string(counter()++));
+  scratch() { std::filesystem::create_directories(dir); }
+  ~scratch() { std::filesystem::remove_all(dir); }
+  static int& counter() {
+    static int n = 0;
+    return n;
+  }
+  std::string write(const std::string& name, const std::string& bytes) const {
+    const auto path = (dir / name).string();
+    std::ofstream(path, std::ios::binary) << bytes;
+    return path;
+  }
+  std::string write_gz(const std::string& name, const std::string& bytes) const {
+    const auto path = (dir / name).string();
+    gzFile f = gzopen(path.c_str(), "wb");
+    gzwrite(f, bytes.data(), static_cast<unsigned>(bytes.size()));
+    gzclose(f);
+    return path;
+  }
+};
+
+template <class F>
+error failure(F f) {
+  try {
+    f();
+  } catch (const error& e) {
+    return e;
+  }
+  FAIL("no error");
+  return error(errc::unknown, "");
+}
+
+std::string be32(std::uint32_t v) {
+  return {char(v >> 24), char(v >> 16), char(v >> 8), char(v)};
+}
+
+}  // namespace
+
+TEST_CASE("from_tensor_slices and batch stack along a new axis, with or without the remainder") {
+  xt::xarray<float> values = xt::zeros<float>({7, 2});
+  for (std::size_t i = 0; i < 7; ++i) values(i, 0) = values(i, 1) = float(i);
+  const auto batches = collect(from_tensor_slices(values).batch(3));
+  REQUIRE(batches.size() == 3);
+  CHECK(batches[0].shape() == std::vector<std::size_t>{3, 2});
+  CHECK(batches[2].shape() == std::vector<std::size_t>{1, 2});
+  CHECK(batches[1](2, 1) == 5.0f);
+  CHECK(collect(from_tensor_slices(values).batch(3, true)).size() == 2);
+  // Pairs batch element-wise; non-array elements batch into vectors.
+  xt::xarray<std::int64_t> labels = xt::arange<std::int64_t>(7);
+  const auto pairs = collect(from_tensor_slices(values, labels).batch(4));
+  REQUIRE(pairs.size() == 2);
+  CHECK(std::get<1>(pairs[0]).shape() == std::vector<std::size_t>{4});
+  CHECK(std::get<1>(pairs[1])(2) == 6);
+  const auto grouped = collect(counting(5).batch(2));
+  CHECK(grouped == std::vector<std::vector<std::int64_t>>{{0, 1}, {2, 3}, {4}});
+  CHECK_THROWS_AS(counting(5).batch(0), error);
+}
+
+TEST_CASE("map, filter, take, zip and flat_map compose lazily") {
+  const auto evens_squared = counting(10).filter([](std::int64_t x) { return x % 2 == 0; }).map([](std::int64_t x) {
+    return x * x;
+  });
+  CHECK(collect(evens_squared) == std::vector<std::int64_t>{0, 4, 16, 36, 64});
+  CHECK(collect(evens_squared.take(2)) == std::vector<std::int64_t>{0, 4});
+  const auto zipped = collect(zip(counting(3), counting(10).map([](std::int64_t x) { return std::to_string(x); })));
+  REQUIRE(zipped.size() == 3);
+  CHECK(std::get<1>(zipped[2]) == "2");
+  const auto nested = counting(4).flat_map([](std::int64_t n) { return counting(n); });
+  CHECK(collect(nested) == std::vector<std::int64_t>{0, 0, 1, 0, 1, 2});
+  // Each pass starts afresh.
+  CHECK(collect(evens_squared) == collect(evens_squared));
+}
+
+TEST_CASE("shuffle with a seed is a reproducible permutation, reshuffled each pass") {
+  const auto shuffled = counting(100).shuffle(100, 42);
+  const auto first = collect(shuffled);
+  CHECK(first != range(100));
+  auto sorted = first;
+  std::sort(sorted.begin(), sorted.end());
+  CHECK(sorted == range(100));
+  CHECK(collect(counting(100).shuffle(100, 42)) == first);   // same seed, new dataset: same order
+  CHECK(collect(counting(100).shuffle(100, 43)) != first);   // another seed: another order
+  CHECK(collect(shuffled) != first);                         // another pass of the same dataset: reshuffled
+  CHECK(collect(counting(20).shuffle(1, 7)) == range(20));   // a buffer of one keeps the order
+  // A small buffer only moves elements a little: element i comes out among the first i + buffer.
+  const auto local = collect(counting(50).shuffle(5, 1));
+  for (std::size_t k = 0; k < local.size(); ++k) CHECK(local[k] <= static_cast<std::int64_t>(k) + 4);
+  // Repeat after shuffle draws a new order for every epoch.
+  const auto epochs = collect(counting(30).shuffle(30, 9).repeat(2));
+  REQUIRE(epochs.size() == 60);
+  CHECK(!std::equal(epochs.begin(), epochs.begin() + 30, epochs.begin() + 30));
+}
+
+TEST_CASE("repeat runs the data n times or forever; an empty dataset does not spin") {
+  CHECK(collect(counting(3).repeat(2)) == std::vector<std::int64_t>{0, 1, 2, 0, 1, 2});
+  CHECK(collect(counting(3).repeat(0)).empty());
+  CHECK(collect(counting(3).repeat().take(7)) == std::vector<std::int64_t>{0, 1, 2, 0, 1, 2, 0});
+  CHECK(collect(counting(0).repeat()).empty());
+  CHECK_THROWS_AS(counting(3).repeat(-2), error);
+}
+
+TEST_CASE("shard gives every record to exactly one worker") {
+  std::multiset<std::int64_t> seen;
+  for (std::int64_t worker = 0; worker < 3; ++worker) {
+    const auto part = collect(counting(100).shard(3, worker));
+    CHECK(part.front() == worker);
+    seen.insert(part.begin(), part.end());
+  }
+  CHECK(std::vector<std::int64_t>(seen.begin(), seen.end()) == range(100));
+  CHECK(failure([] { (void)counting(3).shard(0, 0); }).code() == errc::invalid_argument);
+  CHECK(std::string(failure([] { (void)counting(3).shard(2, 2); }).what()) == "shard: index must be in [0, 2), got 2");
+}
+
+TEST_CASE("prefetch yields the same elements, then the upstream's failure after the ones before it") {
+  CHECK(collect(counting(1000).prefetch(8)) == range(1000));
+  const auto failing = counting(10).map([](std::int64_t x) {
+    if (x == 6) throw error(errc::data_loss, "bad record 6");
+    return x;
+  });
+  auto it = failing.prefetch(3).make_iterator();
+  for (std::int64_t x = 0; x < 6; ++x) CHECK(it.next() == x);
+  CHECK_THROWS_WITH_AS(it.next(), "bad record 6", error);
+  // Dropping an iterator whose producer waits for room neither hangs nor leaks.
+  auto endless = counting(1).repeat().prefetch(2).make_iterator();
+  CHECK(endless.next() == 0);
+}
+
+TEST_CASE("text_lines reads files in order and drops line ends") {
+  scratch s;
+  const auto a = s.write("a.txt", "one\r\ntwo\n");
+  const auto b = s.write("b.txt", "three");
+  CHECK(collect(text_lines({a, b})) == std::vector<std::string>{"one", "two", "three"});
+  const auto e = failure([&] { (void)collect(text_lines({a, (s.dir / "missing.txt").string()})); });
+  CHECK(e.code() == errc::not_found);
+  CHECK(contains(e.what(), "missing.txt: cannot open"));
+  // Sharding a dataset of file names shards by file.
+  const auto by_file = dataset<std::string>([files = std::vector<std::string>{a, b}]() {
+    return detail::make_source<std::string>([files, i = std::size_t{0}]() mutable -> std::optional<std::string> {
+      if (i == files.size()) return std::nullopt;
+      return files[i++];
+    });
+  });
+  CHECK(collect(by_file.shard(2, 1).flat_map([](std::string f) { return text_lines({f}); })) ==
+        std::vector<std::string>{"three"});
+}
+
+TEST_CASE("csv parses numbers, quotes and headers, and names file, line and column when it cannot") {
+  scratch s;
+  const auto good = s.write("good.csv", "x,y,z\n1,2.5,-3\n\"4\",\" 5 \",6e2\n\n7,,9\n");
+  const auto rows = collect(csv<float>({good}, {.header = true, .empty_value = 0.0}));
+  REQUIRE(rows.size() == 3);
+  CHECK(rows[0](1) == 2.5f);
+  CHECK(rows[1](2) == 600.0f);
+  CHECK(rows[2](1) == 0.0f);
+  const auto e = failure([&] { (void)collect(csv<float>({good}, {.header = true})); });
+  CHECK(std::string(e.what()) == good + ":5: column 2 is empty");
+  const auto bad = s.write("bad.csv", "1,2\n3,abc\n");
+  CHECK(std::string(failure([&] { (void)collect(csv<double>({bad})); }).what()) == bad + ":2: column 2: 'abc' is not a number");
+  const auto ragged = s.write("ragged.csv", "1,2\n3,4,5\n");
+  CHECK(std::string(failure([&] { (void)collect(csv<double>({ragged})); }).what()) ==
+        ragged + ":2: 3 fields, but the first row has 2");
+  const auto open_quote = s.write("quote.csv", "1,\"2\n");
+  CHECK(contains(failure([&] { (void)collect(csv<double>({open_quote})); }).what(), "a quoted field is not closed"));
+  // A quoted field may hold the delimiter and a line end.
+  const auto text_fields = collect(detail::csv_rows({s.write("q.csv", "\"a,b\",\"c\nd\",\"say \"\"hi\"\"\"\n")}, {}));
+  REQUIRE(text_fields.size() == 1);
+  CHECK(text_fields[0].fields == std::vector<std::string>{"a,b", "c\nd", "say \"hi\""});
+}
+
+TEST_CASE("libsvm reads labels and sparse features and refuses malformed lines") {
+  scratch s;
+  const auto good = s.write("a.svm", "1 3:0.5 7:1 # comment\n-1 qid:2 1:2\n\n# only a comment\n0\n");
+  const auto rows = collect(libsvm({good}));
+  REQUIRE(rows.size() == 3);
+  CHECK(rows[0].label == 1.0);
+  CHECK(rows[0].indices == std::vector<std::int64_t>{3, 7});
+  CHECK(rows[0].values == std::vector<float>{0.5f, 1.0f});
+  CHECK(rows[1].indices == std::vector<std::int64_t>{1});
+  CHECK(rows[2].indices.empty());
+  const auto unordered = s.write("b.svm", "1 5:1 2:1\n");
+  CHECK(std::string(failure([&] { (void)collect(libsvm({unordered})); }).what()) ==
+        unordered + ":1: indices must increase along a line: 2 after 5");
+  const auto garbage = s.write("c.svm", "1 5:1\nx 1:1\n");
+  CHECK(std::string(failure([&] { (void)collect(libsvm({garbage})); }).what()) == garbage + ":2: label 'x' is not a number");
+  const auto no_colon = s.write("d.svm", "1 5\n");
+  CHECK(std::string(failure([&] { (void)collect(libsvm({no_colon})); }).what()) == no_colon + ":1: '5' is not index:value");
+}
+
+TEST_CASE("criteo_tsv reads Criteo lines with missing values and names the bad field") {
+  scratch s;
+  std::string line = "1";
+  for (int i = 0; i < 13; ++i) line += i == 2 ? "\t" : "\t" + std::to_string(i);
+  for (int i = 0; i < 26; ++i) line += i == 4 ? "\t" : "\t68fd1e64";
+  const auto good = s.write("day.tsv", line + "\n" + line + "\n");
+  const auto rows = collect(criteo_tsv({good}));
+  REQUIRE(rows.size() == 2);
+  CHECK(rows[0].label == 1.0f);
+  CHECK(rows[0].integers[1] == 1);
+  CHECK(!rows[0].integers[2]);
+  CHECK(rows[0].categories[0] == 0x68fd1e64u);
+  CHECK(!rows[0].categories[4]);
+  auto broken = line;
+  broken.replace(broken.rfind("68fd1e64"), 8, "68fd1e6z");
+  const auto bad = s.write("bad.tsv", line + "\n" + broken + "\n");
+  CHECK(std::string(failure([&] { (void)collect(criteo_tsv({bad})); }).what()) ==
+        bad + ":2: field 40: '68fd1e6z' is not 8 hex digits");
+  const auto short_line = s.write("short.tsv", "0\t1\t2\n");
+  CHECK(contains(failure([&] { (void)collect(criteo_tsv({short_line})); }).what(), ":1: field 4: missing"));
+}
+
+TEST_CASE("idx reads rows of every element type, gzipped or not, and reports corruption by byte offset") {
+  scratch s;
+  // 3 rows of 2x2 unsigned bytes.
+  std::string bytes = std::string("\0\0\x08\x03", 4) + be32(3) + be32(2) + be32(2);
+  for (int i = 0; i < 12; ++i) bytes += char(i * 20);
+  for (const auto& path : {s.write("u8.idx", bytes), s.write_gz("u8.idx.gz", bytes)}) {
+    const auto rows = collect(idx<float>(path));
+    REQUIRE(rows.size() == 3);
+    CHECK(rows[1].shape() == std::vector<std::size_t>{2, 2});
+    CHECK(rows[2](1, 1) == 220.0f);
+  }
+  // Big-endian floats and signed shorts.
+  std::string floats = std::string("\0\0\x0D\x01", 4) + be32(2);
+  const float values[] = {1.5f, -2.25f};
+  for (const float v : values) floats += be32(std::bit_cast<std::uint32_t>(v));
+  const auto f = collect(idx<double>(s.write("f.idx", floats)));
+  REQUIRE(f.size() == 2);
+  CHECK(f[1]() == -2.25);
+  std::string shorts = std::string("\0\0\x0B\x01", 4) + be32(1) + std::string("\xff\xfe", 2);
+  CHECK(collect(idx<std::int32_t>(s.write("s.idx", shorts)))[0]() == -2);
+
+  const auto truncated = s.write_gz("cut.idx.gz", bytes.substr(0, bytes.size() - 3));
+  auto e = failure([&] { (void)collect(idx<float>(truncated)); });
+  CHECK(e.code() == errc::data_loss);
+  CHECK(contains(e.what(), "cut.idx.gz: truncated at byte 25: row 2 of 3 is incomplete"));
+  const auto not_idx = s.write("text.idx", "hello world, not idx");
+  e = failure([&] { (void)collect(idx<float>(not_idx)); });
+  CHECK(e.code() == errc::data_loss);
+  CHECK(contains(e.what(), "bad IDX magic 68 65 6c 6c at byte 0"));
+  const auto trailing = s.write("long.idx", bytes + "xx");
+  CHECK(contains(failure([&] { (void)collect(idx<float>(trailing)); }).what(), "bytes after the last of its 3 rows, at byte 28"));
+  CHECK(failure([&] { (void)collect(idx<float>((s.dir / "none.idx").string())); }).code() == errc::not_found);
+}
+
+TEST_CASE("the real Fashion-MNIST files read as 60,000 images and labels") {
+  const std::string dir = "/usr/share/datasets/fashion-mnist";
+  REQUIRE_MESSAGE(std::filesystem::exists(dir + "/train-labels-idx1-ubyte.gz"),
+                  "Debian's dataset-fashion-mnist is installed by scripts/run.sh");
+  const auto examples = zip(idx<float>(dir + "/train-images-idx3-ubyte.gz"), idx<std::int64_t>(dir + "/train-labels-idx1-ubyte.gz"))
+                            .map([](std::tuple<xt::xarray<float>, xt::xarray<std::int64_t>> pair) {
+                              std::get<0>(pair) /= 255.0f;
+                              return pair;
+                            })
+                            .batch(1000)
+                            .prefetch(2);
+  std::size_t images = 0;
+  std::set<std::int64_t> classes;
+  auto it = examples.make_iterator();
+  while (auto batch = it.next()) {
+    const auto& [x, y] = *batch;
+    CHECK(x.shape() == std::vector<std::size_t>{1000, 28, 28});
+    CHECK(xt::amax(x)() <= 1.0f);
+    images += y.size();
+    classes.insert(y.begin(), y.end());
+  }
+  CHECK(images == 60000);
+  CHECK(classes == std::set<std::int64_t>{0, 1, 2, 3, 4, 5, 6, 7, 8, 9});
+}
