@@ -1,5 +1,6 @@
 // Datasets read from files in the formats training data is actually in: text lines, CSV,
-// libsvm/svmlight, Criteo TSV and IDX (MNIST, Fashion-MNIST; gzipped or not).
+// libsvm/svmlight, Criteo TSV, IDX (MNIST, Fashion-MNIST; gzipped or not) and TFRecord files of
+// tf.train.Example (GZIP or not), which this header also writes.
 //
 //   auto rows = pscoro::csv<float>({"train.csv"}, {.header = true});         // xt::xarray<float> per row
 //   auto clicks = pscoro::criteo_tsv({"day_0.tsv"});                        // criteo_example per line
@@ -16,8 +17,11 @@
 
 #include <array>
 #include <cstdint>
+#include <map>
 #include <optional>
 #include <string>
+#include <string_view>
+#include <variant>
 #include <vector>
 
 namespace pscoro {
@@ -121,5 +125,47 @@ dataset<xt::xarray<T>> idx(std::string path) {
         });
   });
 }
+
+/// The records of TFRecord files, GZIP-compressed or not (detected per file). Each record's length
+/// and data are checked against their masked CRC-32C: a mismatch or a record cut short is
+/// errc::data_loss naming the file and the record's byte offset (in the uncompressed stream).
+dataset<std::string> tfrecord(std::vector<std::string> paths);
+
+enum class tfrecord_compression { none, gzip };
+
+/// Writes TFRecord files that TF (and tfrecord()) read. Throws errc::unavailable when the file
+/// cannot be written. close() flushes and reports a failed write; the destructor closes quietly.
+class tfrecord_writer {
+ public:
+  explicit tfrecord_writer(std::string path, tfrecord_compression compression = tfrecord_compression::none);
+  ~tfrecord_writer();
+  tfrecord_writer(const tfrecord_writer&) = delete;
+  tfrecord_writer& operator=(const tfrecord_writer&) = delete;
+
+  void write(std::string_view record);
+  void close();
+
+ private:
+  void put(const void* data, std::size_t size);
+  std::string path_;
+  void* file_ = nullptr;  // gzFile (level 0 writes a plain file)
+};
+
+/// A tf.train.Example: named features, each a list of byte strings, floats or int64s.
+struct tf_example {
+  using feature = std::variant<std::vector<std::string>, std::vector<float>, std::vector<std::int64_t>>;
+  std::map<std::string, feature, std::less<>> features;
+
+  /// The values of feature `name`; throws errc::invalid_argument naming it when it is missing or
+  /// holds another kind.
+  const std::vector<float>& floats(std::string_view name) const;
+  const std::vector<std::int64_t>& int64s(std::string_view name) const;
+  const std::vector<std::string>& bytes(std::string_view name) const;
+};
+
+/// Parses a serialized tf.train.Example; throws errc::invalid_argument when it is not one.
+tf_example parse_tf_example(std::string_view serialized);
+/// Serializes `example` as TF does (keys in order).
+std::string serialize_tf_example(const tf_example& example);
 
 }  // namespace pscoro

@@ -5,6 +5,8 @@
 #include <pscoro/data_formats.hpp>
 #include <pscoro/dataset.hpp>
 
+#include "data/crc32c.hpp"
+
 #include <zlib.h>
 
 #include <algorithm>
@@ -307,4 +309,72 @@ TEST_CASE("the real Fashion-MNIST files read as 60,000 images and labels") {
   }
   CHECK(images == 60000);
   CHECK(classes == std::set<std::int64_t>{0, 1, 2, 3, 4, 5, 6, 7, 8, 9});
+}
+
+TEST_CASE("crc32c matches the published check value, with and without the CPU instruction") {
+  CHECK(data::crc32c("123456789", 9) == 0xe3069283u);  // RFC 3720's check value for CRC-32C
+  CHECK(data::crc32c("", 0) == 0u);
+  // 32 zero bytes: RFC 3720 B.4's first vector.
+  const std::string zeros(32, '\0');
+  CHECK(data::crc32c(zeros.data(), zeros.size()) == 0x8a9136aau);
+  CHECK(data::crc32c_portable("123456789", 9) == 0xe3069283u);
+  CHECK(data::crc32c_portable(zeros.data(), zeros.size()) == 0x8a9136aau);
+  std::string text(1000, 'x');
+  for (std::size_t i = 0; i < text.size(); ++i) text[i] = static_cast<char>(i * 7);
+  for (std::size_t n : {0, 1, 7, 8, 9, 63, 1000}) CHECK(data::crc32c(text.data(), n) == data::crc32c_portable(text.data(), n));
+}
+
+TEST_CASE("TFRecord files of tf.train.Example round-trip, compressed or not") {
+  scratch s;
+  for (const auto compression : {tfrecord_compression::none, tfrecord_compression::gzip}) {
+    const auto path = (s.dir / (compression == tfrecord_compression::gzip ? "a.tfrecord.gz" : "a.tfrecord")).string();
+    tfrecord_writer writer(path, compression);
+    for (std::int64_t i = 0; i < 100; ++i) {
+      tf_example e;
+      e.features["label"] = std::vector<std::int64_t>{i % 2};
+      e.features["x"] = std::vector<float>{float(i), 0.5f};
+      e.features["id"] = std::vector<std::string>{"row-" + std::to_string(i)};
+      writer.write(serialize_tf_example(e));
+    }
+    writer.close();
+    const auto records = collect(tfrecord({path}).map([](const std::string& r) { return parse_tf_example(r); }));
+    REQUIRE(records.size() == 100);
+    CHECK(records[7].int64s("label") == std::vector<std::int64_t>{1});
+    CHECK(records[7].floats("x") == std::vector<float>{7.0f, 0.5f});
+    CHECK(records[99].bytes("id") == std::vector<std::string>{"row-99"});
+    CHECK(std::string(failure([&] { (void)records[0].floats("label"); }).what()) == "feature 'label' is not a float list");
+    CHECK(std::string(failure([&] { (void)records[0].floats("y"); }).what()) == "the example has no feature 'y'");
+  }
+  CHECK(failure([] { (void)parse_tf_example("\xff\xff\xff"); }).code() == errc::invalid_argument);
+}
+
+TEST_CASE("corrupt TFRecord files are data loss naming the file and the record's offset") {
+  scratch s;
+  const auto path = (s.dir / "good.tfrecord").string();
+  {
+    tfrecord_writer writer(path);
+    writer.write("first record");
+    writer.write("second record");
+  }
+  std::ifstream in(path, std::ios::binary);
+  const std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  REQUIRE(bytes.size() == 2 * 16 + 12 + 13);
+  CHECK(collect(tfrecord({path})) == std::vector<std::string>{"first record", "second record"});
+
+  std::string flipped = bytes;
+  flipped[28 + 12 + 3] ^= 1;  // a data byte of the second record (which starts at byte 28)
+  auto e = failure([&] { (void)collect(tfrecord({s.write("flipped.tfrecord", flipped)})); });
+  CHECK(e.code() == errc::data_loss);
+  CHECK(contains(e.what(), "flipped.tfrecord: corrupt TFRecord at byte 28: the data's checksum does not match"));
+  std::string bad_length = bytes;
+  bad_length[0] ^= 4;
+  e = failure([&] { (void)collect(tfrecord({s.write("length.tfrecord", bad_length)})); });
+  CHECK(contains(e.what(), "at byte 0: the length's checksum does not match"));
+  e = failure([&] { (void)collect(tfrecord({s.write_gz("cut.tfrecord.gz", bytes.substr(0, bytes.size() - 6))})); });
+  CHECK(e.code() == errc::data_loss);
+  CHECK(contains(e.what(), "cut.tfrecord.gz: corrupt TFRecord at byte 28: truncated record (11 of 13 bytes)"));
+  // The records before the damage were delivered.
+  auto it = tfrecord({s.write("again.tfrecord", flipped)}).make_iterator();
+  CHECK(it.next() == std::string("first record"));
+  CHECK_THROWS_AS(it.next(), error);
 }
