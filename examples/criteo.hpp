@@ -3,7 +3,8 @@
 // A line is Criteo's TSV: label, 13 integer features, 26 categorical features (8 hex digits),
 // tab-separated, an empty field for a missing value. The generator draws line i from a seed alone
 // (any line without the ones before it), and its labels come from a logistic model it knows, so
-// the best AUC any model can reach on its data is known: the AUC of the true probabilities.
+// the best AUC any model can reach on its data is known: the AUC of the true probabilities. Lines
+// are parsed by pscoro's own Criteo reader (pscoro::parse_criteo_line, pscoro::criteo_tsv).
 //
 // The truth: logit = bias + sum_j c_j * log1p(I_j) + sum_f w_f(C_f), categorical values drawn per
 // field from a Zipf law over its vocabulary (10 to 10,000 values), ~5% of categoricals and ~10% of
@@ -12,27 +13,16 @@
 
 #include <algorithm>
 #include <array>
-#include <charconv>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
-#include <optional>
-#include <stdexcept>
 #include <string>
-#include <string_view>
 #include <vector>
 
 namespace examples::criteo {
 
 inline constexpr std::size_t integer_features = 13;
 inline constexpr std::size_t categorical_features = 26;
-
-/// One parsed line. Categoricals keep their hex text's value; missing fields are nullopt.
-struct example {
-  float label = 0;
-  std::array<std::optional<std::int64_t>, integer_features> integers;
-  std::array<std::optional<std::uint32_t>, categorical_features> categories;
-};
 
 inline std::uint64_t mix64(std::uint64_t z) {
   z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
@@ -45,49 +35,6 @@ inline std::uint64_t hash(std::uint64_t seed, std::uint64_t a, std::uint64_t b =
 inline double uniform01(std::uint64_t bits) { return static_cast<double>(bits >> 11) * 0x1.0p-53; }
 inline double normal(std::uint64_t bits_a, std::uint64_t bits_b) {
   return std::sqrt(-2.0 * std::log(1.0 - uniform01(bits_a))) * std::cos(6.283185307179586 * uniform01(bits_b));
-}
-
-/// Parses one Criteo TSV line; throws std::invalid_argument naming the field that is wrong.
-inline example parse_line(std::string_view line) {
-  example out;
-  std::size_t field = 0;
-  std::size_t begin = 0;
-  auto next = [&]() -> std::string_view {
-    if (begin > line.size()) throw std::invalid_argument("too few fields (" + std::to_string(field) + ")");
-    std::size_t end = line.find('\t', begin);
-    if (end == std::string_view::npos) end = line.size();
-    const auto text = line.substr(begin, end - begin);
-    begin = end + 1;
-    ++field;
-    return text;
-  };
-  auto fail = [&](std::string_view what, std::string_view text) {
-    throw std::invalid_argument("field " + std::to_string(field) + ": " + std::string(what) + " '" +
-                                std::string(text) + "'");
-  };
-  const auto label = next();
-  if (label != "0" && label != "1") fail("label must be 0 or 1, got", label);
-  out.label = label == "1" ? 1.0f : 0.0f;
-  for (auto& value : out.integers) {
-    const auto text = next();
-    if (text.empty()) continue;
-    std::int64_t v = 0;
-    const auto* end = text.data() + text.size();
-    const auto [ptr, ec] = std::from_chars(text.data(), end, v);
-    if (ec != std::errc{} || ptr != end) fail("not an integer:", text);
-    value = v;
-  }
-  for (auto& value : out.categories) {
-    const auto text = next();
-    if (text.empty()) continue;
-    std::uint32_t v = 0;
-    const auto* end = text.data() + text.size();
-    const auto [ptr, ec] = std::from_chars(text.data(), end, v, 16);
-    if (text.size() != 8 || ec != std::errc{} || ptr != end) fail("not 8 hex digits:", text);
-    value = v;
-  }
-  if (begin <= line.size()) throw std::invalid_argument("more than 40 fields");
-  return out;
 }
 
 class generator {

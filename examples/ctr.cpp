@@ -29,8 +29,8 @@
 namespace {
 
 namespace criteo = examples::criteo;
-constexpr std::size_t fields = criteo::categorical_features;
-constexpr std::size_t numerics = criteo::integer_features;
+constexpr std::size_t fields = pscoro::criteo_example::categorical_features;
+constexpr std::size_t numerics = pscoro::criteo_example::integer_features;
 constexpr std::size_t factor_size = 16;
 
 using table = pscoro::sharded_variable<float>;
@@ -60,7 +60,7 @@ batch make_batch(const criteo::generator& data, std::uint64_t first, std::size_t
   for (std::size_t i = 0; i < n; ++i) {
     double truth = 0;
     // Through the text format on purpose: the example reads what a Criteo file holds.
-    const auto example = criteo::parse_line(data.line(first + i, &truth));
+    const auto example = pscoro::parse_criteo_line(data.line(first + i, &truth));
     for (std::size_t f = 0; f < fields; ++f) b.ids(i, f) = row_of(f, example.categories[f], rows);
     for (std::size_t j = 0; j < numerics; ++j) {
       const auto& v = example.integers[j];
@@ -247,13 +247,47 @@ asio::awaitable<int> run_chief(pscoro::parameter_server_strategy& strategy, cons
   co_return 0;
 }
 
+// Writes lines [0, lines) of the generator as Criteo TSV and/or as TFRecord of tf.train.Example
+// ("label": int64; "I1".."I13": int64, "C1".."C26": the hex text; a missing value is an empty list).
+void write_data(const criteo::generator& data, std::int64_t lines, const std::string& tsv_path,
+                const std::string& tfrecord_path, bool gzip) {
+  std::FILE* tsv = nullptr;
+  if (!tsv_path.empty() && !(tsv = std::fopen(tsv_path.c_str(), "w"))) throw std::runtime_error("cannot write " + tsv_path);
+  std::optional<pscoro::tfrecord_writer> records;
+  if (!tfrecord_path.empty()) {
+    records.emplace(tfrecord_path, gzip ? pscoro::tfrecord_compression::gzip : pscoro::tfrecord_compression::none);
+  }
+  for (std::int64_t i = 0; i < lines; ++i) {
+    const std::string line = data.line(static_cast<std::uint64_t>(i));
+    if (tsv) std::fprintf(tsv, "%s\n", line.c_str());
+    if (!records) continue;
+    const auto parsed = pscoro::parse_criteo_line(line);
+    pscoro::tf_example example;
+    example.features["label"] = std::vector<std::int64_t>{static_cast<std::int64_t>(parsed.label)};
+    for (std::size_t j = 0; j < numerics; ++j) {
+      std::vector<std::int64_t> value;
+      if (parsed.integers[j]) value.push_back(*parsed.integers[j]);
+      example.features[fmt::format("I{}", j + 1)] = std::move(value);
+    }
+    for (std::size_t f = 0; f < fields; ++f) {
+      std::vector<std::string> value;
+      if (parsed.categories[f]) value.push_back(fmt::format("{:08x}", *parsed.categories[f]));
+      example.features[fmt::format("C{}", f + 1)] = std::move(value);
+    }
+    records->write(pscoro::serialize_tf_example(example));
+  }
+  if (tsv && std::fclose(tsv) != 0) throw std::runtime_error("cannot write " + tsv_path);
+  if (records) records->close();
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   CLI::App app{"A factorization machine on generated Criteo-format data with a pscoro cluster (roles from TF_CONFIG)."};
   options o;
-  std::string write_tsv;
-  std::int64_t tsv_lines = 100000;
+  std::string write_tsv, write_tfrecord;
+  std::int64_t lines = 100000;
+  bool gzip = false;
   app.add_option("--steps", o.steps, "training steps")->check(CLI::PositiveNumber);
   app.add_option("--batch-size", o.batch_size, "examples per step")->check(CLI::PositiveNumber);
   app.add_option("--learning-rate", o.learning_rate, "Adagrad learning rate")->check(CLI::PositiveNumber);
@@ -264,16 +298,15 @@ int main(int argc, char** argv) {
   app.add_option("--closures-per-worker", o.closures_per_worker, "closures in flight per worker")->check(CLI::PositiveNumber);
   app.add_option("--log-every", o.log_every, "print the loss every N steps")->check(CLI::PositiveNumber);
   app.add_option("--write-tsv", write_tsv, "write generated lines to this Criteo TSV file and exit (no cluster)");
-  app.add_option("--lines", tsv_lines, "lines for --write-tsv")->check(CLI::PositiveNumber);
+  app.add_option("--write-tfrecord", write_tfrecord,
+                 "write the same lines as tf.train.Examples to this TFRecord file and exit (no cluster)");
+  app.add_flag("--gzip", gzip, "GZIP-compress the TFRecord file");
+  app.add_option("--lines", lines, "lines for --write-tsv / --write-tfrecord")->check(CLI::PositiveNumber);
   CLI11_PARSE(app, argc, argv);
 
   try {
-    if (!write_tsv.empty()) {
-      const criteo::generator data(static_cast<std::uint64_t>(o.seed));
-      std::FILE* out = std::fopen(write_tsv.c_str(), "w");
-      if (!out) throw std::runtime_error("cannot write " + write_tsv);
-      for (std::int64_t i = 0; i < tsv_lines; ++i) std::fprintf(out, "%s\n", data.line(static_cast<std::uint64_t>(i)).c_str());
-      if (std::fclose(out) != 0) throw std::runtime_error("cannot write " + write_tsv);
+    if (!write_tsv.empty() || !write_tfrecord.empty()) {
+      write_data(criteo::generator(static_cast<std::uint64_t>(o.seed)), lines, write_tsv, write_tfrecord, gzip);
       return 0;
     }
     const auto resolver = pscoro::tf_config_cluster_resolver::from_environment();

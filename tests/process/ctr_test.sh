@@ -2,10 +2,12 @@
 # Real processes: the CTR example trains a factorization machine with 1M-row tables sharded over
 # 2 ps by 2 workers, and must end within 0.02 of the ground truth's AUC; its generator writes
 # well-formed Criteo TSV.
-# usage: ctr_test.sh PSCORO_LAUNCH CTR
+# usage: ctr_test.sh PSCORO_LAUNCH CTR EXAMPLE_PROTO_DIR
 set -uo pipefail
 launch=$1
 example=$2
+proto_dir=$3
+here=$(dirname "$0")
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 
@@ -25,6 +27,14 @@ check "categoricals are 8 hex digits or empty" \
 check "some values are missing" grep -qP '\t\t' "$work/data.tsv"
 "$example" --write-tsv "$work/again.tsv" --lines 2000
 check "the same seed writes the same data" cmp -s "$work/data.tsv" "$work/again.tsv"
+
+echo "--- the same data as TFRecord of tf.train.Example, read by an independent reader"
+for gz in "" --gzip; do
+  "$example" --write-tfrecord "$work/data.tfrecord" --lines 2000 $gz
+  mkdir -p "$work/py"
+  check "an independent reader finds the TSV's lines in the TFRecord file ${gz:-(plain)}" \
+    /usr/bin/python3 "$here/read_tfrecord.py" "$proto_dir" "$work/py" "$work/data.tfrecord" "$work/data.tsv"
+done
 
 echo "--- training reaches the ground truth's AUC within 0.02"
 "$launch" --ps 2 --workers 2 -- "$example" --steps 3000 --log-every 1000 > "$work/run.log" 2>&1
