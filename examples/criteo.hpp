@@ -11,11 +11,17 @@
 // integers missing (contributing 0).
 #pragma once
 
+#include <pscoro/data_formats.hpp>
+
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <array>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <optional>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -107,5 +113,39 @@ class generator {
   std::array<double, integer_features> mean_{};
   std::array<field, categorical_features> fields_;
 };
+
+/// Writes lines [0, lines) of `data` as Criteo TSV (if `tsv_path`) and as a TFRecord file of
+/// tf.train.Example (if `tfrecord_path`): "label" int64, "I1".."I13" int64, "C1".."C26" the hex
+/// text; a missing value is an empty list.
+inline void write_files(const generator& data, std::int64_t lines, const std::string& tsv_path,
+                        const std::string& tfrecord_path, bool gzip) {
+  std::FILE* tsv = nullptr;
+  if (!tsv_path.empty() && !(tsv = std::fopen(tsv_path.c_str(), "w"))) throw std::runtime_error("cannot write " + tsv_path);
+  std::optional<pscoro::tfrecord_writer> records;
+  if (!tfrecord_path.empty()) {
+    records.emplace(tfrecord_path, gzip ? pscoro::tfrecord_compression::gzip : pscoro::tfrecord_compression::none);
+  }
+  for (std::int64_t i = 0; i < lines; ++i) {
+    const std::string line = data.line(static_cast<std::uint64_t>(i));
+    if (tsv) std::fprintf(tsv, "%s\n", line.c_str());
+    if (!records) continue;
+    const auto parsed = pscoro::parse_criteo_line(line);
+    pscoro::tf_example example;
+    example.features["label"] = std::vector<std::int64_t>{static_cast<std::int64_t>(parsed.label)};
+    for (std::size_t j = 0; j < integer_features; ++j) {
+      std::vector<std::int64_t> value;
+      if (parsed.integers[j]) value.push_back(*parsed.integers[j]);
+      example.features[fmt::format("I{}", j + 1)] = std::move(value);
+    }
+    for (std::size_t f = 0; f < categorical_features; ++f) {
+      std::vector<std::string> value;
+      if (parsed.categories[f]) value.push_back(fmt::format("{:08x}", *parsed.categories[f]));
+      example.features[fmt::format("C{}", f + 1)] = std::move(value);
+    }
+    records->write(pscoro::serialize_tf_example(example));
+  }
+  if (tsv && std::fclose(tsv) != 0) throw std::runtime_error("cannot write " + tsv_path);
+  if (records) records->close();
+}
 
 }  // namespace examples::criteo

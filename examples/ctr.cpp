@@ -247,39 +247,6 @@ asio::awaitable<int> run_chief(pscoro::parameter_server_strategy& strategy, cons
   co_return 0;
 }
 
-// Writes lines [0, lines) of the generator as Criteo TSV and/or as TFRecord of tf.train.Example
-// ("label": int64; "I1".."I13": int64, "C1".."C26": the hex text; a missing value is an empty list).
-void write_data(const criteo::generator& data, std::int64_t lines, const std::string& tsv_path,
-                const std::string& tfrecord_path, bool gzip) {
-  std::FILE* tsv = nullptr;
-  if (!tsv_path.empty() && !(tsv = std::fopen(tsv_path.c_str(), "w"))) throw std::runtime_error("cannot write " + tsv_path);
-  std::optional<pscoro::tfrecord_writer> records;
-  if (!tfrecord_path.empty()) {
-    records.emplace(tfrecord_path, gzip ? pscoro::tfrecord_compression::gzip : pscoro::tfrecord_compression::none);
-  }
-  for (std::int64_t i = 0; i < lines; ++i) {
-    const std::string line = data.line(static_cast<std::uint64_t>(i));
-    if (tsv) std::fprintf(tsv, "%s\n", line.c_str());
-    if (!records) continue;
-    const auto parsed = pscoro::parse_criteo_line(line);
-    pscoro::tf_example example;
-    example.features["label"] = std::vector<std::int64_t>{static_cast<std::int64_t>(parsed.label)};
-    for (std::size_t j = 0; j < numerics; ++j) {
-      std::vector<std::int64_t> value;
-      if (parsed.integers[j]) value.push_back(*parsed.integers[j]);
-      example.features[fmt::format("I{}", j + 1)] = std::move(value);
-    }
-    for (std::size_t f = 0; f < fields; ++f) {
-      std::vector<std::string> value;
-      if (parsed.categories[f]) value.push_back(fmt::format("{:08x}", *parsed.categories[f]));
-      example.features[fmt::format("C{}", f + 1)] = std::move(value);
-    }
-    records->write(pscoro::serialize_tf_example(example));
-  }
-  if (tsv && std::fclose(tsv) != 0) throw std::runtime_error("cannot write " + tsv_path);
-  if (records) records->close();
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -306,7 +273,7 @@ int main(int argc, char** argv) {
 
   try {
     if (!write_tsv.empty() || !write_tfrecord.empty()) {
-      write_data(criteo::generator(static_cast<std::uint64_t>(o.seed)), lines, write_tsv, write_tfrecord, gzip);
+      criteo::write_files(criteo::generator(static_cast<std::uint64_t>(o.seed)), lines, write_tsv, write_tfrecord, gzip);
       return 0;
     }
     const auto resolver = pscoro::tf_config_cluster_resolver::from_environment();

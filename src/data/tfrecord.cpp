@@ -4,6 +4,7 @@
 #include "example.pb.h"
 
 #include <fmt/format.h>
+#include <google/protobuf/arena.h>
 #include <google/protobuf/io/coded_stream.h>
 #include <google/protobuf/io/zero_copy_stream_impl_lite.h>
 #include <zlib.h>
@@ -168,7 +169,13 @@ const std::vector<std::string>& tf_example::bytes(std::string_view name) const {
 }
 
 tf_example parse_tf_example(std::string_view serialized) {
-  tf::Example message;
+  // The parsed message lives in an arena reused by this thread: one reset per record instead of a
+  // malloc and free per feature, key and list.
+  thread_local google::protobuf::Arena arena;
+  struct reset_on_exit {
+    ~reset_on_exit() { arena.Reset(); }
+  } reset;
+  auto& message = *google::protobuf::Arena::CreateMessage<tf::Example>(&arena);
   if (!message.ParseFromArray(serialized.data(), static_cast<int>(serialized.size()))) {
     throw error(errc::invalid_argument,
                 fmt::format("a {}-byte record is not a serialized tf.train.Example", serialized.size()));
