@@ -412,6 +412,19 @@ dataset<std::tuple<A, B>> zip(const dataset<A>& a, const dataset<B>& b) {
   });
 }
 
+/// The elements of `values`, in order: for instance file names, to shard by file and then flat_map
+/// each file to its records.
+template <class T>
+dataset<T> from_values(std::vector<T> values) {
+  auto shared = std::make_shared<const std::vector<T>>(std::move(values));
+  return dataset<T>([shared]() {
+    return detail::make_source<T>([shared, i = std::size_t{0}]() mutable -> std::optional<T> {
+      if (i == shared->size()) return std::nullopt;
+      return (*shared)[i++];
+    });
+  });
+}
+
 /// The slices of `values` along axis 0 (TF's from_tensor_slices).
 template <class V>
 dataset<xt::xarray<V>> from_tensor_slices(xt::xarray<V> values) {

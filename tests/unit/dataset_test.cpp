@@ -178,14 +178,10 @@ TEST_CASE("text_lines reads files in order and drops line ends") {
   CHECK(e.code() == errc::not_found);
   CHECK(contains(e.what(), "missing.txt: cannot open"));
   // Sharding a dataset of file names shards by file.
-  const auto by_file = dataset<std::string>([files = std::vector<std::string>{a, b}]() {
-    return detail::make_source<std::string>([files, i = std::size_t{0}]() mutable -> std::optional<std::string> {
-      if (i == files.size()) return std::nullopt;
-      return files[i++];
-    });
+  const auto by_file = from_values(std::vector<std::string>{a, b}).shard(2, 1).flat_map([](std::string f) {
+    return text_lines({f});
   });
-  CHECK(collect(by_file.shard(2, 1).flat_map([](std::string f) { return text_lines({f}); })) ==
-        std::vector<std::string>{"three"});
+  CHECK(collect(by_file) == std::vector<std::string>{"three"});
 }
 
 TEST_CASE("csv parses numbers, quotes and headers, and names file, line and column when it cannot") {
