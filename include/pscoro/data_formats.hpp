@@ -98,6 +98,8 @@ class idx_reader {
   double element(const std::vector<std::byte>& row, std::size_t i) const noexcept;
 
  private:
+  void read_header();
+
   std::string path_;
   void* file_ = nullptr;  // gzFile
   std::uint8_t type_ = 0;

@@ -272,6 +272,15 @@ idx_reader::idx_reader(std::string path) : path_(std::move(path)) {
   // zlib reads plain files as they are, so one reader serves .gz and uncompressed IDX files.
   file_ = gzopen(path_.c_str(), "rb");
   if (!file_) throw error(errc::not_found, fmt::format("{}: cannot open: {}", path_, std::strerror(errno)));
+  try {
+    read_header();
+  } catch (...) {
+    gzclose(static_cast<gzFile>(file_));  // a throwing constructor runs no destructor
+    throw;
+  }
+}
+
+void idx_reader::read_header() {
   unsigned char magic[4];
   if (gzread(static_cast<gzFile>(file_), magic, 4) != 4) {
     throw error(errc::data_loss, fmt::format("{}: too short for an IDX header", path_));
