@@ -228,6 +228,13 @@ void server::bind_erased(std::string name, std::string signature, detail::erased
   impl_->worker->bind(std::move(name), std::move(signature), std::move(fn));
 }
 
+void server::bind_dataset_erased(std::string name, detail::erased_dataset_function fn) {
+  if (!impl_->worker) {
+    throw error(errc::failed_precondition, fmt::format("{} is not a worker: it cannot bind '{}'", impl_->task, name));
+  }
+  impl_->worker->bind_dataset(std::move(name), std::move(fn));
+}
+
 int run_server(const simple_cluster_resolver& resolver, const std::function<void(server&)>& configure,
                server_options options) {
   try {

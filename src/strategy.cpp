@@ -85,6 +85,11 @@ void cluster_coordinator::join_erased(detail::erased_handler<void(std::exception
   asio::dispatch(core_->executor(), [core = core_, h = std::move(handler)]() mutable { core->join(std::move(h)); });
 }
 
+asio::awaitable<per_worker_ref> detail::create_per_worker_iterators(std::shared_ptr<coordinator_core> core,
+                                                                    std::string function) {
+  co_return co_await core->create_iterators(std::move(function));
+}
+
 bool cluster_coordinator::done() {
   return detail::run_on(core_->executor(), [&] { return core_->done(); });
 }

@@ -27,6 +27,9 @@ std::string describe(const value& v) {
     std::string operator()(const variable_ref& r) const {
       return fmt::format("variable '{}' <{}>{}", r.name, name_of(r.type), to_string(r.shape));
     }
+    std::string operator()(const per_worker_ref& r) const {
+      return fmt::format("per-worker iterator {} of '{}'", r.id, r.function);
+    }
     std::string operator()(const sharded_variable_ref& r) const {
       return fmt::format("sharded variable '{}' <{}>{} in {} shards", r.name, name_of(r.type), to_string(r.shape),
                          r.shards.size());

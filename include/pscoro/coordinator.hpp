@@ -11,6 +11,7 @@
 #pragma once
 
 #include <pscoro/detail/completion.hpp>
+#include <pscoro/per_worker.hpp>
 #include <pscoro/remote_value.hpp>
 #include <pscoro/strategy.hpp>
 #include <pscoro/worker_function.hpp>
@@ -30,6 +31,37 @@ struct coordinator_options {
   std::size_t closures_per_worker = 4;
   /// Closures queued (not yet sent) at most; 0 = no limit. TF's limit is 256 * 1024.
   std::size_t max_queued_closures = 256 * 1024;
+};
+
+namespace detail {
+/// Builds a fresh iterator of `function` on every worker, concurrently; completes when all exist
+/// (throws the first failure, naming the worker).
+asio::awaitable<per_worker_ref> create_per_worker_iterators(std::shared_ptr<coordinator_core> core,
+                                                            std::string function);
+}  // namespace detail
+
+/// A dataset that every worker builds for itself (TF's per-worker dataset); iter() makes iterators.
+template <class T>
+class per_worker_dataset {
+ public:
+  per_worker_dataset(std::shared_ptr<detail::coordinator_core> core, std::string function)
+      : core_(std::move(core)), function_(std::move(function)) {}
+
+  /// A fresh iterator on every worker (each from the start of its data), created before any closure
+  /// can use it: pass the result to schedule(). Throws the first worker's failure (an unbound
+  /// dataset function is errc::not_found naming it).
+  [[nodiscard]] asio::awaitable<per_worker_iterator<T>> iter() const { return iter_on(core_, function_); }
+
+  const std::string& function() const noexcept { return function_; }
+
+ private:
+  static asio::awaitable<per_worker_iterator<T>> iter_on(std::shared_ptr<detail::coordinator_core> core,
+                                                         std::string function) {
+    co_return per_worker_iterator<T>(co_await detail::create_per_worker_iterators(std::move(core), std::move(function)));
+  }
+
+  std::shared_ptr<detail::coordinator_core> core_;
+  std::string function_;
 };
 
 class cluster_coordinator {
@@ -64,6 +96,13 @@ class cluster_coordinator {
           join_erased(detail::erased_handler<void(std::exception_ptr)>(std::move(handler), executor()));
         },
         token);
+  }
+
+  /// The dataset that `function` builds on every worker (TF's create_per_worker_dataset). Nothing
+  /// happens until iter().
+  template <class T>
+  per_worker_dataset<T> create_per_worker_dataset(const dataset_function<T>& function) const {
+    return per_worker_dataset<T>(core_, function.name());
   }
 
   /// Waits for every scheduled closure; throws the first error (then clears it).

@@ -13,6 +13,7 @@
 #pragma once
 
 #include <pscoro/cluster_spec.hpp>
+#include <pscoro/per_worker.hpp>
 #include <pscoro/transport_options.hpp>
 #include <pscoro/worker_function.hpp>
 
@@ -48,6 +49,13 @@ class server {
     bind_erased(function.name(), function.signature(), detail::erase_worker_function(function, std::forward<F>(fn)));
   }
 
+  /// Binds `make` (callable as `pscoro::dataset<T>(pscoro::input_context)`) to `function` on a
+  /// worker: the chief's create_per_worker_dataset(function).iter() calls it for a fresh pipeline.
+  template <class T, class F>
+  void bind(const dataset_function<T>& function, F&& make) {
+    bind_dataset_erased(function.name(), detail::erase_dataset_function<T>(std::forward<F>(make)));
+  }
+
   /// Listens and starts accepting on the executor. Throws if the address cannot be bound.
   void start();
   /// Stops accepting and closes every connection.
@@ -62,6 +70,7 @@ class server {
 
  private:
   void bind_erased(std::string name, std::string signature, detail::erased_worker_function fn);
+  void bind_dataset_erased(std::string name, detail::erased_dataset_function fn);
 
   struct impl;
   std::shared_ptr<impl> impl_;

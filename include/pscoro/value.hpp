@@ -38,17 +38,28 @@ struct sharded_variable_ref {
   friend bool operator==(const sharded_variable_ref&, const sharded_variable_ref&) = default;
 };
 
+/// A resource that exists on every worker (a per-worker iterator): its id and the dataset function
+/// that made it.
+struct per_worker_ref {
+  std::uint64_t id = 0;
+  std::string function;
+  friend bool operator==(const per_worker_ref&, const per_worker_ref&) = default;
+};
+
 namespace detail {
 class variable_io;
+class iterator_table;
 }
 
 /// A worker-function argument or result. monostate: a function that returns nothing.
 using value = std::variant<std::monostate, bool, std::int64_t, double, std::string, tensor, variable_ref,
-                           sharded_variable_ref>;
+                           sharded_variable_ref, per_worker_ref>;
 
 /// What decoding a value may need besides the value: the side's variable I/O.
 struct decode_context {
   std::shared_ptr<detail::variable_io> variables;
+  /// The worker's iterators (null on the chief, where per-worker values stay references).
+  const detail::iterator_table* iterators = nullptr;
 };
 
 /// The name of the alternative `v` holds, for messages: "int64", "tensor<float32>".

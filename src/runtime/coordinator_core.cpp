@@ -174,6 +174,25 @@ asio::awaitable<sharded_variable_ref> coordinator_core::create_variable(
   co_return ref;
 }
 
+asio::awaitable<per_worker_ref> coordinator_core::create_iterators(std::string function) {
+  per_worker_ref ref{next_iterator_id_++, std::move(function)};
+  const auto num_workers = static_cast<std::int64_t>(workers_.size());
+  co_await run_all(workers_.size(), [&](std::size_t i) {
+    wire::frame request;
+    auto* create = request.message.mutable_request()->mutable_create_iterator();
+    create->set_function(ref.function);
+    create->set_id(ref.id);
+    create->set_worker_index(static_cast<std::int64_t>(i));
+    create->set_num_workers(num_workers);
+    return create_on(workers_[i].peer, std::move(request));
+  });
+  co_return ref;
+}
+
+asio::awaitable<void> coordinator_core::create_on(std::shared_ptr<runtime::peer> worker, wire::frame request) {
+  co_await worker->call(std::move(request));
+}
+
 std::shared_ptr<coordinator_core::closure> coordinator_core::make_closure(std::string name, std::string signature,
                                                                           std::vector<value> args) {
   auto result = std::make_shared<remote_state>(executor_, decode_context{ps_});

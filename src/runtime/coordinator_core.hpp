@@ -33,6 +33,10 @@ class coordinator_core : public std::enable_shared_from_this<coordinator_core> {
 
   void set_options(const coordinator_options& options) { options_ = options; }
 
+  /// Builds a fresh iterator of dataset function `function` on every worker; completes when all
+  /// exist, with their common id.
+  asio::awaitable<per_worker_ref> create_iterators(std::string function);
+
   // Closures. All on the executor.
   /// Queues at once; throws the pending error, or errc::resource_exhausted when the queue is full.
   std::shared_ptr<remote_state> schedule(std::string name, std::string signature, std::vector<value> args);
@@ -63,6 +67,7 @@ class coordinator_core : public std::enable_shared_from_this<coordinator_core> {
     bool alive = true;
   };
 
+  static asio::awaitable<void> create_on(std::shared_ptr<runtime::peer> worker, wire::frame request);
   std::shared_ptr<closure> make_closure(std::string name, std::string signature, std::vector<value> args);
   bool has_room() const noexcept {
     return options_.max_queued_closures == 0 || queue_.size() < options_.max_queued_closures;
@@ -88,6 +93,7 @@ class coordinator_core : public std::enable_shared_from_this<coordinator_core> {
   std::shared_ptr<runtime::ps_client> ps_;
   std::vector<worker_slot> workers_;
   std::size_t next_placement_ = 0;
+  std::uint64_t next_iterator_id_ = 1;
   variable_partitioner partitioner_;
   bool closed_ = false;
 

@@ -63,6 +63,10 @@ wire::frame ps_service::handle(const wire::frame& request) {
         throw error(errc::failed_precondition,
                     fmt::format("{} is a parameter server and runs no worker functions ('{}' was sent here)", task_,
                                 body.run_function().name()));
+      case wire::Request::kCreateIterator:
+        throw error(errc::failed_precondition,
+                    fmt::format("{} is a parameter server and builds no datasets ('{}' was sent here)", task_,
+                                body.create_iterator().function()));
       case wire::Request::BODY_NOT_SET: throw error(errc::invalid_argument, "empty request");
     }
   } catch (const error& e) {

@@ -36,6 +36,10 @@ void encode_value(wire::frame& f, wire::Value& out, const value& v) {
     void operator()(const std::string& s) const { out.set_text(s); }
     void operator()(const tensor& t) const { wire::put_tensor(f, *out.mutable_tensor(), t); }
     void operator()(const variable_ref& r) const { encode_ref(*out.mutable_variable(), r); }
+    void operator()(const per_worker_ref& r) const {
+      out.mutable_per_worker()->set_id(r.id);
+      out.mutable_per_worker()->set_function(r.function);
+    }
     void operator()(const sharded_variable_ref& r) const {
       auto& sharded = *out.mutable_sharded_variable();
       sharded.set_name(r.name);
@@ -56,6 +60,7 @@ value decode_value(const wire::frame& f, const wire::Value& in) {
     case wire::Value::kText: return in.text();
     case wire::Value::kTensor: return wire::get_tensor(f, in.tensor());
     case wire::Value::kVariable: return decode_ref(in.variable());
+    case wire::Value::kPerWorker: return per_worker_ref{in.per_worker().id(), in.per_worker().function()};
     case wire::Value::kShardedVariable: {
       const auto& sharded = in.sharded_variable();
       sharded_variable_ref ref{sharded.name(), decode_dtype(sharded.dtype(), sharded.name()),

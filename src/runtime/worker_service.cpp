@@ -40,6 +40,27 @@ void worker_service::bind(std::string name, std::string signature, detail::erase
   functions_[std::move(name)] = bound_function{std::move(signature), std::move(fn)};
 }
 
+void worker_service::bind_dataset(std::string name, detail::erased_dataset_function fn) {
+  datasets_[std::move(name)] = std::move(fn);
+}
+
+void worker_service::create_iterator(const wire::CreateIterator& create) {
+  auto it = datasets_.find(create.function());
+  if (it == datasets_.end()) {
+    std::vector<std::string_view> known;
+    for (const auto& entry : datasets_) known.push_back(entry.first);
+    throw error(errc::not_found, fmt::format("dataset function '{}' is not bound on {} (it binds: {})",
+                                             create.function(), task_, known.empty() ? "nothing" : join(known, ", ")));
+  }
+  if (create.num_workers() < 1 || create.worker_index() < 0 || create.worker_index() >= create.num_workers()) {
+    throw error(errc::invalid_argument, fmt::format("input context of '{}': worker {} of {} is not a valid place",
+                                                    create.function(), create.worker_index(), create.num_workers()));
+  }
+  // The user's function builds the pipeline here; its failure becomes the request's error.
+  auto iterator = it->second.make_iterator(input_context{create.worker_index(), create.num_workers()});
+  iterators_.put(create.id(), {create.function(), it->second.element_type, std::move(iterator)});
+}
+
 void worker_service::set_cluster(const wire::Hello& hello) {
   std::map<int, std::string> ps_addresses;
   for (const auto& job : hello.cluster()) {
@@ -85,7 +106,7 @@ asio::awaitable<value> worker_service::run(const wire::frame& request, const wir
   // Copy the function: a later bind() of the same name must not pull it from under this call.
   const auto fn = it->second.fn;
   // Named, not a temporary: g++ 12 destroys temporaries of a co_await expression too early.
-  const decode_context context{ps_};
+  const decode_context context{ps_, &iterators_};
   auto call_result = fn(std::move(args), context);
   co_return co_await std::move(call_result);
 }
@@ -94,6 +115,18 @@ asio::awaitable<wire::frame> worker_service::handle(wire::frame request) {
   const auto& body = request.message.request();
   wire::frame response;
   auto* out = response.message.mutable_response();
+  if (body.body_case() == wire::Request::kCreateIterator) {
+    try {
+      create_iterator(body.create_iterator());
+    } catch (const error& e) {
+      wire::set_status(*out->mutable_status(), e.code(), e.what(), task_);
+    } catch (const std::exception& e) {
+      wire::set_status(*out->mutable_status(), make_error_code(errc::unknown),
+                       fmt::format("dataset function '{}' raised: {}", body.create_iterator().function(), e.what()),
+                       task_);
+    }
+    co_return response;
+  }
   if (body.body_case() != wire::Request::kRunFunction) {
     wire::set_status(*out->mutable_status(), make_error_code(errc::failed_precondition),
                      fmt::format("{} is a worker and holds no variables", task_), task_);

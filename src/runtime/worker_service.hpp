@@ -3,6 +3,7 @@
 // cluster the chief sends in its Hello.
 #pragma once
 
+#include <pscoro/per_worker.hpp>
 #include <pscoro/transport_options.hpp>
 #include <pscoro/worker_function.hpp>
 
@@ -25,6 +26,9 @@ class worker_service {
 
   /// Registers `fn` under `name`; binding a name twice replaces the first binding.
   void bind(std::string name, std::string signature, detail::erased_worker_function fn);
+  /// Registers the dataset function `name` (same rule).
+  void bind_dataset(std::string name, detail::erased_dataset_function fn);
+  std::size_t num_iterators() const noexcept { return iterators_.size(); }
 
   /// Takes the ps addresses from the chief's Hello.
   void set_cluster(const wire::Hello& hello);
@@ -39,6 +43,7 @@ class worker_service {
   };
 
   asio::awaitable<value> run(const wire::frame& request, const wire::RunFunction& call);
+  void create_iterator(const wire::CreateIterator& create);
 
   asio::any_io_executor executor_;
   std::string task_;
@@ -46,6 +51,8 @@ class worker_service {
   std::uint64_t incarnation_;
   transport_options options_;
   std::map<std::string, bound_function, std::less<>> functions_;
+  std::map<std::string, detail::erased_dataset_function, std::less<>> datasets_;
+  detail::iterator_table iterators_;
   std::shared_ptr<ps_client> ps_;
 };
 

@@ -1,0 +1,116 @@
+// Per-worker datasets on an in-process cluster: every worker builds its own pipeline from its input
+// context; scheduled functions read the iterator of the worker they run on.
+#include "local_cluster.hpp"
+#include "test_support.hpp"
+
+#include <pscoro/coordinator.hpp>
+#include <pscoro/per_worker.hpp>
+
+#include <map>
+#include <numeric>
+#include <set>
+#include <sstream>
+
+using namespace pscoro;
+using pscoro::testing::code_of;
+using pscoro::testing::failure_of;
+using pscoro::testing::local_cluster;
+using pscoro::testing::message_of;
+
+namespace {
+
+using element = std::vector<std::int64_t>;  // a batch of record numbers
+
+const dataset_function<element> records{"test.records"};
+const dataset_function<element> broken{"test.broken"};
+const dataset_function<element> unbound{"test.unbound"};
+// Takes one batch; returns the worker's index followed by the batch.
+const worker_function<std::string(per_worker_iterator<element>)> take_batch{"test.take_batch"};
+
+std::string encode(std::int64_t worker, const element& batch) {
+  std::string out = std::to_string(worker);
+  for (const auto x : batch) out += "," + std::to_string(x);
+  return out;
+}
+
+void bind_functions(server& s) {
+  // Records 0..99, sharded by record among the workers, in batches of 10.
+  s.bind(records, [](input_context context) {
+    std::vector<std::int64_t> all(100);
+    std::iota(all.begin(), all.end(), 0);
+    return from_values(all).shard(context.num_workers, context.worker_index).batch(10);
+  });
+  s.bind(broken, [](input_context) -> dataset<element> { throw std::runtime_error("no such files"); });
+  const int index = s.task() == "worker:0" ? 0 : 1;
+  s.bind(take_batch, [index](per_worker_iterator<element> it) -> asio::awaitable<std::string> {
+    co_return encode(index, it.next());
+  });
+}
+
+}  // namespace
+
+TEST_CASE("each worker reads its own shard through its own iterator, to the end of its data") {
+  local_cluster cluster(1, 2, bind_functions);
+  cluster.run_chief(
+      [](parameter_server_strategy&, cluster_coordinator& coordinator) -> asio::awaitable<void> {
+        const auto per_worker = coordinator.create_per_worker_dataset(records);
+        auto it = co_await per_worker.iter();
+        // 100 records in 2 shards of 5 batches. More closures than batches: some worker reaches the end
+        // of its data, and that is errc::out_of_range (TF: OutOfRangeError), raised once.
+        std::vector<remote_value<std::string>> results;
+        for (int i = 0; i < 14; ++i) results.push_back(coordinator.schedule(take_batch, it));
+        const auto e = co_await failure_of(coordinator.join());
+        REQUIRE(e);
+        CHECK(code_of(e) == errc::out_of_range);
+        CHECK(contains(message_of(e), "End of sequence (the dataset of 'test.records' is exhausted)"));
+        // What was read: each worker's own shard, its batches in order, none twice.
+        std::map<std::int64_t, std::vector<std::int64_t>> by_worker;
+        for (auto& r : results) {
+          if (r.status() != remote_status::ready) continue;
+          const std::string text = co_await r.get();
+          std::stringstream parts(text);
+          std::string field;
+          std::getline(parts, field, ',');
+          const std::int64_t worker = std::stoll(field);
+          std::vector<std::int64_t> batch;
+          while (std::getline(parts, field, ',')) batch.push_back(std::stoll(field));
+          REQUIRE(batch.size() == 10);
+          auto& seen = by_worker[worker];
+          // The k-th batch of worker w holds records w + 2 * (10k .. 10k + 9).
+          const auto k = static_cast<std::int64_t>(seen.size() / 10);
+          for (std::size_t j = 0; j < batch.size(); ++j) {
+            CHECK(batch[j] == worker + 2 * (10 * k + static_cast<std::int64_t>(j)));
+          }
+          seen.insert(seen.end(), batch.begin(), batch.end());
+        }
+        // The first closures went to both workers at once, and they read different records.
+        REQUIRE(by_worker.size() == 2);
+        CHECK(by_worker[0].front() != by_worker[1].front());
+        std::size_t batches = 0;
+        for (const auto& [worker, seen] : by_worker) batches += seen.size() / 10;
+        CHECK(batches <= 10);
+        // A new iter() starts every worker's pass afresh.
+        auto again = co_await per_worker.iter();
+        CHECK(again.ref().id != it.ref().id);
+        auto first = coordinator.schedule(take_batch, again);
+        const std::string text = co_await first.get();
+        CHECK((text == "0,0,2,4,6,8,10,12,14,16,18" || text == "1,1,3,5,7,9,11,13,15,17,19"));
+      },
+      {1, 1000});  // one closure per worker at a time: results arrive in the order batches were read
+}
+
+TEST_CASE("an unbound or failing dataset function fails iter() with the worker's reason") {
+  local_cluster cluster(1, 2, bind_functions);
+  cluster.run_chief([](parameter_server_strategy&, cluster_coordinator& coordinator) -> asio::awaitable<void> {
+    auto e = co_await failure_of(coordinator.create_per_worker_dataset(unbound).iter());
+    CHECK(code_of(e) == errc::not_found);
+    CHECK(contains(message_of(e), "dataset function 'test.unbound' is not bound on worker:"));
+    CHECK(contains(message_of(e), "(it binds: test.broken, test.records)"));
+    e = co_await failure_of(coordinator.create_per_worker_dataset(broken).iter());
+    CHECK(code_of(e) == errc::unknown);
+    CHECK(contains(message_of(e), "dataset function 'test.broken' raised: no such files"));
+    // An iterator read on the chief is refused.
+    auto it = co_await coordinator.create_per_worker_dataset(records).iter();
+    CHECK_THROWS_AS((void)it.next(), error);
+  });
+}
