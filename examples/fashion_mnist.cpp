@@ -1,49 +1,48 @@
 // Softmax regression on Fashion-MNIST, trained by a pscoro cluster.
 //
-// The weights live on the parameter servers; each worker pulls them, computes the gradient of a
-// batch of the training set with xtensor and pushes the update; the chief schedules the steps,
-// prints progress and the test-set accuracy. One binary plays every role, chosen by TF_CONFIG:
+// The weights live on the parameter servers. Every worker reads its shard of the training files
+// through its own input pipeline (a per-worker dataset: IDX files -> shard -> shuffle -> batch ->
+// prefetch); each step takes a batch from the worker's iterator, pulls the weights, computes the
+// gradient with xtensor and pushes the update. The chief schedules the steps, prints progress and
+// the test-set accuracy. One binary plays every role, chosen by TF_CONFIG:
 //
 //   pscoro-launch --ps 2 --workers 2 -- fashion_mnist --steps 3000
 #include <pscoro/pscoro.hpp>
-
-#include "idx.hpp"
 
 #include <CLI/CLI.hpp>
 #include <asio/co_spawn.hpp>
 #include <asio/io_context.hpp>
 
-#include <fmt/format.h>
-
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
-#include <numeric>
-#include <random>
+#include <tuple>
 
 namespace {
 
 constexpr std::size_t pixels = 28 * 28;
 constexpr std::size_t classes = 10;
 
-// Shared by the chief and the workers: (weights, bias, step, batch size, learning rate) -> loss.
-const pscoro::worker_function<double(pscoro::variable<float>, pscoro::variable<float>, std::int64_t, std::int64_t,
-                                     double)>
+// A batch: pixels scaled to [0, 1], [n, 784], and labels, [n].
+using batch = std::tuple<xt::xarray<float>, xt::xarray<std::int64_t>>;
+
+// Shared by the chief and the workers.
+const pscoro::dataset_function<batch> train_data{"fashion_mnist.train_data"};
+// (weights, bias, the worker's batches, learning rate) -> loss.
+const pscoro::worker_function<double(pscoro::variable<float>, pscoro::variable<float>,
+                                     pscoro::per_worker_iterator<batch>, double)>
     train_step{"fashion_mnist.train_step"};
 
-struct dataset {
-  xt::xarray<std::uint8_t> images;  // [n, 28, 28]
-  xt::xarray<std::uint8_t> labels;  // [n]
-  std::size_t size() const { return labels.size(); }
-};
-
-dataset load(const std::string& dir, const std::string& prefix) {
-  dataset d{examples::read_idx_gz(dir + "/" + prefix + "-images-idx3-ubyte.gz"),
-            examples::read_idx_gz(dir + "/" + prefix + "-labels-idx1-ubyte.gz")};
-  if (d.images.shape()[0] != d.labels.size()) {
-    throw std::runtime_error(fmt::format("{}: {} images but {} labels", prefix, d.images.shape()[0], d.labels.size()));
-  }
-  return d;
+// The examples of a Fashion-MNIST split ("train", "t10k") as (pixels [784] in [0, 1], label).
+pscoro::dataset<batch> examples_of(const std::string& dir, const std::string& split) {
+  return pscoro::zip(pscoro::idx<float>(dir + "/" + split + "-images-idx3-ubyte.gz"),
+                     pscoro::idx<std::int64_t>(dir + "/" + split + "-labels-idx1-ubyte.gz"))
+      .map([](std::tuple<xt::xarray<float>, xt::xarray<std::int64_t>> example) {
+        auto& [image, label] = example;
+        xt::xarray<float> pixels = image / 255.0f;
+        pixels.reshape({pixels.size()});
+        return batch{std::move(pixels), std::move(label)};
+      });
 }
 
 // Rows of `x` (pixels scaled to [0, 1]) times `w` plus `b`, softmaxed in place. Returns [rows, 10].
@@ -67,77 +66,56 @@ xt::xarray<float> probabilities(const xt::xarray<float>& x, const xt::xarray<flo
   return p;
 }
 
-xt::xarray<float> rows_of(const dataset& d, const std::vector<std::size_t>& index) {
-  xt::xarray<float> x = xt::zeros<float>({index.size(), pixels});
-  for (std::size_t r = 0; r < index.size(); ++r) {
-    const std::uint8_t* image = d.images.data() + index[r] * pixels;
-    for (std::size_t i = 0; i < pixels; ++i) x(r, i) = image[i] / 255.0f;
+// The worker side: one training step on the next batch of this worker's pipeline.
+asio::awaitable<double> train(pscoro::variable<float> w, pscoro::variable<float> b,
+                              pscoro::per_worker_iterator<batch> batches, double learning_rate) {
+  const auto [x, labels] = batches.next();
+  const std::size_t rows = labels.size();
+  const auto weights = co_await w.read();
+  const auto bias = co_await b.read();
+  auto p = probabilities(x, weights, bias);
+
+  // Cross-entropy loss; p becomes d(loss)/d(logits) = (p - onehot) / batch.
+  double loss = 0;
+  const float scale = 1.0f / static_cast<float>(rows);
+  for (std::size_t r = 0; r < rows; ++r) {
+    const auto label = static_cast<std::size_t>(labels(r));
+    loss -= std::log(std::max(p(r, label), 1e-12f));
+    p(r, label) -= 1.0f;
+    for (std::size_t k = 0; k < classes; ++k) p(r, k) *= scale;
   }
-  return x;
+  xt::xarray<float> grad_w = xt::zeros<float>({pixels, classes});
+  xt::xarray<float> grad_b = xt::zeros<float>({classes});
+  for (std::size_t r = 0; r < rows; ++r) {
+    for (std::size_t k = 0; k < classes; ++k) grad_b(k) += p(r, k);
+    for (std::size_t i = 0; i < pixels; ++i) {
+      const float xi = x(r, i);
+      if (xi == 0.0f) continue;
+      for (std::size_t k = 0; k < classes; ++k) grad_w(i, k) += xi * p(r, k);
+    }
+  }
+  const auto lr = static_cast<float>(learning_rate);
+  grad_w *= lr;
+  grad_b *= lr;
+  co_await w.assign_sub(grad_w);
+  co_await b.assign_sub(grad_b);
+  co_return loss / static_cast<double>(rows);
 }
 
-// The worker side: a fixed shuffle of the training set; step s takes batch s of it.
-class trainer {
- public:
-  explicit trainer(dataset train) : train_(std::move(train)), order_(train_.size()) {
-    std::iota(order_.begin(), order_.end(), std::size_t{0});
-    std::shuffle(order_.begin(), order_.end(), std::mt19937_64(42));
-  }
-
-  asio::awaitable<double> step(pscoro::variable<float> w, pscoro::variable<float> b, std::int64_t step,
-                               std::int64_t batch_size, double learning_rate) const {
-    if (batch_size <= 0) throw pscoro::error(pscoro::errc::invalid_argument, "batch size must be positive");
-    std::vector<std::size_t> index(static_cast<std::size_t>(batch_size));
-    for (std::size_t i = 0; i < index.size(); ++i) {
-      index[i] = order_[(static_cast<std::size_t>(step) * index.size() + i) % order_.size()];
+// Accuracy over the test split, read through the same pipeline in batches of 1000.
+std::pair<double, std::size_t> accuracy(const std::string& dir, const xt::xarray<float>& w, const xt::xarray<float>& b) {
+  std::size_t correct = 0, total = 0;
+  auto it = examples_of(dir, "t10k").batch(1000).make_iterator();
+  while (auto next = it.next()) {
+    const auto& [x, labels] = *next;
+    const auto p = probabilities(x, w, b);
+    for (std::size_t r = 0; r < labels.size(); ++r) {
+      const float* row = &p(r, 0);
+      correct += static_cast<std::int64_t>(std::max_element(row, row + classes) - row) == labels(r);
     }
-    const auto x = rows_of(train_, index);
-    const auto weights = co_await w.read();
-    const auto bias = co_await b.read();
-    auto p = probabilities(x, weights, bias);
-
-    // Cross-entropy loss; p becomes d(loss)/d(logits) = (p - onehot) / batch.
-    double loss = 0;
-    const float scale = 1.0f / static_cast<float>(index.size());
-    for (std::size_t r = 0; r < index.size(); ++r) {
-      const std::size_t label = train_.labels(index[r]);
-      loss -= std::log(std::max(p(r, label), 1e-12f));
-      p(r, label) -= 1.0f;
-      for (std::size_t k = 0; k < classes; ++k) p(r, k) *= scale;
-    }
-    xt::xarray<float> grad_w = xt::zeros<float>({pixels, classes});
-    xt::xarray<float> grad_b = xt::zeros<float>({classes});
-    for (std::size_t r = 0; r < index.size(); ++r) {
-      for (std::size_t k = 0; k < classes; ++k) grad_b(k) += p(r, k);
-      for (std::size_t i = 0; i < pixels; ++i) {
-        const float xi = x(r, i);
-        if (xi == 0.0f) continue;
-        for (std::size_t k = 0; k < classes; ++k) grad_w(i, k) += xi * p(r, k);
-      }
-    }
-    const auto lr = static_cast<float>(learning_rate);
-    grad_w *= lr;
-    grad_b *= lr;
-    co_await w.assign_sub(grad_w);
-    co_await b.assign_sub(grad_b);
-    co_return loss / static_cast<double>(index.size());
+    total += labels.size();
   }
-
- private:
-  dataset train_;
-  std::vector<std::size_t> order_;
-};
-
-double accuracy(const dataset& test, const xt::xarray<float>& w, const xt::xarray<float>& b) {
-  std::vector<std::size_t> all(test.size());
-  std::iota(all.begin(), all.end(), std::size_t{0});
-  const auto p = probabilities(rows_of(test, all), w, b);
-  std::size_t correct = 0;
-  for (std::size_t r = 0; r < test.size(); ++r) {
-    const float* row = &p(r, 0);
-    correct += static_cast<std::size_t>(std::max_element(row, row + classes) - row) == test.labels(r);
-  }
-  return static_cast<double>(correct) / static_cast<double>(test.size());
+  return {static_cast<double>(correct) / static_cast<double>(total), total};
 }
 
 struct options {
@@ -150,7 +128,7 @@ struct options {
   std::int64_t log_every = 500;
 };
 
-asio::awaitable<int> run_chief(pscoro::parameter_server_strategy& strategy, const options& o, const dataset& test) {
+asio::awaitable<int> run_chief(pscoro::parameter_server_strategy& strategy, const options& o) {
   co_await strategy.connect();
   pscoro::cluster_coordinator coordinator(strategy, {o.closures_per_worker});
   auto scope = strategy.scope();
@@ -160,13 +138,15 @@ asio::awaitable<int> run_chief(pscoro::parameter_server_strategy& strategy, cons
   auto b = co_await scope.create_variable("softmax/bias", zero_bias);
   std::printf("chief: weights on ps:%d, bias on ps:%d; %lld steps of %lld images on %zu workers\n", w.ps_task(),
               b.ps_task(), static_cast<long long>(o.steps), static_cast<long long>(o.batch_size), strategy.num_workers());
+  // Every worker builds its input pipeline now, before any step can ask it for a batch.
+  const auto batches = co_await coordinator.create_per_worker_dataset(train_data).iter();
 
   // Schedule everything at once; keep the losses we print.
   std::vector<std::pair<std::int64_t, pscoro::remote_value<double>>> progress;
   for (std::int64_t step = 0; step < o.steps; ++step) {
     // Linear decay to zero: the last steps settle instead of jumping around the optimum.
     const double learning_rate = o.learning_rate * static_cast<double>(o.steps - step) / static_cast<double>(o.steps);
-    auto loss = coordinator.schedule(train_step, w, b, step, o.batch_size, learning_rate);
+    auto loss = coordinator.schedule(train_step, w, b, batches, learning_rate);
     if ((step + 1) % o.log_every == 0 || step + 1 == o.steps) progress.emplace_back(step + 1, std::move(loss));
   }
   for (auto& [step, loss] : progress) {
@@ -176,8 +156,10 @@ asio::awaitable<int> run_chief(pscoro::parameter_server_strategy& strategy, cons
   }
   co_await coordinator.join();
 
-  const double acc = accuracy(test, co_await w.read(), co_await b.read());
-  std::printf("chief: test accuracy %.4f on %zu images\n", acc, test.size());
+  const auto weights = co_await w.read();
+  const auto bias = co_await b.read();
+  const auto [acc, images] = accuracy(o.data_dir, weights, bias);
+  std::printf("chief: test accuracy %.4f on %zu images\n", acc, images);
   strategy.close();
   if (acc < o.min_accuracy) {
     std::printf("chief: accuracy %.4f is below the required %.2f\n", acc, o.min_accuracy);
@@ -205,17 +187,24 @@ int main(int argc, char** argv) {
     const auto resolver = pscoro::tf_config_cluster_resolver::from_environment();
     if (resolver.task_type() == "ps") return pscoro::run_server(resolver);
     if (resolver.task_type() == "worker") {
-      auto worker = std::make_shared<trainer>(load(o.data_dir, "train"));
-      return pscoro::run_server(resolver, [worker](pscoro::server& s) {
-        s.bind(train_step, [worker](pscoro::variable<float> w, pscoro::variable<float> b, std::int64_t step,
-                                    std::int64_t batch, double lr) { return worker->step(w, b, step, batch, lr); });
+      return pscoro::run_server(resolver, [&o](pscoro::server& s) {
+        // This worker's half (third, ...) of the training images, reshuffled every epoch, forever:
+        // the chief decides how many steps to take.
+        s.bind(train_data, [dir = o.data_dir, size = static_cast<std::size_t>(o.batch_size)](pscoro::input_context c) {
+          return examples_of(dir, "train")
+              .shard(c.num_workers, c.worker_index)
+              .shuffle(10000, 42 + static_cast<std::uint64_t>(c.worker_index))
+              .repeat()
+              .batch(size, /*drop_remainder=*/true)
+              .prefetch(4);
+        });
+        s.bind(train_step, train);
       });
     }
-    const dataset test = load(o.data_dir, "t10k");
     asio::io_context io;
     pscoro::parameter_server_strategy strategy(io.get_executor(), resolver);
     int exit_code = 1;
-    asio::co_spawn(io, run_chief(strategy, o, test), [&](std::exception_ptr e, int code) {
+    asio::co_spawn(io, run_chief(strategy, o), [&](std::exception_ptr e, int code) {
       exit_code = code;
       if (e) {
         try {
