@@ -31,6 +31,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <type_traits>
 #include <typeinfo>
 
 namespace pscoro {
