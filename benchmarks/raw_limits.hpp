@@ -1,5 +1,5 @@
 // The machine's own limits, measured in the same run as what is compared with them: loopback TCP
-// round trips, a loopback "pull" of a large buffer, memcpy. Benchmarks print ratios to these.
+// exchanges (round trips, and the "pull" of a large buffer by a small request), memcpy. Benchmarks print ratios to these.
 #pragma once
 
 #include <asio/io_context.hpp>
@@ -69,13 +69,6 @@ inline std::vector<double> raw_exchanges(std::size_t request, std::size_t respon
 /// Round trip percentiles of a `size`-byte ping-pong.
 inline percentiles raw_round_trip(std::size_t size, int iterations) {
   return summarize(raw_exchanges(size, size, iterations));
-}
-
-/// Loopback bandwidth (bytes/s, median) of pulling `bytes` with a 64-byte request: the raw form of
-/// reading a variable.
-inline double raw_pull_bandwidth(std::size_t bytes, int iterations) {
-  const auto samples = raw_exchanges(64, bytes, iterations);
-  return static_cast<double>(bytes) / (median(samples) * 1e-6);
 }
 
 /// memcpy bandwidth (bytes/s, median) for `bytes`-byte buffers.

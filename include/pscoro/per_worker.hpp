@@ -82,7 +82,6 @@ class iterator_table {
     }
     return std::static_pointer_cast<dataset_iterator<T>>(it->second.iterator);
   }
-  std::size_t size() const noexcept { return entries_.size(); }
 
  private:
   std::map<std::uint64_t, entry> entries_;

@@ -28,7 +28,6 @@ class worker_service {
   void bind(std::string name, std::string signature, detail::erased_worker_function fn);
   /// Registers the dataset function `name` (same rule).
   void bind_dataset(std::string name, detail::erased_dataset_function fn);
-  std::size_t num_iterators() const noexcept { return iterators_.size(); }
 
   /// Takes the ps addresses from the chief's Hello.
   void set_cluster(const wire::Hello& hello);

@@ -26,6 +26,8 @@ const dataset_function<element> broken{"test.broken"};
 const dataset_function<element> unbound{"test.unbound"};
 // Takes one batch; returns the worker's index followed by the batch.
 const worker_function<std::string(per_worker_iterator<element>)> take_batch{"test.take_batch"};
+// Reads an iterator as if its elements were strings (they are not).
+const worker_function<std::string(per_worker_iterator<std::string>)> take_text{"test.take_text"};
 
 std::string encode(std::int64_t worker, const element& batch) {
   std::string out = std::to_string(worker);
@@ -45,6 +47,7 @@ void bind_functions(server& s) {
   s.bind(take_batch, [index](per_worker_iterator<element> it) -> asio::awaitable<std::string> {
     co_return encode(index, it.next());
   });
+  s.bind(take_text, [](per_worker_iterator<std::string> it) -> asio::awaitable<std::string> { co_return it.next(); });
 }
 
 }  // namespace
@@ -111,6 +114,20 @@ TEST_CASE("an unbound or failing dataset function fails iter() with the worker's
     CHECK(contains(message_of(e), "dataset function 'test.broken' raised: no such files"));
     // An iterator read on the chief is refused.
     auto it = co_await coordinator.create_per_worker_dataset(records).iter();
-    CHECK_THROWS_AS((void)it.next(), error);
+    CHECK_THROWS_WITH_AS((void)it.next(),
+                         "a per-worker iterator of 'test.records' is read inside a worker function, not on the chief",
+                         error);
+    // Read as another element type than its dataset function makes: refused on the worker.
+    auto wrong = coordinator.schedule(take_text, per_worker_iterator<std::string>(it.ref()));
+    e = co_await failure_of(wrong.get());
+    CHECK(code_of(e) == errc::invalid_argument);
+    CHECK(contains(message_of(e), "iterator of 'test.records' is read with another element type"));
+    CHECK_THROWS_AS((void)coordinator.done(), remote_error);
+    // An iterator no worker made.
+    auto missing = coordinator.schedule(take_batch, per_worker_iterator<element>(per_worker_ref{999, "test.records"}));
+    e = co_await failure_of(missing.get());
+    CHECK(code_of(e) == errc::not_found);
+    CHECK(contains(message_of(e), "iterator 999 of 'test.records' does not exist on this worker"));
+    CHECK_THROWS_AS((void)coordinator.done(), remote_error);
   });
 }

@@ -87,6 +87,14 @@ TEST_CASE("only workers bind worker functions") {
     CHECK(e.code() == errc::failed_precondition);
     CHECK(contains(e.what(), "ps:0 is not a worker: it cannot bind 'test.f'"));
   }
+  const dataset_function<std::int64_t> d{"test.d"};
+  try {
+    ps.bind(d, [](input_context) { return from_values(std::vector<std::int64_t>{1}); });
+    FAIL("a ps bound a dataset function");
+  } catch (const error& e) {
+    CHECK(e.code() == errc::failed_precondition);
+    CHECK(contains(e.what(), "ps:0 is not a worker: it cannot bind 'test.d'"));
+  }
 }
 
 TEST_CASE("a ps runs no functions and a worker holds no variables") {
@@ -103,6 +111,29 @@ TEST_CASE("a ps runs no functions and a worker holds no variables") {
   status = call(cluster, "worker", std::move(read));
   CHECK(status.code() == static_cast<int>(errc::failed_precondition));
   CHECK(status.message() == "worker:0 is a worker and holds no variables");
+}
+
+TEST_CASE("a ps builds no datasets and a worker refuses an impossible input context") {
+  const dataset_function<std::int64_t> numbers{"test.numbers"};
+  local_cluster cluster(1, 1, [&](server& s) {
+    s.bind(numbers, [](input_context) { return from_values(std::vector<std::int64_t>{1, 2}); });
+  });
+  auto create = [](std::int64_t index, std::int64_t workers) {
+    wire::frame f;
+    auto* body = f.message.mutable_request()->mutable_create_iterator();
+    body->set_function("test.numbers");
+    body->set_id(1);
+    body->set_worker_index(index);
+    body->set_num_workers(workers);
+    return f;
+  };
+  auto status = call(cluster, "ps", create(0, 1));
+  CHECK(status.code() == static_cast<int>(errc::failed_precondition));
+  CHECK(contains(status.message(), "ps:0 is a parameter server and builds no datasets ('test.numbers'"));
+  status = call(cluster, "worker", create(2, 2));
+  CHECK(status.code() == static_cast<int>(errc::invalid_argument));
+  CHECK(status.message() == "input context of 'test.numbers': worker 2 of 2 is not a valid place");
+  CHECK(call(cluster, "worker", create(0, 1)).code() == 0);
 }
 
 TEST_CASE("a tensor that does not match its segment fails that request only") {

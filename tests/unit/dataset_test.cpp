@@ -95,6 +95,14 @@ TEST_CASE("from_tensor_slices and batch stack along a new axis, with or without 
   REQUIRE(pairs.size() == 2);
   CHECK(std::get<1>(pairs[0]).shape() == std::vector<std::size_t>{4});
   CHECK(std::get<1>(pairs[1])(2) == 6);
+  // Bad inputs are refused where the pipeline is built or the batch made.
+  CHECK_THROWS_WITH_AS(from_tensor_slices(xt::xarray<float>(1.0f)), "from_tensor_slices: a scalar has no slices", error);
+  CHECK_THROWS_AS(from_tensor_slices(values, xt::xarray<std::int64_t>(xt::arange<std::int64_t>(6))), error);
+  const std::vector<xt::xarray<float>> ragged{xt::zeros<float>({2}), xt::zeros<float>({3})};
+  CHECK_THROWS_WITH_AS((void)collect(from_values(ragged).batch(2)),
+                       "batch: element 1 has another shape than element 0 (use map to make them equal)", error);
+  CHECK_THROWS_AS(counting(5).shuffle(0, 1), error);
+  CHECK_THROWS_AS(counting(5).prefetch(0), error);
   const auto grouped = collect(counting(5).batch(2));
   CHECK(grouped == std::vector<std::vector<std::int64_t>>{{0, 1}, {2, 3}, {4}});
   CHECK_THROWS_AS(counting(5).batch(0), error);
@@ -342,6 +350,9 @@ TEST_CASE("TFRecord files of tf.train.Example round-trip, compressed or not") {
     CHECK(std::string(failure([&] { (void)records[0].floats("y"); }).what()) == "the example has no feature 'y'");
   }
   CHECK(failure([] { (void)parse_tf_example("\xff\xff\xff"); }).code() == errc::invalid_argument);
+  const auto unwritable = failure([&] { tfrecord_writer((s.dir / "no-such-dir" / "x.tfrecord").string()); });
+  CHECK(unwritable.code() == errc::unavailable);
+  CHECK(contains(unwritable.what(), "x.tfrecord: cannot write"));
 }
 
 TEST_CASE("corrupt TFRecord files are data loss naming the file and the record's offset") {
