@@ -8,14 +8,7 @@ launch=$1
 example=$2
 proto_dir=$3
 here=$(dirname "$0")
-work=$(mktemp -d)
-trap 'rm -rf "$work"' EXIT
-
-passed=0
-failed=0
-check() {  # check DESCRIPTION COMMAND...
-  if "${@:2}"; then passed=$((passed + 1)); else echo "FAILED: $1"; failed=$((failed + 1)); fi
-}
+source "$(dirname "$0")/checks.sh"
 
 echo "--- the generator writes Criteo TSV: 40 tab-separated fields, labels 0/1, 8-hex categoricals"
 "$example" --write-tsv "$work/data.tsv" --lines 2000
@@ -48,5 +41,4 @@ check "the chief reports the AUC and the gap" \
 [ "$failed" -eq 0 ] || cat "$work/run.log"
 grep -E 'AUC' "$work/run.log"
 
-echo "$passed passed, $failed failed"
-[ "$failed" -eq 0 ]
+finish

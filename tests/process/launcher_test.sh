@@ -5,14 +5,7 @@
 set -uo pipefail
 launch=$1
 example=$2
-work=$(mktemp -d)
-trap 'kill -9 $(jobs -p) 2>/dev/null; rm -rf "$work"' EXIT
-
-passed=0
-failed=0
-check() {  # check DESCRIPTION COMMAND...
-  if "${@:2}"; then passed=$((passed + 1)); else echo "FAILED: $1"; failed=$((failed + 1)); fi
-}
+source "$(dirname "$0")/checks.sh"
 
 # wait_for FILE PATTERN: polls (up to 120 s) until a line of FILE matches PATTERN.
 wait_for() {
@@ -91,5 +84,4 @@ check "the launcher fails with 1 (got $code)" test "$code" -eq 1
 check "it says why" grep -q 'servers did not report their ports within 1s' "$work/silent.log"
 check "no task survives" all_gone "$work/silent.log"
 
-echo "$passed passed, $failed failed"
-[ "$failed" -eq 0 ]
+finish
