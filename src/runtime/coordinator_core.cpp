@@ -305,7 +305,11 @@ asio::awaitable<void> coordinator_core::run(std::shared_ptr<coordinator_core> se
   } else if (!lost.empty()) {
     if (slot.alive) log::warning("lost {}: {}; its closures go back to the queue", slot.peer->task(), lost);
     slot.alive = false;
-    self->queue_.push_back(std::move(c));  // at least once: it runs again elsewhere (TF: at the tail)
+    if (self->pending_error_) {
+      self->cancel(*c);  // it would be cancelled with the queue anyway (TF's put_back)
+    } else {
+      self->queue_.push_back(std::move(c));  // at least once: it runs again elsewhere (TF: at the tail)
+    }
   } else {
     self->finish(c, response, slot.peer->task());
   }
@@ -327,19 +331,33 @@ void coordinator_core::finish(const std::shared_ptr<closure>& c, const wire::fra
 void coordinator_core::record_error(std::exception_ptr e, std::uint64_t generation) {
   if (generation != generation_ || pending_error_) return;  // first error only; older ones were reported
   pending_error_ = std::move(e);
+  // Nothing queued starts while the error waits, and TF throws the queue away when the error is
+  // raised. Do it now: a caller awaiting one of those remote_values before its join() (the natural
+  // loop over results) learns it was cancelled instead of waiting forever.
+  auto queued = std::move(queue_);
+  queue_.clear();
+  for (const auto& c : queued) cancel(*c);
+}
+
+void coordinator_core::cancel(const closure& c) {
+  // TF's message, plus the cause: whoever awaits this value learns why without a join().
+  std::string cause;
+  try {
+    std::rethrow_exception(pending_error_);
+  } catch (const std::exception& e) {
+    cause = e.what();
+  } catch (...) {
+    cause = "an unknown error";
+  }
+  c.result->set_error(std::make_exception_ptr(error(
+                          errc::cancelled, fmt::format("The corresponding function '{}' is cancelled. Please "
+                                                       "reschedule the function. (An earlier function failed: {})",
+                                                       c.function, cause))),
+                      remote_status::cancelled);
 }
 
 std::exception_ptr coordinator_core::take_error() {
   if (!pending_error_) return nullptr;
-  auto queued = std::move(queue_);
-  queue_.clear();
-  for (const auto& c : queued) {
-    c->result->set_error(
-        std::make_exception_ptr(error(errc::cancelled, fmt::format("The corresponding function '{}' is cancelled. "
-                                                                   "Please reschedule the function.",
-                                                                   c->function))),
-        remote_status::cancelled);
-  }
   ++generation_;
   if (!waiting_.empty()) asio::post(executor_, [self = shared_from_this()] { self->dispatch(); });
   return std::exchange(pending_error_, nullptr);

@@ -78,8 +78,12 @@ class coordinator_core : public std::enable_shared_from_this<coordinator_core> {
   static asio::awaitable<void> run(std::shared_ptr<coordinator_core> self, std::size_t worker,
                                    std::shared_ptr<closure> c);
   void finish(const std::shared_ptr<closure>& c, const wire::frame& response, const std::string& worker);
+  /// Keeps `e` as the error to report, if it is the first of the current generation, and cancels
+  /// what is queued.
   void record_error(std::exception_ptr e, std::uint64_t generation);
-  /// Cancels what is queued and returns the pending error (cleared), or null.
+  /// Resolves `c`'s remote_value as cancelled by the pending error.
+  void cancel(const closure& c);
+  /// Returns the pending error (cleared) and starts a new generation, or null.
   std::exception_ptr take_error();
   void notify_joiners();
 

@@ -15,6 +15,7 @@
 using namespace pscoro;
 using pscoro::testing::code_of;
 using pscoro::testing::failure_of;
+using pscoro::testing::message_of;
 using pscoro::testing::local_cluster;
 
 namespace {
@@ -186,6 +187,32 @@ TEST_CASE("closures still queued when an error is raised are cancelled and say s
         // Nothing of the cancelled closures is reported again.
         CHECK(coordinator.done());
         co_await coordinator.join();
+      },
+      options);
+}
+
+TEST_CASE("awaiting a queued closure after an earlier one failed ends at once, naming the cause") {
+  // The natural loop over results: without a join, a queued closure's value must still resolve.
+  local_cluster cluster(1, 1, bind_test_functions);
+  coordinator_options options;
+  options.closures_per_worker = 1;
+  cluster.run_chief(
+      [](parameter_server_strategy&, cluster_coordinator& coordinator) -> asio::awaitable<void> {
+        auto failed = coordinator.schedule(fail, std::string("bad record at offset 5000"));
+        std::vector<remote_value<std::int64_t>> queued;
+        for (int i = 0; i < 5; ++i) queued.push_back(coordinator.schedule(add_one, i));
+        auto e = co_await failure_of(queued.back().get());
+        REQUIRE(e);
+        CHECK(code_of(e) == errc::cancelled);
+        CHECK(message_of(e).find("is cancelled") != std::string::npos);
+        CHECK(message_of(e).find("bad record at offset 5000") != std::string::npos);
+        for (auto& q : queued) CHECK(q.status() == remote_status::cancelled);
+        CHECK(failed.status() == remote_status::error);
+        // The error itself is still reported once.
+        auto joined = co_await failure_of(coordinator.join());
+        REQUIRE(joined);
+        CHECK(message_of(joined).find("bad record at offset 5000") != std::string::npos);
+        CHECK(coordinator.done());
       },
       options);
 }
