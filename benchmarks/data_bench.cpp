@@ -58,10 +58,12 @@ int main(int argc, char** argv) {
   app.add_option("--rounds", rounds, "passes per measurement (the median is reported)")->check(CLI::PositiveNumber);
   CLI11_PARSE(app, argc, argv);
 
-  const auto dir = std::filesystem::temp_directory_path() / fmt::format("pscoro-data-bench-{}", ::getpid());
-  std::filesystem::create_directories(dir);
-  const std::string tsv = (dir / "data.tsv").string(), records = (dir / "data.tfrecord").string();
-  examples::criteo::write_files(examples::criteo::generator(1), lines, tsv, records, false);
+  const auto root = std::filesystem::temp_directory_path() / fmt::format("pscoro-data-bench-{}", ::getpid());
+  namespace criteo = examples::criteo;
+  const auto write = [&](criteo::file_format format) {
+    return criteo::training_files(criteo::write_training_data(criteo::generator(1), root, lines, 1, format), 1, format)[0];
+  };
+  const std::string tsv = write(criteo::file_format::tsv), records = write(criteo::file_format::tfrecord);
   const auto n = static_cast<std::size_t>(lines);
 
   const double tsv_raw = median_of(rounds, [&] { return raw_read_seconds(tsv); });
@@ -88,6 +90,6 @@ int main(int argc, char** argv) {
   row("TFRecord: raw read (1 MiB reads)", rec_raw, size(records), rec_raw);
   row("TFRecord: tfrecord (framing + CRC-32C)", rec_read, size(records), rec_raw);
   row("TFRecord: tfrecord + parse_tf_example", rec_parse, size(records), rec_raw);
-  std::filesystem::remove_all(dir);
+  std::filesystem::remove_all(root);
   return 0;
 }

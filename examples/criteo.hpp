@@ -15,14 +15,22 @@
 
 #include <fmt/format.h>
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <array>
+#include <atomic>
+#include <charconv>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <exception>
+#include <filesystem>
+#include <memory>
 #include <optional>
 #include <stdexcept>
 #include <string>
+#include <thread>
 #include <vector>
 
 namespace examples::criteo {
@@ -64,6 +72,8 @@ class generator {
       for (auto& c : field.cumulative) c /= total;
     }
   }
+
+  std::uint64_t seed() const noexcept { return seed_; }
 
   /// Line `index` of the stream, and the truth's probability that its label is 1.
   std::string line(std::uint64_t index, double* probability = nullptr) const {
@@ -114,38 +124,157 @@ class generator {
   std::array<field, categorical_features> fields_;
 };
 
-/// Writes lines [0, lines) of `data` as Criteo TSV (if `tsv_path`) and as a TFRecord file of
-/// tf.train.Example (if `tfrecord_path`): "label" int64, "I1".."I13" int64, "C1".."C26" the hex
-/// text; a missing value is an empty list.
-inline void write_files(const generator& data, std::int64_t lines, const std::string& tsv_path,
-                        const std::string& tfrecord_path, bool gzip) {
-  std::FILE* tsv = nullptr;
-  if (!tsv_path.empty() && !(tsv = std::fopen(tsv_path.c_str(), "w"))) throw std::runtime_error("cannot write " + tsv_path);
-  std::optional<pscoro::tfrecord_writer> records;
-  if (!tfrecord_path.empty()) {
-    records.emplace(tfrecord_path, gzip ? pscoro::tfrecord_compression::gzip : pscoro::tfrecord_compression::none);
+/// `example` as a tf.train.Example: "label" int64, "I1".."I13" int64, "C1".."C26" the 8 hex digits
+/// as bytes; a missing value is an empty list (what TF's Criteo pipelines write).
+inline pscoro::tf_example to_tf_example(const pscoro::criteo_example& example) {
+  pscoro::tf_example out;
+  out.features["label"] = std::vector<std::int64_t>{static_cast<std::int64_t>(example.label)};
+  for (std::size_t j = 0; j < integer_features; ++j) {
+    std::vector<std::int64_t> value;
+    if (example.integers[j]) value.push_back(*example.integers[j]);
+    out.features[fmt::format("I{}", j + 1)] = std::move(value);
   }
-  for (std::int64_t i = 0; i < lines; ++i) {
-    const std::string line = data.line(static_cast<std::uint64_t>(i));
-    if (tsv) std::fprintf(tsv, "%s\n", line.c_str());
-    if (!records) continue;
-    const auto parsed = pscoro::parse_criteo_line(line);
-    pscoro::tf_example example;
-    example.features["label"] = std::vector<std::int64_t>{static_cast<std::int64_t>(parsed.label)};
-    for (std::size_t j = 0; j < integer_features; ++j) {
-      std::vector<std::int64_t> value;
-      if (parsed.integers[j]) value.push_back(*parsed.integers[j]);
-      example.features[fmt::format("I{}", j + 1)] = std::move(value);
-    }
-    for (std::size_t f = 0; f < categorical_features; ++f) {
-      std::vector<std::string> value;
-      if (parsed.categories[f]) value.push_back(fmt::format("{:08x}", *parsed.categories[f]));
-      example.features[fmt::format("C{}", f + 1)] = std::move(value);
-    }
-    records->write(pscoro::serialize_tf_example(example));
+  for (std::size_t f = 0; f < categorical_features; ++f) {
+    std::vector<std::string> value;
+    if (example.categories[f]) value.push_back(fmt::format("{:08x}", *example.categories[f]));
+    out.features[fmt::format("C{}", f + 1)] = std::move(value);
   }
-  if (tsv && std::fclose(tsv) != 0) throw std::runtime_error("cannot write " + tsv_path);
-  if (records) records->close();
+  return out;
+}
+
+/// The inverse of to_tf_example. Throws errc::invalid_argument naming the feature that is missing,
+/// of another kind, or not 8 hex digits.
+inline pscoro::criteo_example from_tf_example(const pscoro::tf_example& example) {
+  static const auto names = [] {
+    std::array<std::string, integer_features + categorical_features> n;
+    for (std::size_t j = 0; j < integer_features; ++j) n[j] = fmt::format("I{}", j + 1);
+    for (std::size_t f = 0; f < categorical_features; ++f) n[integer_features + f] = fmt::format("C{}", f + 1);
+    return n;
+  }();
+  pscoro::criteo_example out;
+  const auto& label = example.int64s("label");
+  if (label.size() != 1 || (label[0] != 0 && label[0] != 1)) {
+    throw pscoro::error(pscoro::errc::invalid_argument, "feature \"label\" must be one 0 or 1");
+  }
+  out.label = static_cast<float>(label[0]);
+  for (std::size_t j = 0; j < integer_features; ++j) {
+    const auto& value = example.int64s(names[j]);
+    if (!value.empty()) out.integers[j] = value[0];
+  }
+  for (std::size_t f = 0; f < categorical_features; ++f) {
+    const auto& name = names[integer_features + f];
+    const auto& value = example.bytes(name);
+    if (value.empty()) continue;
+    std::uint32_t category = 0;
+    const auto& text = value[0];
+    const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), category, 16);
+    if (ec != std::errc{} || end != text.data() + text.size() || text.size() != 8) {
+      throw pscoro::error(pscoro::errc::invalid_argument,
+                          fmt::format("feature \"{}\" must be 8 hex digits, got \"{}\"", name, text));
+    }
+    out.categories[f] = category;
+  }
+  return out;
+}
+
+/// The forms the training data is written in.
+enum class file_format { tsv, tfrecord, tfrecord_gzip };
+
+inline std::string_view name_of(file_format format) {
+  switch (format) {
+    case file_format::tsv: return "tsv";
+    case file_format::tfrecord: return "tfrecord";
+    case file_format::tfrecord_gzip: return "tfrecord-gzip";
+  }
+  return "?";
+}
+
+/// Where write_training_data puts `examples` lines of seed `seed` in `files` files of `format`: a
+/// directory of its own under `root`, so runs with other parameters never mix their files.
+inline std::filesystem::path training_data_dir(const std::filesystem::path& root, std::uint64_t seed,
+                                               std::int64_t examples, std::size_t files, file_format format) {
+  return root / fmt::format("seed-{}-examples-{}-files-{}-{}", seed, examples, files, name_of(format));
+}
+
+/// The training files in `dir`, TF's naming ("train-00003-of-00008.tsv").
+inline std::vector<std::string> training_files(const std::filesystem::path& dir, std::size_t files,
+                                               file_format format) {
+  const std::string_view ext = format == file_format::tsv ? "tsv" : "tfrecord";
+  std::vector<std::string> out;
+  for (std::size_t i = 0; i < files; ++i) out.push_back((dir / fmt::format("train-{:05}-of-{:05}.{}", i, files, ext)).string());
+  return out;
+}
+
+/// Writes lines [0, examples) of `data`, split into `files` consecutive parts, as Criteo TSV files
+/// or as TFRecord files of to_tf_example (GZIP-compressed or not), into training_data_dir(root,
+/// ...), which it returns. Files are written in parallel into a temporary directory renamed into
+/// place at the end: the directory exists only when complete, and a second call with the same
+/// parameters finds it and writes nothing.
+inline std::filesystem::path write_training_data(const generator& data, const std::filesystem::path& root,
+                                                 std::int64_t examples, std::size_t files, file_format format) {
+  namespace fs = std::filesystem;
+  const auto dir = training_data_dir(root, data.seed(), examples, files, format);
+  if (fs::is_directory(dir)) return dir;
+  fs::create_directories(root);
+  const fs::path staging = dir.string() + fmt::format(".tmp-{}", ::getpid());
+  fs::remove_all(staging);
+  fs::create_directory(staging);
+  const auto paths = training_files(staging, files, format);
+
+  auto write_part = [&](std::size_t part) {
+    const auto first = static_cast<std::int64_t>(static_cast<std::uint64_t>(examples) * part / files);
+    const auto last = static_cast<std::int64_t>(static_cast<std::uint64_t>(examples) * (part + 1) / files);
+    const auto& path = paths[part];
+    if (format == file_format::tsv) {
+      std::unique_ptr<std::FILE, int (*)(std::FILE*)> text(std::fopen(path.c_str(), "w"), &std::fclose);
+      if (!text) throw std::runtime_error("cannot write " + path);
+      for (std::int64_t i = first; i < last; ++i) {
+        if (std::fprintf(text.get(), "%s\n", data.line(static_cast<std::uint64_t>(i)).c_str()) < 0) {
+          throw std::runtime_error("cannot write " + path);
+        }
+      }
+      if (std::fclose(text.release()) != 0) throw std::runtime_error("cannot write " + path);
+      return;
+    }
+    pscoro::tfrecord_writer writer(path, format == file_format::tfrecord_gzip ? pscoro::tfrecord_compression::gzip
+                                                                              : pscoro::tfrecord_compression::none);
+    for (std::int64_t i = first; i < last; ++i) {
+      const auto example = pscoro::parse_criteo_line(data.line(static_cast<std::uint64_t>(i)));
+      writer.write(pscoro::serialize_tf_example(to_tf_example(example)));
+    }
+    writer.close();
+  };
+  // One thread per core, each taking the next file; the first failure wins.
+  std::atomic<std::size_t> next{0};
+  std::vector<std::exception_ptr> failures(files);
+  {
+    std::vector<std::jthread> threads;
+    const std::size_t cores = std::max(1u, std::thread::hardware_concurrency());
+    for (std::size_t t = 0; t < std::min(cores, files); ++t) {
+      threads.emplace_back([&] {
+        for (std::size_t part; (part = next++) < files;) {
+          try {
+            write_part(part);
+          } catch (...) {
+            failures[part] = std::current_exception();
+          }
+        }
+      });
+    }
+  }
+  for (const auto& failure : failures) {
+    if (failure) {
+      fs::remove_all(staging);
+      std::rethrow_exception(failure);
+    }
+  }
+  std::error_code ec;
+  fs::rename(staging, dir, ec);
+  if (ec) {
+    fs::remove_all(staging);
+    if (!fs::is_directory(dir)) throw fs::filesystem_error("cannot create", dir, ec);  // else: another writer won
+  }
+  return dir;
 }
 
 }  // namespace examples::criteo

@@ -1,6 +1,12 @@
 // Click-through-rate prediction on Criteo-format data with a known ground truth, trained by a pscoro
 // cluster: the fashion_mnist example plus sharded embedding tables and optimizers on the ps.
 //
+// The chief's generator writes the training data once, as Criteo TSV files or as TFRecord files of
+// tf.train.Example (the same lines; --format picks which the workers read, --prepare-only writes
+// both). Every worker reads its
+// share of the files through a per-worker dataset (files -> shard -> parse -> shuffle -> batch ->
+// prefetch) and each step takes the next batch of the worker it runs on.
+//
 // The model is a factorization machine with a wide part (Rendle 2010): per hashed categorical
 // value a weight (a [rows, 1] table) and a 16-float factor (a [rows, 16] table, >= 1M rows, 64 MiB),
 // plus weights for log1p of the 13 integer features. Both tables are split over the parameter
@@ -8,7 +14,8 @@
 // Adagrad updates, one message per shard. The chief reports the model's test AUC next to the AUC
 // of the generator's true probabilities, the best any model can do on this data.
 //
-//   pscoro-launch --ps 2 --workers 2 -- ctr        # ~2M examples; AUC within ~0.01 of the truth
+//   pscoro-launch --ps 2 --workers 2 -- ctr                    # AUC within ~0.01 of the truth
+//   pscoro-launch --ps 2 --workers 2 -- ctr --format tfrecord  # the same data from TFRecord files
 #include <pscoro/pscoro.hpp>
 
 #include "criteo.hpp"
@@ -22,9 +29,10 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
-#include <map>
-#include <memory>
+#include <filesystem>
 #include <numeric>
+#include <string>
+#include <vector>
 
 namespace {
 
@@ -36,18 +44,19 @@ constexpr std::size_t factor_size = 16;
 using table = pscoro::sharded_variable<float>;
 using dense = pscoro::variable<float>;
 
-// (wide, factors, numeric weights, bias, data seed, step, batch size, learning rate) -> mean log loss.
-const pscoro::worker_function<double(table, table, dense, dense, std::int64_t, std::int64_t, std::int64_t, double)>
-    train_step{"ctr.train_step"};
-
 // A batch as the model sees it: hashed rows of the categoricals, log1p of the integers, labels.
 struct batch {
   xt::xarray<std::int64_t> ids;  // [n, fields]
   xt::xarray<float> numeric;     // [n, numerics]
   std::vector<float> labels;
-  std::vector<double> truth;  // the generator's probabilities
   std::size_t size() const { return labels.size(); }
 };
+
+// Shared by the chief and the workers.
+const pscoro::dataset_function<batch> train_data{"ctr.train_data"};
+// (wide, factors, numeric weights, bias, the worker's batches, learning rate) -> mean log loss.
+const pscoro::worker_function<double(table, table, dense, dense, pscoro::per_worker_iterator<batch>, double)>
+    train_step{"ctr.train_step"};
 
 // The row of a categorical value (or of "missing" in its field) in a table of `rows` rows.
 std::int64_t row_of(std::size_t field, const std::optional<std::uint32_t>& value, std::size_t rows) {
@@ -55,19 +64,18 @@ std::int64_t row_of(std::size_t field, const std::optional<std::uint32_t>& value
   return static_cast<std::int64_t>(criteo::hash(0xC7, field, key) % rows);
 }
 
-batch make_batch(const criteo::generator& data, std::uint64_t first, std::size_t n, std::size_t rows) {
-  batch b{xt::zeros<std::int64_t>({n, fields}), xt::zeros<float>({n, numerics}), {}, {}};
+// The model's inputs for `examples`, with tables of `rows` rows.
+batch make_batch(const std::vector<pscoro::criteo_example>& examples, std::size_t rows) {
+  const std::size_t n = examples.size();
+  batch b{xt::zeros<std::int64_t>({n, fields}), xt::zeros<float>({n, numerics}), {}};
   for (std::size_t i = 0; i < n; ++i) {
-    double truth = 0;
-    // Through the text format on purpose: the example reads what a Criteo file holds.
-    const auto example = pscoro::parse_criteo_line(data.line(first + i, &truth));
+    const auto& example = examples[i];
     for (std::size_t f = 0; f < fields; ++f) b.ids(i, f) = row_of(f, example.categories[f], rows);
     for (std::size_t j = 0; j < numerics; ++j) {
       const auto& v = example.integers[j];
       b.numeric(i, j) = v ? static_cast<float>(std::log1p(static_cast<double>(std::max<std::int64_t>(*v, 0)))) : 0.0f;
     }
     b.labels.push_back(example.label);
-    b.truth.push_back(truth);
   }
   return b;
 }
@@ -102,59 +110,46 @@ std::vector<float> logits(const batch& b, const xt::xarray<float>& wide, const x
 
 float sigmoid(float z) { return 1.0f / (1.0f + std::exp(-z)); }
 
-class trainer {
- public:
-  asio::awaitable<double> step(table wide, table factors, dense numeric, dense bias, std::int64_t seed,
-                               std::int64_t step, std::int64_t batch_size, double learning_rate) {
-    const auto n = static_cast<std::size_t>(batch_size);
-    const auto b = make_batch(data(seed), static_cast<std::uint64_t>(step) * n, n, wide.shape()[0]);
-    const auto w = co_await wide.embedding_lookup(b.ids);     // [n, fields, 1]
-    const auto v = co_await factors.embedding_lookup(b.ids);  // [n, fields, 16]
-    const auto nw = co_await numeric.read();
-    const auto b0 = co_await bias.read();
-    std::vector<float> sums;
-    const auto z = logits(b, w, v, nw, b0(0), &sums);
+// The worker side: one training step on the next batch of this worker's pipeline.
+asio::awaitable<double> train(table wide, table factors, dense numeric, dense bias,
+                              pscoro::per_worker_iterator<batch> batches, double learning_rate) {
+  const auto b = batches.next();
+  const std::size_t n = b.size();
+  const auto w = co_await wide.embedding_lookup(b.ids);     // [n, fields, 1]
+  const auto v = co_await factors.embedding_lookup(b.ids);  // [n, fields, 16]
+  const auto nw = co_await numeric.read();
+  const auto b0 = co_await bias.read();
+  std::vector<float> sums;
+  const auto z = logits(b, w, v, nw, b0(0), &sums);
 
-    // Log loss, mean over the batch; d(loss)/d(logit) = (p - y) / n.
-    double loss = 0;
-    xt::xarray<float> grad_wide = xt::zeros<float>({n * fields, std::size_t{1}});
-    xt::xarray<float> grad_factors = xt::zeros<float>({n * fields, factor_size});
-    xt::xarray<float> grad_numeric = xt::zeros<float>({numerics});
-    xt::xarray<float> grad_bias = xt::zeros<float>({std::size_t{1}});
-    for (std::size_t i = 0; i < n; ++i) {
-      const float p = sigmoid(z[i]);
-      const float y = b.labels[i];
-      loss -= y * std::log(std::max(p, 1e-7f)) + (1 - y) * std::log(std::max(1 - p, 1e-7f));
-      const float d = (p - y) / static_cast<float>(n);
-      grad_bias(0) += d;
-      for (std::size_t j = 0; j < numerics; ++j) grad_numeric(j) += d * b.numeric(i, j);
-      for (std::size_t f = 0; f < fields; ++f) {
-        grad_wide(i * fields + f, 0) = d;
-        for (std::size_t k = 0; k < factor_size; ++k) {
-          grad_factors(i * fields + f, k) = d * (sums[i * factor_size + k] - v(i, f, k));
-        }
+  // Log loss, mean over the batch; d(loss)/d(logit) = (p - y) / n.
+  double loss = 0;
+  xt::xarray<float> grad_wide = xt::zeros<float>({n * fields, std::size_t{1}});
+  xt::xarray<float> grad_factors = xt::zeros<float>({n * fields, factor_size});
+  xt::xarray<float> grad_numeric = xt::zeros<float>({numerics});
+  xt::xarray<float> grad_bias = xt::zeros<float>({std::size_t{1}});
+  for (std::size_t i = 0; i < n; ++i) {
+    const float p = sigmoid(z[i]);
+    const float y = b.labels[i];
+    loss -= y * std::log(std::max(p, 1e-7f)) + (1 - y) * std::log(std::max(1 - p, 1e-7f));
+    const float d = (p - y) / static_cast<float>(n);
+    grad_bias(0) += d;
+    for (std::size_t j = 0; j < numerics; ++j) grad_numeric(j) += d * b.numeric(i, j);
+    for (std::size_t f = 0; f < fields; ++f) {
+      grad_wide(i * fields + f, 0) = d;
+      for (std::size_t k = 0; k < factor_size; ++k) {
+        grad_factors(i * fields + f, k) = d * (sums[i * factor_size + k] - v(i, f, k));
       }
     }
-    const xt::xarray<std::int64_t> flat_ids = xt::reshape_view(b.ids, {n * fields});
-    const pscoro::optimizers::adagrad opt{.learning_rate = learning_rate};
-    co_await wide.apply_sparse_gradient(opt, flat_ids, grad_wide);
-    co_await factors.apply_sparse_gradient(opt, flat_ids, grad_factors);
-    co_await numeric.apply_gradient(opt, grad_numeric);
-    co_await bias.apply_gradient(opt, grad_bias);
-    co_return loss / static_cast<double>(n);
   }
-
- private:
-  const criteo::generator& data(std::int64_t seed) {
-    auto it = generators_.find(seed);
-    if (it == generators_.end()) {
-      it = generators_.emplace(seed, std::make_unique<criteo::generator>(static_cast<std::uint64_t>(seed))).first;
-    }
-    return *it->second;
-  }
-
-  std::map<std::int64_t, std::unique_ptr<criteo::generator>> generators_;
-};
+  const xt::xarray<std::int64_t> flat_ids = xt::reshape_view(b.ids, {n * fields});
+  const pscoro::optimizers::adagrad opt{.learning_rate = learning_rate};
+  co_await wide.apply_sparse_gradient(opt, flat_ids, grad_wide);
+  co_await factors.apply_sparse_gradient(opt, flat_ids, grad_factors);
+  co_await numeric.apply_gradient(opt, grad_numeric);
+  co_await bias.apply_gradient(opt, grad_bias);
+  co_return loss / static_cast<double>(n);
+}
 
 // Area under the ROC curve by the rank-sum formula, ties sharing their average rank.
 double auc(const std::vector<double>& scores, const std::vector<float>& labels) {
@@ -179,8 +174,15 @@ double auc(const std::vector<double>& scores, const std::vector<float>& labels) 
 }
 
 struct options {
-  std::int64_t steps = 4000;
+  std::string data_dir = "ctr-data";
+  std::string format = "tsv";
+  std::int64_t train_examples = 1000000;
+  std::size_t files = 8;
+  bool gzip = false;
+  bool prepare_only = false;
+  std::int64_t steps = 3000;
   std::int64_t batch_size = 512;
+  std::size_t shuffle_buffer = 10000;
   double learning_rate = 0.2;
   std::int64_t rows = 1 << 20;
   std::int64_t seed = 2026;
@@ -188,7 +190,39 @@ struct options {
   double max_auc_gap = 0.02;
   std::size_t closures_per_worker = 4;
   std::int64_t log_every = 500;
+
+  criteo::file_format file_format() const {
+    if (format == "tsv") return criteo::file_format::tsv;
+    return gzip ? criteo::file_format::tfrecord_gzip : criteo::file_format::tfrecord;
+  }
 };
+
+// A worker's batches: its share of the training files (by file), parsed, shuffled, batched, made
+// into model inputs and prefetched by a background thread; forever, the chief decides how many
+// steps to take.
+pscoro::dataset<batch> training_batches(const options& o, pscoro::input_context context) {
+  const auto seed = static_cast<std::uint64_t>(o.seed + context.worker_index);
+  const auto format = o.file_format();
+  const auto dir = criteo::training_data_dir(o.data_dir, static_cast<std::uint64_t>(o.seed), o.train_examples,
+                                             o.files, format);
+  auto files = pscoro::from_values(criteo::training_files(dir, o.files, format))
+                   .shard(context.num_workers, context.worker_index)
+                   .shuffle(o.files, seed);
+  auto examples = format == criteo::file_format::tsv
+                      ? files.flat_map([](std::string path) { return pscoro::criteo_tsv({std::move(path)}); })
+                      : files.flat_map([](std::string path) {
+                          return pscoro::tfrecord({std::move(path)}).map([](const std::string& record) {
+                            return criteo::from_tf_example(pscoro::parse_tf_example(record));
+                          });
+                        });
+  return examples.shuffle(o.shuffle_buffer, seed)
+      .repeat()
+      .batch(static_cast<std::size_t>(o.batch_size), /*drop_remainder=*/true)
+      .map([rows = static_cast<std::size_t>(o.rows)](const std::vector<pscoro::criteo_example>& examples) {
+        return make_batch(examples, rows);
+      })
+      .prefetch(4);
+}
 
 asio::awaitable<int> run_chief(pscoro::parameter_server_strategy& strategy, const options& o) {
   co_await strategy.connect();
@@ -205,11 +239,12 @@ asio::awaitable<int> run_chief(pscoro::parameter_server_strategy& strategy, cons
   std::printf("chief: factors %zu x %zu in %zu shards, wide in %zu shards; %lld steps of %lld examples on %zu workers\n",
               rows, factor_size, factors.num_shards(), wide.num_shards(), static_cast<long long>(o.steps),
               static_cast<long long>(o.batch_size), strategy.num_workers());
+  // Every worker builds its input pipeline now, before any step can ask it for a batch.
+  const auto batches = co_await coordinator.create_per_worker_dataset(train_data).iter();
 
   std::vector<std::pair<std::int64_t, pscoro::remote_value<double>>> progress;
   for (std::int64_t step = 0; step < o.steps; ++step) {
-    auto loss = coordinator.schedule(train_step, wide, factors, numeric, bias, o.seed, step, o.batch_size,
-                                     o.learning_rate);
+    auto loss = coordinator.schedule(train_step, wide, factors, numeric, bias, batches, o.learning_rate);
     if ((step + 1) % o.log_every == 0 || step + 1 == o.steps) progress.emplace_back(step + 1, std::move(loss));
   }
   for (auto& [step, loss] : progress) {
@@ -219,7 +254,8 @@ asio::awaitable<int> run_chief(pscoro::parameter_server_strategy& strategy, cons
   }
   co_await coordinator.join();
 
-  // Test data: lines far beyond any training step's.
+  // Test data: fresh lines of the generator, far beyond the training lines, with their true
+  // probabilities.
   const criteo::generator data(static_cast<std::uint64_t>(o.seed));
   const auto nw = co_await numeric.read();
   const auto b0 = co_await bias.read();
@@ -227,12 +263,14 @@ asio::awaitable<int> run_chief(pscoro::parameter_server_strategy& strategy, cons
   std::vector<float> labels;
   constexpr std::size_t chunk = 10000;
   for (std::size_t first = 0; first < static_cast<std::size_t>(o.test_examples); first += chunk) {
-    const std::size_t n = std::min(chunk, static_cast<std::size_t>(o.test_examples) - first);
-    const auto b = make_batch(data, (std::uint64_t{1} << 40) + first, n, rows);
+    std::vector<pscoro::criteo_example> examples;
+    for (std::size_t i = first; i < std::min(first + chunk, static_cast<std::size_t>(o.test_examples)); ++i) {
+      examples.push_back(pscoro::parse_criteo_line(data.line((std::uint64_t{1} << 40) + i, &truth_scores.emplace_back())));
+    }
+    const auto b = make_batch(examples, rows);
     const auto w = co_await wide.embedding_lookup(b.ids);
     const auto v = co_await factors.embedding_lookup(b.ids);
     for (const float z : logits(b, w, v, nw, b0(0))) model_scores.push_back(z);
-    truth_scores.insert(truth_scores.end(), b.truth.begin(), b.truth.end());
     labels.insert(labels.end(), b.labels.begin(), b.labels.end());
   }
   const double model_auc = auc(model_scores, labels);
@@ -252,41 +290,49 @@ asio::awaitable<int> run_chief(pscoro::parameter_server_strategy& strategy, cons
 int main(int argc, char** argv) {
   CLI::App app{"A factorization machine on generated Criteo-format data with a pscoro cluster (roles from TF_CONFIG)."};
   options o;
-  std::string write_tsv, write_tfrecord;
-  std::int64_t lines = 100000;
-  bool gzip = false;
+  app.add_option("--data-dir", o.data_dir, "where the chief writes the training data (once per seed and size)")
+      ->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);  // scripts/run.sh sets one; yours wins
+  app.add_option("--format", o.format, "the files the workers read")->check(CLI::IsMember({"tsv", "tfrecord"}));
+  app.add_option("--train-examples", o.train_examples, "lines of training data")->check(CLI::PositiveNumber);
+  app.add_option("--files", o.files, "files the training data is split into")->check(CLI::PositiveNumber);
+  app.add_flag("--gzip", o.gzip, "GZIP-compress the TFRecord files");
+  app.add_flag("--prepare-only", o.prepare_only, "write the training data as TSV and as TFRecord and exit (no cluster)");
   app.add_option("--steps", o.steps, "training steps")->check(CLI::PositiveNumber);
   app.add_option("--batch-size", o.batch_size, "examples per step")->check(CLI::PositiveNumber);
+  app.add_option("--shuffle-buffer", o.shuffle_buffer, "examples in each worker's shuffle buffer")
+      ->check(CLI::PositiveNumber);
   app.add_option("--learning-rate", o.learning_rate, "Adagrad learning rate")->check(CLI::PositiveNumber);
   app.add_option("--rows", o.rows, "rows of the hashed embedding tables")->check(CLI::PositiveNumber);
-  app.add_option("--seed", o.seed, "seed of the data generator");
+  app.add_option("--seed", o.seed, "seed of the data generator and of the shuffles");
   app.add_option("--test-examples", o.test_examples, "examples in the test set")->check(CLI::PositiveNumber);
   app.add_option("--max-auc-gap", o.max_auc_gap, "exit 1 if the test AUC ends further than this below the truth's");
   app.add_option("--closures-per-worker", o.closures_per_worker, "closures in flight per worker")->check(CLI::PositiveNumber);
   app.add_option("--log-every", o.log_every, "print the loss every N steps")->check(CLI::PositiveNumber);
-  app.add_option("--write-tsv", write_tsv, "write generated lines to this Criteo TSV file and exit (no cluster)");
-  app.add_option("--write-tfrecord", write_tfrecord,
-                 "write the same lines as tf.train.Examples to this TFRecord file and exit (no cluster)");
-  app.add_flag("--gzip", gzip, "GZIP-compress the TFRecord file");
-  app.add_option("--lines", lines, "lines for --write-tsv / --write-tfrecord")->check(CLI::PositiveNumber);
   CLI11_PARSE(app, argc, argv);
 
   try {
-    if (!write_tsv.empty() || !write_tfrecord.empty()) {
-      criteo::write_files(criteo::generator(static_cast<std::uint64_t>(o.seed)), lines, write_tsv, write_tfrecord, gzip);
+    const auto write_data = [&](criteo::file_format format) {
+      const auto dir = criteo::write_training_data(criteo::generator(static_cast<std::uint64_t>(o.seed)), o.data_dir,
+                                                   o.train_examples, o.files, format);
+      std::printf("chief: training data in %s (%lld lines in %zu %s files)\n", dir.c_str(),
+                  static_cast<long long>(o.train_examples), o.files, format == criteo::file_format::tsv ? "TSV" : "TFRecord");
+      std::fflush(stdout);
+    };
+    if (o.prepare_only) {
+      write_data(criteo::file_format::tsv);
+      write_data(o.gzip ? criteo::file_format::tfrecord_gzip : criteo::file_format::tfrecord);
       return 0;
     }
     const auto resolver = pscoro::tf_config_cluster_resolver::from_environment();
     if (resolver.task_type() == "ps") return pscoro::run_server(resolver);
     if (resolver.task_type() == "worker") {
-      auto worker = std::make_shared<trainer>();
-      return pscoro::run_server(resolver, [worker](pscoro::server& s) {
-        s.bind(train_step, [worker](table wide, table factors, dense numeric, dense bias, std::int64_t seed,
-                                    std::int64_t step, std::int64_t batch, double lr) {
-          return worker->step(wide, factors, numeric, bias, seed, step, batch, lr);
-        });
+      return pscoro::run_server(resolver, [&o](pscoro::server& s) {
+        s.bind(train_data, [&o](pscoro::input_context context) { return training_batches(o, context); });
+        s.bind(train_step, train);
       });
     }
+    // The chief writes the data before the workers are asked to read it (at iter()).
+    write_data(o.file_format());
     asio::io_context io;
     // Shards of at least 256 KiB, at most 2 (one per ps of the example cluster).
     pscoro::parameter_server_strategy strategy(io.get_executor(), resolver, pscoro::min_size_partitioner{256 << 10, 2});

@@ -53,7 +53,9 @@ case "${1:-}" in
     example=fashion_mnist
     if [ "${2:-}" = ctr ] || [ "${2:-}" = fashion_mnist ]; then example=$2; shift; fi
     meson compile -C build pscoro-launch "$example"
-    exec build/tools/pscoro-launch --ps 2 --workers 2 -- "build/examples/$example" "${@:2}"
+    extra=()
+    [ "$example" = ctr ] && extra=(--data-dir build/ctr-data)  # its generated training data (~1.2 GB)
+    exec build/tools/pscoro-launch --ps 2 --workers 2 -- "build/examples/$example" "${extra[@]}" "${@:2}"
     ;;
   test)
     install_missing
