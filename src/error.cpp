@@ -18,6 +18,7 @@ class category final : public std::error_category {
       case errc::resource_exhausted: return "resource exhausted";
       case errc::failed_precondition: return "failed precondition";
       case errc::out_of_range: return "out of range";
+      case errc::internal: return "internal error";
       case errc::unavailable: return "unavailable";
       case errc::data_loss: return "data loss";
       case errc::protocol_error: return "protocol error";

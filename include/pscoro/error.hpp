@@ -21,6 +21,7 @@ enum class errc {
   resource_exhausted = 8,   ///< the closure queue is full and the caller cannot wait
   failed_precondition = 9,  ///< the call is not valid in the current state
   out_of_range = 11,        ///< a dataset iterator has no more elements (TF: OutOfRangeError)
+  internal = 13,            ///< an invariant of pscoro itself broke (a bug: please report it)
   unavailable = 14,         ///< a peer cannot be reached or its connection was lost
   data_loss = 15,           ///< corrupt input data: bad checksum, truncated record, bad magic
   protocol_error = 100,     ///< a peer sent bytes that are not pscoro's protocol

@@ -1,6 +1,7 @@
 // Everything pscoro offers, in one include.
 #pragma once
 
+#include <pscoro/checkpoint.hpp>
 #include <pscoro/cluster_spec.hpp>
 #include <pscoro/coordinator.hpp>
 #include <pscoro/data_formats.hpp>

@@ -19,6 +19,8 @@
 
 namespace pscoro {
 
+class checkpoint;
+
 template <class T>
   requires is_element_type_v<T>
 class sharded_variable : public detail::row_operations<sharded_variable<T>, T> {
@@ -93,6 +95,7 @@ class sharded_variable : public detail::row_operations<sharded_variable<T>, T> {
   }
 
   friend class detail::row_operations<sharded_variable, T>;
+  friend class pscoro::checkpoint;
   const std::shared_ptr<const detail::sharded_layout>& row_layout() const noexcept { return layout_; }
   const std::shared_ptr<detail::variable_io>& row_io() const noexcept { return io_; }
 

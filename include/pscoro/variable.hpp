@@ -21,6 +21,8 @@
 
 namespace pscoro {
 
+class checkpoint;
+
 template <class T>
   requires is_element_type_v<T>
 class variable : public detail::row_operations<variable<T>, T> {
@@ -88,6 +90,7 @@ class variable : public detail::row_operations<variable<T>, T> {
   }
 
   friend class detail::row_operations<variable, T>;
+  friend class pscoro::checkpoint;
   std::shared_ptr<const detail::sharded_layout> row_layout() const { return detail::single_layout(ref_); }
   const std::shared_ptr<detail::variable_io>& row_io() const noexcept { return io_; }
 

@@ -62,14 +62,16 @@ __attribute__((target("sse4.2"))) std::uint32_t crc32c_sse42(std::uint32_t crc, 
 
 }  // namespace
 
-std::uint32_t crc32c(const void* data, std::size_t size) noexcept {
+std::uint32_t crc32c_extend(std::uint32_t crc, const void* data, std::size_t size) noexcept {
   const auto* p = static_cast<const unsigned char*>(data);
 #if defined(__x86_64__)
   static const bool hardware = __builtin_cpu_supports("sse4.2");
-  if (hardware) return ~crc32c_sse42(~0u, p, size);
+  if (hardware) return ~crc32c_sse42(~crc, p, size);
 #endif
-  return ~crc32c_table(~0u, p, size);
+  return ~crc32c_table(~crc, p, size);
 }
+
+std::uint32_t crc32c(const void* data, std::size_t size) noexcept { return crc32c_extend(0, data, size); }
 
 std::uint32_t crc32c_portable(const void* data, std::size_t size) noexcept {
   return ~crc32c_table(~0u, static_cast<const unsigned char*>(data), size);

@@ -151,4 +151,58 @@ asio::awaitable<void> ps_client::apply_gradient(variable_ref variable, optimizer
   co_await ps.call(std::move(request));
 }
 
+asio::awaitable<tensor> ps_client::read_rows(variable_ref variable, std::uint64_t begin, std::uint64_t end,
+                                             byte_buffer into) {
+  peer& ps = ps_of(variable);
+  wire::frame request;
+  auto* read = request.message.mutable_request()->mutable_read_variable();
+  encode_ref(*read->mutable_variable(), variable);
+  read->mutable_rows()->set_begin(begin);
+  read->mutable_rows()->set_end(end);
+  co_return co_await read_tensor(ps, std::move(request), variable, std::move(into));
+}
+
+asio::awaitable<void> ps_client::update_rows(variable_ref variable, update_op op, std::uint64_t begin, tensor rows) {
+  peer& ps = ps_of(variable);
+  if (rows.shape().empty()) {
+    throw error(errc::invalid_argument, fmt::format("update of rows of '{}': a scalar value has no rows", variable.name));
+  }
+  wire::frame request;
+  auto* update = request.message.mutable_request()->mutable_update_variable();
+  encode_ref(*update->mutable_variable(), variable);
+  update->set_op(encode_op(op));
+  update->mutable_rows()->set_begin(begin);
+  update->mutable_rows()->set_end(begin + rows.shape()[0]);
+  wire::put_tensor(request, *update->mutable_value(), rows);
+  co_await ps.call(std::move(request));
+}
+
+asio::awaitable<std::vector<detail::variable_io::slot_info>> ps_client::list_slots(variable_ref variable) {
+  peer& ps = ps_of(variable);
+  wire::frame request;
+  encode_ref(*request.message.mutable_request()->mutable_list_slots()->mutable_variable(), variable);
+  const auto response = co_await ps.call(std::move(request));
+  std::vector<slot_info> out;
+  for (const auto& info : response.message.response().slots()) {
+    variable_ref slot = decode_ref(info.slot());
+    slot.ps_task = variable.ps_task;
+    out.push_back({std::move(slot), info.initial_value()});
+  }
+  co_return out;
+}
+
+asio::awaitable<void> ps_client::create_slot(variable_ref variable, variable_ref slot, double initial_value) {
+  peer& ps = ps_of(variable);
+  wire::frame request;
+  auto* create = request.message.mutable_request()->mutable_create_variable();
+  encode_ref(*create->mutable_variable(), slot);
+  auto& fill = *create->mutable_initializer();
+  fill.set_kind(wire::Initializer::CONSTANT);
+  fill.set_a(initial_value);
+  for (const auto d : slot.shape) fill.add_full_shape(d);
+  create->mutable_slot_of()->set_variable(variable.name);
+  create->mutable_slot_of()->set_initial_value(initial_value);
+  co_await ps.call(std::move(request));
+}
+
 }  // namespace pscoro::runtime

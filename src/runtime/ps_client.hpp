@@ -30,6 +30,11 @@ class ps_client final : public detail::variable_io {
   asio::awaitable<void> scatter(variable_ref variable, update_op op, tensor ids, tensor rows) override;
   asio::awaitable<void> apply_gradient(variable_ref variable, optimizer opt, tensor gradient,
                                        std::optional<tensor> ids) override;
+  asio::awaitable<tensor> read_rows(variable_ref variable, std::uint64_t begin, std::uint64_t end,
+                                    byte_buffer into) override;
+  asio::awaitable<void> update_rows(variable_ref variable, update_op op, std::uint64_t begin, tensor rows) override;
+  asio::awaitable<std::vector<slot_info>> list_slots(variable_ref variable) override;
+  asio::awaitable<void> create_slot(variable_ref variable, variable_ref slot, double initial_value) override;
 
  private:
   peer& ps_of(const variable_ref& variable) const;

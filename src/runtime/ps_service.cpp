@@ -7,6 +7,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cstring>
 
 namespace pscoro::runtime {
@@ -59,6 +60,7 @@ wire::frame ps_service::handle(const wire::frame& request) {
       case wire::Request::kReadVariable: read(request, body.read_variable(), response); break;
       case wire::Request::kUpdateVariable: update(request, body.update_variable()); break;
       case wire::Request::kApplyGradient: apply_gradient(request, body.apply_gradient()); break;
+      case wire::Request::kListSlots: list_slots(body.list_slots(), response); break;
       case wire::Request::kRunFunction:
         throw error(errc::failed_precondition,
                     fmt::format("{} is a parameter server and runs no worker functions ('{}' was sent here)", task_,
@@ -95,8 +97,19 @@ void ps_service::create(const wire::frame& request, const wire::CreateVariable& 
   if (variables_.contains(ref.name)) {
     throw error(errc::already_exists, fmt::format("variable '{}' already exists on {}", ref.name, task_));
   }
-  if (create.has_initializer()) kernels::initialize(create.initializer(), ref.type, ref.shape, bytes.data());
-  variables_.emplace(ref.name, stored_variable{ref.type, ref.shape, std::move(bytes)});
+  stored_variable stored{ref.type, ref.shape, std::move(bytes), {}, 0};
+  if (create.has_slot_of()) {
+    const auto& owner = create.slot_of().variable();
+    if (!variables_.contains(owner) || !ref.name.starts_with(owner + "/")) {
+      invalid(fmt::format("'{}' cannot be a slot of '{}': a slot is named '<variable>/...' and lives beside its "
+                          "variable on {}",
+                          ref.name, owner, task_));
+    }
+    stored.slot_of = owner;
+    stored.slot_initial_value = create.slot_of().initial_value();
+  }
+  if (create.has_initializer()) kernels::initialize(create.initializer(), ref.type, ref.shape, stored.bytes.data());
+  variables_.emplace(ref.name, std::move(stored));
 }
 
 ps_service::stored_variable& ps_service::find(const wire::VariableRef& ref, std::string_view operation) {
@@ -132,10 +145,31 @@ std::span<const std::int64_t> ps_service::row_ids(const tensor& indices, const s
   return ids;
 }
 
+void ps_service::check_rows(const wire::RowRange& range, const stored_variable& variable,
+                            std::string_view operation, const std::string& name) const {
+  if (variable.shape.empty()) invalid(fmt::format("{} of '{}': a scalar variable has no rows", operation, name));
+  if (range.begin() > range.end() || range.end() > variable.shape[0]) {
+    invalid(fmt::format("{} of '{}': rows [{}, {}) are not within [0, {})", operation, name, range.begin(),
+                        range.end(), variable.shape[0]));
+  }
+}
+
 void ps_service::read(const wire::frame& request, const wire::ReadVariable& read, wire::frame& response) {
   const bool sparse = read.has_indices();
   auto& stored = find(read.variable(), sparse ? "sparse_read" : "read");
   auto& out = *response.message.mutable_response()->mutable_result()->mutable_tensor();
+  if (read.has_rows()) {
+    if (sparse) invalid(fmt::format("read of '{}': rows and indices exclude each other", read.variable().name()));
+    check_rows(read.rows(), stored, "read", read.variable().name());
+    // A slice of the storage, shared like a whole read.
+    const std::size_t row_bytes = row_elements(stored.shape) * size_of(stored.type);
+    const auto count = static_cast<std::size_t>(read.rows().end() - read.rows().begin());
+    wire::put_tensor(response, out,
+                     tensor(stored.type, rows_shape(count, stored.shape),
+                            stored.bytes.slice(static_cast<std::size_t>(read.rows().begin()) * row_bytes,
+                                               count * row_bytes)));
+    return;
+  }
   if (!sparse) {
     // The reply shares the storage; a later update copies first (make_writable), so the bytes being
     // written out never change underneath the write.
@@ -164,6 +198,26 @@ void ps_service::update(const wire::frame& request, const wire::UpdateVariable& 
   if (value.type() != stored.type) {
     invalid(fmt::format("{} to '{}': dtype {} does not match the variable's {}", name, variable,
                         name_of(value.type()), name_of(stored.type)));
+  }
+  if (update.has_rows()) {
+    if (scatter) invalid(fmt::format("{} to '{}': rows and indices exclude each other", name, variable));
+    check_rows(update.rows(), stored, name, variable);
+    const auto count = static_cast<std::size_t>(update.rows().end() - update.rows().begin());
+    if (value.shape() != rows_shape(count, stored.shape)) {
+      invalid(fmt::format("{} to rows [{}, {}) of '{}': shape {} is not {}", name, update.rows().begin(),
+                          update.rows().end(), variable, to_string(value.shape()),
+                          to_string(rows_shape(count, stored.shape))));
+    }
+    kernels::check_divisors(op, stored.type, value.bytes().data(), value.size());
+    make_writable(stored.bytes);
+    std::byte* first =
+        stored.bytes.data() + update.rows().begin() * row_elements(stored.shape) * size_of(stored.type);
+    if (op == wire::UpdateVariable::ASSIGN) {
+      if (value.bytes().size()) std::memcpy(first, value.bytes().data(), value.bytes().size());
+    } else {
+      kernels::combine(op, stored.type, first, value.bytes().data(), value.size());
+    }
+    return;
   }
   if (!scatter) {
     if (value.shape() != stored.shape) {
@@ -202,7 +256,7 @@ ps_service::stored_variable& ps_service::slot(const std::string& variable, const
     for (const auto d : shape) fill.add_full_shape(d);
     byte_buffer bytes(num_elements(shape) * size_of(type));
     kernels::initialize(fill, type, shape, bytes.data());
-    it = variables_.emplace(full_name, stored_variable{type, shape, std::move(bytes)}).first;
+    it = variables_.emplace(full_name, stored_variable{type, shape, std::move(bytes), variable, initial_value}).first;
   } else if (it->second.type != type || it->second.shape != shape) {
     invalid(fmt::format("slot '{}' of {} {} exists as {} {}", full_name, name_of(of.type), to_string(of.shape),
                         name_of(it->second.type), to_string(it->second.shape)));
@@ -260,6 +314,23 @@ void ps_service::apply_gradient(const wire::frame& request, const wire::ApplyGra
   } else {
     kernels::apply_dense(opt, stored.type, stored.bytes.data(), slots, step, gradient.bytes().data(),
                          gradient.size());
+  }
+}
+
+void ps_service::list_slots(const wire::ListSlots& list, wire::frame& response) {
+  find(list.variable(), "list_slots");
+  const auto& owner = list.variable().name();
+  std::vector<const std::pair<const std::string, stored_variable>*> slots;
+  for (const auto& entry : variables_) {
+    if (entry.second.slot_of == owner) slots.push_back(&entry);
+  }
+  // By name: the order must not depend on the hash map's.
+  std::sort(slots.begin(), slots.end(), [](auto a, auto b) { return a->first < b->first; });
+  auto& out = *response.message.mutable_response();
+  for (const auto* slot : slots) {
+    auto& info = *out.add_slots();
+    encode_ref(*info.mutable_slot(), variable_ref{slot->first, slot->second.type, slot->second.shape, 0});
+    info.set_initial_value(slot->second.slot_initial_value);
   }
 }
 

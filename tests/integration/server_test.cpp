@@ -166,3 +166,51 @@ TEST_CASE("an unknown dtype in a variable handle is invalid_argument") {
   CHECK(status.code() == static_cast<int>(errc::invalid_argument));
   CHECK(status.message() == "variable 'w' has unknown dtype 99");
 }
+
+TEST_CASE("row ranges and slots on a ps: bad ranges, shapes and owners are refused") {
+  local_cluster cluster(1, 1);
+  cluster.run_chief([](parameter_server_strategy& strategy, cluster_coordinator&) -> asio::awaitable<void> {
+    const xt::xarray<float> initial{{1, 2}, {3, 4}, {5, 6}};
+    auto w = co_await strategy.scope().create_variable("w", initial);
+    (void)w;
+  });
+  const variable_ref w{"w", dtype::float32, {3, 2}, 0};
+  auto read_rows = [&](std::uint64_t begin, std::uint64_t end) {
+    wire::frame f;
+    auto* read = f.message.mutable_request()->mutable_read_variable();
+    runtime::encode_ref(*read->mutable_variable(), w);
+    read->mutable_rows()->set_begin(begin);
+    read->mutable_rows()->set_end(end);
+    return call(cluster, "ps", std::move(f));
+  };
+  CHECK(read_rows(1, 3).code() == 0);
+  auto status = read_rows(2, 4);
+  CHECK(status.code() == static_cast<int>(errc::invalid_argument));
+  CHECK(status.message() == "read of 'w': rows [2, 4) are not within [0, 3)");
+  CHECK(read_rows(2, 1).code() == static_cast<int>(errc::invalid_argument));
+
+  wire::frame assign;
+  auto* update = assign.message.mutable_request()->mutable_update_variable();
+  runtime::encode_ref(*update->mutable_variable(), w);
+  update->mutable_rows()->set_begin(1);
+  update->mutable_rows()->set_end(3);
+  wire::put_tensor(assign, *update->mutable_value(), tensor::uninitialized(dtype::float32, {1, 2}));
+  status = call(cluster, "ps", std::move(assign));
+  CHECK(status.code() == static_cast<int>(errc::invalid_argument));
+  CHECK(status.message() == "assign to rows [1, 3) of 'w': shape [1, 2] is not [2, 2]");
+
+  wire::frame slot;
+  auto* create = slot.message.mutable_request()->mutable_create_variable();
+  runtime::encode_ref(*create->mutable_variable(), variable_ref{"v/adam/m", dtype::float32, {3, 2}, 0});
+  create->mutable_initializer()->set_kind(wire::Initializer::ZEROS);
+  create->mutable_initializer()->add_full_shape(3);
+  create->mutable_initializer()->add_full_shape(2);
+  create->mutable_slot_of()->set_variable("v");
+  status = call(cluster, "ps", std::move(slot));
+  CHECK(status.code() == static_cast<int>(errc::invalid_argument));
+  CHECK(contains(status.message(), "'v/adam/m' cannot be a slot of 'v'"));
+
+  wire::frame list;
+  runtime::encode_ref(*list.message.mutable_request()->mutable_list_slots()->mutable_variable(), w);
+  CHECK(call(cluster, "ps", std::move(list)).code() == 0);
+}

@@ -326,6 +326,12 @@ TEST_CASE("crc32c matches the published check value, with and without the CPU in
   std::string text(1000, 'x');
   for (std::size_t i = 0; i < text.size(); ++i) text[i] = static_cast<char>(i * 7);
   for (std::size_t n : {0, 1, 7, 8, 9, 63, 1000}) CHECK(data::crc32c(text.data(), n) == data::crc32c_portable(text.data(), n));
+  // Extending in pieces gives the CRC of the whole.
+  for (std::size_t cut : {0, 1, 5, 500, 1000}) {
+    CHECK(data::crc32c_extend(data::crc32c(text.data(), cut), text.data() + cut, text.size() - cut) ==
+          data::crc32c(text.data(), text.size()));
+  }
+  CHECK(data::crc32c_extend(0, "123456789", 9) == 0xe3069283u);
 }
 
 TEST_CASE("TFRecord files of tf.train.Example round-trip, compressed or not") {

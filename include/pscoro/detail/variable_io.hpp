@@ -7,7 +7,9 @@
 
 #include <asio/awaitable.hpp>
 
+#include <cstdint>
 #include <optional>
+#include <vector>
 
 namespace pscoro {
 
@@ -32,6 +34,23 @@ class variable_io {
   /// One optimizer step: a dense gradient (no ids) or one gradient row per id.
   virtual asio::awaitable<void> apply_gradient(variable_ref variable, optimizer opt, tensor gradient,
                                                std::optional<tensor> ids) = 0;
+
+  // Row ranges and slots, for checkpoints: a table moves in pieces, never whole.
+
+  /// Rows [begin, end), received straight into `into` when that has their size.
+  virtual asio::awaitable<tensor> read_rows(variable_ref variable, std::uint64_t begin, std::uint64_t end,
+                                            byte_buffer into) = 0;
+  /// `op` on rows [begin, begin + rows.shape()[0]) with `rows`.
+  virtual asio::awaitable<void> update_rows(variable_ref variable, update_op op, std::uint64_t begin,
+                                            tensor rows) = 0;
+  struct slot_info {
+    variable_ref slot;  // on the variable's ps
+    double initial_value = 0;
+  };
+  /// The optimizer slots the variable's ps holds for it, by name.
+  virtual asio::awaitable<std::vector<slot_info>> list_slots(variable_ref variable) = 0;
+  /// Creates `slot` of `variable` beside it, every element `initial_value`.
+  virtual asio::awaitable<void> create_slot(variable_ref variable, variable_ref slot, double initial_value) = 0;
 };
 
 }  // namespace detail

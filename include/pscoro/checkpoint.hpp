@@ -1,0 +1,161 @@
+// Checkpoints: variables (dense and sharded), their optimizer slots, a step counter and user scalars,
+// saved to one safetensors file and restored into any number of shards on any number of ps.
+//
+//   pscoro::checkpoint ckpt;
+//   ckpt.track(weights).track(embedding);                  // slots come along by themselves
+//   pscoro::checkpoint_manager manager(ckpt, "ckpts", /*max_to_keep=*/3);
+//   if (auto latest = manager.latest_checkpoint()) co_await ckpt.restore(*latest);
+//   ...
+//   ckpt.set_step(step);
+//   co_await manager.save();                               // ckpts/ckpt-<n>.safetensors
+//
+// The file is safetensors (https://github.com/huggingface/safetensors): every variable and slot is
+// ONE tensor of its full shape, whatever its sharding, streamed shard by shard in row chunks so that
+// no process holds a whole table. `__metadata__` names the format, its version, the pscoro version,
+// the step, the user scalars, the slots, and a CRC-32C per tensor. A save writes a temporary file,
+// fsyncs it and renames it into place: a crash leaves the previous checkpoint as it was. A restore
+// checks the whole file (header, sizes, every tracked variable's dtype and shape, checksums) before
+// it changes anything. docs/design.md ("Checkpoints") has the details.
+#pragma once
+
+#include <pscoro/detail/variable_io.hpp>
+#include <pscoro/sharded_variable.hpp>
+#include <pscoro/value.hpp>
+#include <pscoro/variable.hpp>
+#include <pscoro/xtensor.hpp>
+
+#include <asio/awaitable.hpp>
+
+#include <cstdint>
+#include <filesystem>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace pscoro {
+
+/// The format name written in every checkpoint's `__metadata__["format"]`.
+inline constexpr std::string_view checkpoint_format = "pscoro.checkpoint";
+/// Its version (`__metadata__["format_version"]`); a reader refuses a newer one.
+inline constexpr int checkpoint_format_version = 1;
+
+class checkpoint {
+ public:
+  checkpoint() = default;
+
+  /// Saves and restores `v` (and the optimizer slots its ps holds for it) under its name.
+  /// Throws errc::already_exists when a variable of that name is tracked already.
+  template <class T>
+  checkpoint& track(const variable<T>& v) {
+    return track_ref(sharded_variable_ref{v.name(), v.dtype(), v.shape(), {v.ref()}}, v.row_io());
+  }
+  template <class T>
+  checkpoint& track(const sharded_variable<T>& v) {
+    return track_ref(v.ref(), v.row_io());
+  }
+
+  std::int64_t step() const noexcept { return step_; }
+  void set_step(std::int64_t step) noexcept { step_ = step; }
+  /// A named number saved with the checkpoint (an epoch, a best metric).
+  void set_scalar(std::string name, double value);
+  /// Throws errc::not_found when there is no scalar `name`.
+  double scalar(std::string_view name) const;
+  const std::map<std::string, double, std::less<>>& scalars() const noexcept { return scalars_; }
+
+  /// Writes every tracked variable, its slots, the step and the scalars to `path`, atomically: the
+  /// file appears complete or not at all. For a consistent snapshot, save when no closure updates
+  /// the variables (after join()); a save during training is as fuzzy as TF's.
+  asio::awaitable<void> save(std::filesystem::path path) const;
+
+  /// Loads `path` into the tracked variables (any number of shards on any ps), their slots (created
+  /// where missing), the step and the scalars. The file is checked in full first: a missing,
+  /// truncated or corrupt file, a tracked variable it lacks or holds with another dtype or shape,
+  /// is an error before anything changes. Tensors of untracked variables are ignored.
+  asio::awaitable<void> restore(std::filesystem::path path);
+
+  /// Bytes per piece a table moves in (rows are never split); tests make it small.
+  void set_chunk_bytes(std::size_t bytes) noexcept { chunk_bytes_ = bytes ? bytes : 1; }
+
+ private:
+  struct tracked {
+    sharded_variable_ref ref;
+    std::shared_ptr<detail::variable_io> io;
+  };
+  checkpoint& track_ref(sharded_variable_ref ref, std::shared_ptr<detail::variable_io> io);
+
+  std::vector<tracked> variables_;
+  std::int64_t step_ = 0;
+  std::map<std::string, double, std::less<>> scalars_;
+  std::size_t chunk_bytes_ = 32 << 20;
+};
+
+/// Numbered checkpoints in a directory: `<directory>/ckpt-<n>.safetensors`, the newest `max_to_keep`
+/// kept (0 keeps all). The directory is the state: the newest complete file is the latest
+/// checkpoint (an interrupted save leaves only a temporary file, removed by the next manager).
+class checkpoint_manager {
+ public:
+  checkpoint_manager(checkpoint& ckpt, std::filesystem::path directory, std::size_t max_to_keep = 5);
+
+  /// Saves as number (latest number + 1), TF's save counter; returns the path.
+  asio::awaitable<std::filesystem::path> save();
+  /// Saves as `number` (for instance the step); an existing file of that number is replaced.
+  asio::awaitable<std::filesystem::path> save(std::int64_t number);
+
+  /// The newest checkpoint, if any.
+  std::optional<std::filesystem::path> latest_checkpoint() const;
+  /// Every checkpoint in the directory, oldest first.
+  std::vector<std::filesystem::path> checkpoints() const;
+  const std::filesystem::path& directory() const noexcept { return directory_; }
+
+  /// The number in a checkpoint file's name ("ckpt-12.safetensors" -> 12), if it is one.
+  static std::optional<std::int64_t> number_of(const std::filesystem::path& path);
+
+ private:
+  checkpoint* checkpoint_;
+  std::filesystem::path directory_;
+  std::size_t max_to_keep_;
+};
+
+/// Reads a checkpoint (or any safetensors file of float32/float64/int32/int64 tensors) without a
+/// cluster: an evaluator, a converter, a test. The header is parsed and checked on construction.
+class checkpoint_reader {
+ public:
+  /// Throws errc::not_found (no file) or errc::data_loss (not safetensors, truncated, bad header).
+  explicit checkpoint_reader(std::filesystem::path path);
+  ~checkpoint_reader();
+  checkpoint_reader(checkpoint_reader&&) noexcept;
+  checkpoint_reader& operator=(checkpoint_reader&&) noexcept;
+
+  const std::filesystem::path& path() const noexcept;
+  /// Tensor names in file order.
+  std::vector<std::string> names() const;
+  bool contains(std::string_view name) const;
+  /// Throw errc::not_found for an unknown name.
+  pscoro::dtype dtype(std::string_view name) const;
+  const shape_type& shape(std::string_view name) const;
+
+  /// `__metadata__`, as stored.
+  const std::map<std::string, std::string, std::less<>>& metadata() const;
+  /// The step and the scalars of a pscoro checkpoint (0 and none for another file).
+  std::int64_t step() const;
+  std::map<std::string, double, std::less<>> scalars() const;
+
+  /// Tensor `name`, checked against its CRC-32C when the file has one (errc::data_loss if not).
+  tensor read_tensor(std::string_view name) const;
+  /// The same as an xarray of T; errc::invalid_argument when the dtype is not T's.
+  template <class T>
+  xt::xarray<T> read(std::string_view name) const {
+    return to_xarray<T>(read_tensor(name));
+  }
+
+  struct state;
+
+ private:
+  friend class checkpoint;  // restore reads ranges of the open file
+  std::unique_ptr<state> state_;
+};
+
+}  // namespace pscoro

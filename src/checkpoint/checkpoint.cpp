@@ -1,0 +1,758 @@
+// Checkpoints: planning (which bytes of which shard go where in the file), the streaming pipelines
+// (a network read overlaps the previous piece's disk write, and the reverse on restore), the
+// crash-safe file dance, the manager and the reader.
+#include <pscoro/checkpoint.hpp>
+#include <pscoro/detail/parallel.hpp>
+
+#include "checkpoint/safetensors.hpp"
+#include "data/crc32c.hpp"
+
+#include <asio/co_spawn.hpp>
+#include <asio/thread_pool.hpp>
+#include <asio/use_awaitable.hpp>
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <charconv>
+#include <cstring>
+#include <regex>
+
+#ifndef PSCORO_VERSION
+#error "PSCORO_VERSION comes from meson (src/meson.build)"
+#endif
+
+namespace pscoro {
+
+namespace fs = std::filesystem;
+
+using json = nlohmann::json;
+
+namespace {
+
+// ---------------------------------------------------------------------------------------------
+// Files: POSIX, because the crash-safety dance needs fsync of the file and of its directory.
+
+class posix_file {
+ public:
+  posix_file(const fs::path& path, int flags, mode_t mode = 0644) : path_(path.string()) {
+    fd_ = ::open(path_.c_str(), flags | O_CLOEXEC, mode);
+    if (fd_ < 0) {
+      throw error(errno == ENOENT ? errc::not_found : errc::unavailable,
+                  fmt::format("checkpoint {}: cannot open: {}", path_, std::strerror(errno)));
+    }
+  }
+  ~posix_file() {
+    if (fd_ >= 0) ::close(fd_);
+  }
+  posix_file(const posix_file&) = delete;
+  posix_file& operator=(const posix_file&) = delete;
+
+  std::uint64_t size() const {
+    struct stat st {};
+    if (::fstat(fd_, &st) != 0) fail("stat");
+    return static_cast<std::uint64_t>(st.st_size);
+  }
+  void write_at(const void* data, std::size_t size, std::uint64_t offset) const {
+    const auto* p = static_cast<const char*>(data);
+    while (size > 0) {
+      const ssize_t n = ::pwrite(fd_, p, size, static_cast<off_t>(offset));
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) fail("write");
+      p += n;
+      size -= static_cast<std::size_t>(n);
+      offset += static_cast<std::uint64_t>(n);
+    }
+  }
+  void read_at(void* data, std::size_t size, std::uint64_t offset) const {
+    auto* p = static_cast<char*>(data);
+    while (size > 0) {
+      const ssize_t n = ::pread(fd_, p, size, static_cast<off_t>(offset));
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0) fail("read");
+      if (n == 0) throw error(errc::data_loss, fmt::format("checkpoint {}: ends early (truncated?)", path_));
+      p += n;
+      size -= static_cast<std::size_t>(n);
+      offset += static_cast<std::uint64_t>(n);
+    }
+  }
+  void sync() const {
+    if (::fsync(fd_) != 0) fail("fsync");
+  }
+  void close() {
+    const int fd = std::exchange(fd_, -1);
+    if (::close(fd) != 0) fail("close");
+  }
+  const std::string& path() const noexcept { return path_; }
+
+ private:
+  [[noreturn]] void fail(std::string_view what) const {
+    throw error(errc::unavailable, fmt::format("checkpoint {}: {} failed: {}", path_, what, std::strerror(errno)));
+  }
+  std::string path_;
+  int fd_ = -1;
+};
+
+void sync_directory(const fs::path& dir) {
+  posix_file(dir.empty() ? fs::path(".") : dir, O_RDONLY | O_DIRECTORY).sync();
+}
+
+std::string hex32(std::uint32_t v) { return fmt::format("{:08x}", v); }
+
+std::uint32_t parse_hex32(std::string_view text) {
+  std::uint32_t v = 0;
+  const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), v, 16);
+  if (ec != std::errc{} || end != text.data() + text.size() || text.size() != 8) return 0;
+  return v;
+}
+
+// The JSON object stored as a string in metadata `key`, or an empty object.
+json metadata_json(const safetensors::metadata_map& metadata, std::string_view key, std::string_view path) {
+  const auto it = metadata.find(key);
+  if (it == metadata.end()) return json::object();
+  json out = json::parse(it->second, nullptr, false);
+  if (out.is_discarded() || !out.is_object()) {
+    throw error(errc::data_loss, fmt::format("checkpoint {}: __metadata__[\"{}\"] is not a JSON object", path, key));
+  }
+  return out;
+}
+
+// A buffer of `bytes` holding `value` converted to `type`, element after element.
+byte_buffer filled(dtype type, std::size_t bytes, double value) {
+  byte_buffer out(bytes);
+  visit_dtype(type, [&](auto zero) {
+    using T = decltype(zero);
+    std::fill_n(reinterpret_cast<T*>(out.data()), bytes / sizeof(T), static_cast<T>(value));
+  });
+  return out;
+}
+
+// ---------------------------------------------------------------------------------------------
+// A slot in a checkpoint: a row-sharded slot is stored with its variable's full shape; a slot of
+// another shape (adam's per-shard step count) is stored per shard, as [shards, ...].
+
+struct slot_record {
+  std::string tensor;    // "<variable>/<optimizer>/<slot>"
+  std::string variable;  // the variable's name
+  std::string suffix;    // "<optimizer>/<slot>"
+  double initial_value = 0;
+  bool per_shard = false;
+};
+
+json encode_slots(const std::vector<slot_record>& slots) {
+  json out = json::object();
+  for (const auto& s : slots) {
+    out[s.tensor] = {{"variable", s.variable}, {"slot", s.suffix}, {"initial_value", s.initial_value},
+                     {"per_shard", s.per_shard}};
+  }
+  return out;
+}
+
+std::vector<slot_record> decode_slots(const json& slots, std::string_view path) {
+  std::vector<slot_record> out;
+  for (const auto& [tensor, s] : slots.items()) {
+    if (!s.is_object() || !s.contains("variable") || !s["variable"].is_string() || !s.contains("slot") ||
+        !s["slot"].is_string() || !s.contains("initial_value") || !s["initial_value"].is_number() ||
+        !s.contains("per_shard") || !s["per_shard"].is_boolean()) {
+      throw error(errc::data_loss, fmt::format("checkpoint {}: the slot record of \"{}\" is malformed", path, tensor));
+    }
+    out.push_back({tensor, s["variable"].get<std::string>(), s["slot"].get<std::string>(),
+                   s["initial_value"].get<double>(), s["per_shard"].get<bool>()});
+  }
+  return out;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Save: pieces of the file in order, each a run of rows of one shard (or a fill, for a slot a
+// shard does not have yet), fetched from the network while the previous one is written.
+
+struct save_piece {
+  std::size_t entry = 0;  // index of the tensor in the file
+  std::shared_ptr<detail::variable_io> io;
+  variable_ref source;  // the shard (or slot) to read; unset name: a fill
+  bool rows = true;     // rows [begin, end) of source, else the whole source
+  std::uint64_t begin = 0, end = 0;
+  std::uint64_t bytes = 0;
+  double fill = 0;
+};
+
+// Rows of at most `chunk_bytes` (at least one row) of `source`, rows [0, rows).
+void add_row_pieces(std::vector<save_piece>& out, std::size_t entry, const std::shared_ptr<detail::variable_io>& io,
+                    const variable_ref& source, std::size_t row_bytes, std::uint64_t rows, std::size_t chunk_bytes,
+                    std::optional<double> fill) {
+  const std::uint64_t per_piece = std::max<std::uint64_t>(1, chunk_bytes / std::max<std::size_t>(row_bytes, 1));
+  for (std::uint64_t begin = 0; begin < rows; begin += per_piece) {
+    const std::uint64_t end = std::min(rows, begin + per_piece);
+    save_piece p{entry, io, source, true, begin, end, (end - begin) * row_bytes, fill.value_or(0)};
+    if (fill) p.source.name.clear();
+    out.push_back(std::move(p));
+  }
+}
+
+struct fetched {
+  byte_buffer bytes;
+};
+
+asio::awaitable<void> fetch_piece(const save_piece& piece, byte_buffer buffer, fetched& out, dtype type) {
+  if (piece.source.name.empty()) {
+    out.bytes = filled(type, piece.bytes, piece.fill);
+    co_return;
+  }
+  const byte_buffer into = buffer.size() >= piece.bytes ? buffer.slice(0, piece.bytes) : byte_buffer{};
+  // Not a conditional expression: g++ 12 destroys a co_await's result twice inside one.
+  tensor t;
+  if (piece.rows) {
+    t = co_await piece.io->read_rows(piece.source, piece.begin, piece.end, into);
+  } else {
+    t = co_await piece.io->read(piece.source, into);
+  }
+  if (t.size_bytes() != piece.bytes) {
+    throw error(errc::protocol_error, fmt::format("checkpoint: '{}' answered {} bytes where {} were expected",
+                                                  piece.source.name, t.size_bytes(), piece.bytes));
+  }
+  out.bytes = t.bytes();
+}
+
+// Blocking: runs on the checkpoint's I/O thread.
+asio::awaitable<void> write_piece(const posix_file& file, byte_buffer bytes, std::uint64_t offset, std::uint32_t& crc) {
+  crc = data::crc32c_extend(crc, bytes.data(), bytes.size());
+  file.write_at(bytes.data(), bytes.size(), offset);
+  co_return;
+}
+
+// One step of the pipeline: fetch piece k+1 while piece k is written on the I/O thread.
+asio::awaitable<void> save_step(std::size_t task, asio::thread_pool& io_thread, const posix_file& file,
+                                const save_piece* next, dtype next_type, byte_buffer next_buffer, fetched& next_out,
+                                const fetched& current, std::uint64_t offset, std::uint32_t& crc) {
+  if (task == 0) {
+    if (next) co_await fetch_piece(*next, std::move(next_buffer), next_out, next_type);
+  } else {
+    co_await asio::co_spawn(io_thread, write_piece(file, current.bytes, offset, crc), asio::use_awaitable);
+  }
+}
+
+// Blocking, on the I/O thread: the CRC-32C of `size` bytes of `file` from `offset`.
+asio::awaitable<void> checksum_range(const posix_file& file, std::uint64_t offset, std::uint64_t size,
+                                     std::uint32_t& crc) {
+  std::vector<char> block(std::min<std::uint64_t>(size, 4 << 20));
+  std::uint32_t c = 0;
+  while (size > 0) {
+    const auto n = static_cast<std::size_t>(std::min<std::uint64_t>(size, block.size()));
+    file.read_at(block.data(), n, offset);
+    c = data::crc32c_extend(c, block.data(), n);
+    offset += n;
+    size -= n;
+  }
+  crc = c;
+  co_return;
+}
+
+// Blocking, on the I/O thread: out.size() bytes of `file` from `offset` into `out`'s storage.
+asio::awaitable<void> read_piece(const posix_file& file, std::uint64_t offset, byte_buffer out) {
+  file.read_at(out.data(), out.size(), offset);
+  co_return;
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------------
+// checkpoint_reader
+
+struct checkpoint_reader::state {
+  fs::path path;
+  std::unique_ptr<posix_file> file;
+  safetensors::header header;
+  std::map<std::string, std::size_t, std::less<>> index;  // name -> entry
+  std::map<std::string, std::uint32_t, std::less<>> crcs;
+
+  const safetensors::entry& find(std::string_view name) const {
+    const auto it = index.find(name);
+    if (it == index.end()) {
+      throw error(errc::not_found, fmt::format("checkpoint {}: no tensor \"{}\"", path.string(), name));
+    }
+    return header.entries[it->second];
+  }
+};
+
+checkpoint_reader::checkpoint_reader(fs::path path) : state_(std::make_unique<state>()) {
+  auto& s = *state_;
+  s.path = std::move(path);
+  s.file = std::make_unique<posix_file>(s.path, O_RDONLY);
+  const std::uint64_t file_size = s.file->size();
+  std::string prefix(8, '\0');
+  if (file_size >= 8) s.file->read_at(prefix.data(), 8, 0);
+  const std::uint64_t n = safetensors::decode_header_size(s.path.string(), file_size >= 8 ? prefix : "", file_size);
+  std::string text(n, '\0');
+  s.file->read_at(text.data(), n, 8);
+  s.header = safetensors::decode_header(s.path.string(), text, file_size);
+  for (std::size_t i = 0; i < s.header.entries.size(); ++i) s.index.emplace(s.header.entries[i].name, i);
+
+  const auto& metadata = s.header.metadata;
+  if (const auto it = metadata.find("format"); it != metadata.end() && it->second == checkpoint_format) {
+    const auto version = metadata.find("format_version");
+    int v = 0;
+    if (version != metadata.end()) std::from_chars(version->second.data(), version->second.data() + version->second.size(), v);
+    if (v < 1 || v > checkpoint_format_version) {
+      throw error(errc::failed_precondition,
+                  fmt::format("checkpoint {}: format version {} is not one this pscoro reads (1 to {})",
+                              s.path.string(), version == metadata.end() ? "(none)" : version->second,
+                              checkpoint_format_version));
+    }
+  }
+  const json crcs = metadata_json(metadata, "crc32c", s.path.string());  // named: items() does not extend it
+  for (const auto& [name, crc] : crcs.items()) {
+    if (!crc.is_string() || !s.index.contains(name)) {
+      throw error(errc::data_loss, fmt::format("checkpoint {}: bad checksum record for \"{}\"", s.path.string(), name));
+    }
+    s.crcs.emplace(name, parse_hex32(crc.get<std::string>()));
+  }
+}
+
+checkpoint_reader::~checkpoint_reader() = default;
+checkpoint_reader::checkpoint_reader(checkpoint_reader&&) noexcept = default;
+checkpoint_reader& checkpoint_reader::operator=(checkpoint_reader&&) noexcept = default;
+
+const fs::path& checkpoint_reader::path() const noexcept { return state_->path; }
+
+std::vector<std::string> checkpoint_reader::names() const {
+  std::vector<std::string> out;
+  for (const auto& e : state_->header.entries) out.push_back(e.name);
+  return out;
+}
+
+bool checkpoint_reader::contains(std::string_view name) const { return state_->index.contains(name); }
+dtype checkpoint_reader::dtype(std::string_view name) const { return state_->find(name).type; }
+const shape_type& checkpoint_reader::shape(std::string_view name) const { return state_->find(name).shape; }
+const std::map<std::string, std::string, std::less<>>& checkpoint_reader::metadata() const {
+  return state_->header.metadata;
+}
+
+std::int64_t checkpoint_reader::step() const {
+  const auto it = metadata().find("step");
+  if (it == metadata().end()) return 0;
+  std::int64_t step = 0;
+  const auto [end, ec] = std::from_chars(it->second.data(), it->second.data() + it->second.size(), step);
+  if (ec != std::errc{} || end != it->second.data() + it->second.size()) {
+    throw error(errc::data_loss, fmt::format("checkpoint {}: step \"{}\" is not an integer", path().string(), it->second));
+  }
+  return step;
+}
+
+std::map<std::string, double, std::less<>> checkpoint_reader::scalars() const {
+  std::map<std::string, double, std::less<>> out;
+  const json scalars = metadata_json(metadata(), "scalars", path().string());
+  for (const auto& [name, value] : scalars.items()) {
+    if (!value.is_number()) {
+      throw error(errc::data_loss, fmt::format("checkpoint {}: scalar \"{}\" is not a number", path().string(), name));
+    }
+    out.emplace(name, value.get<double>());
+  }
+  return out;
+}
+
+tensor checkpoint_reader::read_tensor(std::string_view name) const {
+  const auto& e = state_->find(name);
+  tensor out = tensor::uninitialized(e.type, e.shape);
+  if (e.size()) state_->file->read_at(out.bytes().data(), e.size(), state_->header.data_start + e.begin);
+  if (const auto it = state_->crcs.find(name); it != state_->crcs.end()) {
+    const auto crc = data::crc32c(out.bytes().data(), out.size_bytes());
+    if (crc != it->second) {
+      throw error(errc::data_loss, fmt::format("checkpoint {}: tensor \"{}\" is corrupt (CRC-32C {} where the "
+                                               "header says {})",
+                                               path().string(), name, hex32(crc), hex32(it->second)));
+    }
+  }
+  return out;
+}
+
+// ---------------------------------------------------------------------------------------------
+// checkpoint
+
+checkpoint& checkpoint::track_ref(sharded_variable_ref ref, std::shared_ptr<detail::variable_io> io) {
+  if (!io) throw error(errc::failed_precondition, fmt::format("checkpoint: variable '{}' is not bound", ref.name));
+  for (const auto& t : variables_) {
+    if (t.ref.name == ref.name) {
+      throw error(errc::already_exists, fmt::format("checkpoint: a variable named '{}' is tracked already", ref.name));
+    }
+  }
+  variables_.push_back({std::move(ref), std::move(io)});
+  return *this;
+}
+
+void checkpoint::set_scalar(std::string name, double value) { scalars_[std::move(name)] = value; }
+
+double checkpoint::scalar(std::string_view name) const {
+  const auto it = scalars_.find(name);
+  if (it == scalars_.end()) throw error(errc::not_found, fmt::format("checkpoint: no scalar '{}'", name));
+  return it->second;
+}
+
+asio::awaitable<void> checkpoint::save(fs::path path) const {
+  // Plan the file: every variable, then its slots (found on each shard's ps), as pieces in order.
+  std::vector<safetensors::entry> entries;
+  std::vector<save_piece> pieces;
+  std::vector<slot_record> slots;
+  for (const auto& v : variables_) {
+    const auto& ref = v.ref;
+    const std::size_t row_bytes = ref.shape.empty() ? 0 : num_elements(std::span(ref.shape).subspan(1)) * size_of(ref.type);
+    entries.push_back({ref.name, ref.type, ref.shape, 0, 0});
+    for (const auto& shard : ref.shards) {
+      if (ref.shape.empty()) {
+        pieces.push_back({entries.size() - 1, v.io, shard, false, 0, 0, size_of(ref.type), 0});
+      } else {
+        add_row_pieces(pieces, entries.size() - 1, v.io, shard, row_bytes, shard.shape[0], chunk_bytes_, std::nullopt);
+      }
+    }
+    // The slots of every shard, grouped by "<optimizer>/<slot>".
+    std::map<std::string, std::vector<std::optional<detail::variable_io::slot_info>>> found;
+    for (std::size_t i = 0; i < ref.shards.size(); ++i) {
+      const auto& shard = ref.shards[i];
+      for (auto& info : co_await v.io->list_slots(shard)) {
+        auto suffix = info.slot.name.substr(shard.name.size() + 1);
+        auto& per_shard = found[std::move(suffix)];
+        per_shard.resize(ref.shards.size());
+        per_shard[i] = std::move(info);
+      }
+    }
+    for (const auto& [suffix, per_shard] : found) {
+      const auto& any = *std::find_if(per_shard.begin(), per_shard.end(), [](const auto& s) { return s.has_value(); });
+      const dtype type = any->slot.type;
+      const shape_type& slot_shape = any->slot.shape;
+      bool row_sharded = true, same_shape = true;
+      for (std::size_t i = 0; i < ref.shards.size(); ++i) {
+        if (!per_shard[i]) continue;
+        row_sharded = row_sharded && per_shard[i]->slot.shape == ref.shards[i].shape;
+        same_shape = same_shape && per_shard[i]->slot.shape == slot_shape;
+        if (per_shard[i]->slot.type != type) {
+          throw error(errc::failed_precondition, fmt::format("checkpoint: slot '{}' of '{}' has different dtypes on "
+                                                             "different shards",
+                                                             suffix, ref.name));
+        }
+      }
+      slot_record record{ref.name + "/" + suffix, ref.name, suffix, any->initial_value, !row_sharded};
+      if (!row_sharded && !same_shape) {
+        throw error(errc::failed_precondition,
+                    fmt::format("checkpoint: slot '{}' of '{}' has different shapes on different shards", suffix,
+                                ref.name));
+      }
+      shape_type full = ref.shape;
+      if (record.per_shard) {
+        full = shape_type{ref.shards.size()};
+        full.insert(full.end(), slot_shape.begin(), slot_shape.end());
+      }
+      entries.push_back({record.tensor, type, full, 0, 0});
+      const std::size_t slot_row_bytes =
+          record.per_shard || ref.shape.empty() ? 0 : num_elements(std::span(ref.shape).subspan(1)) * size_of(type);
+      for (std::size_t i = 0; i < ref.shards.size(); ++i) {
+        // A shard without the slot (not updated yet) contributes the slot's starting value.
+        const std::optional<double> fill = per_shard[i] ? std::nullopt : std::optional(record.initial_value);
+        variable_ref source = per_shard[i] ? per_shard[i]->slot : variable_ref{};
+        if (record.per_shard || ref.shape.empty()) {
+          save_piece p{entries.size() - 1, v.io, source, false, 0, 0, num_elements(slot_shape) * size_of(type),
+                       fill.value_or(0)};
+          pieces.push_back(std::move(p));
+        } else {
+          source.shape = ref.shards[i].shape;
+          add_row_pieces(pieces, entries.size() - 1, v.io, source, slot_row_bytes, ref.shards[i].shape[0],
+                         chunk_bytes_, fill);
+        }
+      }
+      slots.push_back(std::move(record));
+    }
+  }
+
+  // The header, with placeholder checksums of the final length (rewritten at the end).
+  safetensors::metadata_map metadata{{"format", std::string(checkpoint_format)},
+                                {"format_version", std::to_string(checkpoint_format_version)},
+                                {"pscoro_version", PSCORO_VERSION},
+                                {"step", std::to_string(step_)}};
+  json scalars = json::object();
+  for (const auto& [name, value] : scalars_) scalars[name] = value;
+  metadata["scalars"] = scalars.dump();
+  metadata["slots"] = encode_slots(slots).dump();
+  std::vector<std::uint32_t> crcs(entries.size(), 0);
+  const auto encode_crcs = [&] {
+    json out = json::object();
+    for (std::size_t i = 0; i < entries.size(); ++i) out[entries[i].name] = hex32(crcs[i]);
+    return out.dump();
+  };
+  metadata["crc32c"] = encode_crcs();
+  const std::string placeholder = safetensors::encode_header(entries, metadata);
+
+  // Write a temporary file beside the target, then rename it into place.
+  const fs::path temporary = path.string() + fmt::format(".tmp-{}", ::getpid());
+  struct remove_on_failure {
+    const fs::path& path;
+    bool armed = true;
+    ~remove_on_failure() {
+      std::error_code ignored;
+      if (armed) fs::remove(path, ignored);
+    }
+  } cleanup{temporary};
+  posix_file file(temporary, O_WRONLY | O_CREAT | O_TRUNC);
+  asio::thread_pool io_thread(1);
+  file.write_at(placeholder.data(), placeholder.size(), 0);
+  const std::uint64_t data_start = placeholder.size();
+
+  // Two buffers of a piece's size: one being written, one being fetched.
+  std::array<byte_buffer, 2> buffers{byte_buffer(std::min(chunk_bytes_, std::size_t{64} << 20)),
+                                     byte_buffer(std::min(chunk_bytes_, std::size_t{64} << 20))};
+  std::array<fetched, 2> slots_in_flight;
+  if (!pieces.empty()) {
+    co_await fetch_piece(pieces[0], buffers[0], slots_in_flight[0], entries[pieces[0].entry].type);
+  }
+  std::uint64_t offset = data_start;
+  for (std::size_t k = 0; k < pieces.size(); ++k) {
+    const save_piece* next = k + 1 < pieces.size() ? &pieces[k + 1] : nullptr;
+    const dtype next_type = next ? entries[next->entry].type : dtype::float32;
+    auto& current = slots_in_flight[k % 2];
+    auto& next_out = slots_in_flight[(k + 1) % 2];
+    auto& crc = crcs[pieces[k].entry];
+    co_await detail::run_all(2, [&](std::size_t task) {
+      return save_step(task, io_thread, file, next, next_type, buffers[(k + 1) % 2], next_out, current, offset, crc);
+    });
+    offset += pieces[k].bytes;
+    current.bytes = {};
+  }
+  metadata["crc32c"] = encode_crcs();
+  const std::string header = safetensors::encode_header(entries, metadata);
+  if (header.size() != placeholder.size()) {
+    throw error(errc::internal, "checkpoint: the header changed size when its checksums were filled in");
+  }
+  file.write_at(header.data(), header.size(), 0);
+  file.sync();
+  file.close();
+  fs::rename(temporary, path);
+  cleanup.armed = false;
+  sync_directory(path.parent_path());
+}
+
+asio::awaitable<void> checkpoint::restore(fs::path path) {
+  checkpoint_reader reader(path);
+  const auto& state = *reader.state_;
+  const std::string where = path.string();
+  const auto slots = decode_slots(metadata_json(state.header.metadata, "slots", where), where);
+
+  // Check everything before anything changes.
+  struct target {
+    const safetensors::entry* entry;
+    const tracked* variable;
+    const slot_record* slot;  // null for the variable itself
+  };
+  std::vector<target> targets;
+  for (const auto& v : variables_) {
+    if (!reader.contains(v.ref.name)) {
+      throw error(errc::not_found, fmt::format("checkpoint {}: no tensor for variable '{}'", where, v.ref.name));
+    }
+    const auto& e = state.find(v.ref.name);
+    if (e.type != v.ref.type || e.shape != v.ref.shape) {
+      throw error(errc::invalid_argument,
+                  fmt::format("checkpoint {}: '{}' is {} {} in the file but {} {} here", where, v.ref.name,
+                              name_of(e.type), to_string(e.shape), name_of(v.ref.type), to_string(v.ref.shape)));
+    }
+    targets.push_back({&e, &v, nullptr});
+    for (const auto& s : slots) {
+      if (s.variable != v.ref.name) continue;
+      const auto& se = state.find(s.tensor);
+      const bool fits = s.per_shard ? !se.shape.empty() : se.shape == v.ref.shape;
+      if (!fits) {
+        throw error(errc::data_loss, fmt::format("checkpoint {}: slot \"{}\" has shape {}, which does not fit '{}' {}",
+                                                 where, s.tensor, to_string(se.shape), v.ref.name,
+                                                 to_string(v.ref.shape)));
+      }
+      targets.push_back({&se, &v, &s});
+    }
+  }
+  // The slots that exist already must have the slot's dtype and shape; the others are created.
+  struct slot_creation {
+    const tracked* variable;
+    variable_ref shard, slot;
+    double initial_value;
+  };
+  std::vector<slot_creation> creations;
+  for (const auto& t : targets) {
+    if (!t.slot) continue;
+    for (const auto& shard : t.variable->ref.shards) {
+      shape_type shape = shard.shape;
+      if (t.slot->per_shard) shape.assign(t.entry->shape.begin() + 1, t.entry->shape.end());
+      variable_ref slot{shard.name + "/" + t.slot->suffix, t.entry->type, shape, shard.ps_task};
+      bool exists = false;
+      for (const auto& info : co_await t.variable->io->list_slots(shard)) {
+        if (info.slot.name != slot.name) continue;
+        if (info.slot.type != slot.type || info.slot.shape != slot.shape) {
+          throw error(errc::invalid_argument,
+                      fmt::format("checkpoint {}: slot '{}' exists as {} {} but the checkpoint holds {} {}", where,
+                                  slot.name, name_of(info.slot.type), to_string(info.slot.shape),
+                                  name_of(slot.type), to_string(slot.shape)));
+        }
+        exists = true;
+      }
+      if (!exists) creations.push_back({t.variable, shard, std::move(slot), t.slot->initial_value});
+    }
+  }
+  {
+    // Every tensor that will be loaded matches its checksum.
+    asio::thread_pool io_thread(1);
+    for (const auto& t : targets) {
+      const auto crc = state.crcs.find(t.entry->name);
+      if (crc == state.crcs.end()) continue;
+      std::uint32_t actual = 0;
+      co_await asio::co_spawn(io_thread,
+                              checksum_range(*state.file, state.header.data_start + t.entry->begin, t.entry->size(),
+                                             actual),
+                              asio::use_awaitable);
+      if (actual != crc->second) {
+        throw error(errc::data_loss, fmt::format("checkpoint {}: tensor \"{}\" is corrupt (CRC-32C {} where the "
+                                                 "header says {}); nothing was restored",
+                                                 where, t.entry->name, hex32(actual), hex32(crc->second)));
+      }
+    }
+  }
+
+  // Apply: create the missing slots, then move every shard's rows from the file, a piece at a time.
+  for (const auto& c : creations) co_await c.variable->io->create_slot(c.shard, c.slot, c.initial_value);
+  asio::thread_pool io_thread(1);
+  for (const auto& t : targets) {
+    const auto& ref = t.variable->ref;
+    const auto& io = t.variable->io;
+    const std::uint64_t start = state.header.data_start + t.entry->begin;
+    if (t.slot && t.slot->per_shard) {
+      // Per-shard values: one to one when the shard count is the same, else the largest (for a
+      // step count: the bias correction of the most advanced shard).
+      const std::size_t sources = t.entry->shape[0];
+      const shape_type one(t.entry->shape.begin() + 1, t.entry->shape.end());
+      const tensor all = reader.read_tensor(t.entry->name);
+      const std::size_t bytes = num_elements(one) * size_of(t.entry->type);
+      for (std::size_t i = 0; i < ref.shards.size(); ++i) {
+        tensor value = tensor::uninitialized(t.entry->type, one);
+        if (sources == ref.shards.size()) {
+          std::memcpy(value.bytes().data(), all.bytes().data() + i * bytes, bytes);
+        } else {
+          visit_dtype(t.entry->type, [&](auto zero) {
+            using T = decltype(zero);
+            const std::size_t n = num_elements(one);
+            T* out = value.mutable_data<T>();
+            const T* in = all.data<T>();
+            for (std::size_t k = 0; k < n; ++k) {
+              out[k] = in[k];
+              for (std::size_t s = 1; s < sources; ++s) out[k] = std::max(out[k], in[s * n + k]);
+            }
+          });
+        }
+        variable_ref slot{ref.shards[i].name + "/" + t.slot->suffix, t.entry->type, one, ref.shards[i].ps_task};
+        co_await io->update(slot, update_op::assign, value);
+      }
+      continue;
+    }
+    if (ref.shape.empty()) {
+      tensor value = tensor::uninitialized(t.entry->type, {});
+      co_await asio::co_spawn(io_thread, read_piece(*state.file, start, value.bytes()), asio::use_awaitable);
+      variable_ref destination = ref.shards[0];
+      if (t.slot) destination = {destination.name + "/" + t.slot->suffix, t.entry->type, {}, destination.ps_task};
+      co_await io->update(destination, update_op::assign, value);
+      continue;
+    }
+    const std::size_t row_bytes = num_elements(std::span(ref.shape).subspan(1)) * size_of(t.entry->type);
+    const std::uint64_t per_piece = std::max<std::uint64_t>(1, chunk_bytes_ / std::max<std::size_t>(row_bytes, 1));
+    std::uint64_t first_row = 0;
+    for (const auto& shard : ref.shards) {
+      variable_ref destination = shard;
+      if (t.slot) destination = {shard.name + "/" + t.slot->suffix, t.entry->type, shard.shape, shard.ps_task};
+      for (std::uint64_t begin = 0; begin < shard.shape[0]; begin += per_piece) {
+        const std::uint64_t end = std::min<std::uint64_t>(shard.shape[0], begin + per_piece);
+        shape_type rows = shard.shape;
+        rows[0] = end - begin;
+        tensor value = tensor::uninitialized(t.entry->type, rows);
+        co_await asio::co_spawn(io_thread,
+                                read_piece(*state.file, start + (first_row + begin) * row_bytes, value.bytes()),
+                                asio::use_awaitable);
+        co_await io->update_rows(destination, update_op::assign, begin, value);
+      }
+      first_row += shard.shape[0];
+    }
+  }
+  step_ = reader.step();
+  scalars_ = reader.scalars();
+}
+
+// ---------------------------------------------------------------------------------------------
+// checkpoint_manager
+
+namespace {
+
+constexpr std::string_view file_prefix = "ckpt-";
+constexpr std::string_view file_suffix = ".safetensors";
+
+bool process_alive(long pid) { return pid > 0 && (::kill(static_cast<pid_t>(pid), 0) == 0 || errno == EPERM); }
+
+}  // namespace
+
+checkpoint_manager::checkpoint_manager(checkpoint& ckpt, fs::path directory, std::size_t max_to_keep)
+    : checkpoint_(&ckpt), directory_(std::move(directory)), max_to_keep_(max_to_keep) {
+  fs::create_directories(directory_);
+  // A save that crashed left "ckpt-<n>.safetensors.tmp-<pid>": remove it once its process is gone.
+  static const std::regex temporary(R"(ckpt-\d+\.safetensors\.tmp-(\d+))");
+  for (const auto& entry : fs::directory_iterator(directory_)) {
+    std::smatch m;
+    const std::string name = entry.path().filename().string();
+    if (std::regex_match(name, m, temporary) && !process_alive(std::stol(m[1].str()))) {
+      std::error_code ignored;
+      fs::remove(entry.path(), ignored);
+    }
+  }
+}
+
+std::optional<std::int64_t> checkpoint_manager::number_of(const fs::path& path) {
+  const std::string name = path.filename().string();
+  if (!name.starts_with(file_prefix) || !name.ends_with(file_suffix)) return std::nullopt;
+  const std::string_view digits(name.data() + file_prefix.size(), name.size() - file_prefix.size() - file_suffix.size());
+  std::int64_t n = 0;
+  const auto [end, ec] = std::from_chars(digits.data(), digits.data() + digits.size(), n);
+  if (digits.empty() || ec != std::errc{} || end != digits.data() + digits.size() || n < 0) return std::nullopt;
+  return n;
+}
+
+std::vector<fs::path> checkpoint_manager::checkpoints() const {
+  std::vector<std::pair<std::int64_t, fs::path>> found;
+  for (const auto& entry : fs::directory_iterator(directory_)) {
+    if (!entry.is_regular_file()) continue;
+    if (const auto n = number_of(entry.path())) found.emplace_back(*n, entry.path());
+  }
+  std::sort(found.begin(), found.end());
+  std::vector<fs::path> out;
+  for (auto& [n, p] : found) out.push_back(std::move(p));
+  return out;
+}
+
+std::optional<fs::path> checkpoint_manager::latest_checkpoint() const {
+  auto all = checkpoints();
+  if (all.empty()) return std::nullopt;
+  return all.back();
+}
+
+asio::awaitable<fs::path> checkpoint_manager::save() {
+  const auto latest = latest_checkpoint();
+  co_return co_await save(latest ? *number_of(*latest) + 1 : 1);
+}
+
+asio::awaitable<fs::path> checkpoint_manager::save(std::int64_t number) {
+  if (number < 0) throw error(errc::invalid_argument, fmt::format("checkpoint number {} is negative", number));
+  const fs::path path = directory_ / fmt::format("{}{}{}", file_prefix, number, file_suffix);
+  co_await checkpoint_->save(path);
+  if (max_to_keep_ > 0) {
+    auto all = checkpoints();
+    for (std::size_t i = 0; i + max_to_keep_ < all.size(); ++i) {
+      std::error_code ignored;
+      fs::remove(all[i], ignored);
+    }
+  }
+  co_return path;
+}
+
+}  // namespace pscoro

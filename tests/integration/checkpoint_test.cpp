@@ -1,0 +1,367 @@
+// Checkpoints on real in-process clusters: a round trip of variables, slots, step and scalars; a
+// restore into other numbers of shards and ps with identical values (and identical training after
+// it); every kind of bad file refused before anything changes; the manager's numbering and pruning.
+#include "local_cluster.hpp"
+#include "test_support.hpp"
+
+#include <pscoro/checkpoint.hpp>
+
+#include <unistd.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+
+#include <fmt/format.h>
+
+using namespace pscoro;
+using pscoro::testing::code_of;
+using pscoro::testing::failure_of;
+using pscoro::testing::local_cluster;
+using pscoro::testing::message_of;
+namespace fs = std::filesystem;
+
+namespace {
+
+struct scratch {
+  fs::path dir = fs::temp_directory_path() / ("pscoro-checkpoint-test-" + std::to_string(::getpid()));
+  scratch() {
+    fs::remove_all(dir);
+    fs::create_directories(dir);
+  }
+  ~scratch() { fs::remove_all(dir); }
+};
+
+xt::xarray<double> table_values(std::size_t rows, std::size_t columns) {
+  xt::xarray<double> out = xt::zeros<double>({rows, columns});
+  for (std::size_t i = 0; i < rows; ++i) {
+    for (std::size_t j = 0; j < columns; ++j) out(i, j) = 0.5 * static_cast<double>(i) - 0.125 * static_cast<double>(j);
+  }
+  return out;
+}
+
+// The model of every test: a dense float weight [5, 3], a sharded double table [13, 4] and an int64
+// scalar counter, created by a strategy with `shards` table shards.
+struct model {
+  variable<float> weights;
+  sharded_variable<double> table;
+  variable<std::int64_t> counter;
+
+  static asio::awaitable<model> create(parameter_server_strategy& strategy) {
+    auto scope = strategy.scope();
+    const xt::xarray<float> w = {{1, 2, 3}, {4, 5, 6}, {7, 8, 9}, {10, 11, 12}, {13, 14, 15}};
+    const xt::xarray<std::int64_t> c = 41;
+    const auto t = table_values(13, 4);
+    model m;
+    m.weights = co_await scope.create_variable("model/weights", w);
+    m.table = co_await scope.create_sharded_variable("model/table", t);
+    m.counter = co_await scope.create_variable("model/counter", c);
+    co_return m;
+  }
+
+  checkpoint tracked() const {
+    checkpoint ckpt;
+    ckpt.track(weights).track(table).track(counter);
+    return ckpt;
+  }
+
+  // Optimizer steps that create slots: adagrad on the weights, adam on every shard of the table.
+  asio::awaitable<void> train(int steps) const {
+    const xt::xarray<float> grad_w = xt::ones<float>({5, 3}) * 0.25f;
+    const xt::xarray<std::int64_t> ids = {0, 12, 6, 3, 9, 12};  // every shard of 2, 3, 4 or 5
+    xt::xarray<double> grad_rows = xt::ones<double>({6, 4});
+    for (int s = 0; s < steps; ++s) {
+      co_await weights.apply_gradient(optimizers::adagrad{.learning_rate = 0.1}, grad_w);
+      co_await table.apply_sparse_gradient(optimizers::adam{.learning_rate = 0.01}, ids, grad_rows);
+      grad_rows *= -0.5;
+    }
+  }
+
+  struct snapshot {
+    xt::xarray<float> weights, accumulator;
+    xt::xarray<double> table, m, v;
+    xt::xarray<std::int64_t> counter;
+  };
+  asio::awaitable<snapshot> read() const {
+    snapshot s;
+    s.weights = co_await weights.read();
+    s.accumulator = co_await weights.slot("adagrad", "accumulator").read();
+    s.table = co_await table.read();
+    s.m = co_await table.slot("adam", "m").read();
+    s.v = co_await table.slot("adam", "v").read();
+    s.counter = co_await counter.read();
+    co_return s;
+  }
+};
+
+// The code of what `f()` throws (none: an empty code).
+template <class F>
+std::error_code thrown_code(F f) {
+  try {
+    f();
+  } catch (const std::system_error& e) {
+    return e.code();
+  }
+  return {};
+}
+
+void check_same(const model::snapshot& a, const model::snapshot& b) {
+  CHECK(a.weights == b.weights);
+  CHECK(a.accumulator == b.accumulator);
+  CHECK(a.table == b.table);
+  CHECK(a.m == b.m);
+  CHECK(a.v == b.v);
+  CHECK(a.counter == b.counter);
+}
+
+// Runs `body(strategy)` as the chief of a fresh cluster of `ps` ps whose tables have `shards` shards.
+template <class Body>
+void with_cluster(int ps, std::size_t shards, Body body) {
+  local_cluster cluster(ps, 1);
+  cluster.run_chief(
+      [&body](parameter_server_strategy& strategy, cluster_coordinator&) -> asio::awaitable<void> {
+        co_await body(strategy);
+      },
+      {}, {}, fixed_shards_partitioner{static_cast<std::int64_t>(shards)});
+}
+
+}  // namespace
+
+TEST_CASE("a checkpoint round-trips variables, optimizer slots, the step and scalars") {
+  scratch s;
+  const auto path = s.dir / "one.safetensors";
+  with_cluster(2, 3, [&](parameter_server_strategy& strategy) -> asio::awaitable<void> {
+    const auto m = co_await model::create(strategy);
+    co_await m.train(3);
+    const auto before = co_await m.read();
+    auto ckpt = m.tracked();
+    ckpt.set_chunk_bytes(40);  // 1 row of the table per piece: many pieces per shard
+    ckpt.set_step(1234);
+    ckpt.set_scalar("epoch", 3);
+    ckpt.set_scalar("best_loss", 0.1 + 0.2);
+    co_await ckpt.save(path);
+    CHECK(fs::exists(path));
+    CHECK(std::distance(fs::directory_iterator(s.dir), fs::directory_iterator()) == 1);  // no temporary left
+
+    // Change everything, then restore.
+    const xt::xarray<float> zeros_w = xt::zeros<float>({5, 3});
+    const xt::xarray<double> zeros_t = xt::zeros<double>({13, 4});
+    const xt::xarray<std::int64_t> zero = 0;
+    co_await m.weights.assign(zeros_w);
+    co_await m.table.assign(zeros_t);
+    co_await m.counter.assign(zero);
+    co_await m.train(1);
+    auto restored = m.tracked();
+    co_await restored.restore(path);
+    check_same(co_await m.read(), before);
+    CHECK(restored.step() == 1234);
+    CHECK(restored.scalar("epoch") == 3);
+    CHECK(restored.scalar("best_loss") == 0.1 + 0.2);  // exactly: doubles round-trip
+    CHECK_THROWS_AS((void)restored.scalar("missing"), error);
+  });
+
+  // The file read without a cluster: one tensor per variable and slot, of its full shape.
+  checkpoint_reader reader(path);
+  CHECK(reader.metadata().at("format") == "pscoro.checkpoint");
+  CHECK(reader.metadata().at("format_version") == "1");
+  CHECK(reader.step() == 1234);
+  CHECK(reader.scalars().at("epoch") == 3);
+  CHECK(reader.names() == std::vector<std::string>{"model/weights", "model/weights/adagrad/accumulator", "model/table",
+                                                   "model/table/adam/iterations", "model/table/adam/m",
+                                                   "model/table/adam/v", "model/counter"});
+  CHECK(reader.shape("model/table") == shape_type{13, 4});
+  CHECK(reader.shape("model/table/adam/m") == shape_type{13, 4});
+  CHECK(reader.shape("model/table/adam/iterations") == shape_type{3});  // one step count per shard
+  CHECK(reader.dtype("model/counter") == dtype::int64);
+  CHECK(reader.read<std::int64_t>("model/counter")() == 41);
+  CHECK(reader.read<std::int64_t>("model/table/adam/iterations") == xt::xarray<std::int64_t>{3, 3, 3});
+  CHECK(thrown_code([&] { (void)reader.read<float>("model/table"); }) == errc::invalid_argument);
+  CHECK(thrown_code([&] { (void)reader.shape("model/nothing"); }) == errc::not_found);
+}
+
+TEST_CASE("a slot some shards do not have yet is saved with its starting value") {
+  scratch s;
+  const auto path = s.dir / "partial.safetensors";
+  with_cluster(2, 2, [&](parameter_server_strategy& strategy) -> asio::awaitable<void> {
+    const auto m = co_await model::create(strategy);
+    // Rows 0 and 1 are in shard 0 (rows 0-6): shard 1 has no adagrad slot.
+    const xt::xarray<std::int64_t> ids = {0, 1};
+    const xt::xarray<double> grad = xt::ones<double>({2, 4});
+    co_await m.table.apply_sparse_gradient(optimizers::adagrad{.learning_rate = 0.1, .initial_accumulator_value = 0.5},
+                                           ids, grad);
+    auto ckpt = m.tracked();
+    co_await ckpt.save(path);
+    const auto saved = checkpoint_reader(path).read<double>("model/table/adagrad/accumulator");
+    CHECK(saved(0, 0) == 1.5);    // 0.5 + 1^2
+    CHECK(saved(2, 0) == 0.5);    // shard 0, not updated
+    CHECK(saved(12, 3) == 0.5);   // shard 1, no slot there: the starting value
+    // Restoring creates the slot on shard 1 too.
+    co_await ckpt.restore(path);
+    CHECK(co_await m.table.slot("adagrad", "accumulator").read() == saved);
+  });
+}
+
+TEST_CASE("a checkpoint restores into other numbers of shards and ps with identical values and training") {
+  scratch s;
+  const auto path = s.dir / "reshard.safetensors";
+  model::snapshot saved, after_more_training;
+  // Source: 2 shards on 2 ps; save after 3 steps, then train 2 more steps for the reference.
+  with_cluster(2, 2, [&](parameter_server_strategy& strategy) -> asio::awaitable<void> {
+    const auto m = co_await model::create(strategy);
+    co_await m.train(3);
+    saved = co_await m.read();
+    auto ckpt = m.tracked();
+    ckpt.set_chunk_bytes(100);
+    co_await ckpt.save(path);
+    co_await m.train(2);
+    after_more_training = co_await m.read();
+  });
+  // 2 -> 4 shards on 4 ps, 2 -> 1 on 1 ps, 2 -> 5 on 3 ps; each trains the same 2 steps after.
+  for (const auto& layout : std::vector<std::pair<int, std::size_t>>{{4, 4}, {1, 1}, {3, 5}}) {
+    const int ps = layout.first;  // not a structured binding: clang 14 cannot capture those
+    const std::size_t shards = layout.second;
+    CAPTURE(ps);
+    CAPTURE(shards);
+    const auto resaved = s.dir / fmt::format("resaved-{}.safetensors", shards);
+    with_cluster(ps, shards, [&](parameter_server_strategy& strategy) -> asio::awaitable<void> {
+      const auto m = co_await model::create(strategy);
+      CHECK(m.table.num_shards() == shards);
+      auto ckpt = m.tracked();
+      ckpt.set_chunk_bytes(64);
+      co_await ckpt.restore(path);
+      check_same(co_await m.read(), saved);
+      co_await ckpt.save(resaved);  // and from this layout on
+      co_await m.train(2);
+      check_same(co_await m.read(), after_more_training);
+    });
+    // 4 -> 1, 1 -> 3, 5 -> 2: back from the new layout.
+    const std::size_t back = shards == 4 ? 1 : shards == 1 ? 3 : 2;
+    with_cluster(back == 1 ? 1 : 2, back, [&](parameter_server_strategy& strategy) -> asio::awaitable<void> {
+      const auto m = co_await model::create(strategy);
+      auto ckpt = m.tracked();
+      co_await ckpt.restore(resaved);
+      check_same(co_await m.read(), saved);
+    });
+  }
+}
+
+TEST_CASE("a bad checkpoint is refused before anything changes") {
+  scratch s;
+  const auto good = s.dir / "good.safetensors";
+  with_cluster(2, 2, [&](parameter_server_strategy& strategy) -> asio::awaitable<void> {
+    const auto m = co_await model::create(strategy);
+    co_await m.train(2);
+    auto ckpt = m.tracked();
+    co_await ckpt.save(good);
+    co_await m.train(1);  // the cluster now differs from the file
+    const auto current = co_await m.read();
+    const auto bytes = [&] {
+      std::ifstream in(good, std::ios::binary);
+      return std::string(std::istreambuf_iterator<char>(in), {});
+    }();
+    const auto write = [&](const std::string& name, const std::string& content) {
+      std::ofstream(s.dir / name, std::ios::binary) << content;
+      return s.dir / name;
+    };
+    const auto refused = [&](fs::path path, errc code, std::string_view says) -> asio::awaitable<void> {
+      CAPTURE(path.filename().string());
+      auto ckpt = m.tracked();  // named: g++ 12 ends a co_await's temporaries too early
+      auto e = co_await failure_of(ckpt.restore(path));
+      REQUIRE(e);
+      CHECK(code_of(e) == code);
+      CHECK_MESSAGE(contains(message_of(e), says), message_of(e));
+      CHECK_MESSAGE(contains(message_of(e), path.filename().string()), message_of(e));
+      check_same(co_await m.read(), current);
+    };
+    co_await refused(s.dir / "missing.safetensors", errc::not_found, "cannot open");
+    co_await refused(write("empty.safetensors", ""), errc::data_loss, "too short");
+    co_await refused(write("truncated.safetensors", bytes.substr(0, bytes.size() - 10)), errc::data_loss, "truncated");
+    co_await refused(write("header-cut.safetensors", bytes.substr(0, 100)), errc::data_loss, "truncated");
+    std::string huge = bytes;
+    huge[7] = '\x7f';
+    co_await refused(write("huge-header.safetensors", huge), errc::data_loss, "beyond the limit");
+    std::string not_json = bytes;
+    not_json[8] = '[';
+    co_await refused(write("not-json.safetensors", not_json), errc::data_loss, "not valid JSON");
+    std::string flipped = bytes;
+    flipped[flipped.size() - 3] ^= 0x20;  // a byte of the last tensor
+    co_await refused(write("flipped.safetensors", flipped), errc::data_loss, "is corrupt");
+    std::string grown = bytes + "xxxxxxxx";
+    co_await refused(write("grown.safetensors", grown), errc::data_loss, "cover");
+
+    // A variable the file lacks, or holds with another shape.
+    auto scope = strategy.scope();
+    const xt::xarray<float> other = xt::zeros<float>({2, 2});
+    auto extra = co_await scope.create_variable("model/extra", other);
+    auto with_extra = m.tracked();
+    with_extra.track(extra);
+    auto e = co_await failure_of(with_extra.restore(good));
+    REQUIRE(e);
+    CHECK(code_of(e) == errc::not_found);
+    CHECK(contains(message_of(e), "model/extra"));
+    check_same(co_await m.read(), current);
+    // Tracking the same variable twice is refused.
+    checkpoint twice;
+    twice.track(m.weights);
+    CHECK(thrown_code([&] { twice.track(m.weights); }) == errc::already_exists);
+  });
+}
+
+TEST_CASE("a variable the checkpoint holds with another dtype or shape is refused, naming both") {
+  scratch s;
+  const auto path = s.dir / "model.safetensors";
+  with_cluster(1, 1, [&](parameter_server_strategy& strategy) -> asio::awaitable<void> {
+    const auto m = co_await model::create(strategy);
+    auto ckpt = m.tracked();
+    co_await ckpt.save(path);
+  });
+  for (const bool other_dtype : {false, true}) {
+    with_cluster(1, 1, [&](parameter_server_strategy& strategy) -> asio::awaitable<void> {
+      auto scope = strategy.scope();
+      checkpoint ckpt;
+      std::string says;
+      if (other_dtype) {
+        const xt::xarray<double> w = xt::zeros<double>({5, 3});
+        ckpt.track(co_await scope.create_variable("model/weights", w));
+        says = "'model/weights' is float32 [5, 3] in the file but float64 [5, 3] here";
+      } else {
+        const xt::xarray<float> w = xt::zeros<float>({3, 5});
+        ckpt.track(co_await scope.create_variable("model/weights", w));
+        says = "'model/weights' is float32 [5, 3] in the file but float32 [3, 5] here";
+      }
+      auto e = co_await failure_of(ckpt.restore(path));
+      REQUIRE(e);
+      CHECK(code_of(e) == errc::invalid_argument);
+      CHECK_MESSAGE(contains(message_of(e), says), message_of(e));
+    });
+  }
+}
+
+TEST_CASE("checkpoint_manager numbers, finds and prunes checkpoints, and cleans up after a crashed save") {
+  scratch s;
+  with_cluster(1, 1, [&](parameter_server_strategy& strategy) -> asio::awaitable<void> {
+    const auto m = co_await model::create(strategy);
+    auto ckpt = m.tracked();
+    // A crashed save of another (dead) process, and a file that is not a checkpoint.
+    const auto dir = s.dir / "ckpts";
+    fs::create_directories(dir);
+    std::ofstream(dir / "ckpt-7.safetensors.tmp-999999999") << "partial";
+    std::ofstream(dir / "notes.txt") << "hello";
+    checkpoint_manager manager(ckpt, dir, 2);
+    CHECK_FALSE(fs::exists(dir / "ckpt-7.safetensors.tmp-999999999"));
+    CHECK_FALSE(manager.latest_checkpoint());
+    CHECK(co_await manager.save() == dir / "ckpt-1.safetensors");
+    CHECK(co_await manager.save() == dir / "ckpt-2.safetensors");
+    ckpt.set_step(300);
+    CHECK(co_await manager.save(300) == dir / "ckpt-300.safetensors");
+    CHECK(manager.checkpoints() == std::vector<fs::path>{dir / "ckpt-2.safetensors", dir / "ckpt-300.safetensors"});
+    CHECK(manager.latest_checkpoint() == dir / "ckpt-300.safetensors");
+    CHECK(co_await manager.save() == dir / "ckpt-301.safetensors");
+    CHECK(checkpoint_reader(*manager.latest_checkpoint()).step() == 300);
+    CHECK(fs::exists(dir / "notes.txt"));
+    CHECK(checkpoint_manager::number_of("ckpt-12.safetensors") == 12);
+    CHECK_FALSE(checkpoint_manager::number_of("ckpt-.safetensors"));
+    CHECK_FALSE(checkpoint_manager::number_of("ckpt-1x.safetensors"));
+    CHECK_FALSE(checkpoint_manager::number_of("ckpt-3.safetensors.tmp-5"));
+  });
+}
