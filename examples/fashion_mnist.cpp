@@ -4,10 +4,14 @@
 // through its own input pipeline (a per-worker dataset: IDX files -> shard -> shuffle -> batch ->
 // prefetch); each step takes a batch from the worker's iterator, pulls the weights, computes the
 // gradient with xtensor and pushes the update. The chief schedules the steps, prints progress and
-// the test-set accuracy. One binary plays every role, chosen by TF_CONFIG:
+// the test-set accuracy; with --checkpoint-dir it saves checkpoints as it goes and resumes from the
+// newest at the start (fashion_mnist_evaluator evaluates them on the side). One binary plays every
+// role, chosen by TF_CONFIG:
 //
-//   pscoro-launch --ps 2 --workers 2 -- fashion_mnist --steps 3000
+//   pscoro-launch --ps 2 --workers 2 -- fashion_mnist --steps 3000 --checkpoint-dir ckpts
 #include <pscoro/pscoro.hpp>
+
+#include "fashion_mnist.hpp"
 
 #include <CLI/CLI.hpp>
 #include <asio/co_spawn.hpp>
@@ -16,15 +20,12 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <optional>
 #include <tuple>
 
 namespace {
 
-constexpr std::size_t pixels = 28 * 28;
-constexpr std::size_t classes = 10;
-
-// A batch: pixels scaled to [0, 1], [n, 784], and labels, [n].
-using batch = std::tuple<xt::xarray<float>, xt::xarray<std::int64_t>>;
+using namespace examples::fashion_mnist;
 
 // Shared by the chief and the workers.
 const pscoro::dataset_function<batch> train_data{"fashion_mnist.train_data"};
@@ -32,39 +33,6 @@ const pscoro::dataset_function<batch> train_data{"fashion_mnist.train_data"};
 const pscoro::worker_function<double(pscoro::variable<float>, pscoro::variable<float>,
                                      pscoro::per_worker_iterator<batch>, double)>
     train_step{"fashion_mnist.train_step"};
-
-// The examples of a Fashion-MNIST split ("train", "t10k") as (pixels [784] in [0, 1], label).
-pscoro::dataset<batch> examples_of(const std::string& dir, const std::string& split) {
-  return pscoro::zip(pscoro::idx<float>(dir + "/" + split + "-images-idx3-ubyte.gz"),
-                     pscoro::idx<std::int64_t>(dir + "/" + split + "-labels-idx1-ubyte.gz"))
-      .map([](std::tuple<xt::xarray<float>, xt::xarray<std::int64_t>> example) {
-        auto& [image, label] = example;
-        xt::xarray<float> pixels = image / 255.0f;
-        pixels.reshape({pixels.size()});
-        return batch{std::move(pixels), std::move(label)};
-      });
-}
-
-// Rows of `x` (pixels scaled to [0, 1]) times `w` plus `b`, softmaxed in place. Returns [rows, 10].
-xt::xarray<float> probabilities(const xt::xarray<float>& x, const xt::xarray<float>& w, const xt::xarray<float>& b) {
-  const std::size_t rows = x.shape()[0];
-  xt::xarray<float> p = xt::zeros<float>({rows, classes});
-  for (std::size_t r = 0; r < rows; ++r) {
-    float* out = &p(r, 0);
-    for (std::size_t k = 0; k < classes; ++k) out[k] = b(k);
-    const float* in = &x(r, 0);
-    for (std::size_t i = 0; i < pixels; ++i) {
-      if (in[i] == 0.0f) continue;  // most pixels are background
-      const float* wi = &w(i, 0);
-      for (std::size_t k = 0; k < classes; ++k) out[k] += in[i] * wi[k];
-    }
-    const float top = *std::max_element(out, out + classes);
-    float sum = 0;
-    for (std::size_t k = 0; k < classes; ++k) sum += out[k] = std::exp(out[k] - top);
-    for (std::size_t k = 0; k < classes; ++k) out[k] /= sum;
-  }
-  return p;
-}
 
 // The worker side: one training step on the next batch of this worker's pipeline.
 asio::awaitable<double> train(pscoro::variable<float> w, pscoro::variable<float> b,
@@ -102,30 +70,17 @@ asio::awaitable<double> train(pscoro::variable<float> w, pscoro::variable<float>
   co_return loss / static_cast<double>(rows);
 }
 
-// Accuracy over the test split, read through the same pipeline in batches of 1000.
-std::pair<double, std::size_t> accuracy(const std::string& dir, const xt::xarray<float>& w, const xt::xarray<float>& b) {
-  std::size_t correct = 0, total = 0;
-  auto it = examples_of(dir, "t10k").batch(1000).make_iterator();
-  while (auto next = it.next()) {
-    const auto& [x, labels] = *next;
-    const auto p = probabilities(x, w, b);
-    for (std::size_t r = 0; r < labels.size(); ++r) {
-      const float* row = &p(r, 0);
-      correct += static_cast<std::int64_t>(std::max_element(row, row + classes) - row) == labels(r);
-    }
-    total += labels.size();
-  }
-  return {static_cast<double>(correct) / static_cast<double>(total), total};
-}
-
 struct options {
-  std::string data_dir = "/usr/share/datasets/fashion-mnist";
+  std::string data_dir = default_data_dir;
   std::int64_t steps = 3000;
   std::int64_t batch_size = 100;
   double learning_rate = 0.3;
   double min_accuracy = 0.80;
   std::size_t closures_per_worker = 2;
   std::int64_t log_every = 500;
+  std::string checkpoint_dir;
+  std::int64_t checkpoint_every = 500;
+  std::size_t max_to_keep = 5;
 };
 
 asio::awaitable<int> run_chief(pscoro::parameter_server_strategy& strategy, const options& o) {
@@ -138,16 +93,37 @@ asio::awaitable<int> run_chief(pscoro::parameter_server_strategy& strategy, cons
   auto b = co_await scope.create_variable("softmax/bias", zero_bias);
   std::printf("chief: weights on ps:%d, bias on ps:%d; %lld steps of %lld images on %zu workers\n", w.ps_task(),
               b.ps_task(), static_cast<long long>(o.steps), static_cast<long long>(o.batch_size), strategy.num_workers());
+  // With a checkpoint directory: resume from its newest checkpoint, and save one every
+  // checkpoint_every steps (the sidecar evaluator watches the directory).
+  pscoro::checkpoint ckpt;
+  ckpt.track(w).track(b);
+  std::optional<pscoro::checkpoint_manager> manager;
+  std::int64_t first_step = 0;
+  if (!o.checkpoint_dir.empty()) {
+    manager.emplace(ckpt, o.checkpoint_dir, o.max_to_keep);
+    if (const auto latest = manager->latest_checkpoint()) {
+      co_await ckpt.restore(*latest);
+      first_step = std::min(ckpt.step(), o.steps);
+      std::printf("chief: resumed from %s at step %lld\n", latest->c_str(), static_cast<long long>(first_step));
+    }
+  }
   // Every worker builds its input pipeline now, before any step can ask it for a batch.
   const auto batches = co_await coordinator.create_per_worker_dataset(train_data).iter();
 
-  // Schedule everything at once; keep the losses we print.
+  // Schedule everything at once (up to the next checkpoint); keep the losses we print.
   std::vector<std::pair<std::int64_t, pscoro::remote_value<double>>> progress;
-  for (std::int64_t step = 0; step < o.steps; ++step) {
+  for (std::int64_t step = first_step; step < o.steps; ++step) {
     // Linear decay to zero: the last steps settle instead of jumping around the optimum.
     const double learning_rate = o.learning_rate * static_cast<double>(o.steps - step) / static_cast<double>(o.steps);
     auto loss = coordinator.schedule(train_step, w, b, batches, learning_rate);
     if ((step + 1) % o.log_every == 0 || step + 1 == o.steps) progress.emplace_back(step + 1, std::move(loss));
+    if (manager && ((step + 1) % o.checkpoint_every == 0 || step + 1 == o.steps)) {
+      co_await coordinator.join();  // a consistent snapshot: no step is updating the weights
+      ckpt.set_step(step + 1);
+      const auto path = co_await manager->save(step + 1);
+      std::printf("chief: saved %s\n", path.c_str());
+      std::fflush(stdout);
+    }
   }
   for (auto& [step, loss] : progress) {
     std::printf("chief: step %lld/%lld loss %.4f\n", static_cast<long long>(step), static_cast<long long>(o.steps),
@@ -181,6 +157,10 @@ int main(int argc, char** argv) {
   app.add_option("--min-accuracy", o.min_accuracy, "exit 1 if the test accuracy ends below this");
   app.add_option("--closures-per-worker", o.closures_per_worker, "closures in flight per worker")->check(CLI::PositiveNumber);
   app.add_option("--log-every", o.log_every, "print the loss every N steps")->check(CLI::PositiveNumber);
+  app.add_option("--checkpoint-dir", o.checkpoint_dir,
+                 "save checkpoints here, and resume from the newest one found at the start");
+  app.add_option("--checkpoint-every", o.checkpoint_every, "steps between checkpoints")->check(CLI::PositiveNumber);
+  app.add_option("--max-to-keep", o.max_to_keep, "checkpoints kept (0: all)");
   CLI11_PARSE(app, argc, argv);
 
   try {

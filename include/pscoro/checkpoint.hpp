@@ -119,6 +119,12 @@ class checkpoint_manager {
   std::size_t max_to_keep_;
 };
 
+/// The checkpoints a checkpoint_manager saved in `directory` ("ckpt-<n>.safetensors"), oldest
+/// first; none when the directory does not exist. For watchers that do not save (an evaluator).
+std::vector<std::filesystem::path> checkpoints_in(const std::filesystem::path& directory);
+/// The newest of them (TF's tf.train.latest_checkpoint).
+std::optional<std::filesystem::path> latest_checkpoint(const std::filesystem::path& directory);
+
 /// Reads a checkpoint (or any safetensors file of float32/float64/int32/int64 tensors) without a
 /// cluster: an evaluator, a converter, a test. The header is parsed and checked on construction.
 class checkpoint_reader {

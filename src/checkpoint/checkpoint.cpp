@@ -718,11 +718,12 @@ std::optional<std::int64_t> checkpoint_manager::number_of(const fs::path& path) 
   return n;
 }
 
-std::vector<fs::path> checkpoint_manager::checkpoints() const {
+std::vector<fs::path> checkpoints_in(const fs::path& directory) {
   std::vector<std::pair<std::int64_t, fs::path>> found;
-  for (const auto& entry : fs::directory_iterator(directory_)) {
+  std::error_code missing;
+  for (const auto& entry : fs::directory_iterator(directory, missing)) {
     if (!entry.is_regular_file()) continue;
-    if (const auto n = number_of(entry.path())) found.emplace_back(*n, entry.path());
+    if (const auto n = checkpoint_manager::number_of(entry.path())) found.emplace_back(*n, entry.path());
   }
   std::sort(found.begin(), found.end());
   std::vector<fs::path> out;
@@ -730,11 +731,15 @@ std::vector<fs::path> checkpoint_manager::checkpoints() const {
   return out;
 }
 
-std::optional<fs::path> checkpoint_manager::latest_checkpoint() const {
-  auto all = checkpoints();
+std::optional<fs::path> latest_checkpoint(const fs::path& directory) {
+  auto all = checkpoints_in(directory);
   if (all.empty()) return std::nullopt;
   return all.back();
 }
+
+std::vector<fs::path> checkpoint_manager::checkpoints() const { return checkpoints_in(directory_); }
+
+std::optional<fs::path> checkpoint_manager::latest_checkpoint() const { return pscoro::latest_checkpoint(directory_); }
 
 asio::awaitable<fs::path> checkpoint_manager::save() {
   const auto latest = latest_checkpoint();
