@@ -259,6 +259,27 @@ asio::awaitable<void> read_piece(const posix_file& file, std::uint64_t offset, b
   co_return;
 }
 
+// Restore: rows [begin, ...) of a shard (or slot) from `offset` in the file.
+struct restore_piece {
+  std::shared_ptr<detail::variable_io> io;
+  variable_ref destination;
+  std::uint64_t begin = 0;
+  std::uint64_t offset = 0;
+  shape_type rows;
+};
+
+// One step of the restore pipeline: send piece k while piece k+1 is read from the file.
+asio::awaitable<void> restore_step(std::size_t task, asio::thread_pool& io_thread, const posix_file& file,
+                                   const restore_piece& current, const tensor& current_value,
+                                   const restore_piece* next, tensor& next_value) {
+  if (task == 0) {
+    co_await current.io->update_rows(current.destination, update_op::assign, current.begin, current_value);
+  } else if (next) {
+    next_value = tensor::uninitialized(next->destination.type, next->rows);
+    co_await asio::co_spawn(io_thread, read_piece(file, next->offset, next_value.bytes()), asio::use_awaitable);
+  }
+}
+
 }  // namespace
 
 // ---------------------------------------------------------------------------------------------
@@ -618,6 +639,7 @@ asio::awaitable<void> checkpoint::restore(fs::path path) {
   // Apply: create the missing slots, then move every shard's rows from the file, a piece at a time.
   for (const auto& c : creations) co_await c.variable->io->create_slot(c.shard, c.slot, c.initial_value);
   asio::thread_pool io_thread(1);
+  std::vector<restore_piece> pieces;
   for (const auto& t : targets) {
     const auto& ref = t.variable->ref;
     const auto& io = t.variable->io;
@@ -668,14 +690,24 @@ asio::awaitable<void> checkpoint::restore(fs::path path) {
         const std::uint64_t end = std::min<std::uint64_t>(shard.shape[0], begin + per_piece);
         shape_type rows = shard.shape;
         rows[0] = end - begin;
-        tensor value = tensor::uninitialized(t.entry->type, rows);
-        co_await asio::co_spawn(io_thread,
-                                read_piece(*state.file, start + (first_row + begin) * row_bytes, value.bytes()),
-                                asio::use_awaitable);
-        co_await io->update_rows(destination, update_op::assign, begin, value);
+        pieces.push_back({io, destination, begin, start + (first_row + begin) * row_bytes, std::move(rows)});
       }
       first_row += shard.shape[0];
     }
+  }
+  // The row pieces, the file read of one overlapping the send of the one before.
+  std::array<tensor, 2> in_flight;
+  if (!pieces.empty()) {
+    in_flight[0] = tensor::uninitialized(pieces[0].destination.type, pieces[0].rows);
+    co_await asio::co_spawn(io_thread, read_piece(*state.file, pieces[0].offset, in_flight[0].bytes()),
+                            asio::use_awaitable);
+  }
+  for (std::size_t k = 0; k < pieces.size(); ++k) {
+    const restore_piece* next = k + 1 < pieces.size() ? &pieces[k + 1] : nullptr;
+    co_await detail::run_all(2, [&](std::size_t task) {
+      return restore_step(task, io_thread, *state.file, pieces[k], in_flight[k % 2], next, in_flight[(k + 1) % 2]);
+    });
+    in_flight[k % 2] = tensor();
   }
   step_ = reader.step();
   scalars_ = reader.scalars();
