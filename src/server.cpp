@@ -200,6 +200,11 @@ struct server::impl : std::enable_shared_from_this<impl> {
   static asio::awaitable<wire::frame> serve(std::weak_ptr<impl> weak, wire::frame request) {
     auto self = weak.lock();
     if (!self) throw error(errc::unavailable, "server stopped");
+    if (request.message.request().has_heartbeat()) {
+      wire::frame alive;
+      alive.message.mutable_response();
+      co_return alive;
+    }
     if (self->ps) co_return self->ps->handle(request);
     co_return co_await self->worker->handle(std::move(request));
   }

@@ -64,6 +64,15 @@ class local_cluster {
     }
   }
 
+  /// Queues `f` on the thread of `job`:`index` and returns at once (f may block that task, as a
+  /// hung process would be).
+  template <class F>
+  void post_to_task(const std::string& job, int index, F f) {
+    for (auto& t : tasks_) {
+      if (t->srv->task() == task_name(job, index)) asio::post(t->io, std::move(f));
+    }
+  }
+
   /// Runs `body(strategy, coordinator)` as the chief on this thread until it finishes; rethrows.
   template <class Body>
   void run_chief(Body body, coordinator_options options = {}, strategy_options strategy_opts = {},

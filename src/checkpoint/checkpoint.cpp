@@ -524,16 +524,16 @@ asio::awaitable<void> checkpoint::save(fs::path path) const {
   // Two buffers of a piece's size: one being written, one being fetched.
   std::array<byte_buffer, 2> buffers{byte_buffer(std::min(chunk_bytes_, std::size_t{64} << 20)),
                                      byte_buffer(std::min(chunk_bytes_, std::size_t{64} << 20))};
-  std::array<fetched, 2> slots_in_flight;
+  std::array<fetched, 2> fetched_pieces;
   if (!pieces.empty()) {
-    co_await fetch_piece(pieces[0], buffers[0], slots_in_flight[0], entries[pieces[0].entry].type);
+    co_await fetch_piece(pieces[0], buffers[0], fetched_pieces[0], entries[pieces[0].entry].type);
   }
   std::uint64_t offset = data_start;
   for (std::size_t k = 0; k < pieces.size(); ++k) {
     const save_piece* next = k + 1 < pieces.size() ? &pieces[k + 1] : nullptr;
     const dtype next_type = next ? entries[next->entry].type : dtype::float32;
-    auto& current = slots_in_flight[k % 2];
-    auto& next_out = slots_in_flight[(k + 1) % 2];
+    auto& current = fetched_pieces[k % 2];
+    auto& next_out = fetched_pieces[(k + 1) % 2];
     auto& crc = crcs[pieces[k].entry];
     co_await detail::run_all(2, [&](std::size_t task) {
       return save_step(task, io_thread, file, next, next_type, buffers[(k + 1) % 2], next_out, current, offset, crc);

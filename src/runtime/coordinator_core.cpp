@@ -65,6 +65,18 @@ coordinator_core::coordinator_core(asio::any_io_executor executor, const simple_
 }
 
 asio::awaitable<void> coordinator_core::connect() {
+  // Losses are noticed as they happen (connection closed, heartbeat timeout), not only when a call
+  // fails. The handlers hold the core weakly: they may run while it is being destroyed.
+  for (std::size_t i = 0; i < ps_peers_.size(); ++i) {
+    ps_peers_[i]->on_lost([weak = weak_from_this(), i](const std::string& reason) {
+      if (auto self = weak.lock()) self->lost_ps(i, reason);
+    });
+  }
+  for (std::size_t i = 0; i < workers_.size(); ++i) {
+    workers_[i].peer->on_lost([weak = weak_from_this(), i](const std::string& reason) {
+      if (auto self = weak.lock()) self->lost_worker(i, reason);
+    });
+  }
   for (const auto& ps : ps_peers_) co_await ps->get();
   for (const auto& worker : workers_) co_await worker.peer->get();
   log::info("connected to {} ps and {} workers", ps_peers_.size(), workers_.size());
@@ -202,6 +214,7 @@ std::shared_ptr<coordinator_core::closure> coordinator_core::make_closure(std::s
 std::shared_ptr<remote_state> coordinator_core::schedule(std::string name, std::string signature,
                                                          std::vector<value> args) {
   if (auto e = take_error()) std::rethrow_exception(e);
+  if (ps_failure_) std::rethrow_exception(ps_failure_);
   if (!has_room() || !waiting_.empty()) {
     throw error(errc::resource_exhausted,
                 fmt::format("the closure queue holds {} closures (coordinator_options::max_queued_closures); on the "
@@ -224,11 +237,12 @@ bool coordinator_core::admit_waiting() {
   bool admitted = false;
   while (!waiting_.empty()) {
     auto producer = std::move(waiting_.front());
-    if (pending_error_) {
+    if (pending_error_ || ps_failure_) {
       // No closure starts while an error waits, so the queue would not drain: the waiting
       // producer is the next schedule call, and reports the error (TF: put() raises it).
       waiting_.pop_front();
-      producer.admitted(take_error(), nullptr);
+      auto failure = take_error();
+      producer.admitted(failure ? failure : ps_failure_, nullptr);
       continue;
     }
     if (!has_room()) {
@@ -260,7 +274,7 @@ void coordinator_core::dispatch() {
 
 void coordinator_core::start_closures() {
   // While an error waits to be reported, nothing new starts: what is queued will be cancelled.
-  while (!queue_.empty() && !pending_error_) {
+  while (!queue_.empty() && !pending_error_ && !ps_failure_) {
     // The least busy live worker with a free slot, scanning from a rotating start for fairness.
     std::size_t best = workers_.size();
     for (std::size_t k = 0; k < workers_.size(); ++k) {
@@ -326,6 +340,25 @@ void coordinator_core::finish(const std::shared_ptr<closure>& c, const wire::fra
     c->result->set_error(e);
     record_error(e, c->generation);
   }
+}
+
+void coordinator_core::lost_ps(std::size_t index, const std::string& reason) {
+  if (closed_ || ps_failure_) return;
+  const auto& task = ps_peers_[index]->task();
+  log::error("lost {}: {}; its variables are gone (restart the cluster and restore a checkpoint)", task, reason);
+  ps_failure_ = std::make_exception_ptr(remote_error(
+      make_error_code(errc::unavailable), task, fmt::format("parameter server {} is unavailable: {}", task, reason)));
+  ps_peers_[index]->fail_with(ps_failure_);
+  record_error(ps_failure_, generation_);
+  dispatch();
+}
+
+void coordinator_core::lost_worker(std::size_t index, const std::string& reason) {
+  if (closed_) return;
+  auto& slot = workers_[index];
+  if (slot.alive) log::warning("lost {}: {}; its closures go back to the queue", slot.peer->task(), reason);
+  slot.alive = false;
+  dispatch();
 }
 
 void coordinator_core::record_error(std::exception_ptr e, std::uint64_t generation) {

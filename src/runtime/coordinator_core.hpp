@@ -81,6 +81,10 @@ class coordinator_core : public std::enable_shared_from_this<coordinator_core> {
   /// Keeps `e` as the error to report, if it is the first of the current generation, and cancels
   /// what is queued.
   void record_error(std::exception_ptr e, std::uint64_t generation);
+  /// A connection to a task closed without our asking (it died, hung past the heartbeat timeout,
+  /// or the network failed).
+  void lost_ps(std::size_t index, const std::string& reason);
+  void lost_worker(std::size_t index, const std::string& reason);
   /// Resolves `c`'s remote_value as cancelled by the pending error.
   void cancel(const closure& c);
   /// Returns the pending error (cleared) and starts a new generation, or null.
@@ -112,6 +116,9 @@ class coordinator_core : public std::enable_shared_from_this<coordinator_core> {
   std::size_t next_worker_ = 0;
   std::uint64_t generation_ = 0;
   std::exception_ptr pending_error_;
+  // Set when a ps is lost: its variables are gone, so nothing runs any more and every schedule
+  // says so (TF: a ps failure needs a coordinator restart and a checkpoint).
+  std::exception_ptr ps_failure_;
   std::vector<erased_handler<void(std::exception_ptr)>> joiners_;
 };
 

@@ -125,6 +125,7 @@ asio::awaitable<std::shared_ptr<wire::connection>> connect_to_task(std::string t
 
 asio::awaitable<std::shared_ptr<wire::connection>> peer::get() {
   for (;;) {
+    if (failure_) std::rethrow_exception(failure_);
     if (auto open = connection()) co_return open;
     if (auto attempt = connecting_) {
       co_await attempt->async_wait(use_awaitable);
@@ -136,7 +137,12 @@ asio::awaitable<std::shared_ptr<wire::connection>> peer::get() {
     connect_error_ = nullptr;
     try {
       auto fresh = co_await connect_to_task(task_, address_, hello_, options_);
-      fresh->start(nullptr, nullptr);
+      // The handler may outlive this peer: it holds only the callback and a flag's owner.
+      fresh->start(nullptr, [this, alive = std::weak_ptr<void>(lifetime_)](const std::string& reason) {
+        if (alive.expired() || closing_ || !on_lost_) return;
+        on_lost_(reason);
+      });
+      fresh->start_heartbeat(options_.heartbeat_interval, options_.heartbeat_timeout);
       connection_ = std::move(fresh);
     } catch (...) {
       connect_error_ = std::current_exception();

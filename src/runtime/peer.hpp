@@ -8,6 +8,7 @@
 
 #include <asio/awaitable.hpp>
 
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -35,6 +36,8 @@ class peer {
         address_(std::move(address)),
         hello_(std::move(hello)),
         options_(options) {}
+  peer(const peer&) = delete;  // its connection's close handler refers to it
+  peer& operator=(const peer&) = delete;
 
   const std::string& task() const noexcept { return task_; }
   const std::string& address() const noexcept { return address_; }
@@ -44,9 +47,19 @@ class peer {
     return connection_ && connection_->is_open() ? connection_ : nullptr;
   }
 
+  /// Called with the reason when a connection of this peer closes without close() (the task died,
+  /// hung past the heartbeat timeout, or the network failed). Set before the first get().
+  void on_lost(std::function<void(const std::string& reason)> handler) { on_lost_ = std::move(handler); }
+
+  /// From now on get() and call() throw `failure` at once instead of connecting (a lost ps: its
+  /// state is gone, and retrying for connect_timeout would only delay the error).
+  void fail_with(std::exception_ptr failure) { failure_ = std::move(failure); }
+
   /// Closes the connection, if open; the next get() connects again.
   void close(const std::string& reason) {
+    closing_ = true;
     if (connection_) connection_->close(reason);
+    closing_ = false;
   }
 
   /// The open connection; connects (with retries) if needed. Throws what connecting throws.
@@ -65,6 +78,10 @@ class peer {
   std::shared_ptr<wire::connection> connection_;
   std::shared_ptr<detail::async_event> connecting_;
   std::exception_ptr connect_error_;
+  std::function<void(const std::string&)> on_lost_;
+  bool closing_ = false;  // close() runs: the loss is ours, not the task's
+  std::exception_ptr failure_;
+  std::shared_ptr<int> lifetime_ = std::make_shared<int>(0);  // expires with the peer
 };
 
 }  // namespace pscoro::runtime

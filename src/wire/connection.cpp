@@ -4,6 +4,8 @@
 
 #include <asio/co_spawn.hpp>
 #include <asio/detached.hpp>
+#include <asio/experimental/as_tuple.hpp>
+#include <asio/use_awaitable.hpp>
 #include <asio/write.hpp>
 
 namespace pscoro::wire {
@@ -34,6 +36,7 @@ asio::awaitable<void> connection::read_loop(std::shared_ptr<connection> self) {
     while (!self->closed_) {
       auto f = co_await self->reader_.read(self->socket_, &destination);
       if (!f) break;
+      self->last_received_ = std::chrono::steady_clock::now();
       self->dispatch(std::move(*f));
     }
   } catch (const std::system_error& e) {
@@ -127,10 +130,45 @@ void connection::close_after_flush(const std::string& reason) {
   }
 }
 
+void connection::start_heartbeat(std::chrono::milliseconds interval, std::chrono::milliseconds timeout) {
+  if (closed_ || heartbeat_timer_ || timeout.count() <= 0 || interval.count() <= 0) return;
+  heartbeat_timer_.emplace(socket_.get_executor());
+  asio::co_spawn(socket_.get_executor(), heartbeat_loop(shared_from_this(), interval, timeout), asio::detached);
+}
+
+asio::awaitable<void> connection::heartbeat_loop(std::shared_ptr<connection> self, std::chrono::milliseconds interval,
+                                                 std::chrono::milliseconds timeout) {
+  using clock = std::chrono::steady_clock;
+  std::optional<clock::time_point> ping_sent;
+  while (!self->closed_) {
+    const auto scheduled = clock::now() + interval;
+    self->heartbeat_timer_->expires_at(scheduled);
+    co_await self->heartbeat_timer_->async_wait(asio::experimental::as_tuple(asio::use_awaitable));
+    if (self->closed_) break;
+    const auto now = clock::now();
+    // Woken late: this side's executor was busy, and replies may sit unread. Start over.
+    if (now - scheduled > interval) ping_sent.reset();
+    if (ping_sent && self->last_received_ >= *ping_sent) ping_sent.reset();  // answered, or other traffic
+    if (ping_sent && now - *ping_sent >= timeout) {
+      self->close(fmt::format("no reply from {} for {} ms (heartbeat timeout {} ms): the task is hung or unreachable",
+                              self->peer_, std::chrono::duration_cast<std::chrono::milliseconds>(now - *ping_sent).count(),
+                              timeout.count()));
+      break;
+    }
+    if (!ping_sent && now - self->last_received_ >= interval) {
+      frame ping;
+      ping.message.mutable_request()->mutable_heartbeat();
+      self->async_call(std::move(ping), [](std::error_code, frame) {});
+      ping_sent = now;
+    }
+  }
+}
+
 void connection::close(const std::string& reason) {
   if (closed_) return;
   closed_ = true;
   close_reason_ = reason;
+  if (heartbeat_timer_) heartbeat_timer_->cancel();
   log::debug("connection to {} closed: {}", peer_, reason);
   std::error_code ignored;
   socket_.shutdown(asio::ip::tcp::socket::shutdown_both, ignored);

@@ -71,6 +71,11 @@ class connection : public std::enable_shared_from_this<connection> {
     return async_call(std::move(request), {}, std::forward<CompletionToken>(token));
   }
 
+  /// Sends a Heartbeat request whenever nothing has arrived for `interval`, and closes the
+  /// connection when one has had no reply, and nothing else arrived, for `timeout`. A check that
+  /// runs late because this side's executor was busy does not count against the peer.
+  void start_heartbeat(std::chrono::milliseconds interval, std::chrono::milliseconds timeout);
+
   /// Closes the socket, fails pending calls, runs the close handler. Idempotent.
   void close(const std::string& reason);
   /// Closes once every queued frame is written (e.g. after a Welcome that refuses the peer).
@@ -79,6 +84,8 @@ class connection : public std::enable_shared_from_this<connection> {
  private:
   static asio::awaitable<void> read_loop(std::shared_ptr<connection> self);
   static asio::awaitable<void> serve(std::shared_ptr<connection> self, frame request);
+  static asio::awaitable<void> heartbeat_loop(std::shared_ptr<connection> self, std::chrono::milliseconds interval,
+                                              std::chrono::milliseconds timeout);
   void dispatch(frame f);
   void write_next();
 
@@ -99,6 +106,8 @@ class connection : public std::enable_shared_from_this<connection> {
   std::size_t writing_ = 0;  // frames of write_queue_ in the write under way
   std::vector<asio::const_buffer> write_buffers_;
   std::optional<std::string> close_when_flushed_;
+  std::chrono::steady_clock::time_point last_received_ = std::chrono::steady_clock::now();
+  std::optional<asio::steady_timer> heartbeat_timer_;
 };
 
 /// Closes a connection that has not finished its handshake in time: a pending read on it then

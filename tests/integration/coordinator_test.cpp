@@ -8,6 +8,7 @@
 #include <asio/use_awaitable.hpp>
 
 #include <atomic>
+#include <future>
 #include <set>
 #include <stdexcept>
 #include <thread>
@@ -524,4 +525,110 @@ TEST_CASE("closing the strategy cancels the closures still queued") {
         CHECK(code_of(e) == errc::cancelled);
       },
       options);
+}
+
+namespace {
+
+// Heartbeats fast enough for a test; detection time is never asserted, only that it happens.
+strategy_options fast_heartbeats() {
+  strategy_options options;
+  options.transport.heartbeat_interval = std::chrono::milliseconds(20);
+  options.transport.heartbeat_timeout = std::chrono::milliseconds(300);
+  return options;
+}
+
+// Blocks a task's executor, as SIGSTOP would, until release() or destruction (which must come
+// before the cluster's: declare it after the cluster).
+class hang {
+ public:
+  void start(local_cluster& cluster, const std::string& job, int index) {
+    cluster.post_to_task(job, index, [wait = release_.get_future().share()] { wait.wait(); });
+    started_ = true;
+  }
+  ~hang() { release(); }
+  void release() {
+    if (started_ && !released_) release_.set_value();
+    released_ = true;
+  }
+
+ private:
+  std::promise<void> release_;
+  bool started_ = false, released_ = false;
+};
+
+// Polls done() until it raises (a loss is noticed in the background), up to a minute.
+asio::awaitable<std::exception_ptr> until_done_raises(cluster_coordinator& coordinator) {
+  asio::steady_timer timer(co_await asio::this_coro::executor);
+  for (int i = 0; i < 6000; ++i) {
+    try {
+      (void)coordinator.done();
+    } catch (...) {
+      co_return std::current_exception();
+    }
+    timer.expires_after(std::chrono::milliseconds(10));
+    co_await timer.async_wait(asio::use_awaitable);
+  }
+  co_return nullptr;
+}
+
+}  // namespace
+
+TEST_CASE("a hung worker is noticed by heartbeats and its closures run on the other worker") {
+  local_cluster cluster(1, 2, bind_test_functions);
+  hang hung;
+  cluster.run_chief(
+      [&](parameter_server_strategy&, cluster_coordinator& coordinator) -> asio::awaitable<void> {
+        hung.start(cluster, "worker", 1);  // after connecting
+        std::vector<remote_value<std::int64_t>> results;
+        for (int i = 0; i < 40; ++i) results.push_back(coordinator.schedule(add_one, i));
+        co_await coordinator.join();  // no error: what worker 1 held ran again on worker 0
+        for (int i = 0; i < 40; ++i) CHECK(co_await results[static_cast<std::size_t>(i)].get() == i + 1);
+        for (int i = 0; i < 4; ++i) CHECK(co_await coordinator.schedule(whoami).get() == "worker:0");
+      },
+      {}, fast_heartbeats());
+}
+
+TEST_CASE("a lost ps is raised by done, join and every later schedule, naming the ps, even while idle") {
+  for (const bool hung : {false, true}) {
+    CAPTURE(hung);
+    local_cluster cluster(2, 1, bind_test_functions);
+    hang stopped;
+    cluster.run_chief(
+        [&](parameter_server_strategy& strategy, cluster_coordinator& coordinator) -> asio::awaitable<void> {
+          const xt::xarray<float> zeros = xt::zeros<float>({4});
+          auto on_ps0 = co_await strategy.scope().create_variable("a", zeros);
+          auto on_ps1 = co_await strategy.scope().create_variable("b", zeros);
+          REQUIRE(on_ps1.ps_task() == 1);
+          co_await coordinator.join();  // idle from here on
+          if (hung) {
+            stopped.start(cluster, "ps", 1);
+          } else {
+            cluster.on_task("ps", 1, [&cluster] { cluster.task("ps", 1).stop(); });
+          }
+          auto e = co_await until_done_raises(coordinator);
+          REQUIRE(e);
+          CHECK(code_of(e) == errc::unavailable);
+          CHECK_MESSAGE(contains(message_of(e), "parameter server ps:1 is unavailable"), message_of(e));
+          try {
+            std::rethrow_exception(e);
+          } catch (const remote_error& r) {
+            CHECK(r.origin_task() == "ps:1");
+          }
+          // Every later schedule says so too, and a read of a variable there fails at once.
+          for (int i = 0; i < 2; ++i) {
+            try {
+              coordinator.schedule(add_one, 1);
+              FAIL("schedule after a ps loss");
+            } catch (const error& later) {
+              CHECK(later.code() == errc::unavailable);
+              CHECK(contains(later.what(), "ps:1"));
+            }
+          }
+          auto read_failure = co_await failure_of(on_ps1.read());
+          REQUIRE(read_failure);
+          CHECK(code_of(read_failure) == errc::unavailable);
+          CHECK(co_await on_ps0.read() == zeros);  // the other ps still serves
+        },
+        {}, fast_heartbeats());
+  }
 }
