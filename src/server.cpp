@@ -99,6 +99,7 @@ struct server::impl : std::enable_shared_from_this<impl> {
     auto open = std::move(connections);
     connections.clear();
     for (const auto& connection : open) connection->close("server stopped");
+    if (worker) worker->close_connections();
   }
 
   static asio::awaitable<void> accept_loop(std::shared_ptr<impl> self) {

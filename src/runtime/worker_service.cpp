@@ -1,15 +1,15 @@
 #include "runtime/worker_service.hpp"
 
+#include "runtime/log.hpp"
+#include "runtime/text.hpp"
 #include "runtime/values.hpp"
 #include "wire/connection.hpp"
 
-#include "runtime/log.hpp"
-
 #include <asio/co_spawn.hpp>
 #include <asio/detached.hpp>
-
 #include <fmt/format.h>
-#include "runtime/text.hpp"
+
+#include <algorithm>
 
 namespace pscoro::runtime {
 
@@ -84,7 +84,14 @@ void worker_service::set_cluster(const wire::Hello& hello) {
       asio::co_spawn(executor_, connect_early(peers.back()), asio::detached);
     }
   }
+  for (const auto& p : old) {
+    if (std::find(peers.begin(), peers.end(), p) == peers.end()) p->close("the chief moved " + p->task());
+  }
   ps_->set_peers(std::move(peers));
+}
+
+void worker_service::close_connections() {
+  for (const auto& p : ps_->peers()) p->close("the worker stopped");
 }
 
 asio::awaitable<value> worker_service::run(const wire::frame& request, const wire::RunFunction& call) {

@@ -31,6 +31,8 @@ class worker_service {
 
   /// Takes the ps addresses from the chief's Hello.
   void set_cluster(const wire::Hello& hello);
+  /// Closes this worker's connections to the ps (the server stops).
+  void close_connections();
 
   /// Runs a RunFunction request; failures come back as an error status.
   asio::awaitable<wire::frame> handle(wire::frame request);
