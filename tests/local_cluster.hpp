@@ -21,7 +21,8 @@ class local_cluster {
  public:
   using configure_worker = std::function<void(server&)>;
 
-  local_cluster(int num_ps, int num_workers, const configure_worker& configure = {}, server_options options = {}) {
+  local_cluster(int num_ps, int num_workers, const configure_worker& configure = {}, server_options options = {})
+      : configure_(configure), options_(options) {
     cluster_spec placeholder;
     for (int i = 0; i < num_ps; ++i) placeholder.add_task("ps", i, "127.0.0.1:0");
     for (int i = 0; i < num_workers; ++i) placeholder.add_task("worker", i, "127.0.0.1:0");
@@ -61,6 +62,20 @@ class local_cluster {
   void on_task(const std::string& job, int index, F f) {
     for (auto& t : tasks_) {
       if (t->srv->task() == task_name(job, index)) detail::run_on(t->io.get_executor(), f);
+    }
+  }
+
+  /// Stops `job`:`index` and starts a new server at the same address on the same thread: to the
+  /// others, the task's process was restarted.
+  void restart(const std::string& job, int index) {
+    for (auto& t : tasks_) {
+      if (t->srv->task() != task_name(job, index)) continue;
+      detail::run_on(t->io.get_executor(), [&] {
+        t->srv->stop();
+        t->srv = std::make_unique<server>(t->io.get_executor(), simple_cluster_resolver(spec, job, index), options_);
+        if (job == "worker" && configure_) configure_(*t->srv);
+        t->srv->start();
+      });
     }
   }
 
@@ -105,9 +120,13 @@ class local_cluster {
 
   struct running_task {
     asio::io_context io;
+    // A stopped server leaves its io_context without work: the thread must still run (restart).
+    asio::executor_work_guard<asio::io_context::executor_type> keep_running = asio::make_work_guard(io);
     std::unique_ptr<server> srv;
     std::thread thread;
   };
+  configure_worker configure_;
+  server_options options_;
   std::vector<std::unique_ptr<running_task>> tasks_;
 };
 

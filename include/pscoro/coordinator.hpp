@@ -21,6 +21,7 @@
 #include <asio/use_awaitable.hpp>
 
 #include <exception>
+#include <chrono>
 #include <memory>
 #include <vector>
 
@@ -31,6 +32,11 @@ struct coordinator_options {
   std::size_t closures_per_worker = 4;
   /// Closures queued (not yet sent) at most; 0 = no limit. TF's limit is 256 * 1024.
   std::size_t max_queued_closures = 256 * 1024;
+  /// With no live worker, queued closures wait this long for one to come back, then fail with
+  /// errc::unavailable (TF waits an hour too, then carries on as if nothing happened).
+  std::chrono::milliseconds worker_recovery_timeout{std::chrono::hours(1)};
+  /// How often lost workers are probed (one connection attempt each) to see whether they are back.
+  std::chrono::milliseconds worker_probe_interval{std::chrono::seconds(1)};
 };
 
 namespace detail {

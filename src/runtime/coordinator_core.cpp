@@ -9,6 +9,7 @@
 #include <asio/experimental/as_tuple.hpp>
 #include <asio/use_awaitable.hpp>
 
+#include <fmt/chrono.h>
 #include <fmt/format.h>
 
 #include <random>
@@ -80,10 +81,15 @@ asio::awaitable<void> coordinator_core::connect() {
   for (const auto& ps : ps_peers_) co_await ps->get();
   for (const auto& worker : workers_) co_await worker.peer->get();
   log::info("connected to {} ps and {} workers", ps_peers_.size(), workers_.size());
+  if (!watch_timer_) {
+    watch_timer_.emplace(executor_);
+    asio::co_spawn(executor_, watch_workers(weak_from_this()), asio::detached);
+  }
 }
 
 void coordinator_core::close() {
   closed_ = true;
+  if (watch_timer_) watch_timer_->cancel();
   // Nothing queued will run any more: say so, rather than leave remote_values waiting forever.
   const auto closed = std::make_exception_ptr(error(errc::cancelled, "the coordinator closed"));
   auto queued = std::move(queue_);
@@ -186,18 +192,25 @@ asio::awaitable<sharded_variable_ref> coordinator_core::create_variable(
   co_return ref;
 }
 
+wire::frame coordinator_core::iterator_request(const per_worker_ref& ref, std::size_t worker) const {
+  wire::frame request;
+  auto* create = request.message.mutable_request()->mutable_create_iterator();
+  create->set_function(ref.function);
+  create->set_id(ref.id);
+  create->set_worker_index(static_cast<std::int64_t>(worker));
+  create->set_num_workers(static_cast<std::int64_t>(workers_.size()));
+  return request;
+}
+
 asio::awaitable<per_worker_ref> coordinator_core::create_iterators(std::string function) {
   per_worker_ref ref{next_iterator_id_++, std::move(function)};
-  const auto num_workers = static_cast<std::int64_t>(workers_.size());
-  co_await run_all(workers_.size(), [&](std::size_t i) {
-    wire::frame request;
-    auto* create = request.message.mutable_request()->mutable_create_iterator();
-    create->set_function(ref.function);
-    create->set_id(ref.id);
-    create->set_worker_index(static_cast<std::int64_t>(i));
-    create->set_num_workers(num_workers);
-    return create_on(workers_[i].peer, std::move(request));
-  });
+  // Lost workers build theirs when they come back (recover), before they take a closure.
+  std::vector<std::size_t> alive;
+  for (std::size_t i = 0; i < workers_.size(); ++i) {
+    if (workers_[i].alive) alive.push_back(i);
+  }
+  co_await run_all(alive.size(), [&](std::size_t k) { return create_on(workers_[alive[k]].peer, iterator_request(ref, alive[k])); });
+  iterators_.push_back(ref);
   co_return ref;
 }
 
@@ -262,14 +275,79 @@ void coordinator_core::dispatch() {
   do {
     start_closures();
   } while (admit_waiting());
-  const bool any_alive = std::any_of(workers_.begin(), workers_.end(), [](const auto& w) { return w.alive; });
-  if (!any_alive && !queue_.empty() && !pending_error_) {
-    // Until workers can come back (fault-tolerance issue), losing all of them ends the run.
-    record_error(std::make_exception_ptr(error(errc::unavailable, "every worker is lost; queued closures cannot run")),
-                 generation_);
-    admit_waiting();
-  }
+  check_recovery_timeout();
   notify_joiners();
+}
+
+void coordinator_core::check_recovery_timeout() {
+  if (std::any_of(workers_.begin(), workers_.end(), [](const auto& w) { return w.alive; })) {
+    all_lost_since_.reset();
+    return;
+  }
+  const auto now = std::chrono::steady_clock::now();
+  if (!all_lost_since_) all_lost_since_ = now;
+  if ((queue_.empty() && waiting_.empty()) || pending_error_ || now - *all_lost_since_ < options_.worker_recovery_timeout) {
+    return;
+  }
+  record_error(std::make_exception_ptr(error(
+                   errc::unavailable, fmt::format("every worker is lost and none came back within {} "
+                                                  "(coordinator_options::worker_recovery_timeout); queued closures "
+                                                  "cannot run",
+                                                  options_.worker_recovery_timeout))),
+               generation_);
+  admit_waiting();
+}
+
+asio::awaitable<void> coordinator_core::watch_workers(std::weak_ptr<coordinator_core> weak) {
+  for (;;) {
+    {
+      auto self = weak.lock();
+      if (!self || self->closed_) co_return;
+      self->watch_timer_->expires_after(self->options_.worker_probe_interval);
+    }
+    // Waits holding nothing: a destroyed coordinator cancels the timer and ends the loop.
+    std::optional<std::error_code> woke;
+    {
+      auto self = weak.lock();
+      if (!self) co_return;
+      auto& timer = *self->watch_timer_;
+      self.reset();
+      auto [ec] = co_await timer.async_wait(as_tuple(use_awaitable));
+      woke = ec;
+    }
+    auto self = weak.lock();
+    if (!self || self->closed_ || *woke == asio::error::operation_aborted) co_return;
+    for (std::size_t i = 0; i < self->workers_.size(); ++i) {
+      auto& slot = self->workers_[i];
+      if (slot.alive || slot.probing) continue;
+      slot.probing = true;
+      asio::co_spawn(self->executor_, recover(self, i), asio::detached);
+    }
+    self->check_recovery_timeout();
+    self->notify_joiners();
+  }
+}
+
+asio::awaitable<void> coordinator_core::recover(std::shared_ptr<coordinator_core> self, std::size_t index) {
+  auto& slot = self->workers_[index];  // workers_ never changes size
+  try {
+    if (co_await slot.peer->connect_once() && !self->closed_) {
+      // Its per-worker resources first: no closure may reach it before its iterators exist.
+      for (std::size_t k = 0; k < self->iterators_.size(); ++k) {
+        co_await create_on(slot.peer, self->iterator_request(self->iterators_[k], index));
+      }
+      if (!self->closed_ && slot.peer->connection()) {
+        log::info("{} is back; {} iterator(s) rebuilt before it takes closures", slot.peer->task(),
+                  self->iterators_.size());
+        slot.alive = true;
+        self->dispatch();
+      }
+    }
+  } catch (const std::exception& e) {
+    log::warning("{} answered but cannot take closures yet: {}", slot.peer->task(), e.what());
+    slot.peer->close("recovery failed");
+  }
+  slot.probing = false;
 }
 
 void coordinator_core::start_closures() {

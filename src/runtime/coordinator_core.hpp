@@ -9,7 +9,11 @@
 #include "runtime/peer.hpp"
 #include "runtime/ps_client.hpp"
 
+#include <asio/steady_timer.hpp>
+
+#include <chrono>
 #include <deque>
+#include <optional>
 #include <memory>
 #include <vector>
 
@@ -65,6 +69,7 @@ class coordinator_core : public std::enable_shared_from_this<coordinator_core> {
     std::shared_ptr<runtime::peer> peer;
     std::size_t in_flight = 0;
     bool alive = true;
+    bool probing = false;  // a recovery attempt is under way
   };
 
   static asio::awaitable<void> create_on(std::shared_ptr<runtime::peer> worker, wire::frame request);
@@ -85,6 +90,13 @@ class coordinator_core : public std::enable_shared_from_this<coordinator_core> {
   /// or the network failed).
   void lost_ps(std::size_t index, const std::string& reason);
   void lost_worker(std::size_t index, const std::string& reason);
+  /// Probes lost workers every worker_probe_interval until the coordinator closes.
+  static asio::awaitable<void> watch_workers(std::weak_ptr<coordinator_core> weak);
+  /// One attempt to bring worker `index` back: connect, rebuild its iterators, then mark it alive.
+  static asio::awaitable<void> recover(std::shared_ptr<coordinator_core> self, std::size_t index);
+  /// With no live worker for worker_recovery_timeout and closures waiting: the error that says so.
+  void check_recovery_timeout();
+  wire::frame iterator_request(const per_worker_ref& ref, std::size_t worker) const;
   /// Resolves `c`'s remote_value as cancelled by the pending error.
   void cancel(const closure& c);
   /// Returns the pending error (cleared) and starts a new generation, or null.
@@ -119,6 +131,9 @@ class coordinator_core : public std::enable_shared_from_this<coordinator_core> {
   // Set when a ps is lost: its variables are gone, so nothing runs any more and every schedule
   // says so (TF: a ps failure needs a coordinator restart and a checkpoint).
   std::exception_ptr ps_failure_;
+  std::vector<per_worker_ref> iterators_;  // every iter(): rebuilt on a worker that comes back
+  std::optional<asio::steady_timer> watch_timer_;
+  std::optional<std::chrono::steady_clock::time_point> all_lost_since_;
   std::vector<erased_handler<void(std::exception_ptr)>> joiners_;
 };
 

@@ -136,14 +136,7 @@ asio::awaitable<std::shared_ptr<wire::connection>> peer::get() {
     connecting_ = attempt;
     connect_error_ = nullptr;
     try {
-      auto fresh = co_await connect_to_task(task_, address_, hello_, options_);
-      // The handler may outlive this peer: it holds only the callback and a flag's owner.
-      fresh->start(nullptr, [this, alive = std::weak_ptr<void>(lifetime_)](const std::string& reason) {
-        if (alive.expired() || closing_ || !on_lost_) return;
-        on_lost_(reason);
-      });
-      fresh->start_heartbeat(options_.heartbeat_interval, options_.heartbeat_timeout);
-      connection_ = std::move(fresh);
+      adopt(co_await connect_to_task(task_, address_, hello_, options_));
     } catch (...) {
       connect_error_ = std::current_exception();
     }
@@ -151,6 +144,27 @@ asio::awaitable<std::shared_ptr<wire::connection>> peer::get() {
     attempt->set();
     if (connect_error_) std::rethrow_exception(connect_error_);
   }
+}
+
+void peer::adopt(std::shared_ptr<wire::connection> fresh) {
+  // The handler may outlive this peer: it holds only the callback and a flag's owner.
+  fresh->start(nullptr, [this, alive = std::weak_ptr<void>(lifetime_)](const std::string& reason) {
+    if (alive.expired() || closing_ || !on_lost_) return;
+    on_lost_(reason);
+  });
+  fresh->start_heartbeat(options_.heartbeat_interval, options_.heartbeat_timeout);
+  connection_ = std::move(fresh);
+}
+
+asio::awaitable<std::shared_ptr<wire::connection>> peer::connect_once() {
+  if (auto open = connection()) co_return open;
+  if (connecting_ || failure_) co_return nullptr;
+  const auto [host, port] = split_address(address_, task_);
+  std::string why;
+  auto fresh = co_await try_connect(task_, host, port, hello_, options_, why);
+  if (!fresh || connection()) co_return connection();
+  adopt(std::move(fresh));
+  co_return connection_;
 }
 
 asio::awaitable<wire::frame> peer::call(wire::frame request, std::vector<byte_buffer> receive_into) {

@@ -65,11 +65,17 @@ class peer {
   /// The open connection; connects (with retries) if needed. Throws what connecting throws.
   asio::awaitable<std::shared_ptr<wire::connection>> get();
 
+  /// One attempt to connect (no retries), for probing a task that may have come back: the open
+  /// connection, or null. Throws what a refusing task says (a version mismatch).
+  asio::awaitable<std::shared_ptr<wire::connection>> connect_once();
+
   /// Sends `request` and returns the response; a lost connection throws errc::unavailable naming
   /// the task and the reason, an error status throws its remote_error.
   asio::awaitable<wire::frame> call(wire::frame request, std::vector<byte_buffer> receive_into = {});
 
  private:
+  void adopt(std::shared_ptr<wire::connection> fresh);
+
   asio::any_io_executor executor_;
   std::string task_;
   std::string address_;

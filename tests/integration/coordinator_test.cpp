@@ -421,18 +421,27 @@ TEST_CASE("closures of a lost worker run again on the other worker") {
       options);
 }
 
-TEST_CASE("losing every worker is reported as unavailable") {
-  release_holds = false;
-  local_cluster cluster(1, 1, bind_test_functions);
-  cluster.run_chief([&cluster](parameter_server_strategy&, cluster_coordinator& coordinator) -> asio::awaitable<void> {
-    auto held = coordinator.schedule(hold);
-    cluster.on_task("worker", 0, [&cluster] { cluster.task("worker", 0).stop(); });
-    auto e = co_await failure_of(coordinator.join());
-    release_holds = true;
-    REQUIRE(e);
-    CHECK(code_of(e) == errc::unavailable);
-    CHECK(held.status() == remote_status::cancelled);
-  });
+TEST_CASE("losing every worker for the recovery timeout is reported as unavailable") {
+  for (const auto timeout : {std::chrono::milliseconds(0), std::chrono::milliseconds(200)}) {
+    CAPTURE(timeout.count());
+    release_holds = false;
+    local_cluster cluster(1, 1, bind_test_functions);
+    coordinator_options options;
+    options.worker_recovery_timeout = timeout;
+    options.worker_probe_interval = std::chrono::milliseconds(20);
+    cluster.run_chief(
+        [&cluster](parameter_server_strategy&, cluster_coordinator& coordinator) -> asio::awaitable<void> {
+          auto held = coordinator.schedule(hold);
+          cluster.on_task("worker", 0, [&cluster] { cluster.task("worker", 0).stop(); });
+          auto e = co_await failure_of(coordinator.join());
+          release_holds = true;
+          REQUIRE(e);
+          CHECK(code_of(e) == errc::unavailable);
+          CHECK_MESSAGE(contains(message_of(e), "every worker is lost and none came back within"), message_of(e));
+          CHECK(held.status() == remote_status::cancelled);
+        },
+        options);
+  }
 }
 
 TEST_CASE("a full queue refuses schedule on the executor and admits wait_and_schedule when room frees") {
