@@ -123,6 +123,16 @@ json metadata_json(const safetensors::metadata_map& metadata, std::string_view k
   return out;
 }
 
+// Bytes per row (axis 0) of a tensor of `shape`; 0 for a scalar.
+std::size_t row_bytes_of(const shape_type& shape, dtype type) {
+  return shape.empty() ? 0 : num_elements(std::span(shape).subspan(1)) * size_of(type);
+}
+
+// Rows per piece of at most `chunk_bytes` (never less than one row).
+std::uint64_t rows_per_piece(std::size_t chunk_bytes, std::size_t row_bytes) {
+  return std::max<std::uint64_t>(1, chunk_bytes / std::max<std::size_t>(row_bytes, 1));
+}
+
 // A buffer of `bytes` holding `value` converted to `type`, element after element.
 byte_buffer filled(dtype type, std::size_t bytes, double value) {
   byte_buffer out(bytes);
@@ -174,6 +184,7 @@ std::vector<slot_record> decode_slots(const json& slots, std::string_view path) 
 
 struct save_piece {
   std::size_t entry = 0;  // index of the tensor in the file
+  dtype type = dtype::float32;
   std::shared_ptr<detail::variable_io> io;
   variable_ref source;  // the shard (or slot) to read; unset name: a fill
   bool rows = true;     // rows [begin, end) of source, else the whole source
@@ -183,25 +194,23 @@ struct save_piece {
 };
 
 // Rows of at most `chunk_bytes` (at least one row) of `source`, rows [0, rows).
-void add_row_pieces(std::vector<save_piece>& out, std::size_t entry, const std::shared_ptr<detail::variable_io>& io,
+void add_row_pieces(std::vector<save_piece>& out, std::size_t entry, dtype type,
+                    const std::shared_ptr<detail::variable_io>& io,
                     const variable_ref& source, std::size_t row_bytes, std::uint64_t rows, std::size_t chunk_bytes,
                     std::optional<double> fill) {
-  const std::uint64_t per_piece = std::max<std::uint64_t>(1, chunk_bytes / std::max<std::size_t>(row_bytes, 1));
+  const std::uint64_t per_piece = rows_per_piece(chunk_bytes, row_bytes);
   for (std::uint64_t begin = 0; begin < rows; begin += per_piece) {
     const std::uint64_t end = std::min(rows, begin + per_piece);
-    save_piece p{entry, io, source, true, begin, end, (end - begin) * row_bytes, fill.value_or(0)};
+    save_piece p{entry, type, io, source, true, begin, end, (end - begin) * row_bytes, fill.value_or(0)};
     if (fill) p.source.name.clear();
     out.push_back(std::move(p));
   }
 }
 
-struct fetched {
-  byte_buffer bytes;
-};
-
-asio::awaitable<void> fetch_piece(const save_piece& piece, byte_buffer buffer, fetched& out, dtype type) {
+// The bytes of `piece`, received into `buffer` when it is large enough.
+asio::awaitable<void> fetch_piece(const save_piece& piece, byte_buffer buffer, byte_buffer& out) {
   if (piece.source.name.empty()) {
-    out.bytes = filled(type, piece.bytes, piece.fill);
+    out = filled(piece.type, piece.bytes, piece.fill);
     co_return;
   }
   const byte_buffer into = buffer.size() >= piece.bytes ? buffer.slice(0, piece.bytes) : byte_buffer{};
@@ -216,7 +225,7 @@ asio::awaitable<void> fetch_piece(const save_piece& piece, byte_buffer buffer, f
     throw error(errc::protocol_error, fmt::format("checkpoint: '{}' answered {} bytes where {} were expected",
                                                   piece.source.name, t.size_bytes(), piece.bytes));
   }
-  out.bytes = t.bytes();
+  out = t.bytes();
 }
 
 // Blocking: runs on the checkpoint's I/O thread.
@@ -228,12 +237,12 @@ asio::awaitable<void> write_piece(const posix_file& file, byte_buffer bytes, std
 
 // One step of the pipeline: fetch piece k+1 while piece k is written on the I/O thread.
 asio::awaitable<void> save_step(std::size_t task, asio::thread_pool& io_thread, const posix_file& file,
-                                const save_piece* next, dtype next_type, byte_buffer next_buffer, fetched& next_out,
-                                const fetched& current, std::uint64_t offset, std::uint32_t& crc) {
+                                const save_piece* next, byte_buffer next_buffer, byte_buffer& next_out,
+                                const byte_buffer& current, std::uint64_t offset, std::uint32_t& crc) {
   if (task == 0) {
-    if (next) co_await fetch_piece(*next, std::move(next_buffer), next_out, next_type);
+    if (next) co_await fetch_piece(*next, std::move(next_buffer), next_out);
   } else {
-    co_await asio::co_spawn(io_thread, write_piece(file, current.bytes, offset, crc), asio::use_awaitable);
+    co_await asio::co_spawn(io_thread, write_piece(file, current, offset, crc), asio::use_awaitable);
   }
 }
 
@@ -268,15 +277,23 @@ struct restore_piece {
   shape_type rows;
 };
 
+// Reads `piece` from the file into `buffer` (when it is large enough) on the I/O thread.
+asio::awaitable<tensor> load_piece(asio::thread_pool& io_thread, const posix_file& file, const restore_piece& piece,
+                                   const byte_buffer& buffer) {
+  const std::size_t bytes = num_elements(piece.rows) * size_of(piece.destination.type);
+  tensor value(piece.destination.type, piece.rows, buffer.size() >= bytes ? buffer.slice(0, bytes) : byte_buffer(bytes));
+  co_await asio::co_spawn(io_thread, read_piece(file, piece.offset, value.bytes()), asio::use_awaitable);
+  co_return value;
+}
+
 // One step of the restore pipeline: send piece k while piece k+1 is read from the file.
 asio::awaitable<void> restore_step(std::size_t task, asio::thread_pool& io_thread, const posix_file& file,
                                    const restore_piece& current, const tensor& current_value,
-                                   const restore_piece* next, tensor& next_value) {
+                                   const restore_piece* next, const byte_buffer& next_buffer, tensor& next_value) {
   if (task == 0) {
     co_await current.io->update_rows(current.destination, update_op::assign, current.begin, current_value);
   } else if (next) {
-    next_value = tensor::uninitialized(next->destination.type, next->rows);
-    co_await asio::co_spawn(io_thread, read_piece(file, next->offset, next_value.bytes()), asio::use_awaitable);
+    next_value = co_await load_piece(io_thread, file, *next, next_buffer);
   }
 }
 
@@ -421,13 +438,14 @@ asio::awaitable<void> checkpoint::save(fs::path path) const {
   std::vector<slot_record> slots;
   for (const auto& v : variables_) {
     const auto& ref = v.ref;
-    const std::size_t row_bytes = ref.shape.empty() ? 0 : num_elements(std::span(ref.shape).subspan(1)) * size_of(ref.type);
+    const std::size_t row_bytes = row_bytes_of(ref.shape, ref.type);
     entries.push_back({ref.name, ref.type, ref.shape, 0, 0});
     for (const auto& shard : ref.shards) {
       if (ref.shape.empty()) {
-        pieces.push_back({entries.size() - 1, v.io, shard, false, 0, 0, size_of(ref.type), 0});
+        pieces.push_back({entries.size() - 1, ref.type, v.io, shard, false, 0, 0, size_of(ref.type), 0});
       } else {
-        add_row_pieces(pieces, entries.size() - 1, v.io, shard, row_bytes, shard.shape[0], chunk_bytes_, std::nullopt);
+        add_row_pieces(pieces, entries.size() - 1, ref.type, v.io, shard, row_bytes, shard.shape[0], chunk_bytes_,
+                       std::nullopt);
       }
     }
     // The slots of every shard, grouped by "<optimizer>/<slot>".
@@ -468,20 +486,18 @@ asio::awaitable<void> checkpoint::save(fs::path path) const {
         full.insert(full.end(), slot_shape.begin(), slot_shape.end());
       }
       entries.push_back({record.tensor, type, full, 0, 0});
-      const std::size_t slot_row_bytes =
-          record.per_shard || ref.shape.empty() ? 0 : num_elements(std::span(ref.shape).subspan(1)) * size_of(type);
       for (std::size_t i = 0; i < ref.shards.size(); ++i) {
         // A shard without the slot (not updated yet) contributes the slot's starting value.
         const std::optional<double> fill = per_shard[i] ? std::nullopt : std::optional(record.initial_value);
         variable_ref source = per_shard[i] ? per_shard[i]->slot : variable_ref{};
         if (record.per_shard || ref.shape.empty()) {
-          save_piece p{entries.size() - 1, v.io, source, false, 0, 0, num_elements(slot_shape) * size_of(type),
+          save_piece p{entries.size() - 1, type, v.io, source, false, 0, 0, num_elements(slot_shape) * size_of(type),
                        fill.value_or(0)};
           pieces.push_back(std::move(p));
         } else {
           source.shape = ref.shards[i].shape;
-          add_row_pieces(pieces, entries.size() - 1, v.io, source, slot_row_bytes, ref.shards[i].shape[0],
-                         chunk_bytes_, fill);
+          add_row_pieces(pieces, entries.size() - 1, type, v.io, source, row_bytes_of(ref.shape, type),
+                         ref.shards[i].shape[0], chunk_bytes_, fill);
         }
       }
       slots.push_back(std::move(record));
@@ -524,22 +540,18 @@ asio::awaitable<void> checkpoint::save(fs::path path) const {
   // Two buffers of a piece's size: one being written, one being fetched.
   std::array<byte_buffer, 2> buffers{byte_buffer(std::min(chunk_bytes_, std::size_t{64} << 20)),
                                      byte_buffer(std::min(chunk_bytes_, std::size_t{64} << 20))};
-  std::array<fetched, 2> fetched_pieces;
-  if (!pieces.empty()) {
-    co_await fetch_piece(pieces[0], buffers[0], fetched_pieces[0], entries[pieces[0].entry].type);
-  }
+  std::array<byte_buffer, 2> fetched;  // piece k's bytes in fetched[k % 2]
+  if (!pieces.empty()) co_await fetch_piece(pieces[0], buffers[0], fetched[0]);
   std::uint64_t offset = data_start;
   for (std::size_t k = 0; k < pieces.size(); ++k) {
     const save_piece* next = k + 1 < pieces.size() ? &pieces[k + 1] : nullptr;
-    const dtype next_type = next ? entries[next->entry].type : dtype::float32;
-    auto& current = fetched_pieces[k % 2];
-    auto& next_out = fetched_pieces[(k + 1) % 2];
     auto& crc = crcs[pieces[k].entry];
     co_await detail::run_all(2, [&](std::size_t task) {
-      return save_step(task, io_thread, file, next, next_type, buffers[(k + 1) % 2], next_out, current, offset, crc);
+      return save_step(task, io_thread, file, next, buffers[(k + 1) % 2], fetched[(k + 1) % 2], fetched[k % 2],
+                       offset, crc);
     });
     offset += pieces[k].bytes;
-    current.bytes = {};
+    fetched[k % 2] = {};
   }
   metadata["crc32c"] = encode_crcs();
   const std::string header = safetensors::encode_header(entries, metadata);
@@ -680,8 +692,8 @@ asio::awaitable<void> checkpoint::restore(fs::path path) {
       co_await io->update(destination, update_op::assign, value);
       continue;
     }
-    const std::size_t row_bytes = num_elements(std::span(ref.shape).subspan(1)) * size_of(t.entry->type);
-    const std::uint64_t per_piece = std::max<std::uint64_t>(1, chunk_bytes_ / std::max<std::size_t>(row_bytes, 1));
+    const std::size_t row_bytes = row_bytes_of(ref.shape, t.entry->type);
+    const std::uint64_t per_piece = rows_per_piece(chunk_bytes_, row_bytes);
     std::uint64_t first_row = 0;
     for (const auto& shard : ref.shards) {
       variable_ref destination = shard;
@@ -695,17 +707,17 @@ asio::awaitable<void> checkpoint::restore(fs::path path) {
       first_row += shard.shape[0];
     }
   }
-  // The row pieces, the file read of one overlapping the send of the one before.
+  // The row pieces, the file read of one overlapping the send of the one before, through two
+  // reusable buffers (piece k in buffers[k % 2]; its send has completed before k + 2 is read).
+  const std::array<byte_buffer, 2> buffers{byte_buffer(std::min(chunk_bytes_, std::size_t{64} << 20)),
+                                           byte_buffer(std::min(chunk_bytes_, std::size_t{64} << 20))};
   std::array<tensor, 2> in_flight;
-  if (!pieces.empty()) {
-    in_flight[0] = tensor::uninitialized(pieces[0].destination.type, pieces[0].rows);
-    co_await asio::co_spawn(io_thread, read_piece(*state.file, pieces[0].offset, in_flight[0].bytes()),
-                            asio::use_awaitable);
-  }
+  if (!pieces.empty()) in_flight[0] = co_await load_piece(io_thread, *state.file, pieces[0], buffers[0]);
   for (std::size_t k = 0; k < pieces.size(); ++k) {
     const restore_piece* next = k + 1 < pieces.size() ? &pieces[k + 1] : nullptr;
     co_await detail::run_all(2, [&](std::size_t task) {
-      return restore_step(task, io_thread, *state.file, pieces[k], in_flight[k % 2], next, in_flight[(k + 1) % 2]);
+      return restore_step(task, io_thread, *state.file, pieces[k], in_flight[k % 2], next, buffers[(k + 1) % 2],
+                          in_flight[(k + 1) % 2]);
     });
     in_flight[k % 2] = tensor();
   }

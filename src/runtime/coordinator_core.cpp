@@ -300,23 +300,17 @@ void coordinator_core::check_recovery_timeout() {
 
 asio::awaitable<void> coordinator_core::watch_workers(std::weak_ptr<coordinator_core> weak) {
   for (;;) {
+    asio::steady_timer* timer = nullptr;
     {
       auto self = weak.lock();
       if (!self || self->closed_) co_return;
-      self->watch_timer_->expires_after(self->options_.worker_probe_interval);
+      timer = &*self->watch_timer_;
+      timer->expires_after(self->options_.worker_probe_interval);
     }
-    // Waits holding nothing: a destroyed coordinator cancels the timer and ends the loop.
-    std::optional<std::error_code> woke;
-    {
-      auto self = weak.lock();
-      if (!self) co_return;
-      auto& timer = *self->watch_timer_;
-      self.reset();
-      auto [ec] = co_await timer.async_wait(as_tuple(use_awaitable));
-      woke = ec;
-    }
+    // Waits holding nothing: close() or a destroyed coordinator cancels the timer, ending the loop.
+    const auto [woke] = co_await timer->async_wait(as_tuple(use_awaitable));
     auto self = weak.lock();
-    if (!self || self->closed_ || *woke == asio::error::operation_aborted) co_return;
+    if (!self || self->closed_ || woke == asio::error::operation_aborted) co_return;
     for (std::size_t i = 0; i < self->workers_.size(); ++i) {
       auto& slot = self->workers_[i];
       if (slot.alive || slot.probing) continue;
