@@ -365,3 +365,99 @@ TEST_CASE("checkpoint_manager numbers, finds and prunes checkpoints, and cleans 
     CHECK_FALSE(checkpoint_manager::number_of("ckpt-3.safetensors.tmp-5"));
   });
 }
+
+namespace {
+
+// A safetensors file made by hand: the 8-byte size, `header` (JSON), then `data_bytes` zero bytes.
+fs::path handmade(const fs::path& dir, const std::string& name, const std::string& header, std::size_t data_bytes) {
+  std::string bytes(8, '\0');
+  for (int i = 0; i < 8; ++i) bytes[static_cast<std::size_t>(i)] = static_cast<char>((header.size() >> (8 * i)) & 0xff);
+  bytes += header;
+  bytes.append(data_bytes, '\0');
+  std::ofstream(dir / name, std::ios::binary) << bytes;
+  return dir / name;
+}
+
+std::string reader_failure(const fs::path& path) {
+  try {
+    checkpoint_reader reader(path);
+    for (const auto& name : reader.names()) (void)reader.read_tensor(name);
+    (void)reader.step();
+    (void)reader.scalars();
+  } catch (const error& e) {
+    return std::string(e.code() == errc::data_loss ? "data_loss: " : e.code() == errc::failed_precondition
+                                                                          ? "failed_precondition: "
+                                                                          : "other: ") +
+           e.what();
+  }
+  return "";
+}
+
+}  // namespace
+
+TEST_CASE("a handmade file: other safetensors files read, malformed ones are refused, naming what is wrong") {
+  scratch s;
+  // Any safetensors file of supported dtypes reads, without pscoro metadata.
+  const auto plain = handmade(s.dir, "plain.safetensors",
+                              R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},)"
+                              R"("b":{"dtype":"I64","shape":[],"data_offsets":[8,16]}})",
+                              16);
+  checkpoint_reader reader(plain);
+  CHECK(reader.names() == std::vector<std::string>{"a", "b"});
+  CHECK(reader.read<float>("a") == xt::xarray<float>{0, 0});
+  CHECK(reader.step() == 0);
+  CHECK(reader.scalars().empty());
+
+  const auto refused = [&](const std::string& name, const std::string& header, std::size_t data_bytes,
+                           const std::string& says) {
+    CAPTURE(name);
+    const auto failure = reader_failure(handmade(s.dir, name, header, data_bytes));
+    CHECK_MESSAGE(contains(failure, says), failure);
+    CHECK_MESSAGE(contains(failure, name), failure);
+  };
+  refused("bf16.safetensors", R"({"a":{"dtype":"BF16","shape":[2],"data_offsets":[0,4]}})", 4,
+          "data_loss: checkpoint " + (s.dir / "bf16.safetensors").string() +
+              ": tensor \"a\" has dtype \"BF16\"; pscoro reads F32, F64, I32 and I64");
+  refused("hole.safetensors",
+          R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]},"b":{"dtype":"F32","shape":[1],"data_offsets":[8,12]}})",
+          12, "data_loss: checkpoint " + (s.dir / "hole.safetensors").string() +
+                  ": tensor \"b\" starts at byte 8 of the data where 4 was expected (a hole or an overlap)");
+  refused("size.safetensors", R"({"a":{"dtype":"F64","shape":[3],"data_offsets":[0,16]}})", 16,
+          "tensor \"a\": data_offsets [0, 16) do not hold F64 [3] (24 bytes)");
+  refused("shape.safetensors", R"({"a":{"dtype":"F32","shape":[-1],"data_offsets":[0,4]}})", 4,
+          "tensor \"a\": shape [-1] is not a list of sizes");
+  refused("no-offsets.safetensors", R"({"a":{"dtype":"F32","shape":[1]}})", 4,
+          "tensor \"a\" needs dtype, shape and data_offsets");
+  refused("metadata.safetensors", R"({"__metadata__":{"step":7}})", 0, "__metadata__[\"step\"] is not a string");
+  refused("newer.safetensors", R"({"__metadata__":{"format":"pscoro.checkpoint","format_version":"2"}})", 0,
+          "failed_precondition: checkpoint " + (s.dir / "newer.safetensors").string() +
+              ": format version 2 is not one this pscoro reads (1 to 1)");
+  refused("crc.safetensors",
+          R"({"__metadata__":{"crc32c":"{\"missing\":\"00000000\"}"},"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}})",
+          4, "bad checksum record for \"missing\"");
+  refused("step.safetensors", R"({"__metadata__":{"step":"seven"}})", 0, "step \"seven\" is not an integer");
+  refused("scalars.safetensors", R"({"__metadata__":{"scalars":"{\"epoch\":\"three\"}"}})", 0,
+          "scalar \"epoch\" is not a number");
+}
+
+TEST_CASE("a checkpoint whose slot records are malformed, or a save into a missing directory, fails cleanly") {
+  scratch s;
+  with_cluster(1, 1, [&](parameter_server_strategy& strategy) -> asio::awaitable<void> {
+    const auto m = co_await model::create(strategy);
+    auto ckpt = m.tracked();
+    // A file whose "slots" record is not what pscoro writes: refused before anything changes.
+    const auto path = handmade(s.dir, "slots.safetensors",
+                               R"({"__metadata__":{"slots":"{\"model/weights/adam/m\":{\"variable\":1}}"}})", 0);
+    auto e = co_await failure_of(ckpt.restore(path));
+    REQUIRE(e);
+    CHECK(code_of(e) == errc::data_loss);
+    CHECK_MESSAGE(contains(message_of(e), "the slot record of \"model/weights/adam/m\" is malformed"), message_of(e));
+
+    const auto nowhere = s.dir / "no-such-dir" / "ckpt.safetensors";
+    e = co_await failure_of(ckpt.save(nowhere));
+    REQUIRE(e);
+    CHECK(code_of(e) == errc::not_found);
+    CHECK_MESSAGE(contains(message_of(e), "no-such-dir"), message_of(e));
+    CHECK_FALSE(fs::exists(s.dir / "no-such-dir"));
+  });
+}

@@ -188,6 +188,14 @@ TEST_CASE("row ranges and slots on a ps: bad ranges, shapes and owners are refus
   CHECK(status.code() == static_cast<int>(errc::invalid_argument));
   CHECK(status.message() == "read of 'w': rows [2, 4) are not within [0, 3)");
   CHECK(read_rows(2, 1).code() == static_cast<int>(errc::invalid_argument));
+  wire::frame both;
+  auto* read = both.message.mutable_request()->mutable_read_variable();
+  runtime::encode_ref(*read->mutable_variable(), w);
+  read->mutable_rows()->set_end(1);
+  wire::put_tensor(both, *read->mutable_indices(), tensor::uninitialized(dtype::int64, {1}));
+  status = call(cluster, "ps", std::move(both));
+  CHECK(status.code() == static_cast<int>(errc::invalid_argument));
+  CHECK(status.message() == "read of 'w': rows and indices exclude each other");
 
   wire::frame assign;
   auto* update = assign.message.mutable_request()->mutable_update_variable();
