@@ -17,6 +17,7 @@ class category final : public std::error_category {
       case errc::already_exists: return "already exists";
       case errc::resource_exhausted: return "resource exhausted";
       case errc::failed_precondition: return "failed precondition";
+      case errc::aborted: return "aborted";
       case errc::out_of_range: return "out of range";
       case errc::internal: return "internal error";
       case errc::unavailable: return "unavailable";

@@ -19,7 +19,9 @@
 
 #include <cstdio>
 #include <random>
-#include <set>
+#include <algorithm>
+#include <deque>
+#include <map>
 
 namespace pscoro {
 
@@ -46,7 +48,13 @@ struct server::impl : std::enable_shared_from_this<impl> {
   asio::ip::tcp::acceptor acceptor;
   std::optional<runtime::ps_service> ps;
   std::optional<runtime::worker_service> worker;
-  std::set<std::shared_ptr<wire::connection>> connections;
+  // Accepted connections and the coordinator session each works for.
+  std::map<std::shared_ptr<wire::connection>, std::uint64_t> connections;
+  // The coordinator session this server works for (0: none yet), and the sessions it worked for
+  // before, newest last: a Hello of one of those is refused.
+  std::uint64_t session = 0;
+  std::deque<std::uint64_t> ended_sessions;
+  static constexpr std::size_t max_ended_sessions = 1024;
   bool stopped = false;
 
   impl(asio::any_io_executor ex, const simple_cluster_resolver& resolver, server_options options)
@@ -98,7 +106,7 @@ struct server::impl : std::enable_shared_from_this<impl> {
     acceptor.close(ignored);
     auto open = std::move(connections);
     connections.clear();
-    for (const auto& connection : open) connection->close("server stopped");
+    for (const auto& [connection, _] : open) connection->close("server stopped");
     if (worker) worker->close_connections();
   }
 
@@ -123,6 +131,38 @@ struct server::impl : std::enable_shared_from_this<impl> {
     wire::set_status(*welcome.message.mutable_welcome()->mutable_status(), code, why, task);
     connection->send(std::move(welcome));
     connection->close_after_flush(why);
+  }
+
+  // Puts the connection from `peer` into coordinator session `hello_session`: the current one; or
+  // a new one, which ends the current session (its connections are closed and its state
+  // released: variables on a ps, iterators on a worker); never an ended one. Returns why the
+  // connection is refused, or "".
+  std::string join_session(std::uint64_t hello_session, const std::string& peer) {
+    if (hello_session == 0) return fmt::format("the Hello of {} names no coordinator session", peer);
+    if (hello_session == session) return {};
+    if (std::find(ended_sessions.begin(), ended_sessions.end(), hello_session) != ended_sessions.end()) {
+      return fmt::format("coordinator session {:016x} of {} has ended on {}: a newer coordinator (session {:016x}) "
+                         "took over",
+                         hello_session, peer, task, session);
+    }
+    if (session != 0) {
+      log::info("new coordinator session {:016x} (from {}): ending session {:016x} and releasing its {}", hello_session,
+                peer, session, ps ? fmt::format("{} variables", ps->num_variables()) : std::string("iterators"));
+      ended_sessions.push_back(session);
+      if (ended_sessions.size() > max_ended_sessions) ended_sessions.pop_front();
+      std::vector<std::shared_ptr<wire::connection>> ended;
+      for (const auto& [connection, its_session] : connections) {
+        if (its_session != hello_session) ended.push_back(connection);
+      }
+      for (const auto& connection : ended) {
+        connections.erase(connection);
+        connection->close(fmt::format("coordinator session {:016x} ended", session));
+      }
+      if (ps) ps->clear();
+      if (worker) worker->end_session();
+    }
+    session = hello_session;
+    return {};
   }
 
   static asio::awaitable<void> handshake(std::shared_ptr<impl> self, asio::ip::tcp::socket socket) {
@@ -172,8 +212,12 @@ struct server::impl : std::enable_shared_from_this<impl> {
              fmt::format("{} does not accept connections from '{}' tasks", self->task, h.job()), self->task);
       co_return;
     }
-    if (h.job() == "chief" && self->worker) self->worker->set_cluster(h);
     connection->set_peer(fmt::format("{} at {}", task_name(h.job(), h.task_index()), connection->peer()));
+    if (const auto refused = self->join_session(h.session(), connection->peer()); !refused.empty()) {
+      refuse(connection, make_error_code(errc::aborted), refused, self->task);
+      co_return;
+    }
+    if (h.job() == "chief" && self->worker) self->worker->set_cluster(h);
     log::debug("accepted {}", connection->peer());
 
     wire::frame welcome;
@@ -184,11 +228,13 @@ struct server::impl : std::enable_shared_from_this<impl> {
     w->set_incarnation(self->incarnation);
     connection->send(std::move(welcome));
 
-    self->connections.insert(connection);
+    self->connections.emplace(connection, h.session());
     std::weak_ptr<impl> weak_self = self;
     std::weak_ptr<wire::connection> weak_connection = connection;
     connection->start(
-        [weak_self](wire::frame request) { return serve(weak_self, std::move(request)); },
+        [weak_self, session = h.session()](wire::frame request) {
+          return serve(weak_self, session, std::move(request));
+        },
         [weak_self, weak_connection](const std::string& reason) {
           auto s = weak_self.lock();
           auto c = weak_connection.lock();
@@ -198,13 +244,20 @@ struct server::impl : std::enable_shared_from_this<impl> {
         });
   }
 
-  static asio::awaitable<wire::frame> serve(std::weak_ptr<impl> weak, wire::frame request) {
+  static asio::awaitable<wire::frame> serve(std::weak_ptr<impl> weak, std::uint64_t session, wire::frame request) {
     auto self = weak.lock();
     if (!self) throw error(errc::unavailable, "server stopped");
     if (request.message.request().has_heartbeat()) {
       wire::frame alive;
       alive.message.mutable_response();
       co_return alive;
+    }
+    // The connection is closed when its session ends; this catches what was already on its way.
+    if (session != self->session) {
+      wire::frame refused;
+      wire::set_status(*refused.message.mutable_response()->mutable_status(), make_error_code(errc::aborted),
+                       fmt::format("coordinator session {:016x} has ended on {}", session, self->task), self->task);
+      co_return refused;
     }
     if (self->ps) co_return self->ps->handle(request);
     co_return co_await self->worker->handle(std::move(request));

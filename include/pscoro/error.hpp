@@ -20,6 +20,7 @@ enum class errc {
   already_exists = 6,       ///< a variable with that name already exists
   resource_exhausted = 8,   ///< the closure queue is full and the caller cannot wait
   failed_precondition = 9,  ///< the call is not valid in the current state
+  aborted = 10,             ///< the coordinator session it belongs to has ended (a newer chief took over)
   out_of_range = 11,        ///< a dataset iterator has no more elements (TF: OutOfRangeError)
   internal = 13,            ///< an invariant of pscoro itself broke (a bug: please report it)
   unavailable = 14,         ///< a peer cannot be reached or its connection was lost

@@ -68,6 +68,8 @@ class iterator_table {
   };
 
   void put(std::uint64_t id, entry e) { entries_[id] = std::move(e); }
+  /// Drops every iterator (a closure still reading one keeps it alive until it is done).
+  void clear() noexcept { entries_.clear(); }
   /// The iterator `id` as a dataset_iterator<T>; throws errc::not_found or errc::invalid_argument.
   template <class T>
   std::shared_ptr<dataset_iterator<T>> get(std::uint64_t id, const std::string& function) const {

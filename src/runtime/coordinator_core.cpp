@@ -46,7 +46,11 @@ coordinator_core::coordinator_core(asio::any_io_executor executor, const simple_
   hello_.set_protocol_version(wire::protocol_version);
   hello_.set_job("chief");
   hello_.set_task_index(resolver.task_id().value_or(0));
-  hello_.set_incarnation((std::uint64_t{device()} << 32) ^ device());
+  // This coordinator's incarnation is its session on every server: a restarted chief starts a new
+  // one, which makes the servers drop the old session's variables and iterators.
+  const std::uint64_t incarnation = (std::uint64_t{device()} << 32) ^ device();
+  hello_.set_incarnation(incarnation == 0 ? 1 : incarnation);
+  hello_.set_session(hello_.incarnation());
   for (const auto& job : {"ps", "worker"}) {
     auto* entry = hello_.add_cluster();
     entry->set_name(job);

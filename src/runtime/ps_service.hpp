@@ -20,6 +20,8 @@ class ps_service {
   wire::frame handle(const wire::frame& request);
 
   std::size_t num_variables() const noexcept { return variables_.size(); }
+  /// Drops every variable and slot (the coordinator session that made them ended).
+  void clear() noexcept { variables_.clear(); }
 
  private:
   struct stored_variable {

@@ -71,6 +71,7 @@ void worker_service::set_cluster(const wire::Hello& hello) {
   ours.set_job("worker");
   ours.set_task_index(task_index_);
   ours.set_incarnation(incarnation_);
+  ours.set_session(hello.session());
   // Keep open connections to ps that did not move; index i of the list is ps task i.
   const auto& old = ps_->peers();
   std::vector<std::shared_ptr<peer>> peers;
@@ -88,6 +89,18 @@ void worker_service::set_cluster(const wire::Hello& hello) {
     if (std::find(peers.begin(), peers.end(), p) == peers.end()) p->close("the chief moved " + p->task());
   }
   ps_->set_peers(std::move(peers));
+}
+
+void worker_service::end_session() {
+  iterators_.clear();
+  const auto ended = std::make_exception_ptr(
+      error(errc::aborted, fmt::format("the coordinator session of this function ended on {}", task_)));
+  for (const auto& p : ps_->peers()) {
+    p->fail_with(ended);
+    p->close("the coordinator session ended");
+  }
+  // Closures of the ended session keep the old client; the next session gets its own.
+  ps_ = std::make_shared<ps_client>(std::vector<std::shared_ptr<peer>>{});
 }
 
 void worker_service::close_connections() {

@@ -29,8 +29,12 @@ class worker_service {
   /// Registers the dataset function `name` (same rule).
   void bind_dataset(std::string name, detail::erased_dataset_function fn);
 
-  /// Takes the ps addresses from the chief's Hello.
+  /// Takes the ps addresses and the coordinator session from the chief's Hello.
   void set_cluster(const wire::Hello& hello);
+  /// The coordinator session ended: drops its iterators, and its ps connections for good (a
+  /// closure of that session still running fails at its next ps call instead of touching the
+  /// variables of the next session).
+  void end_session();
   /// Closes this worker's connections to the ps (the server stops).
   void close_connections();
 

@@ -22,7 +22,7 @@
 namespace pscoro::wire {
 
 inline constexpr std::uint32_t frame_magic = 0x52435350;  // bytes "PSCR" in little-endian order
-inline constexpr std::uint16_t protocol_version = 1;
+inline constexpr std::uint16_t protocol_version = 2;
 inline constexpr std::size_t fixed_header_size = 32;
 
 enum class frame_kind : std::uint16_t { hello = 1, welcome = 2, request = 3, response = 4 };

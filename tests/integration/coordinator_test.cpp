@@ -31,6 +31,10 @@ const worker_function<double(variable<float>)> read_sum{"test.read_sum"};
 
 std::atomic<bool> release_holds{false};
 
+const worker_function<void(variable<float>)> hold_then_bump{"test.hold_then_bump"};
+std::atomic<bool> held_bump_started{false};
+std::atomic<int> held_bump_outcome{-1};  // the errc its assign_add ended with, 0 for success
+
 void bind_test_functions(server& s) {
   s.bind(add_one, [](std::int64_t x) -> asio::awaitable<std::int64_t> { co_return x + 1; });
   s.bind(fail, [](std::string message) -> asio::awaitable<void> {
@@ -55,6 +59,22 @@ void bind_test_functions(server& s) {
     co_await v.assign_add(delta);
     const auto value = co_await v.read();
     co_return static_cast<double>(xt::sum(value)());
+  });
+  // Waits for release_holds, then adds 1 to `v`; records how that ended.
+  s.bind(hold_then_bump, [](variable<float> v) -> asio::awaitable<void> {
+    held_bump_started = true;
+    asio::steady_timer timer(co_await asio::this_coro::executor);
+    while (!release_holds) {
+      timer.expires_after(std::chrono::milliseconds(1));
+      co_await timer.async_wait(asio::use_awaitable);
+    }
+    try {
+      xt::xarray<float> ones = xt::ones<float>(v.shape());
+      co_await v.assign_add(ones);
+      held_bump_outcome = 0;
+    } catch (const error& e) {
+      held_bump_outcome = e.code().value();
+    }
   });
   s.bind(whoami, [task = s.task()]() -> asio::awaitable<std::string> { co_return task; });
   s.bind(read_sum, [](variable<float> v) -> asio::awaitable<double> {
@@ -640,4 +660,34 @@ TEST_CASE("a lost ps is raised by done, join and every later schedule, naming th
         },
         {}, fast_heartbeats());
   }
+}
+
+TEST_CASE("a restarted chief starts a new session: the old one's variables are gone and its closures cannot touch the new ones") {
+  local_cluster cluster(1, 1, bind_test_functions);
+  release_holds = false;
+  held_bump_started = false;
+  held_bump_outcome = -1;
+  const xt::xarray<float> zeros = xt::zeros<float>({4});
+  // The first chief leaves a closure running on the worker, as a chief killed mid-step does.
+  cluster.run_chief([&](parameter_server_strategy& strategy, cluster_coordinator& coordinator) -> asio::awaitable<void> {
+    auto v = co_await strategy.scope().create_variable("v", zeros);
+    (void)coordinator.schedule(hold_then_bump, v);
+    asio::steady_timer timer(co_await asio::this_coro::executor);
+    while (!held_bump_started) {
+      timer.expires_after(std::chrono::milliseconds(1));
+      co_await timer.async_wait(asio::use_awaitable);
+    }
+  });
+  cluster.run_chief([&](parameter_server_strategy& strategy, cluster_coordinator& coordinator) -> asio::awaitable<void> {
+    auto v = co_await strategy.scope().create_variable("v", zeros);  // the old "v" was released
+    CHECK(co_await coordinator.schedule(bump, v, 2.0).get() == 8.0);
+    release_holds = true;  // the old closure goes on now, with the new session's "v" in place
+    asio::steady_timer timer(co_await asio::this_coro::executor);
+    while (held_bump_outcome == -1) {
+      timer.expires_after(std::chrono::milliseconds(1));
+      co_await timer.async_wait(asio::use_awaitable);
+    }
+    CHECK(held_bump_outcome == static_cast<int>(errc::aborted));
+    CHECK(co_await v.read() == xt::xarray<float>(zeros + 2.0f));
+  });
 }

@@ -13,12 +13,19 @@ namespace {
 
 const cluster_spec spec{{"ps", {"127.0.0.1:0"}}, {"worker", {"127.0.0.1:0"}}};
 
-// Sends `request` to `job`:0 of `cluster` as the chief would and returns the response status.
-wire::Status call(local_cluster& cluster, const std::string& job, wire::frame request) {
-  asio::io_context io;
+wire::Hello chief_hello(std::uint64_t session) {
   wire::Hello hello;
   hello.set_protocol_version(wire::protocol_version);
   hello.set_job("chief");
+  hello.set_session(session);
+  return hello;
+}
+
+// Sends `request` to `job`:0 of `cluster` as the chief of coordinator session `session` would and
+// returns the response status.
+wire::Status call(local_cluster& cluster, const std::string& job, wire::frame request, std::uint64_t session = 1) {
+  asio::io_context io;
+  const auto hello = chief_hello(session);
   auto response = asio::co_spawn(
       io,
       [&]() -> asio::awaitable<wire::Status> {
@@ -169,12 +176,14 @@ TEST_CASE("an unknown dtype in a variable handle is invalid_argument") {
 
 TEST_CASE("row ranges and slots on a ps: bad ranges, shapes and owners are refused") {
   local_cluster cluster(1, 1);
-  cluster.run_chief([](parameter_server_strategy& strategy, cluster_coordinator&) -> asio::awaitable<void> {
-    const xt::xarray<float> initial{{1, 2}, {3, 4}, {5, 6}};
-    auto w = co_await strategy.scope().create_variable("w", initial);
-    (void)w;
-  });
   const variable_ref w{"w", dtype::float32, {3, 2}, 0};
+  wire::frame make_w;
+  auto* make = make_w.message.mutable_request()->mutable_create_variable();
+  runtime::encode_ref(*make->mutable_variable(), w);
+  make->mutable_initializer()->set_kind(wire::Initializer::ONES);
+  make->mutable_initializer()->add_full_shape(3);
+  make->mutable_initializer()->add_full_shape(2);
+  REQUIRE(call(cluster, "ps", std::move(make_w)).code() == 0);
   auto read_rows = [&](std::uint64_t begin, std::uint64_t end) {
     wire::frame f;
     auto* read = f.message.mutable_request()->mutable_read_variable();
@@ -221,4 +230,58 @@ TEST_CASE("row ranges and slots on a ps: bad ranges, shapes and owners are refus
   wire::frame list;
   runtime::encode_ref(*list.message.mutable_request()->mutable_list_slots()->mutable_variable(), w);
   CHECK(call(cluster, "ps", std::move(list)).code() == 0);
+}
+
+TEST_CASE("a new coordinator session releases the old one's variables; the old session is refused from then on") {
+  local_cluster cluster(1, 1);
+  auto create_w = [] {
+    wire::frame f;
+    auto* make = f.message.mutable_request()->mutable_create_variable();
+    runtime::encode_ref(*make->mutable_variable(), variable_ref{"w", dtype::float32, {2}, 0});
+    make->mutable_initializer()->set_kind(wire::Initializer::ONES);
+    make->mutable_initializer()->add_full_shape(2);
+    return f;
+  };
+  REQUIRE(call(cluster, "ps", create_w(), 1).code() == 0);
+  CHECK(call(cluster, "ps", create_w(), 1).code() == static_cast<int>(errc::already_exists));  // same session
+  // A restarted chief (session 2) finds nothing of session 1 and can create the same names again.
+  REQUIRE(call(cluster, "ps", create_w(), 2).code() == 0);
+
+  // Session 1 has ended: a Hello of it is refused, naming both sessions.
+  asio::io_context io;
+  auto refused = asio::co_spawn(
+      io,
+      [&]() -> asio::awaitable<std::string> {
+        try {
+          co_await runtime::connect_to_task("ps:0", cluster.spec.task_address("ps", 0), chief_hello(1), {});
+        } catch (const remote_error& e) {
+          CHECK(e.code() == errc::aborted);
+          CHECK(e.origin_task() == "ps:0");
+          co_return e.remote_message();
+        }
+        co_return "";
+      },
+      asio::use_future);
+  io.run();
+  const auto message = refused.get();
+  CHECK_MESSAGE(contains(message, "coordinator session 0000000000000001 of chief:0 at 127.0.0.1:"), message);
+  CHECK_MESSAGE(contains(message, "has ended on ps:0: a newer coordinator (session 0000000000000002) took over"),
+                message);
+  CHECK(call(cluster, "ps", create_w(), 2).code() == static_cast<int>(errc::already_exists));  // session 2 goes on
+
+  // A Hello that names no session is refused.
+  asio::io_context io0;
+  auto no_session = asio::co_spawn(
+      io0,
+      [&]() -> asio::awaitable<std::string> {
+        try {
+          co_await runtime::connect_to_task("worker:0", cluster.spec.task_address("worker", 0), chief_hello(0), {});
+        } catch (const remote_error& e) {
+          co_return e.what();
+        }
+        co_return "";
+      },
+      asio::use_future);
+  io0.run();
+  CHECK(contains(no_session.get(), "names no coordinator session"));
 }

@@ -78,6 +78,7 @@ wire::encoded_frame hello_frame(std::string job = "chief", std::uint32_t version
   auto* hello = f.message.mutable_hello();
   hello->set_protocol_version(version);
   hello->set_job(std::move(job));
+  hello->set_session(1);
   return wire::encode(std::move(f));
 }
 
@@ -125,8 +126,8 @@ TEST_CASE("bad input closes only that connection, with a reason") {
   }
   SUBCASE("wrong version in the frame header") {
     raw_client c(ps);
-    c.send(fixed_header(wire::frame_kind::hello, 0, 0, 2));
-    CHECK(contains(refusal(c.read_until_closed()), "unsupported protocol version 2 (this build speaks version 1)"));
+    c.send(fixed_header(wire::frame_kind::hello, 0, 0, 1));
+    CHECK(contains(refusal(c.read_until_closed()), "unsupported protocol version 1 (this build speaks version 2)"));
   }
   SUBCASE("wrong version in the Hello") {
     raw_client c(ps);

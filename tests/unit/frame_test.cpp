@@ -80,8 +80,8 @@ TEST_CASE("every bad fixed header is refused with its reason") {
   CHECK(contains(protocol_error_of(bytes), "bad magic 0x50545448"));
 
   bytes = header_bytes({frame_kind::request, 1, 10, 0});
-  poke<std::uint16_t>(bytes, 4, 2);
-  CHECK(contains(protocol_error_of(bytes), "unsupported protocol version 2 (this build speaks version 1)"));
+  poke<std::uint16_t>(bytes, 4, 1);
+  CHECK(contains(protocol_error_of(bytes), "unsupported protocol version 1 (this build speaks version 2)"));
 
   bytes = header_bytes({frame_kind::request, 1, 10, 0});
   poke<std::uint16_t>(bytes, 6, 9);
