@@ -20,6 +20,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <deque>
 #include <optional>
 #include <tuple>
 
@@ -33,6 +34,11 @@ const pscoro::dataset_function<batch> train_data{"fashion_mnist.train_data"};
 const pscoro::worker_function<double(pscoro::variable<float>, pscoro::variable<float>,
                                      pscoro::per_worker_iterator<batch>, double)>
     train_step{"fashion_mnist.train_step"};
+// The same, and counts itself: adds 1 to entry `step` of `runs`.
+const pscoro::worker_function<double(pscoro::variable<float>, pscoro::variable<float>,
+                                     pscoro::per_worker_iterator<batch>, double, std::int64_t,
+                                     pscoro::variable<std::int64_t>)>
+    counted_train_step{"fashion_mnist.counted_train_step"};
 
 // The worker side: one training step on the next batch of this worker's pipeline.
 asio::awaitable<double> train(pscoro::variable<float> w, pscoro::variable<float> b,
@@ -70,6 +76,16 @@ asio::awaitable<double> train(pscoro::variable<float> w, pscoro::variable<float>
   co_return loss / static_cast<double>(rows);
 }
 
+// A step whose worker is lost runs again elsewhere (at least once): `runs` tells how often each did.
+asio::awaitable<double> counted_train(pscoro::variable<float> w, pscoro::variable<float> b,
+                                      pscoro::per_worker_iterator<batch> batches, double learning_rate,
+                                      std::int64_t step, pscoro::variable<std::int64_t> runs) {
+  const double loss = co_await train(std::move(w), std::move(b), std::move(batches), learning_rate);
+  const xt::xarray<std::int64_t> this_step{step}, once{1};
+  co_await runs.scatter_add(this_step, once);
+  co_return loss;
+}
+
 struct options {
   std::string data_dir = default_data_dir;
   std::int64_t steps = 3000;
@@ -81,6 +97,7 @@ struct options {
   std::string checkpoint_dir;
   std::int64_t checkpoint_every = 500;
   std::size_t max_to_keep = 5;
+  bool count_runs = false;
 };
 
 asio::awaitable<int> run_chief(pscoro::parameter_server_strategy& strategy, const options& o) {
@@ -109,15 +126,36 @@ asio::awaitable<int> run_chief(pscoro::parameter_server_strategy& strategy, cons
   }
   // Every worker builds its input pipeline now, before any step can ask it for a batch.
   const auto batches = co_await coordinator.create_per_worker_dataset(train_data).iter();
+  // With --count-runs: how often each step ran (not checkpointed: it counts the steps of this run).
+  std::optional<pscoro::variable<std::int64_t>> runs;
+  if (o.count_runs) {
+    const xt::xarray<std::int64_t> none = xt::zeros<std::int64_t>({static_cast<std::size_t>(o.steps)});
+    runs = co_await scope.create_variable("train/runs_per_step", none);
+  }
 
-  // Schedule everything at once (up to the next checkpoint); keep the losses we print.
-  std::vector<std::pair<std::int64_t, pscoro::remote_value<double>>> progress;
+  // Keep the workers busy with a window of scheduled steps; await every result in order (each
+  // resolves, whatever worker it ran on or how often), printing the loss as training goes.
+  const std::size_t window = std::max<std::size_t>(64, 4 * o.closures_per_worker * strategy.num_workers());
+  std::deque<std::pair<std::int64_t, pscoro::remote_value<double>>> in_flight;
+  auto retire_oldest = [&]() -> asio::awaitable<void> {
+    auto [step, loss] = std::move(in_flight.front());
+    in_flight.pop_front();
+    const double value = co_await loss.get();
+    if (step % o.log_every == 0 || step == o.steps) {
+      std::printf("chief: step %lld/%lld loss %.4f\n", static_cast<long long>(step), static_cast<long long>(o.steps),
+                  value);
+      std::fflush(stdout);
+    }
+  };
   for (std::int64_t step = first_step; step < o.steps; ++step) {
     // Linear decay to zero: the last steps settle instead of jumping around the optimum.
     const double learning_rate = o.learning_rate * static_cast<double>(o.steps - step) / static_cast<double>(o.steps);
-    auto loss = coordinator.schedule(train_step, w, b, batches, learning_rate);
-    if ((step + 1) % o.log_every == 0 || step + 1 == o.steps) progress.emplace_back(step + 1, std::move(loss));
+    in_flight.emplace_back(step + 1, runs ? coordinator.schedule(counted_train_step, w, b, batches, learning_rate, step,
+                                                                 *runs)
+                                          : coordinator.schedule(train_step, w, b, batches, learning_rate));
+    if (in_flight.size() > window) co_await retire_oldest();
     if (manager && ((step + 1) % o.checkpoint_every == 0 || step + 1 == o.steps)) {
+      while (!in_flight.empty()) co_await retire_oldest();
       co_await coordinator.join();  // a consistent snapshot: no step is updating the weights
       ckpt.set_step(step + 1);
       const auto path = co_await manager->save(step + 1);
@@ -125,18 +163,32 @@ asio::awaitable<int> run_chief(pscoro::parameter_server_strategy& strategy, cons
       std::fflush(stdout);
     }
   }
-  for (auto& [step, loss] : progress) {
-    std::printf("chief: step %lld/%lld loss %.4f\n", static_cast<long long>(step), static_cast<long long>(o.steps),
-                co_await loss.get());
-    std::fflush(stdout);
-  }
+  while (!in_flight.empty()) co_await retire_oldest();
   co_await coordinator.join();
+
+  // At least once: every step of this run ran; some ran again after their worker was lost.
+  std::int64_t never = 0;
+  if (runs) {
+    const auto counts = co_await runs->read();
+    std::int64_t once = 0, again = 0;
+    for (std::int64_t step = first_step; step < o.steps; ++step) {
+      const auto n = counts(static_cast<std::size_t>(step));
+      (n == 0 ? never : n == 1 ? once : again) += 1;
+    }
+    std::printf("chief: steps %lld-%lld ran: %lld once, %lld again after a worker was lost, %lld never\n",
+                static_cast<long long>(first_step + 1), static_cast<long long>(o.steps), static_cast<long long>(once),
+                static_cast<long long>(again), static_cast<long long>(never));
+  }
 
   const auto weights = co_await w.read();
   const auto bias = co_await b.read();
   const auto [acc, images] = accuracy(o.data_dir, weights, bias);
   std::printf("chief: test accuracy %.4f on %zu images\n", acc, images);
   strategy.close();
+  if (never > 0) {
+    std::printf("chief: %lld steps never ran\n", static_cast<long long>(never));
+    co_return 1;
+  }
   if (acc < o.min_accuracy) {
     std::printf("chief: accuracy %.4f is below the required %.2f\n", acc, o.min_accuracy);
     co_return 1;
@@ -161,6 +213,8 @@ int main(int argc, char** argv) {
                  "save checkpoints here, and resume from the newest one found at the start");
   app.add_option("--checkpoint-every", o.checkpoint_every, "steps between checkpoints")->check(CLI::PositiveNumber);
   app.add_option("--max-to-keep", o.max_to_keep, "checkpoints kept (0: all)");
+  app.add_flag("--count-runs", o.count_runs,
+               "count how often each step runs (a [steps] table on a ps); fail if one never ran");
   CLI11_PARSE(app, argc, argv);
 
   try {
@@ -179,6 +233,7 @@ int main(int argc, char** argv) {
               .prefetch(4);
         });
         s.bind(train_step, train);
+        s.bind(counted_train_step, counted_train);
       });
     }
     asio::io_context io;

@@ -5,9 +5,16 @@
 // Every task runs the same program with its own TF_CONFIG. Servers (ps, workers) bind port 0 and
 // report their real port on stdout ("pscoro: ps:0 listening on 127.0.0.1:40123"), so there is no
 // pick-then-bind race; once all have reported, the chief starts with the real addresses. Output
-// lines are prefixed with the task ("[ps-0] "). When the chief exits, or any task fails, the rest
-// get SIGTERM, then SIGKILL after the grace period; the launcher exits with the chief's code, or
-// the failing task's (128 + signal for a signal).
+// lines are prefixed with the task ("[ps-0] "). When the chief exits the rest get SIGTERM, then
+// SIGKILL after the grace period; the launcher exits with the chief's code (128 + signal for a
+// signal).
+//
+// A cluster manager's restarts, for trying fault tolerance on one machine: --restart-workers starts
+// a worker that ends while the chief runs again at its address; --restart-chief starts a chief
+// killed by a signal again (it resumes from its checkpoint). A task that ends and is not restarted
+// fails the job: before the chief started at once; after, once the chief had the grace period to
+// notice and report it (a lost ps fails the chief with a message naming it), with the chief's code
+// if it exits meanwhile, else the task's.
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
@@ -30,6 +37,7 @@
 
 #include <csignal>
 #include <cstdio>
+#include <deque>
 #include <map>
 #include <optional>
 #include <regex>
@@ -52,17 +60,27 @@ struct task {
   pid_t pid = -1;
   std::optional<int> exit_code;
   std::optional<std::string> address;  // reported by a server
+  int restarts = 0;
+  std::string tf_config;               // what it was started with
 };
 
 class launcher {
  public:
+  struct restart_policy {
+    bool workers = false;
+    bool chief = false;
+    int max_restarts = 20;                       // per task
+    std::chrono::milliseconds delay{500};        // before a restart, against crash loops
+  };
+
   launcher(asio::io_context& io, int num_ps, int num_workers, std::string host, std::vector<std::string> command,
-           std::chrono::seconds grace, std::chrono::seconds startup_timeout)
+           std::chrono::seconds grace, std::chrono::seconds startup_timeout, restart_policy restarts)
       : io_(io),
         host_(std::move(host)),
         command_(std::move(command)),
         grace_(grace),
         startup_timeout_(startup_timeout),
+        restarts_(restarts),
         signals_(io, SIGCHLD, SIGINT, SIGTERM),
         startup_timer_(io) {
     for (int i = 0; i < num_ps; ++i) tasks_.emplace_back("ps", i, fmt::format("ps-{}", i));
@@ -98,6 +116,34 @@ class launcher {
     return nlohmann::json{{"cluster", cluster(false)}, {"task", {{"type", t.job}, {"index", t.index}}}}.dump();
   }
 
+  // A restarted server binds the address it reported: the others know it there.
+  std::string restart_config(const task& t) const {
+    if (t.job == "chief") return t.tf_config;
+    auto c = cluster(false);
+    c[t.job][static_cast<std::size_t>(t.index)] = *t.address;
+    return nlohmann::json{{"cluster", c}, {"task", {{"type", t.job}, {"index", t.index}}}}.dump();
+  }
+
+  bool restartable(const task& t) const {
+    if (stopping_ || !chief_started_ || t.restarts >= restarts_.max_restarts) return false;
+    if (t.job == "worker") return restarts_.workers && t.address.has_value();
+    // A chief that exits on its own ends the job, whatever its code; only a killed one comes back.
+    return t.job == "chief" && restarts_.chief && *t.exit_code > 128;
+  }
+
+  void restart(task& t) {
+    ++t.restarts;
+    std::printf("pscoro-launch: restarting %s in %lld ms (restart %d)\n", t.label.c_str(),
+                static_cast<long long>(restarts_.delay.count()), t.restarts);
+    std::fflush(stdout);
+    auto timer = std::make_shared<asio::steady_timer>(io_, restarts_.delay);
+    timer->async_wait([this, timer, &t](std::error_code ec) {
+      if (ec || stopping_) return;
+      t.exit_code.reset();
+      spawn(t, restart_config(t));
+    });
+  }
+
   void spawn(task& t, const std::string& tf_config) {
     int fds[2];
     if (::pipe2(fds, O_CLOEXEC) != 0) throw std::system_error(errno, std::generic_category(), "pipe");
@@ -120,6 +166,7 @@ class launcher {
     }
     ::close(fds[1]);
     t.pid = pid;
+    t.tf_config = tf_config;
     std::printf("pscoro-launch: started %s (pid %d)\n", t.label.c_str(), pid);
     std::fflush(stdout);
     asio::co_spawn(io_, relay_output(t.label, fds[0]), asio::detached);
@@ -184,18 +231,33 @@ class launcher {
         t.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
         std::printf("pscoro-launch: %s exited with %d\n", t.label.c_str(), *t.exit_code);
         std::fflush(stdout);
-        if (!stopping_) {
-          // The chief ending ends the job; any other task ending first is a failure.
-          if (t.job == "chief") {
-            stop_all(*t.exit_code);
-          } else {
-            std::fprintf(stderr, "pscoro-launch: %s ended before the chief; stopping the cluster\n", t.label.c_str());
-            stop_all(*t.exit_code == 0 ? 1 : *t.exit_code);
-          }
+        if (stopping_) continue;
+        if (restartable(t)) {
+          restart(t);
+        } else if (t.job == "chief") {
+          stop_all(*t.exit_code);  // the chief ending ends the job
+        } else if (!chief_started_) {
+          std::fprintf(stderr, "pscoro-launch: %s ended before the chief started; stopping the cluster\n",
+                       t.label.c_str());
+          stop_all(*t.exit_code == 0 ? 1 : *t.exit_code);
+        } else {
+          fail_later(t);
         }
       }
     }
     if (all_exited()) io_.stop();
+  }
+
+  // A server ended for good while the chief runs: the chief gets the grace period to notice and
+  // report it (its exit then ends the job), then the job fails with the task's code.
+  void fail_later(const task& t) {
+    std::fprintf(stderr, "pscoro-launch: %s ended before the chief; stopping the cluster in %llds\n", t.label.c_str(),
+                 static_cast<long long>(grace_.count()));
+    if (failure_timer_) return;
+    failure_timer_.emplace(io_, grace_);
+    failure_timer_->async_wait([this, code = *t.exit_code == 0 ? 1 : *t.exit_code](std::error_code ec) {
+      if (!ec) stop_all(code);
+    });
   }
 
   bool all_exited() const {
@@ -207,6 +269,7 @@ class launcher {
     stopping_ = true;
     exit_code_ = code;
     startup_timer_.cancel();
+    if (failure_timer_) failure_timer_->cancel();
     for (const auto& t : tasks_) {
       if (!t.exit_code) ::kill(t.pid, SIGTERM);
     }
@@ -231,10 +294,12 @@ class launcher {
   std::vector<std::string> command_;
   std::chrono::seconds grace_;
   std::chrono::seconds startup_timeout_;
+  restart_policy restarts_;
   asio::signal_set signals_;
   asio::steady_timer startup_timer_;
   std::optional<asio::steady_timer> kill_timer_;
-  std::vector<task> tasks_;
+  std::optional<asio::steady_timer> failure_timer_;
+  std::deque<task> tasks_;  // restart timers refer to tasks: a deque keeps them in place
   bool chief_started_ = false;
   bool stopping_ = false;
   int exit_code_ = 0;
@@ -256,13 +321,20 @@ int main(int argc, char** argv) {
   app.add_option("--grace-period", grace, "seconds between SIGTERM and SIGKILL when stopping")->check(CLI::NonNegativeNumber);
   app.add_option("--startup-timeout", startup_timeout, "seconds for the servers to report their ports")
       ->check(CLI::PositiveNumber);
+  launcher::restart_policy restarts;
+  app.add_flag("--restart-workers", restarts.workers,
+               "start a worker that ends while the chief runs again, at its address");
+  app.add_flag("--restart-chief", restarts.chief, "start a chief killed by a signal again");
+  app.add_option("--max-restarts", restarts.max_restarts, "restarts per task before its end fails the job")
+      ->check(CLI::NonNegativeNumber);
   app.add_option("command", command, "the program every task runs, and its arguments")->required();
   app.allow_extras(false);
   CLI11_PARSE(app, argc, argv);
 
   try {
     asio::io_context io;
-    launcher l(io, num_ps, num_workers, host, command, std::chrono::seconds(grace), std::chrono::seconds(startup_timeout));
+    launcher l(io, num_ps, num_workers, host, command, std::chrono::seconds(grace), std::chrono::seconds(startup_timeout),
+               restarts);
     l.start();
     io.run();
     return l.exit_code();

@@ -63,9 +63,9 @@ coordinator_core::coordinator_core(asio::any_io_executor executor, const simple_
   }
   ps_ = std::make_shared<runtime::ps_client>(ps_peers_);
   for (const int index : cluster_.task_indices("worker")) {
-    workers_.push_back({std::make_shared<runtime::peer>(executor_, task_name("worker", index),
-                                                        cluster_.task_address("worker", index), hello_,
-                                                        strategy_options_.transport)});
+    workers_.emplace_back().peer = std::make_shared<runtime::peer>(
+        executor_, task_name("worker", index), cluster_.task_address("worker", index), hello_,
+        strategy_options_.transport);
   }
 }
 
@@ -363,6 +363,8 @@ void coordinator_core::start_closures() {
     next_worker_ = (best + 1) % workers_.size();
     auto c = std::move(queue_.front());
     queue_.pop_front();
+    c->started = std::chrono::steady_clock::now();
+    workers_[best].running.push_back(c);
     ++workers_[best].in_flight;
     ++in_flight_;
     asio::co_spawn(executor_, run(shared_from_this(), best, std::move(c)), asio::detached);
@@ -387,6 +389,8 @@ asio::awaitable<void> coordinator_core::run(std::shared_ptr<coordinator_core> se
   } else {
     lost = "not connected";
   }
+  if (c->abandoned) co_return;  // resolved already, and no longer counted
+  std::erase(slot.running, c);
   --slot.in_flight;
   --self->in_flight_;
   if (!lost.empty() && self->closed_) {
@@ -426,6 +430,17 @@ void coordinator_core::lost_ps(std::size_t index, const std::string& reason) {
       make_error_code(errc::unavailable), task, fmt::format("parameter server {} is unavailable: {}", task, reason)));
   ps_peers_[index]->fail_with(ps_failure_);
   record_error(ps_failure_, generation_);
+  // What runs now cannot finish well, and its worker may wait long for the lost ps (reconnecting
+  // for connect_timeout): resolve it now, so that nothing waits on it, and ignore its reply.
+  for (auto& slot : workers_) {
+    for (const auto& c : slot.running) {
+      c->abandoned = true;
+      c->result->set_error(ps_failure_);
+      --in_flight_;
+    }
+    slot.running.clear();
+    slot.in_flight = 0;
+  }
   dispatch();
 }
 

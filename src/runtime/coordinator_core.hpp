@@ -64,9 +64,12 @@ class coordinator_core : public std::enable_shared_from_this<coordinator_core> {
     std::vector<value> args;
     std::shared_ptr<remote_state> result;
     std::uint64_t generation;  // errors of closures from before the last report are not reported again
+    std::chrono::steady_clock::time_point started{};  // sent to its worker (the last time)
+    bool abandoned = false;  // resolved while its worker still runs it (a ps was lost): ignore the reply
   };
   struct worker_slot {
     std::shared_ptr<runtime::peer> peer;
+    std::vector<std::shared_ptr<closure>> running;  // sent to it, not answered yet
     std::size_t in_flight = 0;
     bool alive = true;
     bool probing = false;  // a recovery attempt is under way

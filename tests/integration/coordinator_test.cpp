@@ -691,3 +691,25 @@ TEST_CASE("a restarted chief starts a new session: the old one's variables are g
     CHECK(co_await v.read() == xt::xarray<float>(zeros + 2.0f));
   });
 }
+
+TEST_CASE("closures running when a ps is lost resolve with its error at once, and join does not wait for them") {
+  local_cluster cluster(2, 1, bind_test_functions);
+  release_holds = false;
+  cluster.run_chief(
+      [&](parameter_server_strategy& strategy, cluster_coordinator& coordinator) -> asio::awaitable<void> {
+        const xt::xarray<float> zeros = xt::zeros<float>({4});
+        (void)co_await strategy.scope().create_variable("a", zeros);
+        (void)co_await strategy.scope().create_variable("b", zeros);  // on ps:1
+        auto held = coordinator.schedule(hold);  // its worker would run it until release_holds
+        cluster.on_task("ps", 1, [&cluster] { cluster.task("ps", 1).stop(); });
+        auto e = co_await failure_of(held.get());
+        REQUIRE(e);
+        CHECK(code_of(e) == errc::unavailable);
+        CHECK(contains(message_of(e), "parameter server ps:1 is unavailable"));
+        auto joined = co_await failure_of(coordinator.join());
+        REQUIRE(joined);
+        CHECK(contains(message_of(joined), "ps:1"));
+        release_holds = true;
+      },
+      {}, fast_heartbeats());
+}

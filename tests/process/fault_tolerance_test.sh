@@ -1,0 +1,154 @@
+#!/usr/bin/env bash
+# Real processes: the Fashion-MNIST cluster keeps training while its workers are killed, stopped
+# and continued; a killed ps fails the chief at once, naming it; a killed chief started again
+# resumes from its newest checkpoint at its step against the same, still running, servers.
+# usage: fault_tolerance_test.sh PSCORO_LAUNCH FASHION_MNIST
+set -uo pipefail
+launch=$1
+example=$2
+source "$(dirname "$0")/checks.sh"
+
+# wait_for FILE PATTERN [SECONDS]: polls until a line of FILE matches PATTERN (default 300 s).
+wait_for() {
+  for _ in $(seq $((${3:-300} * 10))); do
+    grep -qE "$2" "$1" 2>/dev/null && return 0
+    sleep 0.1
+  done
+  echo "timed out waiting for /$2/ in $1"
+  return 1
+}
+
+# wait_exit PID: waits for a background job (killing it after 600 s) and sets `code`.
+wait_exit() {
+  for _ in $(seq 6000); do
+    kill -0 "$1" 2>/dev/null || break
+    sleep 0.1
+  done
+  kill -9 "$1" 2>/dev/null
+  wait "$1"
+  code=$?
+}
+
+pid_of() {  # pid_of LOG LABEL: the pid the launcher started LABEL with last
+  sed -nE "s/^pscoro-launch: started $2 \(pid ([0-9]+)\)$/\1/p" "$1" | tail -n 1
+}
+
+count() { grep -cE "$2" "$1"; }  # count LOG PATTERN
+
+echo "--- kill -9 a random worker 6 times in a 10000-step run: every step runs, training converges"
+log=$work/kill.log
+"$launch" --ps 2 --workers 3 --restart-workers -- "$example" --steps 10000 --log-every 100 --count-runs \
+  > "$log" 2>&1 &
+launcher=$!
+kills=0
+for round in 1 2 3 4 5 6; do
+  # Kill only while the run is making progress, and only a worker that is back from the last kill.
+  wait_for "$log" "^\[chief\] chief: step [0-9]+/10000 " || break
+  victim=$((RANDOM % 3))
+  pid=$(pid_of "$log" "worker-$victim")
+  backs=$(count "$log" "INFO worker:$victim is back")
+  kill -9 "$pid" || break
+  kills=$((kills + 1))
+  echo "killed worker-$victim (pid $pid)"
+  wait_for "$log" "pscoro-launch: restarting worker-$victim in" || break
+  # It is back once the chief has rebuilt its iterator (or the run ended meanwhile).
+  for _ in $(seq 3000); do
+    [ "$(count "$log" "INFO worker:$victim is back")" -gt "$backs" ] && break
+    grep -q '^\[chief\] chief: step 10000/10000 ' "$log" && break
+    sleep 0.1
+  done
+  grep -q '^\[chief\] chief: step 10000/10000 ' "$log" && break
+  # Let it take some steps before the next kill.
+  steps=$(count "$log" '^\[chief\] chief: step ')
+  wait_for "$log" "^\[chief\] chief: step [0-9]+/10000 " >/dev/null
+  for _ in $(seq 3000); do
+    [ "$(count "$log" '^\[chief\] chief: step ')" -ge $((steps + 2)) ] && break
+    sleep 0.1
+  done
+done
+wait_exit "$launcher"
+check "the run exits 0 (got $code)" test "$code" -eq 0
+check "a worker was killed at least 5 times while the run went on ($kills)" test "$kills" -ge 5
+check "the chief saw each loss" test "$(count "$log" 'WARNING lost worker:[0-2]: ')" -ge "$kills"
+check "a killed worker comes back with a fresh iterator" \
+  grep -qE 'INFO worker:[0-2] is back; 1 iterator\(s\) rebuilt before it takes closures' "$log"
+check "every result resolves in order, up to the last step" grep -qE '^\[chief\] chief: step 10000/10000 loss ' "$log"
+check "every step ran at least once" grep -qE '^\[chief\] chief: steps 1-10000 ran: [0-9]+ once, [0-9]+ again after a worker was lost, 0 never$' "$log"
+check "the model converges (accuracy >= 0.80)" grep -qE '^\[chief\] chief: test accuracy 0\.(8|9)[0-9]+ on 10000 images$' "$log"
+grep -E 'chief: steps|chief: test accuracy|lost worker|is back' "$log"
+[ "$failed" -eq 0 ] || cat "$log"
+
+echo "--- SIGSTOP a worker: the heartbeat timeout finds it and its steps run elsewhere; SIGCONT: it rejoins"
+log=$work/stop.log
+before=$failed
+"$launch" --ps 1 --workers 2 -- "$example" --steps 1000000 --log-every 100 > "$log" 2>&1 &
+launcher=$!
+if wait_for "$log" '^\[chief\] chief: step 100/'; then
+  pid=$(pid_of "$log" worker-1)
+  kill -STOP "$pid"
+  check "the hung worker is noticed" wait_for "$log" 'WARNING lost worker:1: .*heartbeat timeout' 120
+  steps=$(count "$log" '^\[chief\] chief: step ')
+  sleep 1
+  check "training goes on without it" test "$(count "$log" '^\[chief\] chief: step ')" -gt "$steps"
+  kill -CONT "$pid"
+  check "after SIGCONT it rejoins" wait_for "$log" 'INFO worker:1 is back; 1 iterator\(s\) rebuilt' 120
+  steps=$(count "$log" '^\[chief\] chief: step ')
+  sleep 1
+  check "training goes on" test "$(count "$log" '^\[chief\] chief: step ')" -gt "$steps"
+else
+  check "the run started" false
+fi
+kill -TERM "$launcher"
+wait_exit "$launcher"
+[ "$failed" -eq "$before" ] || cat "$log"
+
+echo "--- kill -9 a ps: the chief fails within two heartbeat intervals (2 s), naming it"
+log=$work/ps.log
+before=$failed
+"$launch" --ps 2 --workers 2 -- "$example" --steps 1000000 --log-every 100 > "$log" 2>&1 &
+launcher=$!
+if wait_for "$log" '^\[chief\] chief: step 100/'; then
+  killed_at=$(date +%s.%N)
+  kill -9 "$(pid_of "$log" ps-1)"
+  wait_exit "$launcher"
+  check "the job fails with the chief's code 1 (got $code)" test "$code" -eq 1
+  check "the chief logs the lost ps" grep -q 'ERROR lost ps:1: ' "$log"
+  check "the chief's error names it" grep -q '^\[chief\] chief: parameter server ps:1 is unavailable' "$log"
+  noticed_at=$(sed -nE 's/^\[chief\] ([0-9]+\.[0-9]+) ERROR lost ps:1: .*/\1/p' "$log" | head -n 1)
+  latency=$(awk -v a="$killed_at" -v b="${noticed_at:-0}" 'BEGIN { printf "%.3f", b - a }')
+  echo "the chief noticed the lost ps after ${latency} s"
+  check "within 2 s of the kill (${latency} s)" awk -v l="$latency" 'BEGIN { exit !(l >= 0 && l <= 2) }'
+else
+  check "the run started" false
+fi
+[ "$failed" -eq "$before" ] || cat "$log"
+
+echo "--- kill -9 the chief: started again, it resumes from its newest checkpoint against the same servers"
+log=$work/chief.log
+before=$failed
+"$launch" --ps 2 --workers 2 --restart-chief -- "$example" --steps 3000 --log-every 100 --count-runs \
+  --checkpoint-dir "$work/ckpt" --checkpoint-every 500 > "$log" 2>&1 &
+launcher=$!
+if wait_for "$log" "^\[chief\] chief: saved $work/ckpt/ckpt-1000.safetensors$"; then
+  first_chief=$(pid_of "$log" chief)
+  kill -9 "$first_chief"
+  newest=$(ls "$work/ckpt" | sed -nE 's/^ckpt-([0-9]+)\.safetensors$/\1/p' | sort -n | tail -n 1)
+  wait_exit "$launcher"
+  check "the job exits 0 (got $code)" test "$code" -eq 0
+  check "the launcher started the chief again" grep -q '^pscoro-launch: restarting chief in' "$log"
+  check "it resumed at step $newest, the newest checkpoint's" \
+    grep -q "^\[chief\] chief: resumed from $work/ckpt/ckpt-$newest.safetensors at step $newest$" "$log"
+  check "the servers ended the old coordinator session" \
+    test "$(count "$log" 'INFO \[(ps|worker):[01]\] new coordinator session [0-9a-f]{16} .*ending session')" -eq 4
+  check "every later step ran" grep -qE "^\[chief\] chief: steps $((newest + 1))-3000 ran: [0-9]+ once, [0-9]+ again after a worker was lost, 0 never$" "$log"
+  check "the model converges" grep -qE '^\[chief\] chief: test accuracy 0\.(8|9)[0-9]+ on 10000 images$' "$log"
+  check "it saved the last step" test -f "$work/ckpt/ckpt-3000.safetensors"
+  grep -E 'restarting chief|chief: resumed|new coordinator session|chief: steps|test accuracy' "$log"
+else
+  check "the run saved a checkpoint" false
+  kill -TERM "$launcher"
+  wait_exit "$launcher"
+fi
+[ "$failed" -eq "$before" ] || cat "$log"
+
+finish
