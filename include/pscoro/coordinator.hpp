@@ -35,8 +35,13 @@ struct coordinator_options {
   /// With no live worker, queued closures wait this long for one to come back, then fail with
   /// errc::unavailable (TF waits an hour too, then carries on as if nothing happened).
   std::chrono::milliseconds worker_recovery_timeout{std::chrono::hours(1)};
-  /// How often lost workers are probed (one connection attempt each) to see whether they are back.
+  /// How often lost workers are probed (one connection attempt each) to see whether they are back;
+  /// also how often the watchdog looks.
   std::chrono::milliseconds worker_probe_interval{std::chrono::seconds(1)};
+  /// When closures are queued or running and none has finished for this long, log a warning with a
+  /// line per worker naming what it runs and for how long; 0 = off (TF's default). Environment
+  /// variable TF_CLUSTER_COORDINATOR_WATCH_DOG_TIMEOUT (seconds), as in TF, overrides it.
+  std::chrono::milliseconds watchdog_timeout{0};
 };
 
 namespace detail {

@@ -1,6 +1,7 @@
 #include "runtime/coordinator_core.hpp"
 
 #include "runtime/log.hpp"
+#include "runtime/text.hpp"
 #include "runtime/values.hpp"
 #include "wire/connection.hpp"
 
@@ -12,6 +13,8 @@
 #include <fmt/chrono.h>
 #include <fmt/format.h>
 
+#include <cmath>
+#include <cstdlib>
 #include <random>
 
 namespace pscoro::detail {
@@ -322,7 +325,42 @@ asio::awaitable<void> coordinator_core::watch_workers(std::weak_ptr<coordinator_
       asio::co_spawn(self->executor_, recover(self, i), asio::detached);
     }
     self->check_recovery_timeout();
+    self->check_watchdog();
     self->notify_joiners();
+  }
+}
+
+void coordinator_core::set_options(const coordinator_options& options) {
+  options_ = options;
+  const char* text = std::getenv("TF_CLUSTER_COORDINATOR_WATCH_DOG_TIMEOUT");
+  if (!text || !*text) return;
+  char* end = nullptr;
+  const double seconds = std::strtod(text, &end);
+  if (*end != '\0' || !std::isfinite(seconds)) {
+    log::warning("TF_CLUSTER_COORDINATOR_WATCH_DOG_TIMEOUT='{}' is not a number of seconds; ignored", text);
+    return;
+  }
+  options_.watchdog_timeout = std::chrono::milliseconds(seconds > 0 ? static_cast<std::int64_t>(seconds * 1000) : 0);
+}
+
+void coordinator_core::check_watchdog() {
+  const auto now = std::chrono::steady_clock::now();
+  if (options_.watchdog_timeout <= std::chrono::milliseconds(0) || (in_flight_ == 0 && queue_.empty())) {
+    last_progress_ = now;  // idle time is not a stall
+    return;
+  }
+  if (now - last_progress_ < options_.watchdog_timeout) return;
+  last_progress_ = now;  // once per timeout, as TF's watchdog
+  using seconds = std::chrono::duration<double>;
+  log::warning("watchdog: no closure finished for {} (coordinator_options::watchdog_timeout): {} queued, {} running",
+               options_.watchdog_timeout, queue_.size(), in_flight_);
+  for (const auto& slot : workers_) {
+    std::vector<std::string> running;
+    for (const auto& c : slot.running) {
+      running.push_back(fmt::format("'{}' for {:.1f}s", c->function, seconds(now - c->started).count()));
+    }
+    log::warning("watchdog: {} ({}): {}", slot.peer->task(), slot.alive ? "alive" : "lost",
+                 running.empty() ? std::string("nothing running") : runtime::join(running, ", "));
   }
 }
 
@@ -405,6 +443,7 @@ asio::awaitable<void> coordinator_core::run(std::shared_ptr<coordinator_core> se
       self->queue_.push_back(std::move(c));  // at least once: it runs again elsewhere (TF: at the tail)
     }
   } else {
+    self->last_progress_ = std::chrono::steady_clock::now();
     self->finish(c, response, slot.peer->task());
   }
   self->dispatch();

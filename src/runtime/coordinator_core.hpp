@@ -35,7 +35,8 @@ class coordinator_core : public std::enable_shared_from_this<coordinator_core> {
   void set_partitioner(variable_partitioner partitioner) { partitioner_ = std::move(partitioner); }
   const std::shared_ptr<runtime::ps_client>& ps() const noexcept { return ps_; }
 
-  void set_options(const coordinator_options& options) { options_ = options; }
+  /// Takes `options`; TF_CLUSTER_COORDINATOR_WATCH_DOG_TIMEOUT overrides the watchdog timeout.
+  void set_options(const coordinator_options& options);
 
   /// Builds a fresh iterator of dataset function `function` on every worker; completes when all
   /// exist, with their common id.
@@ -99,6 +100,8 @@ class coordinator_core : public std::enable_shared_from_this<coordinator_core> {
   static asio::awaitable<void> recover(std::shared_ptr<coordinator_core> self, std::size_t index);
   /// With no live worker for worker_recovery_timeout and closures waiting: the error that says so.
   void check_recovery_timeout();
+  /// With work and no closure finished for watchdog_timeout: logs what every worker runs.
+  void check_watchdog();
   wire::frame iterator_request(const per_worker_ref& ref, std::size_t worker) const;
   /// Resolves `c`'s remote_value as cancelled by the pending error.
   void cancel(const closure& c);
@@ -137,6 +140,8 @@ class coordinator_core : public std::enable_shared_from_this<coordinator_core> {
   std::vector<per_worker_ref> iterators_;  // every iter(): rebuilt on a worker that comes back
   std::optional<asio::steady_timer> watch_timer_;
   std::optional<std::chrono::steady_clock::time_point> all_lost_since_;
+  // The last time a closure finished, or the coordinator had nothing to do (for the watchdog).
+  std::chrono::steady_clock::time_point last_progress_ = std::chrono::steady_clock::now();
   std::vector<erased_handler<void(std::exception_ptr)>> joiners_;
 };
 

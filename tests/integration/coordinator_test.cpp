@@ -7,7 +7,12 @@
 #include <asio/steady_timer.hpp>
 #include <asio/use_awaitable.hpp>
 
+#include <fcntl.h>
+#include <unistd.h>
+
 #include <atomic>
+#include <filesystem>
+#include <fstream>
 #include <future>
 #include <set>
 #include <stdexcept>
@@ -712,4 +717,96 @@ TEST_CASE("closures running when a ps is lost resolve with its error at once, an
         release_holds = true;
       },
       {}, fast_heartbeats());
+}
+
+namespace {
+
+// Sends this process's stderr (where log lines go) to a file until destroyed.
+class captured_stderr {
+ public:
+  captured_stderr() : path_(std::filesystem::temp_directory_path() / ("pscoro-stderr-" + std::to_string(::getpid()))) {
+    std::fflush(stderr);
+    saved_ = ::dup(STDERR_FILENO);
+    const int fd = ::open(path_.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
+    REQUIRE(fd >= 0);
+    ::dup2(fd, STDERR_FILENO);
+    ::close(fd);
+  }
+  ~captured_stderr() {
+    std::fflush(stderr);
+    ::dup2(saved_, STDERR_FILENO);
+    ::close(saved_);
+    std::filesystem::remove(path_);
+  }
+  std::string text() const {
+    std::fflush(stderr);
+    std::ifstream in(path_);
+    return {std::istreambuf_iterator<char>(in), {}};
+  }
+
+ private:
+  std::filesystem::path path_;
+  int saved_ = -1;
+};
+
+}  // namespace
+
+TEST_CASE("the watchdog logs what every worker runs when no closure finishes for its timeout") {
+  for (const bool from_environment : {false, true}) {
+    CAPTURE(from_environment);
+    local_cluster cluster(1, 2, bind_test_functions);
+    release_holds = false;
+    coordinator_options options;
+    options.closures_per_worker = 1;
+    options.worker_probe_interval = std::chrono::milliseconds(20);
+    if (from_environment) {
+      ::setenv("TF_CLUSTER_COORDINATOR_WATCH_DOG_TIMEOUT", "0.2", 1);  // seconds, as TF reads it
+    } else {
+      options.watchdog_timeout = std::chrono::milliseconds(200);
+    }
+    captured_stderr log;
+    std::string text;
+    cluster.run_chief(
+        [&](parameter_server_strategy&, cluster_coordinator& coordinator) -> asio::awaitable<void> {
+          auto first = coordinator.schedule(hold);
+          auto second = coordinator.schedule(hold);
+          auto third = coordinator.schedule(add_one, 1);  // queued behind them
+          asio::steady_timer timer(co_await asio::this_coro::executor);
+          for (int i = 0; i < 6000 && !contains(text, "watchdog: worker:1"); ++i) {
+            timer.expires_after(std::chrono::milliseconds(10));
+            co_await timer.async_wait(asio::use_awaitable);
+            text = log.text();
+          }
+          release_holds = true;
+          co_await coordinator.join();
+          CHECK(co_await third.get() == 2);
+        },
+        options);
+    ::unsetenv("TF_CLUSTER_COORDINATOR_WATCH_DOG_TIMEOUT");
+    CHECK_MESSAGE(contains(text, "watchdog: no closure finished for 200ms (coordinator_options::watchdog_timeout): "
+                                 "1 queued, 2 running"),
+                  text);
+    CHECK_MESSAGE(contains(text, "watchdog: worker:0 (alive): 'test.hold' for "), text);
+    CHECK_MESSAGE(contains(text, "watchdog: worker:1 (alive): 'test.hold' for "), text);
+  }
+}
+
+TEST_CASE("the watchdog stays quiet while the coordinator is idle") {
+  local_cluster cluster(1, 1, bind_test_functions);
+  coordinator_options options;
+  options.watchdog_timeout = std::chrono::milliseconds(20);
+  options.worker_probe_interval = std::chrono::milliseconds(5);
+  captured_stderr log;
+  std::string idle_text;
+  cluster.run_chief(
+      [&](parameter_server_strategy&, cluster_coordinator& coordinator) -> asio::awaitable<void> {
+        CHECK(co_await coordinator.schedule(add_one, 1).get() == 2);
+        co_await coordinator.join();
+        const auto before = log.text().size();  // the closure may have been slow: only what follows counts
+        asio::steady_timer timer(co_await asio::this_coro::executor, std::chrono::milliseconds(200));
+        co_await timer.async_wait(asio::use_awaitable);
+        idle_text = log.text().substr(before);
+      },
+      options);
+  CHECK_MESSAGE(!contains(idle_text, "watchdog"), idle_text);
 }
