@@ -42,7 +42,10 @@ struct server::impl : std::enable_shared_from_this<impl> {
   std::string job;
   int index;
   std::string task;
+  std::string spec_address;
   std::string listen_address;
+  std::string chief_address;  // where the chief listens for announcements (a worker's; or empty)
+  bool chief_connected = false;
   transport_options transport;
   std::uint64_t incarnation = new_incarnation();
   asio::ip::tcp::acceptor acceptor;
@@ -69,8 +72,20 @@ struct server::impl : std::enable_shared_from_this<impl> {
     task = task_name(job, index);
     const auto& spec = resolver.cluster_spec();
     if (!spec.has_job(job)) throw error(errc::invalid_argument, fmt::format("`task_type` '{}' not found in cluster_spec.", job));
+    spec_address = spec.task_address(job, index);
     listen_address =
-        options.listen_address.empty() ? listen_address_for(spec.task_address(job, index), task) : options.listen_address;
+        options.listen_address.empty() ? runtime::listen_address_for(spec_address, task) : options.listen_address;
+    // A worker tells the chief where it is (it may have come back at another address), if the
+    // spec says where the chief listens.
+    if (job == "worker") {
+      for (const auto& chief_job : {"chief", "master"}) {
+        if (!spec.has_job(chief_job)) continue;
+        const auto indices = spec.task_indices(chief_job);
+        const auto address = spec.task_address(chief_job, indices.front());
+        if (runtime::split_address(address, chief_job).second != "0") chief_address = address;
+        break;
+      }
+    }
     if (job == "ps") {
       ps.emplace(task);
     } else {
@@ -78,26 +93,47 @@ struct server::impl : std::enable_shared_from_this<impl> {
     }
   }
 
-  // The task's address from the spec, as a place to listen: a loopback host is kept (local
-  // clusters); any other host becomes the wildcard with the same port, as TF's server does. Under
-  // Kubernetes the address is a service name, which need not be an address of this pod.
-  static std::string listen_address_for(const std::string& spec_address, const std::string& task) {
-    const auto [host, port] = runtime::split_address(spec_address, task);
-    std::error_code not_literal;
-    const auto literal = asio::ip::make_address(host, not_literal);
-    if (host == "localhost" || (!not_literal && literal.is_loopback())) return spec_address;
-    return (!not_literal && literal.is_v6() ? "[::]:" : "0.0.0.0:") + port;
+  void start() {
+    runtime::listen_on(acceptor, listen_address, task);
+    asio::co_spawn(executor, accept_loop(shared_from_this()), asio::detached);
+    if (!chief_address.empty()) asio::co_spawn(executor, announce(shared_from_this()), asio::detached);
   }
 
-  void start() {
-    const auto [host, port] = runtime::split_address(listen_address, task);
-    asio::ip::tcp::resolver resolver(executor);
-    const auto endpoint = *resolver.resolve(host, port, asio::ip::tcp::resolver::passive).begin();
-    acceptor.open(endpoint.endpoint().protocol());
-    acceptor.set_option(asio::ip::tcp::acceptor::reuse_address(true));
-    acceptor.bind(endpoint.endpoint());
-    acceptor.listen();
-    asio::co_spawn(executor, accept_loop(shared_from_this()), asio::detached);
+  // Where others reach this task: its spec address, with the port it got if the spec said 0.
+  std::string reachable_address() const {
+    const auto [host, port] = runtime::split_address(spec_address, task);
+    const bool v6 = host.find(':') != std::string::npos;
+    const auto bound = std::to_string(acceptor.local_endpoint().port());
+    return (v6 ? "[" + host + "]" : host) + ":" + (port == "0" ? bound : port);
+  }
+
+  // Tells the chief where this worker is, until it has heard it or the chief has connected: a
+  // worker that comes back at another address than the one the chief knows is found that way.
+  static asio::awaitable<void> announce(std::shared_ptr<impl> self) {
+    wire::Hello hello;
+    hello.set_protocol_version(wire::protocol_version);
+    hello.set_job(self->job);
+    hello.set_task_index(self->index);
+    hello.set_incarnation(self->incarnation);
+    hello.set_address(self->reachable_address());
+    runtime::peer chief(self->executor, "chief", self->chief_address, hello, self->transport);
+    asio::steady_timer timer(self->executor);
+    auto backoff = std::chrono::milliseconds(100);
+    while (!self->stopped && !self->chief_connected) {
+      try {
+        if (auto connection = co_await chief.connect_once()) {
+          log::info("announced {} at {} to the chief at {}", self->task, hello.address(), self->chief_address);
+          chief.close("announced");
+          co_return;
+        }
+      } catch (const std::exception& e) {
+        log::warning("the chief at {} refused this worker's announcement: {}", self->chief_address, e.what());
+        co_return;
+      }
+      timer.expires_after(backoff);
+      co_await timer.async_wait(as_tuple(use_awaitable));
+      backoff = std::min<std::chrono::milliseconds>(backoff * 2, std::chrono::seconds(5));
+    }
   }
 
   void stop() {
@@ -120,17 +156,6 @@ struct server::impl : std::enable_shared_from_this<impl> {
       }
       asio::co_spawn(self->executor, handshake(self, std::move(socket)), asio::detached);
     }
-  }
-
-  // Refuses a peer: tells it why (best effort) and closes.
-  static void refuse(const std::shared_ptr<wire::connection>& connection, std::error_code code, const std::string& why,
-                     const std::string& task) {
-    log::warning("refused connection from {}: {}", connection->peer(), why);
-    wire::frame welcome;
-    welcome.kind = wire::frame_kind::welcome;
-    wire::set_status(*welcome.message.mutable_welcome()->mutable_status(), code, why, task);
-    connection->send(std::move(welcome));
-    connection->close_after_flush(why);
   }
 
   // Puts the connection from `peer` into coordinator session `hello_session`: the current one; or
@@ -171,62 +196,27 @@ struct server::impl : std::enable_shared_from_this<impl> {
     auto connection = std::make_shared<wire::connection>(
         std::move(socket), runtime::limits_of(self->transport),
         fmt::format("{}:{}", remote.address().to_string(), remote.port()));
-    wire::handshake_deadline deadline(connection, self->transport.handshake_timeout, "no handshake");
-    std::optional<wire::frame> hello;
-    try {
-      hello = co_await connection->read_frame();
-    } catch (const std::system_error& e) {
-      if (deadline.expired()) {
-        log::warning("closed connection from {}: no handshake within {}", connection->peer(),
-                     self->transport.handshake_timeout);
-      } else {
-        refuse(connection, e.code(), e.what(), self->task);
-      }
-      co_return;
-    }
-    deadline.cancel();
-    if (!hello) {
-      if (deadline.expired()) {
-        log::warning("closed connection from {}: no handshake within {}", connection->peer(),
-                     self->transport.handshake_timeout);
-      } else {
-        log::info("connection from {} closed before its handshake", connection->peer());
-      }
-      co_return;
-    }
-    if (hello->kind != wire::frame_kind::hello) {
-      refuse(connection, make_error_code(errc::protocol_error), "the first frame must be a Hello", self->task);
-      co_return;
-    }
-    const auto& h = hello->message.hello();
-    if (h.protocol_version() != wire::protocol_version) {
-      refuse(connection, make_error_code(errc::protocol_error),
-             fmt::format("Hello speaks protocol version {}, {} speaks {}", h.protocol_version(), self->task,
-                         wire::protocol_version),
-             self->task);
-      co_return;
-    }
+    const auto hello = co_await runtime::receive_hello(connection, self->transport, self->task);
+    if (!hello) co_return;
+    const auto& h = *hello;
     const bool allowed = h.job() == "chief" || (h.job() == "worker" && self->ps);
     if (!allowed) {
-      refuse(connection, make_error_code(errc::failed_precondition),
+      runtime::refuse(connection, make_error_code(errc::failed_precondition),
              fmt::format("{} does not accept connections from '{}' tasks", self->task, h.job()), self->task);
       co_return;
     }
     connection->set_peer(fmt::format("{} at {}", task_name(h.job(), h.task_index()), connection->peer()));
     if (const auto refused = self->join_session(h.session(), connection->peer()); !refused.empty()) {
-      refuse(connection, make_error_code(errc::aborted), refused, self->task);
+      runtime::refuse(connection, make_error_code(errc::aborted), refused, self->task);
       co_return;
     }
-    if (h.job() == "chief" && self->worker) self->worker->set_cluster(h);
+    if (h.job() == "chief" && self->worker) {
+      self->worker->set_cluster(h);
+      self->chief_connected = true;
+    }
     log::debug("accepted {}", connection->peer());
 
-    wire::frame welcome;
-    welcome.kind = wire::frame_kind::welcome;
-    auto* w = welcome.message.mutable_welcome();
-    w->set_job(self->job);
-    w->set_task_index(self->index);
-    w->set_incarnation(self->incarnation);
-    connection->send(std::move(welcome));
+    runtime::welcome(connection, self->job, self->index, self->incarnation);
 
     self->connections.emplace(connection, h.session());
     std::weak_ptr<impl> weak_self = self;

@@ -39,6 +39,7 @@ parameter_server_strategy::scope_type::create_erased(std::shared_ptr<detail::coo
 const cluster_spec& parameter_server_strategy::cluster() const noexcept { return core_->cluster(); }
 std::size_t parameter_server_strategy::num_ps() const noexcept { return core_->num_ps(); }
 std::size_t parameter_server_strategy::num_workers() const noexcept { return core_->num_workers(); }
+std::string parameter_server_strategy::address() const { return core_->address(); }
 const asio::any_io_executor& parameter_server_strategy::get_executor() const noexcept { return core_->executor(); }
 
 cluster_coordinator::cluster_coordinator(parameter_server_strategy& strategy, coordinator_options options)

@@ -79,6 +79,27 @@ class local_cluster {
     }
   }
 
+  /// Stops `job`:`index` and starts a new server for it at a new port, whose cluster spec names
+  /// the chief at `chief_address`: to the others, the task came back elsewhere and announced itself.
+  void restart_elsewhere(const std::string& job, int index, const std::string& chief_address) {
+    for (auto& t : tasks_) {
+      if (t->srv->task() != task_name(job, index)) continue;
+      cluster_spec moved;
+      for (const auto& other : {"ps", "worker"}) {
+        for (const int i : spec.task_indices(other)) {
+          moved.add_task(other, i, (other == job && i == index) ? "127.0.0.1:0" : spec.task_address(other, i));
+        }
+      }
+      moved.add_task("chief", 0, chief_address);
+      detail::run_on(t->io.get_executor(), [&] {
+        t->srv->stop();
+        t->srv = std::make_unique<server>(t->io.get_executor(), simple_cluster_resolver(moved, job, index), options_);
+        if (job == "worker" && configure_) configure_(*t->srv);
+        t->srv->start();
+      });
+    }
+  }
+
   /// Queues `f` on the thread of `job`:`index` and returns at once (f may block that task, as a
   /// hung process would be).
   template <class F>
@@ -93,8 +114,12 @@ class local_cluster {
   void run_chief(Body body, coordinator_options options = {}, strategy_options strategy_opts = {},
                  variable_partitioner partitioner = {}) {
     asio::io_context io;
-    parameter_server_strategy strategy(io.get_executor(), simple_cluster_resolver(spec), std::move(partitioner),
-                                       strategy_opts);
+    auto chief_spec = spec;
+    if (!chief_address.empty()) chief_spec.add_task("chief", 0, chief_address);
+    parameter_server_strategy strategy(io.get_executor(),
+                                       chief_address.empty() ? simple_cluster_resolver(chief_spec)
+                                                             : simple_cluster_resolver(chief_spec, "chief", 0),
+                                       std::move(partitioner), strategy_opts);
     cluster_coordinator coordinator(strategy, options);
     auto done = asio::co_spawn(io, chief_main(strategy, coordinator, std::move(body)), asio::use_future);
     io.run();
@@ -102,6 +127,8 @@ class local_cluster {
   }
 
   cluster_spec spec;
+  /// When set, the chief's address in its cluster spec: it listens there for announcements.
+  std::string chief_address;
 
  private:
   template <class Body>

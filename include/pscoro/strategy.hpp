@@ -133,6 +133,10 @@ class parameter_server_strategy {
   std::size_t num_ps() const noexcept;
   std::size_t num_workers() const noexcept;
   const asio::any_io_executor& get_executor() const noexcept;
+  /// "host:port" where the chief listens for workers announcing a new address (a worker whose
+  /// cluster spec names the chief's address tells it where it runs when it starts), after
+  /// connect(); "" when the cluster spec gives the chief no address. Use on the executor.
+  std::string address() const;
 
   /// The shared state behind this strategy and its coordinator (an implementation detail).
   const std::shared_ptr<detail::coordinator_core>& core() const noexcept { return core_; }

@@ -13,6 +13,7 @@
 #include <fmt/chrono.h>
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <random>
@@ -44,6 +45,13 @@ coordinator_core::coordinator_core(asio::any_io_executor executor, const simple_
     }
   }
   task_ = task_name(task_type, resolver.task_id().value_or(0));
+  if (cluster_.has_job(task_type)) {
+    const auto indices = cluster_.task_indices(task_type);
+    const int index = resolver.task_id().value_or(0);
+    if (std::find(indices.begin(), indices.end(), index) != indices.end()) {
+      spec_address_ = cluster_.task_address(task_type, index);
+    }
+  }
 
   std::random_device device;
   hello_.set_protocol_version(wire::protocol_version);
@@ -85,6 +93,12 @@ asio::awaitable<void> coordinator_core::connect() {
       if (auto self = weak.lock()) self->lost_worker(i, reason);
     });
   }
+  // Listen first: a worker that comes back at another address while we connect is heard.
+  if (!spec_address_.empty() && !acceptor_) {
+    acceptor_.emplace(executor_);
+    runtime::listen_on(*acceptor_, runtime::listen_address_for(spec_address_, task_), task_);
+    asio::co_spawn(executor_, hear_announcements(weak_from_this()), asio::detached);
+  }
   for (const auto& ps : ps_peers_) co_await ps->get();
   for (const auto& worker : workers_) co_await worker.peer->get();
   log::info("connected to {} ps and {} workers", ps_peers_.size(), workers_.size());
@@ -97,6 +111,10 @@ asio::awaitable<void> coordinator_core::connect() {
 void coordinator_core::close() {
   closed_ = true;
   if (watch_timer_) watch_timer_->cancel();
+  if (acceptor_) {
+    std::error_code ignored;
+    acceptor_->close(ignored);
+  }
   // Nothing queued will run any more: say so, rather than leave remote_values waiting forever.
   const auto closed = std::make_exception_ptr(error(errc::cancelled, "the coordinator closed"));
   auto queued = std::move(queue_);
@@ -361,6 +379,91 @@ void coordinator_core::check_watchdog() {
     }
     log::warning("watchdog: {} ({}): {}", slot.peer->task(), slot.alive ? "alive" : "lost",
                  running.empty() ? std::string("nothing running") : runtime::join(running, ", "));
+  }
+}
+
+std::string coordinator_core::address() const {
+  if (!acceptor_ || !acceptor_->is_open()) return {};
+  const auto endpoint = acceptor_->local_endpoint();
+  return fmt::format("{}:{}", endpoint.address().to_string(), endpoint.port());
+}
+
+asio::awaitable<void> coordinator_core::hear_announcements(std::weak_ptr<coordinator_core> weak) {
+  for (;;) {
+    asio::ip::tcp::acceptor* acceptor = nullptr;
+    {
+      auto self = weak.lock();
+      if (!self || self->closed_) co_return;
+      acceptor = &*self->acceptor_;
+    }
+    // Waits holding nothing: close() or a destroyed coordinator closes the acceptor.
+    auto [ec, socket] = co_await acceptor->async_accept(as_tuple(use_awaitable));
+    auto self = weak.lock();
+    if (!self || self->closed_ || ec == asio::error::operation_aborted) co_return;
+    if (ec) {
+      log::warning("accept failed: {}", ec.message());
+      continue;
+    }
+    asio::co_spawn(self->executor_, hear_announcement(weak, std::move(socket)), asio::detached);
+  }
+}
+
+asio::awaitable<void> coordinator_core::hear_announcement(std::weak_ptr<coordinator_core> weak,
+                                                          asio::ip::tcp::socket socket) {
+  std::string task;
+  transport_options transport;
+  {
+    auto self = weak.lock();
+    if (!self) co_return;
+    task = self->task_;
+    transport = self->strategy_options_.transport;
+  }
+  std::error_code ignored;
+  const auto remote = socket.remote_endpoint(ignored);
+  auto connection = std::make_shared<wire::connection>(std::move(socket), runtime::limits_of(transport),
+                                                       fmt::format("{}:{}", remote.address().to_string(), remote.port()));
+  const auto hello = co_await runtime::receive_hello(connection, transport, task);
+  auto self = weak.lock();
+  if (!hello || !self || self->closed_) co_return;
+  const auto count = self->workers_.size();
+  std::string refusal;
+  if (hello->job() != "worker" || hello->address().empty()) {
+    refusal = fmt::format("{} hears only workers announcing their address (got a Hello of '{}'{})", task,
+                          hello->job(), hello->address().empty() ? " without an address" : "");
+  } else if (hello->task_index() < 0 || static_cast<std::size_t>(hello->task_index()) >= count) {
+    refusal = fmt::format("worker index {} is out of range: the cluster has workers 0..{}", hello->task_index(),
+                          count - 1);
+  } else {
+    try {
+      (void)runtime::split_address(hello->address(), task_name("worker", hello->task_index()));
+    } catch (const error& e) {
+      refusal = e.what();
+    }
+  }
+  if (!refusal.empty()) {
+    runtime::refuse(connection, make_error_code(errc::invalid_argument), refusal, task);
+    co_return;
+  }
+  runtime::welcome(connection, "chief", self->hello_.task_index(), self->hello_.incarnation());
+  connection->close_after_flush("announcement heard");
+  self->announced(static_cast<std::size_t>(hello->task_index()), hello->address());
+}
+
+void coordinator_core::announced(std::size_t index, const std::string& address) {
+  auto& slot = workers_[index];
+  if (address != slot.peer->address()) {
+    log::info("{} announced itself at {} (was {})", slot.peer->task(), address, slot.peer->address());
+    slot.peer->set_address(address);
+    if (slot.alive) {
+      // What it ran at the old address is lost with the old process: run() puts it back.
+      log::warning("lost {}: it moved; its closures go back to the queue", slot.peer->task());
+      slot.alive = false;
+      slot.peer->close(fmt::format("{} moved to {}", slot.peer->task(), address));
+    }
+  }
+  if (!slot.alive && !slot.probing) {
+    slot.probing = true;
+    asio::co_spawn(executor_, recover(shared_from_this(), index), asio::detached);
   }
 }
 

@@ -57,6 +57,9 @@ class coordinator_core : public std::enable_shared_from_this<coordinator_core> {
   const cluster_spec& cluster() const noexcept { return cluster_; }
   std::size_t num_ps() const noexcept { return ps_peers_.size(); }
   std::size_t num_workers() const noexcept { return workers_.size(); }
+  /// Where the chief listens for workers announcing themselves (after connect()), or "" when the
+  /// cluster spec gives the chief no address.
+  std::string address() const;
 
  private:
   struct closure {
@@ -94,6 +97,11 @@ class coordinator_core : public std::enable_shared_from_this<coordinator_core> {
   /// or the network failed).
   void lost_ps(std::size_t index, const std::string& reason);
   void lost_worker(std::size_t index, const std::string& reason);
+  /// Accepts workers announcing themselves (Hello.address) until the coordinator closes.
+  static asio::awaitable<void> hear_announcements(std::weak_ptr<coordinator_core> weak);
+  static asio::awaitable<void> hear_announcement(std::weak_ptr<coordinator_core> weak, asio::ip::tcp::socket socket);
+  /// Worker `index` says it can be reached at `address` now: use that, and bring it back at once.
+  void announced(std::size_t index, const std::string& address);
   /// Probes lost workers every worker_probe_interval until the coordinator closes.
   static asio::awaitable<void> watch_workers(std::weak_ptr<coordinator_core> weak);
   /// One attempt to bring worker `index` back: connect, rebuild its iterators, then mark it alive.
@@ -139,6 +147,8 @@ class coordinator_core : public std::enable_shared_from_this<coordinator_core> {
   std::exception_ptr ps_failure_;
   std::vector<per_worker_ref> iterators_;  // every iter(): rebuilt on a worker that comes back
   std::optional<asio::steady_timer> watch_timer_;
+  std::string spec_address_;  // the chief's own address in the cluster spec, if any
+  std::optional<asio::ip::tcp::acceptor> acceptor_;  // for announcements, when spec_address_ is set
   std::optional<std::chrono::steady_clock::time_point> all_lost_since_;
   // The last time a closure finished, or the coordinator had nothing to do (for the watchdog).
   std::chrono::steady_clock::time_point last_progress_ = std::chrono::steady_clock::now();

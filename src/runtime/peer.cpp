@@ -37,6 +37,83 @@ std::pair<std::string, std::string> split_address(const std::string& address, co
   return {host, port};
 }
 
+std::string listen_address_for(const std::string& spec_address, const std::string& task) {
+  const auto [host, port] = split_address(spec_address, task);
+  std::error_code not_literal;
+  const auto literal = asio::ip::make_address(host, not_literal);
+  if (host == "localhost" || (!not_literal && literal.is_loopback())) return spec_address;
+  return (!not_literal && literal.is_v6() ? "[::]:" : "0.0.0.0:") + port;
+}
+
+void listen_on(asio::ip::tcp::acceptor& acceptor, const std::string& address, const std::string& task) {
+  const auto [host, port] = split_address(address, task);
+  asio::ip::tcp::resolver resolver(acceptor.get_executor());
+  const auto endpoint = *resolver.resolve(host, port, asio::ip::tcp::resolver::passive).begin();
+  acceptor.open(endpoint.endpoint().protocol());
+  acceptor.set_option(asio::ip::tcp::acceptor::reuse_address(true));
+  acceptor.bind(endpoint.endpoint());
+  acceptor.listen();
+}
+
+void refuse(const std::shared_ptr<wire::connection>& connection, std::error_code code, const std::string& why,
+            const std::string& task) {
+  log::warning("refused connection from {}: {}", connection->peer(), why);
+  wire::frame refusal;
+  refusal.kind = wire::frame_kind::welcome;
+  wire::set_status(*refusal.message.mutable_welcome()->mutable_status(), code, why, task);
+  connection->send(std::move(refusal));
+  connection->close_after_flush(why);
+}
+
+void welcome(const std::shared_ptr<wire::connection>& connection, const std::string& job, int index,
+             std::uint64_t incarnation) {
+  wire::frame accepted;
+  accepted.kind = wire::frame_kind::welcome;
+  auto* w = accepted.message.mutable_welcome();
+  w->set_job(job);
+  w->set_task_index(index);
+  w->set_incarnation(incarnation);
+  connection->send(std::move(accepted));
+}
+
+asio::awaitable<std::optional<wire::Hello>> receive_hello(std::shared_ptr<wire::connection> connection,
+                                                          transport_options options, std::string task) {
+  wire::handshake_deadline deadline(connection, options.handshake_timeout, "no handshake");
+  std::optional<wire::frame> hello;
+  try {
+    hello = co_await connection->read_frame();
+  } catch (const std::system_error& e) {
+    if (deadline.expired()) {
+      log::warning("closed connection from {}: no handshake within {}", connection->peer(), options.handshake_timeout);
+    } else {
+      refuse(connection, e.code(), e.what(), task);
+    }
+    co_return std::nullopt;
+  }
+  deadline.cancel();
+  if (!hello) {
+    if (deadline.expired()) {
+      log::warning("closed connection from {}: no handshake within {}", connection->peer(), options.handshake_timeout);
+    } else {
+      log::info("connection from {} closed before its handshake", connection->peer());
+    }
+    co_return std::nullopt;
+  }
+  if (hello->kind != wire::frame_kind::hello) {
+    refuse(connection, make_error_code(errc::protocol_error), "the first frame must be a Hello", task);
+    co_return std::nullopt;
+  }
+  const auto& h = hello->message.hello();
+  if (h.protocol_version() != wire::protocol_version) {
+    refuse(connection, make_error_code(errc::protocol_error),
+           fmt::format("Hello speaks protocol version {}, {} speaks {}", h.protocol_version(), task,
+                       wire::protocol_version),
+           task);
+    co_return std::nullopt;
+  }
+  co_return std::move(*hello->message.mutable_hello());
+}
+
 namespace {
 
 // One attempt: connect, hello, welcome. Returns null with `why` set for a retryable failure.

@@ -7,6 +7,7 @@
 #include "wire/connection.hpp"
 
 #include <asio/awaitable.hpp>
+#include <asio/ip/tcp.hpp>
 
 #include <functional>
 #include <memory>
@@ -18,6 +19,28 @@ wire::frame_limits limits_of(const transport_options& options);
 
 /// Splits "host:port"; throws errc::invalid_argument naming `task` when it is malformed.
 std::pair<std::string, std::string> split_address(const std::string& address, const std::string& task);
+
+/// Where a task listens given its cluster-spec address: a loopback host is kept (local clusters);
+/// any other host becomes the wildcard with the same port, as TF's server does (under Kubernetes
+/// the address is a service name, which need not be an address of this pod).
+std::string listen_address_for(const std::string& spec_address, const std::string& task);
+
+/// Opens `acceptor` listening on `address` ("host:port"; port 0 picks a free port).
+void listen_on(asio::ip::tcp::acceptor& acceptor, const std::string& address, const std::string& task);
+
+/// The accepting side of a handshake on a fresh connection of `task`: reads the Hello within
+/// options.handshake_timeout and checks that it is one and speaks our protocol version. Returns
+/// it, or nothing after refusing the peer or giving up on it (logged either way).
+asio::awaitable<std::optional<wire::Hello>> receive_hello(std::shared_ptr<wire::connection> connection,
+                                                          transport_options options, std::string task);
+
+/// Refuses a peer in the handshake: a Welcome with `code` and `why` (best effort), then closes.
+void refuse(const std::shared_ptr<wire::connection>& connection, std::error_code code, const std::string& why,
+            const std::string& task);
+
+/// Accepts a peer in the handshake: an ok Welcome naming this task.
+void welcome(const std::shared_ptr<wire::connection>& connection, const std::string& job, int index,
+             std::uint64_t incarnation);
 
 /// Connects to `task` at `address`, sends `hello` and waits for the Welcome. Retries refused and
 /// failed connections with backoff until options.connect_timeout, then throws errc::unavailable;

@@ -1,5 +1,6 @@
 // Coordinator, 2 ps and 2 workers in one process over real loopback TCP.
 #include "local_cluster.hpp"
+#include "runtime/peer.hpp"
 #include "test_support.hpp"
 
 #include <pscoro/coordinator.hpp>
@@ -809,4 +810,56 @@ TEST_CASE("the watchdog stays quiet while the coordinator is idle") {
       },
       options);
   CHECK_MESSAGE(!contains(idle_text, "watchdog"), idle_text);
+}
+
+TEST_CASE("a worker that comes back at another address announces itself, and takes closures there") {
+  local_cluster cluster(1, 2, bind_test_functions);
+  cluster.chief_address = "127.0.0.1:0";  // the chief listens for announcements on a free port
+  coordinator_options options;
+  options.worker_probe_interval = std::chrono::milliseconds(20);
+  cluster.run_chief(
+      [&](parameter_server_strategy& strategy, cluster_coordinator& coordinator) -> asio::awaitable<void> {
+        const auto chief = strategy.address();
+        REQUIRE(chief.starts_with("127.0.0.1:"));
+        const auto old_address = cluster.spec.task_address("worker", 1);
+        cluster.restart_elsewhere("worker", 1, chief);
+        // Until it is back, closures run on worker 0; then on both. The old address has nothing
+        // listening: only the announcement can bring worker 1 back.
+        bool back = false;
+        for (int round = 0; round < 3000 && !back; ++round) {
+          std::vector<remote_value<std::string>> who;
+          for (int i = 0; i < 8; ++i) who.push_back(coordinator.schedule(whoami));
+          for (auto& w : who) back = back || co_await w.get() == "worker:1";
+        }
+        CHECK(back);
+        CHECK(cluster.task("worker", 1).address() != old_address);
+        co_await coordinator.join();
+      },
+      options);
+}
+
+TEST_CASE("the chief refuses announcements it cannot use, naming why") {
+  local_cluster cluster(1, 1, bind_test_functions);
+  cluster.chief_address = "127.0.0.1:0";
+  cluster.run_chief([&](parameter_server_strategy& strategy, cluster_coordinator&) -> asio::awaitable<void> {
+    auto refusal = [&](std::string job, int index, std::string address) -> asio::awaitable<std::string> {
+      wire::Hello hello;
+      hello.set_protocol_version(wire::protocol_version);
+      hello.set_job(std::move(job));
+      hello.set_task_index(index);
+      hello.set_address(std::move(address));
+      try {
+        auto c = co_await runtime::connect_to_task("chief", strategy.address(), hello, {});
+        c->close("done");
+      } catch (const error& e) {
+        co_return e.what();
+      }
+      co_return "";
+    };
+    CHECK(contains(co_await refusal("worker", 1, "127.0.0.1:1"),
+                   "worker index 1 is out of range: the cluster has workers 0..0"));
+    CHECK(contains(co_await refusal("worker", 0, "nowhere"), "address 'nowhere' of worker:0 is not host:port"));
+    CHECK(contains(co_await refusal("worker", 0, ""), "without an address"));
+    CHECK(contains(co_await refusal("ps", 0, "127.0.0.1:1"), "hears only workers announcing their address"));
+  });
 }
