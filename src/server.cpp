@@ -172,7 +172,7 @@ struct server::impl : std::enable_shared_from_this<impl> {
     }
     if (session != 0) {
       log::info("new coordinator session {:016x} (from {}): ending session {:016x} and releasing its {}", hello_session,
-                peer, session, ps ? fmt::format("{} variables", ps->num_variables()) : std::string("iterators"));
+                peer, session, ps ? fmt::format("{} variable(s)", ps->num_variables()) : std::string("iterators"));
       ended_sessions.push_back(session);
       if (ended_sessions.size() > max_ended_sessions) ended_sessions.pop_front();
       std::vector<std::shared_ptr<wire::connection>> ended;

@@ -151,4 +151,59 @@ else
 fi
 [ "$failed" -eq "$before" ] || cat "$log"
 
+echo "--- a worker restarted at another port announces itself to the chief, which takes it back"
+# Processes started by hand: the launcher restarts a worker where it was. The chief needs a port
+# known before it starts; one below the ephemeral range, checked free, is not taken by anyone else.
+log=$work/moved
+mkdir -p "$log"
+before=$failed
+chief_port=$(/usr/bin/python3 -c '
+import random, socket
+for _ in range(100):
+    port = random.randint(20000, 29999)
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            continue
+        print(port)
+        break')
+server_cluster() {  # server_cluster WORKER1_ADDRESS
+  echo "{\"chief\": [\"127.0.0.1:$chief_port\"], \"ps\": [\"127.0.0.1:0\"], \"worker\": [\"127.0.0.1:0\", \"$1\"]}"
+}
+serve() {  # serve JOB INDEX WORKER1_ADDRESS LOG
+  TF_CONFIG="{\"cluster\": $(server_cluster "$3"), \"task\": {\"type\": \"$1\", \"index\": $2}}" "$example" > "$4" 2>&1 &
+}
+address_in() { sed -nE 's/^pscoro: [a-z]+:[0-9]+ listening on (\S+)$/\1/p' "$1"; }
+serve ps 0 127.0.0.1:0 "$log/ps0.log"
+serve worker 0 127.0.0.1:0 "$log/worker0.log"
+serve worker 1 127.0.0.1:0 "$log/worker1.log"
+worker1_pid=$!
+for f in ps0 worker0 worker1; do wait_for "$log/$f.log" 'listening on' 60 > /dev/null; done
+ps0=$(address_in "$log/ps0.log")
+worker0=$(address_in "$log/worker0.log")
+worker1=$(address_in "$log/worker1.log")
+cluster="{\"chief\": [\"127.0.0.1:$chief_port\"], \"ps\": [\"$ps0\"], \"worker\": [\"$worker0\", \"$worker1\"]}"
+TF_CONFIG="{\"cluster\": $cluster, \"task\": {\"type\": \"chief\", \"index\": 0}}" "$example" --steps 100000 \
+  --log-every 100 > "$log/chief.log" 2>&1 &
+chief_pid=$!
+if wait_for "$log/chief.log" '^chief: step 100/'; then
+  kill -9 "$worker1_pid"
+  serve worker 1 127.0.0.1:0 "$log/worker1-moved.log"  # a new port, and the chief's address to announce to
+  wait_for "$log/worker1-moved.log" 'listening on' 60 > /dev/null
+  moved=$(address_in "$log/worker1-moved.log")
+  check "it came back at another address ($worker1 -> $moved)" test -n "$moved" -a "$moved" != "$worker1"
+  check "the chief hears where it is" wait_for "$log/chief.log" "INFO worker:1 announced itself at $moved \\(was $worker1\\)" 60
+  check "the chief takes it back, iterators first" wait_for "$log/chief.log" 'INFO worker:1 is back; 1 iterator\(s\) rebuilt' 60
+  check "the worker said it announced itself" grep -q "announced worker:1 at $moved to the chief at 127.0.0.1:$chief_port" \
+    "$log/worker1-moved.log"
+  steps=$(count "$log/chief.log" '^chief: step ')
+  sleep 1
+  check "training goes on" test "$(count "$log/chief.log" '^chief: step ')" -gt "$steps"
+else
+  check "the run started" false
+fi
+kill -TERM "$chief_pid" 2> /dev/null
+[ "$failed" -eq "$before" ] || tail -n 20 "$log"/*.log
+
 finish
