@@ -42,6 +42,11 @@ struct coordinator_options {
   /// line per worker naming what it runs and for how long; 0 = off (TF's default). Environment
   /// variable TF_CLUSTER_COORDINATOR_WATCH_DOG_TIMEOUT (seconds), as in TF, overrides it.
   std::chrono::milliseconds watchdog_timeout{0};
+  /// A closure whose worker could not reach a ps the chief still reaches (errc::unavailable from
+  /// that ps) runs again, unless that ps has been blamed this many times (the count never resets):
+  /// then it fails the run. 0 = every such failure is fatal. TF's rule and default; environment
+  /// variable TF_COORDINATOR_IGNORE_TRANSIENT_PS_FAILURES, as in TF, overrides it.
+  int transient_ps_failures = 3;
 };
 
 namespace detail {

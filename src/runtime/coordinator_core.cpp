@@ -16,6 +16,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
+#include <optional>
 #include <random>
 
 namespace pscoro::detail {
@@ -348,17 +349,31 @@ asio::awaitable<void> coordinator_core::watch_workers(std::weak_ptr<coordinator_
   }
 }
 
+namespace {
+
+// The number in environment variable `name`, if it is set to one (a warning names it otherwise).
+std::optional<double> number_from_environment(const char* name) {
+  const char* text = std::getenv(name);
+  if (!text || !*text) return std::nullopt;
+  char* end = nullptr;
+  const double value = std::strtod(text, &end);
+  if (*end != '\0' || !std::isfinite(value)) {
+    log::warning("{}='{}' is not a number; ignored", name, text);
+    return std::nullopt;
+  }
+  return value;
+}
+
+}  // namespace
+
 void coordinator_core::set_options(const coordinator_options& options) {
   options_ = options;
-  const char* text = std::getenv("TF_CLUSTER_COORDINATOR_WATCH_DOG_TIMEOUT");
-  if (!text || !*text) return;
-  char* end = nullptr;
-  const double seconds = std::strtod(text, &end);
-  if (*end != '\0' || !std::isfinite(seconds)) {
-    log::warning("TF_CLUSTER_COORDINATOR_WATCH_DOG_TIMEOUT='{}' is not a number of seconds; ignored", text);
-    return;
+  if (const auto seconds = number_from_environment("TF_CLUSTER_COORDINATOR_WATCH_DOG_TIMEOUT")) {
+    options_.watchdog_timeout = std::chrono::milliseconds(*seconds > 0 ? static_cast<std::int64_t>(*seconds * 1000) : 0);
   }
-  options_.watchdog_timeout = std::chrono::milliseconds(seconds > 0 ? static_cast<std::int64_t>(seconds * 1000) : 0);
+  if (const auto count = number_from_environment("TF_COORDINATOR_IGNORE_TRANSIENT_PS_FAILURES")) {
+    options_.transient_ps_failures = static_cast<int>(std::clamp(*count, -1.0, 1e6));
+  }
 }
 
 void coordinator_core::check_watchdog() {
@@ -557,11 +572,39 @@ void coordinator_core::finish(const std::shared_ptr<closure>& c, const wire::fra
   try {
     wire::throw_if_error(reply.status(), worker);
     c->result->set_value(runtime::decode_value(response, reply.result()));
+  } catch (const remote_error& e) {
+    if (transient_ps_failure(e, *c, worker)) {
+      queue_.push_back(c);  // at least once, as for a lost worker
+      return;
+    }
+    auto failure = std::current_exception();
+    c->result->set_error(failure);
+    record_error(failure, c->generation);
   } catch (const std::exception&) {
     auto e = std::current_exception();
     c->result->set_error(e);
     record_error(e, c->generation);
   }
+}
+
+bool coordinator_core::transient_ps_failure(const remote_error& failure, const closure& c, const std::string& worker) {
+  if (failure.code() != errc::unavailable || !failure.origin_task().starts_with("ps:") || ps_failure_ ||
+      pending_error_) {
+    return false;
+  }
+  std::size_t index = ps_peers_.size();
+  for (std::size_t i = 0; i < ps_peers_.size(); ++i) {
+    if (ps_peers_[i]->task() == failure.origin_task()) index = i;
+  }
+  if (index == ps_peers_.size()) return false;
+  transient_ps_failures_.resize(ps_peers_.size());
+  const int count = ++transient_ps_failures_[index];
+  if (count >= options_.transient_ps_failures) return false;
+  log::warning("'{}' on {} could not reach {}: {}. It is treated as a transient connectivity failure for now ({} of "
+               "{} tolerated for {}); it runs again.",
+               c.function, worker, failure.origin_task(), failure.remote_message(), count,
+               options_.transient_ps_failures - 1, failure.origin_task());
+  return true;
 }
 
 void coordinator_core::lost_ps(std::size_t index, const std::string& reason) {

@@ -35,7 +35,8 @@ class coordinator_core : public std::enable_shared_from_this<coordinator_core> {
   void set_partitioner(variable_partitioner partitioner) { partitioner_ = std::move(partitioner); }
   const std::shared_ptr<runtime::ps_client>& ps() const noexcept { return ps_; }
 
-  /// Takes `options`; TF_CLUSTER_COORDINATOR_WATCH_DOG_TIMEOUT overrides the watchdog timeout.
+  /// Takes `options`; TF_CLUSTER_COORDINATOR_WATCH_DOG_TIMEOUT and
+  /// TF_COORDINATOR_IGNORE_TRANSIENT_PS_FAILURES override theirs.
   void set_options(const coordinator_options& options);
 
   /// Builds a fresh iterator of dataset function `function` on every worker; completes when all
@@ -90,6 +91,9 @@ class coordinator_core : public std::enable_shared_from_this<coordinator_core> {
   static asio::awaitable<void> run(std::shared_ptr<coordinator_core> self, std::size_t worker,
                                    std::shared_ptr<closure> c);
   void finish(const std::shared_ptr<closure>& c, const wire::frame& response, const std::string& worker);
+  /// A closure failed on `worker` because it could not reach a ps (`failure`): true when that
+  /// counts as a transient connectivity failure (it runs again), TF's rule.
+  bool transient_ps_failure(const remote_error& failure, const closure& c, const std::string& worker);
   /// Keeps `e` as the error to report, if it is the first of the current generation, and cancels
   /// what is queued.
   void record_error(std::exception_ptr e, std::uint64_t generation);
@@ -145,7 +149,8 @@ class coordinator_core : public std::enable_shared_from_this<coordinator_core> {
   // Set when a ps is lost: its variables are gone, so nothing runs any more and every schedule
   // says so (TF: a ps failure needs a coordinator restart and a checkpoint).
   std::exception_ptr ps_failure_;
-  std::vector<per_worker_ref> iterators_;  // every iter(): rebuilt on a worker that comes back
+  std::vector<per_worker_ref> iterators_;
+  std::vector<int> transient_ps_failures_;  // per ps: closures that failed reaching it (TF's counters)  // every iter(): rebuilt on a worker that comes back
   std::optional<asio::steady_timer> watch_timer_;
   std::string spec_address_;  // the chief's own address in the cluster spec, if any
   std::optional<asio::ip::tcp::acceptor> acceptor_;  // for announcements, when spec_address_ is set

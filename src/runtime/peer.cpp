@@ -245,11 +245,22 @@ asio::awaitable<std::shared_ptr<wire::connection>> peer::connect_once() {
 }
 
 asio::awaitable<wire::frame> peer::call(wire::frame request, std::vector<byte_buffer> receive_into) {
-  auto connection = co_await get();
+  // A task we cannot reach is the origin of the failure: whoever gets it (the chief, from a worker
+  // function) can tell a lost ps from a failing worker without reading the message.
+  std::shared_ptr<wire::connection> connection;
+  try {
+    connection = co_await get();
+  } catch (const remote_error&) {
+    throw;
+  } catch (const error& e) {
+    if (e.code() != errc::unavailable) throw;
+    throw remote_error(e.code(), task_, e.what());
+  }
   auto [ec, response] =
       co_await connection->async_call(std::move(request), std::move(receive_into), as_tuple(use_awaitable));
   if (ec) {
-    throw error(errc::unavailable, fmt::format("connection to {} lost: {}", connection->peer(), connection->close_reason()));
+    throw remote_error(make_error_code(errc::unavailable), task_,
+                       fmt::format("connection to {} lost: {}", connection->peer(), connection->close_reason()));
   }
   wire::throw_if_error(response.message.response().status(), task_);
   co_return std::move(response);

@@ -92,8 +92,9 @@ class peer {
   /// connection, or null. Throws what a refusing task says (a version mismatch).
   asio::awaitable<std::shared_ptr<wire::connection>> connect_once();
 
-  /// Sends `request` and returns the response; a lost connection throws errc::unavailable naming
-  /// the task and the reason, an error status throws its remote_error.
+  /// Sends `request` and returns the response; a task that cannot be reached or a lost connection
+  /// throws a remote_error of errc::unavailable whose origin is this task, naming the reason; an
+  /// error status throws its remote_error.
   asio::awaitable<wire::frame> call(wire::frame request, std::vector<byte_buffer> receive_into = {});
 
  private:

@@ -37,6 +37,10 @@ const worker_function<double(variable<float>)> read_sum{"test.read_sum"};
 
 std::atomic<bool> release_holds{false};
 
+// Fails as a worker function does when it cannot reach ps:0, while failures_left > 0.
+const worker_function<std::int64_t()> reach_ps{"test.reach_ps"};
+std::atomic<int> failures_left{0};
+
 const worker_function<void(variable<float>)> hold_then_bump{"test.hold_then_bump"};
 std::atomic<bool> held_bump_started{false};
 std::atomic<int> held_bump_outcome{-1};  // the errc its assign_add ended with, 0 for success
@@ -81,6 +85,12 @@ void bind_test_functions(server& s) {
     } catch (const error& e) {
       held_bump_outcome = e.code().value();
     }
+  });
+  s.bind(reach_ps, []() -> asio::awaitable<std::int64_t> {
+    if (failures_left.fetch_sub(1) > 0) {
+      throw remote_error(make_error_code(errc::unavailable), "ps:0", "connection to ps:0 at 127.0.0.1:1 lost: reset");
+    }
+    co_return 7;
   });
   s.bind(whoami, [task = s.task()]() -> asio::awaitable<std::string> { co_return task; });
   s.bind(read_sum, [](variable<float> v) -> asio::awaitable<double> {
@@ -862,4 +872,48 @@ TEST_CASE("the chief refuses announcements it cannot use, naming why") {
     CHECK(contains(co_await refusal("worker", 0, ""), "without an address"));
     CHECK(contains(co_await refusal("ps", 0, "127.0.0.1:1"), "hears only workers announcing their address"));
   });
+}
+
+TEST_CASE("a closure that could not reach a ps the chief still reaches runs again, up to TF's threshold") {
+  local_cluster cluster(1, 1, bind_test_functions);
+  cluster.run_chief([&](parameter_server_strategy&, cluster_coordinator& coordinator) -> asio::awaitable<void> {
+    failures_left = 2;  // the 1st and 2nd failure blaming ps:0 are transient
+    CHECK(co_await coordinator.schedule(reach_ps).get() == 7);
+    co_await coordinator.join();
+    failures_left = 1;  // the 3rd, ever, is fatal (TF never resets the count)
+    auto e = co_await failure_of(coordinator.schedule(reach_ps).get());
+    REQUIRE(e);
+    CHECK(code_of(e) == errc::unavailable);
+    try {
+      std::rethrow_exception(e);
+    } catch (const remote_error& r) {
+      CHECK(r.origin_task() == "ps:0");
+      CHECK(contains(r.remote_message(), "worker function 'test.reach_ps' on worker:0 failed: connection to ps:0"));
+    }
+    auto joined = co_await failure_of(coordinator.join());
+    CHECK(joined);
+  });
+}
+
+TEST_CASE("with transient_ps_failures 0 (or TF_COORDINATOR_IGNORE_TRANSIENT_PS_FAILURES=0) the first such failure is fatal") {
+  for (const bool from_environment : {false, true}) {
+    CAPTURE(from_environment);
+    local_cluster cluster(1, 1, bind_test_functions);
+    coordinator_options options;
+    if (from_environment) {
+      ::setenv("TF_COORDINATOR_IGNORE_TRANSIENT_PS_FAILURES", "0", 1);
+    } else {
+      options.transient_ps_failures = 0;
+    }
+    cluster.run_chief(
+        [&](parameter_server_strategy&, cluster_coordinator& coordinator) -> asio::awaitable<void> {
+          failures_left = 1;
+          auto e = co_await failure_of(coordinator.schedule(reach_ps).get());
+          REQUIRE(e);
+          CHECK(code_of(e) == errc::unavailable);
+          (void)co_await failure_of(coordinator.join());
+        },
+        options);
+    ::unsetenv("TF_COORDINATOR_IGNORE_TRANSIENT_PS_FAILURES");
+  }
 }
