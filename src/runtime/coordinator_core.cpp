@@ -95,10 +95,19 @@ asio::awaitable<void> coordinator_core::connect() {
     });
   }
   // Listen first: a worker that comes back at another address while we connect is heard.
+  // Not being able to is no reason to fail the run: only moved workers go unheard.
   if (!spec_address_.empty() && !acceptor_) {
     acceptor_.emplace(executor_);
-    runtime::listen_on(*acceptor_, runtime::listen_address_for(spec_address_, task_), task_);
-    asio::co_spawn(executor_, hear_announcements(weak_from_this()), asio::detached);
+    try {
+      runtime::listen_on(*acceptor_, runtime::listen_address_for(spec_address_, task_), task_);
+      asio::co_spawn(executor_, hear_announcements(weak_from_this()), asio::detached);
+    } catch (const std::exception& e) {
+      log::warning("cannot listen for workers announcing a new address at {}: {}; a worker that moves will not be "
+                   "found",
+                   spec_address_, e.what());
+      std::error_code ignored;
+      acceptor_->close(ignored);
+    }
   }
   for (const auto& ps : ps_peers_) co_await ps->get();
   for (const auto& worker : workers_) co_await worker.peer->get();

@@ -917,3 +917,12 @@ TEST_CASE("with transient_ps_failures 0 (or TF_COORDINATOR_IGNORE_TRANSIENT_PS_F
     ::unsetenv("TF_COORDINATOR_IGNORE_TRANSIENT_PS_FAILURES");
   }
 }
+
+TEST_CASE("a chief that cannot listen for announcements still runs, without them") {
+  local_cluster cluster(1, 1, bind_test_functions);
+  cluster.chief_address = cluster.spec.task_address("ps", 0);  // taken: ps:0 listens there
+  cluster.run_chief([&](parameter_server_strategy& strategy, cluster_coordinator& coordinator) -> asio::awaitable<void> {
+    CHECK(strategy.address().empty());
+    CHECK(co_await coordinator.schedule(add_one, 41).get() == 42);
+  });
+}
