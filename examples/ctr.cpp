@@ -347,6 +347,7 @@ int main(int argc, char** argv) {
         }
         exit_code = 1;
       }
+      strategy.close();  // fails what still waits on the cluster, so that nothing is left holding it
       io.stop();
     });
     io.run();

@@ -200,26 +200,43 @@ asio::awaitable<std::shared_ptr<wire::connection>> connect_to_task(std::string t
   }
 }
 
+void peer::close(const std::string& reason) {
+  closing_ = true;
+  if (connection_) connection_->close(reason);
+  closing_ = false;
+  // Waiters hold what holds this peer: left waiting, they would never be freed.
+  if (auto attempt = std::exchange(connecting_, nullptr)) {
+    attempt->error = std::make_exception_ptr(
+        remote_error(make_error_code(errc::unavailable), task_, fmt::format("connection to {} closed: {}", task_, reason)));
+    attempt->done.set();
+  }
+}
+
 asio::awaitable<std::shared_ptr<wire::connection>> peer::get() {
   for (;;) {
     if (failure_) std::rethrow_exception(failure_);
     if (auto open = connection()) co_return open;
     if (auto attempt = connecting_) {
-      co_await attempt->async_wait(use_awaitable);
-      if (connect_error_) std::rethrow_exception(connect_error_);
+      co_await attempt->done.async_wait(use_awaitable);
+      if (attempt->error) std::rethrow_exception(attempt->error);
       continue;
     }
-    auto attempt = std::make_shared<detail::async_event>(executor_);
+    auto attempt = std::make_shared<connect_attempt>(executor_);
     connecting_ = attempt;
-    connect_error_ = nullptr;
+    std::shared_ptr<wire::connection> fresh;
     try {
-      adopt(co_await connect_to_task(task_, address_, hello_, options_));
+      fresh = co_await connect_to_task(task_, address_, hello_, options_);
     } catch (...) {
-      connect_error_ = std::current_exception();
+      attempt->error = std::current_exception();
+    }
+    if (connecting_ != attempt) {  // close() gave up on this attempt meanwhile
+      if (fresh) fresh->close("the peer was closed while connecting");
+      std::rethrow_exception(attempt->error);
     }
     connecting_ = nullptr;
-    attempt->set();
-    if (connect_error_) std::rethrow_exception(connect_error_);
+    if (fresh) adopt(std::move(fresh));
+    attempt->done.set();
+    if (attempt->error) std::rethrow_exception(attempt->error);
   }
 }
 

@@ -78,12 +78,9 @@ class peer {
   /// state is gone, and retrying for connect_timeout would only delay the error).
   void fail_with(std::exception_ptr failure) { failure_ = std::move(failure); }
 
-  /// Closes the connection, if open; the next get() connects again.
-  void close(const std::string& reason) {
-    closing_ = true;
-    if (connection_) connection_->close(reason);
-    closing_ = false;
-  }
+  /// Closes the connection, if open, and fails the callers waiting for a connection attempt (the
+  /// attempt's result is dropped); the next get() connects again.
+  void close(const std::string& reason);
 
   /// The open connection; connects (with retries) if needed. Throws what connecting throws.
   asio::awaitable<std::shared_ptr<wire::connection>> get();
@@ -105,9 +102,15 @@ class peer {
   std::string address_;
   wire::Hello hello_;
   transport_options options_;
+  // One connection attempt that concurrent get() calls share.
+  struct connect_attempt {
+    explicit connect_attempt(asio::any_io_executor executor) : done(std::move(executor)) {}
+    detail::async_event done;
+    std::exception_ptr error;
+  };
+
   std::shared_ptr<wire::connection> connection_;
-  std::shared_ptr<detail::async_event> connecting_;
-  std::exception_ptr connect_error_;
+  std::shared_ptr<connect_attempt> connecting_;
   std::function<void(const std::string&)> on_lost_;
   bool closing_ = false;  // close() runs: the loss is ours, not the task's
   std::exception_ptr failure_;

@@ -104,7 +104,11 @@ void worker_service::end_session() {
 }
 
 void worker_service::close_connections() {
-  for (const auto& p : ps_->peers()) p->close("the worker stopped");
+  const auto stopped = std::make_exception_ptr(error(errc::unavailable, fmt::format("{} stopped", task_)));
+  for (const auto& p : ps_->peers()) {
+    p->fail_with(stopped);
+    p->close("the worker stopped");
+  }
 }
 
 asio::awaitable<value> worker_service::run(const wire::frame& request, const wire::RunFunction& call) {

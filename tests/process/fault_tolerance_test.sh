@@ -117,7 +117,7 @@ if wait_for "$log" '^\[chief\] chief: step 100/'; then
   wait_exit "$launcher"
   check "the job fails with the chief's code 1 (got $code)" test "$code" -eq 1
   check "the chief logs the lost ps" grep -q 'ERROR lost ps:1: ' "$log"
-  check "the chief's error names it" grep -q '^\[chief\] chief: parameter server ps:1 is unavailable' "$log"
+  check "the chief's error names it" grep -qE '^\[chief\] chief: .*parameter server ps:1 is unavailable' "$log"
   noticed_at=$(sed -nE 's/^\[chief\] ([0-9]+\.[0-9]+) ERROR lost ps:1: .*/\1/p' "$log" | head -n 1)
   latency=$(awk -v a="$killed_at" -v b="${noticed_at:-0}" 'BEGIN { printf "%.3f", b - a }')
   echo "the chief noticed the lost ps after ${latency} s"
