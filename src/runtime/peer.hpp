@@ -1,5 +1,5 @@
-// The client side of connections: reaching a task (with retries while it starts), the handshake,
-// and a peer that reconnects on demand.
+// Setting connections up: reaching a task (with retries while it starts) and the handshake from
+// both ends (listening, the accepting side's checks), and a peer that reconnects on demand.
 #pragma once
 
 #include <pscoro/transport_options.hpp>
