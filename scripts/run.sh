@@ -66,7 +66,7 @@ case "${1:-}" in
     ;;
   sanitize)
     install_missing
-    configure build-sanitize -Db_sanitize=address,undefined -Db_lundef=false -Dbuildtype=debug -Doptimization=1 \
+    configure build-sanitize -Db_sanitize=address,undefined -Db_lundef=false -Doptimization=1 -Ddebug=true \
       -Dbenchmarks=false  # -O1: ASan's advice; at -O0 the process tests take minutes of pure xtensor
     meson compile -C build-sanitize
     ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 run_tests build-sanitize
