@@ -61,7 +61,6 @@ struct task {
   std::optional<int> exit_code;
   std::optional<std::string> address;  // reported by a server
   int restarts = 0;
-  std::string tf_config;               // what it was started with
 };
 
 class launcher {
@@ -116,9 +115,14 @@ class launcher {
     return nlohmann::json{{"cluster", cluster(false)}, {"task", {{"type", t.job}, {"index", t.index}}}}.dump();
   }
 
+  // The chief knows every server's real address (servers restart where they were).
+  std::string chief_config() const {
+    return nlohmann::json{{"cluster", cluster(true)}, {"task", {{"type", "chief"}, {"index", 0}}}}.dump();
+  }
+
   // A restarted server binds the address it reported: the others know it there.
   std::string restart_config(const task& t) const {
-    if (t.job == "chief") return t.tf_config;
+    if (t.job == "chief") return chief_config();
     auto c = cluster(false);
     c[t.job][static_cast<std::size_t>(t.index)] = *t.address;
     return nlohmann::json{{"cluster", c}, {"task", {{"type", t.job}, {"index", t.index}}}}.dump();
@@ -166,7 +170,6 @@ class launcher {
     }
     ::close(fds[1]);
     t.pid = pid;
-    t.tf_config = tf_config;
     std::printf("pscoro-launch: started %s (pid %d)\n", t.label.c_str(), pid);
     std::fflush(stdout);
     asio::co_spawn(io_, relay_output(t.label, fds[0]), asio::detached);
@@ -203,9 +206,7 @@ class launcher {
       chief_started_ = true;
       startup_timer_.cancel();
       tasks_.emplace_back("chief", 0, "chief");
-      const auto config =
-          nlohmann::json{{"cluster", cluster(true)}, {"task", {{"type", "chief"}, {"index", 0}}}}.dump();
-      spawn(tasks_.back(), config);
+      spawn(tasks_.back(), chief_config());
     }
   }
 

@@ -1,6 +1,6 @@
 # What every process test sources: a scratch directory removed at exit (and background jobs
-# killed), and `check DESCRIPTION COMMAND...` counting results for the closing
-# "N passed, N failed" line that scripts/count_tests.py reads.
+# killed), `check DESCRIPTION COMMAND...` counting results for the closing "N passed, N failed"
+# line that scripts/count_tests.py reads, and waiting for processes and their logs.
 work=$(mktemp -d)
 trap 'kill -9 $(jobs -p) 2>/dev/null; rm -rf "$work"' EXIT
 
@@ -15,4 +15,31 @@ finish() {
   echo "$passed passed, $failed failed"
   [ "$failed" -eq 0 ]
   exit
+}
+
+# wait_for FILE PATTERN [SECONDS]: polls until a line of FILE matches PATTERN (default 300 s).
+wait_for() {
+  for _ in $(seq $((${3:-300} * 10))); do
+    grep -qE "$2" "$1" 2>/dev/null && return 0
+    sleep 0.1
+  done
+  echo "timed out waiting for /$2/ in $1; its end:"
+  tail -n 40 "$1"
+  return 1
+}
+
+# wait_exit PID [SECONDS]: waits for a background job (killing it after 600 s) and sets `code`.
+# Bash reaps finished jobs itself, so kill -0 fails once the job has ended.
+wait_exit() {
+  for _ in $(seq $((${2:-600} * 10))); do
+    kill -0 "$1" 2>/dev/null || break
+    sleep 0.1
+  done
+  kill -9 "$1" 2>/dev/null
+  wait "$1"
+  code=$?
+}
+
+pid_of() {  # pid_of LOG LABEL: the pid pscoro-launch started LABEL with last
+  sed -nE "s/^pscoro-launch: started $2 \(pid ([0-9]+)\)$/\1/p" "$1" | tail -n 1
 }

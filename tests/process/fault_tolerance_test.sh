@@ -8,31 +8,6 @@ launch=$1
 example=$2
 source "$(dirname "$0")/checks.sh"
 
-# wait_for FILE PATTERN [SECONDS]: polls until a line of FILE matches PATTERN (default 300 s).
-wait_for() {
-  for _ in $(seq $((${3:-300} * 10))); do
-    grep -qE "$2" "$1" 2>/dev/null && return 0
-    sleep 0.1
-  done
-  echo "timed out waiting for /$2/ in $1"
-  return 1
-}
-
-# wait_exit PID: waits for a background job (killing it after 600 s) and sets `code`.
-wait_exit() {
-  for _ in $(seq 6000); do
-    kill -0 "$1" 2>/dev/null || break
-    sleep 0.1
-  done
-  kill -9 "$1" 2>/dev/null
-  wait "$1"
-  code=$?
-}
-
-pid_of() {  # pid_of LOG LABEL: the pid the launcher started LABEL with last
-  sed -nE "s/^pscoro-launch: started $2 \(pid ([0-9]+)\)$/\1/p" "$1" | tail -n 1
-}
-
 count() { grep -cE "$2" "$1"; }  # count LOG PATTERN
 
 # goes_on LOG PATTERN [END]: waits (up to 120 s) for one more line matching PATTERN than now, or
@@ -46,6 +21,14 @@ goes_on() {
     sleep 0.1
   done
   return 1
+}
+
+# long_run LOG PS WORKERS: starts a run that lasts until it is stopped (its launcher's pid in
+# `launcher`) and waits for its first progress line.
+long_run() {
+  "$launch" --ps "$2" --workers "$3" -- "$example" --steps 1000000 --log-every 100 > "$1" 2>&1 &
+  launcher=$!
+  wait_for "$1" '^\[chief\] chief: step 100/'
 }
 
 echo "--- kill -9 a random worker 6 times in a 10000-step run: every step runs, training converges"
@@ -89,9 +72,7 @@ grep -E 'chief: steps|chief: test accuracy|lost worker|is back' "$log"
 echo "--- SIGSTOP a worker: the heartbeat timeout finds it and its steps run elsewhere; SIGCONT: it rejoins"
 log=$work/stop.log
 before=$failed
-"$launch" --ps 1 --workers 2 -- "$example" --steps 1000000 --log-every 100 > "$log" 2>&1 &
-launcher=$!
-if wait_for "$log" '^\[chief\] chief: step 100/'; then
+if long_run "$log" 1 2; then
   pid=$(pid_of "$log" worker-1)
   kill -STOP "$pid"
   check "the hung worker is noticed" wait_for "$log" 'WARNING lost worker:1: .*heartbeat timeout' 120
@@ -109,9 +90,7 @@ wait_exit "$launcher"
 echo "--- kill -9 a ps: the chief fails within two heartbeat intervals (2 s), naming it"
 log=$work/ps.log
 before=$failed
-"$launch" --ps 2 --workers 2 -- "$example" --steps 1000000 --log-every 100 > "$log" 2>&1 &
-launcher=$!
-if wait_for "$log" '^\[chief\] chief: step 100/'; then
+if long_run "$log" 2 2; then
   killed_at=$(date +%s.%N)
   kill -9 "$(pid_of "$log" ps-1)"
   wait_exit "$launcher"

@@ -7,28 +7,6 @@ launch=$1
 example=$2
 source "$(dirname "$0")/checks.sh"
 
-# wait_for FILE PATTERN: polls (up to 120 s) until a line of FILE matches PATTERN.
-wait_for() {
-  for _ in $(seq 1200); do
-    grep -qE "$2" "$1" 2>/dev/null && return 0
-    sleep 0.1
-  done
-  echo "timed out waiting for /$2/ in $1:"; cat "$1"
-  return 1
-}
-
-# wait_exit PID: waits for a background job (killing it after 120 s) and sets `code`. Bash reaps
-# finished jobs itself, so kill -0 fails once the job has ended.
-wait_exit() {
-  for _ in $(seq 1200); do
-    kill -0 "$1" 2>/dev/null || break
-    sleep 0.1
-  done
-  kill -9 "$1" 2>/dev/null
-  wait "$1"
-  code=$?
-}
-
 all_gone() {  # all_gone LOG: every pid the launcher started has exited
   for pid in $(sed -nE 's/^pscoro-launch: started [a-z0-9-]+ \(pid ([0-9]+)\)$/\1/p' "$1"); do
     if kill -0 "$pid" 2>/dev/null; then echo "pid $pid still runs"; return 1; fi
@@ -49,12 +27,34 @@ echo "--- killing a worker stops the group with its code"
 "$launch" --ps 1 --workers 2 --grace-period 2 -- "$example" --steps 100000000 --log-every 1000000 > "$work/kill.log" 2>&1 &
 launcher=$!
 if wait_for "$work/kill.log" 'connected to 1 ps and 2 workers'; then
-  victim=$(sed -nE 's/^pscoro-launch: started worker-1 \(pid ([0-9]+)\)$/\1/p' "$work/kill.log")
+  victim=$(pid_of "$work/kill.log" worker-1)
   kill -9 "$victim"
   wait_exit "$launcher"
   check "the launcher exits with the killed worker's code 137 (got $code)" test "$code" = 137
   check "it says which task failed" grep -q 'worker-1 ended before the chief; stopping the cluster' "$work/kill.log"
   check "no task survives" all_gone "$work/kill.log"
+else
+  check "the cluster started" false
+fi
+
+echo "--- --restart-workers restarts a dead worker where it was, up to --max-restarts"
+"$launch" --ps 1 --workers 2 --grace-period 2 --restart-workers --max-restarts 1 -- "$example" --steps 100000000 \
+  --log-every 1000000 > "$work/restart.log" 2>&1 &
+launcher=$!
+if wait_for "$work/restart.log" 'connected to 1 ps and 2 workers'; then
+  first=$(pid_of "$work/restart.log" worker-1)
+  address=$(sed -nE 's/^\[worker-1\] pscoro: worker:1 listening on (\S+)$/\1/p' "$work/restart.log" | head -n 1)
+  kill -9 "$first"
+  check "the first death is restarted" wait_for "$work/restart.log" '^pscoro-launch: restarting worker-1 in 500 ms \(restart 1\)$'
+  check "at the address it had" wait_for "$work/restart.log" "^\[worker-1\] pscoro: worker:1 listening on $address$"
+  check "the chief takes it back" wait_for "$work/restart.log" 'INFO worker:1 is back'
+  second=$(pid_of "$work/restart.log" worker-1)
+  check "as a new process" test -n "$second" -a "$second" != "$first"
+  kill -9 "$second"
+  wait_exit "$launcher" 60
+  check "the second death, past --max-restarts, fails the job with its code 137 (got $code)" test "$code" = 137
+  check "it says so" grep -q 'worker-1 ended before the chief; stopping the cluster in 2s' "$work/restart.log"
+  check "no task survives" all_gone "$work/restart.log"
 else
   check "the cluster started" false
 fi
