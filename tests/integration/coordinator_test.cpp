@@ -37,6 +37,15 @@ const worker_function<double(variable<float>)> read_sum{"test.read_sum"};
 
 std::atomic<bool> release_holds{false};
 
+// Polls `condition` every millisecond on the awaiting coroutine's executor until it holds.
+asio::awaitable<void> poll_until(bool (*condition)()) {
+  asio::steady_timer timer(co_await asio::this_coro::executor);
+  while (!condition()) {
+    timer.expires_after(std::chrono::milliseconds(1));
+    co_await timer.async_wait(asio::use_awaitable);
+  }
+}
+
 // Fails as a worker function does when it cannot reach ps:0, while failures_left > 0.
 const worker_function<std::int64_t()> reach_ps{"test.reach_ps"};
 std::atomic<int> failures_left{0};
@@ -55,13 +64,7 @@ void bind_test_functions(server& s) {
     throw error(errc::invalid_argument, message);
     co_return;
   });
-  s.bind(hold, []() -> asio::awaitable<void> {
-    asio::steady_timer timer(co_await asio::this_coro::executor);
-    while (!release_holds) {
-      timer.expires_after(std::chrono::milliseconds(1));
-      co_await timer.async_wait(asio::use_awaitable);
-    }
-  });
+  s.bind(hold, []() -> asio::awaitable<void> { co_await poll_until([] { return release_holds.load(); }); });
   // Adds `x` to every element on the ps, then returns the sum it reads back.
   s.bind(bump, [](variable<float> v, double x) -> asio::awaitable<double> {
     xt::xarray<float> delta = xt::zeros<float>(v.shape());
@@ -73,11 +76,7 @@ void bind_test_functions(server& s) {
   // Waits for release_holds, then adds 1 to `v`; records how that ended.
   s.bind(hold_then_bump, [](variable<float> v) -> asio::awaitable<void> {
     held_bump_started = true;
-    asio::steady_timer timer(co_await asio::this_coro::executor);
-    while (!release_holds) {
-      timer.expires_after(std::chrono::milliseconds(1));
-      co_await timer.async_wait(asio::use_awaitable);
-    }
+    co_await poll_until([] { return release_holds.load(); });
     try {
       xt::xarray<float> ones = xt::ones<float>(v.shape());
       co_await v.assign_add(ones);
@@ -688,21 +687,13 @@ TEST_CASE("a restarted chief starts a new session: the old one's variables are g
   cluster.run_chief([&](parameter_server_strategy& strategy, cluster_coordinator& coordinator) -> asio::awaitable<void> {
     auto v = co_await strategy.scope().create_variable("v", zeros);
     (void)coordinator.schedule(hold_then_bump, v);
-    asio::steady_timer timer(co_await asio::this_coro::executor);
-    while (!held_bump_started) {
-      timer.expires_after(std::chrono::milliseconds(1));
-      co_await timer.async_wait(asio::use_awaitable);
-    }
+    co_await poll_until([] { return held_bump_started.load(); });
   });
   cluster.run_chief([&](parameter_server_strategy& strategy, cluster_coordinator& coordinator) -> asio::awaitable<void> {
     auto v = co_await strategy.scope().create_variable("v", zeros);  // the old "v" was released
     CHECK(co_await coordinator.schedule(bump, v, 2.0).get() == 8.0);
     release_holds = true;  // the old closure goes on now, with the new session's "v" in place
-    asio::steady_timer timer(co_await asio::this_coro::executor);
-    while (held_bump_outcome == -1) {
-      timer.expires_after(std::chrono::milliseconds(1));
-      co_await timer.async_wait(asio::use_awaitable);
-    }
+    co_await poll_until([] { return held_bump_outcome != -1; });
     CHECK(held_bump_outcome == static_cast<int>(errc::aborted));
     CHECK(co_await v.read() == xt::xarray<float>(zeros + 2.0f));
   });
@@ -925,4 +916,16 @@ TEST_CASE("a chief that cannot listen for announcements still runs, without them
     CHECK(strategy.address().empty());
     CHECK(co_await coordinator.schedule(add_one, 41).get() == 42);
   });
+}
+
+TEST_CASE("an environment override that is not a number is ignored, and the log says so") {
+  local_cluster cluster(1, 1, bind_test_functions);
+  ::setenv("TF_CLUSTER_COORDINATOR_WATCH_DOG_TIMEOUT", "soon", 1);
+  captured_stderr log;
+  cluster.run_chief([&](parameter_server_strategy&, cluster_coordinator& coordinator) -> asio::awaitable<void> {
+    CHECK(co_await coordinator.schedule(add_one, 1).get() == 2);
+  });
+  ::unsetenv("TF_CLUSTER_COORDINATOR_WATCH_DOG_TIMEOUT");
+  const auto text = log.text();
+  CHECK_MESSAGE(contains(text, "TF_CLUSTER_COORDINATOR_WATCH_DOG_TIMEOUT='soon' is not a number; ignored"), text);
 }

@@ -42,6 +42,26 @@ wire::Status call(local_cluster& cluster, const std::string& job, wire::frame re
   return response.get();
 }
 
+// How `job`:0 of `cluster` refuses a connection with `hello` (it must refuse).
+remote_error refusal_of(local_cluster& cluster, const std::string& job, const wire::Hello& hello) {
+  asio::io_context io;
+  auto refused = asio::co_spawn(
+      io,
+      [&]() -> asio::awaitable<std::optional<remote_error>> {
+        try {
+          co_await runtime::connect_to_task(job + ":0", cluster.spec.task_address(job, 0), hello, {});
+        } catch (const remote_error& e) {
+          co_return e;
+        }
+        co_return std::nullopt;
+      },
+      asio::use_future);
+  io.run();
+  auto e = refused.get();
+  REQUIRE(e);
+  return *e;
+}
+
 }  // namespace
 
 TEST_CASE("a server runs only ps and worker tasks listed in the spec") {
@@ -248,40 +268,15 @@ TEST_CASE("a new coordinator session releases the old one's variables; the old s
   REQUIRE(call(cluster, "ps", create_w(), 2).code() == 0);
 
   // Session 1 has ended: a Hello of it is refused, naming both sessions.
-  asio::io_context io;
-  auto refused = asio::co_spawn(
-      io,
-      [&]() -> asio::awaitable<std::string> {
-        try {
-          co_await runtime::connect_to_task("ps:0", cluster.spec.task_address("ps", 0), chief_hello(1), {});
-        } catch (const remote_error& e) {
-          CHECK(e.code() == errc::aborted);
-          CHECK(e.origin_task() == "ps:0");
-          co_return e.remote_message();
-        }
-        co_return "";
-      },
-      asio::use_future);
-  io.run();
-  const auto message = refused.get();
+  const auto ended = refusal_of(cluster, "ps", chief_hello(1));
+  CHECK(ended.code() == errc::aborted);
+  CHECK(ended.origin_task() == "ps:0");
+  const auto& message = ended.remote_message();
   CHECK_MESSAGE(contains(message, "coordinator session 0000000000000001 of chief:0 at 127.0.0.1:"), message);
   CHECK_MESSAGE(contains(message, "has ended on ps:0: a newer coordinator (session 0000000000000002) took over"),
                 message);
   CHECK(call(cluster, "ps", create_w(), 2).code() == static_cast<int>(errc::already_exists));  // session 2 goes on
 
   // A Hello that names no session is refused.
-  asio::io_context io0;
-  auto no_session = asio::co_spawn(
-      io0,
-      [&]() -> asio::awaitable<std::string> {
-        try {
-          co_await runtime::connect_to_task("worker:0", cluster.spec.task_address("worker", 0), chief_hello(0), {});
-        } catch (const remote_error& e) {
-          co_return e.what();
-        }
-        co_return "";
-      },
-      asio::use_future);
-  io0.run();
-  CHECK(contains(no_session.get(), "names no coordinator session"));
+  CHECK(contains(refusal_of(cluster, "worker", chief_hello(0)).what(), "names no coordinator session"));
 }
