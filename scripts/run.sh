@@ -10,7 +10,7 @@ cd "$(dirname "$0")/.."
 
 packages=(g++ meson ninja-build pkg-config cmake libasio-dev libprotobuf-dev protobuf-compiler
           libxtensor-dev xtl-dev libfmt-dev doctest-dev nlohmann-json3-dev libcli11-dev zlib1g-dev
-          libbenchmark-dev dataset-fashion-mnist python3 python3-protobuf python3-crc32c python3-numpy
+          libbenchmark-dev libssl-dev openssl dataset-fashion-mnist python3 python3-protobuf python3-crc32c python3-numpy
           iproute2 nftables)  # the last two: test hosts in network namespaces with faulty links
 
 install_missing() {

@@ -15,6 +15,7 @@ class category final : public std::error_category {
       case errc::deadline_exceeded: return "deadline exceeded";
       case errc::not_found: return "not found";
       case errc::already_exists: return "already exists";
+      case errc::permission_denied: return "permission denied";
       case errc::resource_exhausted: return "resource exhausted";
       case errc::failed_precondition: return "failed precondition";
       case errc::aborted: return "aborted";
@@ -22,6 +23,7 @@ class category final : public std::error_category {
       case errc::internal: return "internal error";
       case errc::unavailable: return "unavailable";
       case errc::data_loss: return "data loss";
+      case errc::unauthenticated: return "unauthenticated";
       case errc::protocol_error: return "protocol error";
     }
     return "pscoro error " + std::to_string(value);

@@ -3,6 +3,7 @@
 #include "runtime/log.hpp"
 #include "runtime/peer.hpp"
 #include "runtime/ps_service.hpp"
+#include "runtime/security.hpp"
 #include "runtime/worker_service.hpp"
 #include "wire/connection.hpp"
 
@@ -45,6 +46,7 @@ struct server::impl : std::enable_shared_from_this<impl> {
   std::string spec_address;
   std::string listen_address;
   std::string chief_address;  // where the chief listens for announcements (a worker's; or empty)
+  std::string chief_task;     // the chief's task name, as its Welcome gives it ("chief:0")
   bool chief_connected = false;
   transport_options transport;
   std::uint64_t incarnation = new_incarnation();
@@ -61,7 +63,7 @@ struct server::impl : std::enable_shared_from_this<impl> {
   bool stopped = false;
 
   impl(asio::any_io_executor ex, const simple_cluster_resolver& resolver, server_options options)
-      : executor(ex), transport(options.transport), acceptor(ex) {
+      : executor(ex), transport(runtime::with_environment(options.transport)), acceptor(ex) {
     job = resolver.task_type();
     if (job != "ps" && job != "worker") {
       throw error(errc::invalid_argument,
@@ -83,6 +85,7 @@ struct server::impl : std::enable_shared_from_this<impl> {
         const auto indices = spec.task_indices(chief_job);
         const auto address = spec.task_address(chief_job, indices.front());
         if (runtime::split_address(address, chief_job).second != "0") chief_address = address;
+        chief_task = task_name("chief", indices.front());  // the chief answers as "chief" whatever its job's name
         break;
       }
     }
@@ -94,7 +97,7 @@ struct server::impl : std::enable_shared_from_this<impl> {
   }
 
   void start() {
-    runtime::listen_on(acceptor, listen_address, task);
+    runtime::listen_on(acceptor, listen_address, task, transport);
     asio::co_spawn(executor, accept_loop(shared_from_this()), asio::detached);
     if (!chief_address.empty()) asio::co_spawn(executor, announce(shared_from_this()), asio::detached);
   }
@@ -116,7 +119,7 @@ struct server::impl : std::enable_shared_from_this<impl> {
     hello.set_task_index(self->index);
     hello.set_incarnation(self->incarnation);
     hello.set_address(self->reachable_address());
-    runtime::peer chief(self->executor, "chief", self->chief_address, hello, self->transport);
+    runtime::peer chief(self->executor, self->chief_task, self->chief_address, hello, self->transport);
     asio::steady_timer timer(self->executor);
     auto backoff = std::chrono::milliseconds(100);
     while (!self->stopped && !self->chief_connected) {
@@ -158,17 +161,23 @@ struct server::impl : std::enable_shared_from_this<impl> {
     }
   }
 
-  // Puts the connection from `peer` into coordinator session `hello_session`: the current one; or
-  // a new one, which ends the current session (its connections are closed and its state
-  // released: variables on a ps, iterators on a worker); never an ended one. Returns why the
-  // connection is refused, or "".
-  std::string join_session(std::uint64_t hello_session, const std::string& peer) {
+  runtime::task_identity identity() const { return {job, index, incarnation}; }
+
+  // Puts the connection from `peer` into coordinator session `hello_session`: the current one; or,
+  // for the chief (`opens`), a new one, which ends the current session (its connections are closed
+  // and its state released: variables on a ps, iterators on a worker); never an ended one. Returns
+  // why the connection is refused, or "".
+  std::string join_session(std::uint64_t hello_session, const std::string& peer, bool opens) {
     if (hello_session == 0) return fmt::format("the Hello of {} names no coordinator session", peer);
     if (hello_session == session) return {};
     if (std::find(ended_sessions.begin(), ended_sessions.end(), hello_session) != ended_sessions.end()) {
       return fmt::format("coordinator session {:016x} of {} has ended on {}: a newer coordinator (session {:016x}) "
                          "took over",
                          hello_session, peer, task, session);
+    }
+    if (!opens) {
+      return fmt::format("coordinator session {:016x} of {} is not open on {}: only the chief opens a session",
+                         hello_session, peer, task);
     }
     if (session != 0) {
       log::info("new coordinator session {:016x} (from {}): ending session {:016x} and releasing its {}", hello_session,
@@ -196,27 +205,32 @@ struct server::impl : std::enable_shared_from_this<impl> {
     auto connection = std::make_shared<wire::connection>(
         std::move(socket), runtime::limits_of(self->transport),
         fmt::format("{}:{}", remote.address().to_string(), remote.port()));
-    const auto hello = co_await runtime::receive_hello(connection, self->transport, self->task);
+    const auto hello = co_await runtime::receive_hello(connection, self->transport, self->identity());
     if (!hello) co_return;
     const auto& h = *hello;
-    const bool allowed = h.job() == "chief" || (h.job() == "worker" && self->ps);
-    if (!allowed) {
-      runtime::refuse(connection, make_error_code(errc::failed_precondition),
-             fmt::format("{} does not accept connections from '{}' tasks", self->task, h.job()), self->task);
+    // The chief opens and ends sessions; workers only join the current one, on a ps. Any other
+    // role (an evaluator, a second program started by mistake) is refused before it changes anything.
+    const bool chief = h.job() == "chief";
+    if (!chief && !(h.job() == "worker" && self->ps)) {
+      runtime::refuse(connection, make_error_code(errc::permission_denied),
+                      fmt::format("{} does not accept connections from '{}' tasks: only the chief opens a coordinator "
+                                  "session{}",
+                                  self->task, h.job(), self->ps ? ", and workers join it" : ""),
+                      self->task);
       co_return;
     }
     connection->set_peer(fmt::format("{} at {}", task_name(h.job(), h.task_index()), connection->peer()));
-    if (const auto refused = self->join_session(h.session(), connection->peer()); !refused.empty()) {
+    if (const auto refused = self->join_session(h.session(), connection->peer(), chief); !refused.empty()) {
       runtime::refuse(connection, make_error_code(errc::aborted), refused, self->task);
       co_return;
     }
-    if (h.job() == "chief" && self->worker) {
+    if (chief && self->worker) {
       self->worker->set_cluster(h);
       self->chief_connected = true;
     }
     log::debug("accepted {}", connection->peer());
 
-    runtime::welcome(connection, self->job, self->index, self->incarnation);
+    runtime::welcome(connection, self->identity());
 
     self->connections.emplace(connection, h.session());
     std::weak_ptr<impl> weak_self = self;

@@ -9,6 +9,10 @@
 // SIGKILL after the grace period; the launcher exits with the chief's code (128 + signal for a
 // signal).
 //
+// Every task of the job shares a fresh random cluster secret (PSCORO_AUTH_SECRET_FILE names a file
+// only the launcher's user can read, removed when the launcher ends), so nobody else on the host can
+// talk to the job's ports; a PSCORO_AUTH_SECRET_FILE already set is used as it is.
+//
 // A cluster manager's restarts, for trying fault tolerance on one machine: --restart-workers starts
 // a worker that ends while the chief runs again at its address; --restart-chief starts a chief
 // killed by a signal again (it resumes from its checkpoint). A task that ends and is not restarted
@@ -32,12 +36,17 @@
 #include <fmt/format.h>
 
 #include <sys/prctl.h>
+#include <sys/random.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <csignal>
 #include <cstdio>
+#include <cstdlib>
 #include <deque>
+#include <filesystem>
+#include <fstream>
 #include <map>
 #include <optional>
 #include <regex>
@@ -306,6 +315,42 @@ class launcher {
   int exit_code_ = 0;
 };
 
+// A fresh cluster secret for one job, in a file only this user can read; removed with the object.
+class job_secret {
+ public:
+  job_secret() {
+    const char* tmp = std::getenv("TMPDIR");
+    std::string pattern = std::string(tmp && *tmp ? tmp : "/tmp") + "/pscoro-launch-XXXXXX";
+    if (!::mkdtemp(pattern.data())) throw std::system_error(errno, std::generic_category(), "mkdtemp " + pattern);
+    dir_ = pattern;  // mode 0700
+    unsigned char bytes[32];
+    for (std::size_t got = 0; got < sizeof(bytes);) {
+      const auto n = ::getrandom(bytes + got, sizeof(bytes) - got, 0);
+      if (n < 0 && errno != EINTR) throw std::system_error(errno, std::generic_category(), "getrandom");
+      if (n > 0) got += static_cast<std::size_t>(n);
+    }
+    path_ = dir_ + "/cluster-secret";
+    const mode_t old_mask = ::umask(077);
+    std::ofstream out(path_, std::ios::binary);
+    ::umask(old_mask);
+    for (const auto b : bytes) out << fmt::format("{:02x}", b);
+    out << '\n';
+    if (!out.flush()) throw std::runtime_error("cannot write the cluster secret to " + path_);
+  }
+  ~job_secret() {
+    std::error_code ignored;
+    std::filesystem::remove_all(dir_, ignored);
+  }
+  job_secret(const job_secret&) = delete;
+  job_secret& operator=(const job_secret&) = delete;
+
+  const std::string& path() const noexcept { return path_; }
+
+ private:
+  std::string dir_;
+  std::string path_;
+};
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -333,6 +378,11 @@ int main(int argc, char** argv) {
   CLI11_PARSE(app, argc, argv);
 
   try {
+    std::optional<job_secret> secret;
+    if (const char* given = std::getenv("PSCORO_AUTH_SECRET_FILE"); !given || !*given) {
+      secret.emplace();
+      ::setenv("PSCORO_AUTH_SECRET_FILE", secret->path().c_str(), 1);  // every task inherits it
+    }
     asio::io_context io;
     launcher l(io, num_ps, num_workers, host, command, std::chrono::seconds(grace), std::chrono::seconds(startup_timeout),
                restarts);

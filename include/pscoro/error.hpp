@@ -18,6 +18,7 @@ enum class errc {
   deadline_exceeded = 4,    ///< a peer did not answer in time (e.g. handshake deadline)
   not_found = 5,            ///< unknown worker function or variable
   already_exists = 6,       ///< a variable with that name already exists
+  permission_denied = 7,    ///< the peer's role may not do that (an evaluator opening a session)
   resource_exhausted = 8,   ///< the closure queue is full and the caller cannot wait
   failed_precondition = 9,  ///< the call is not valid in the current state
   aborted = 10,             ///< the coordinator session it belongs to has ended (a newer chief took over)
@@ -25,6 +26,7 @@ enum class errc {
   internal = 13,            ///< an invariant of pscoro itself broke (a bug: please report it)
   unavailable = 14,         ///< a peer cannot be reached or its connection was lost
   data_loss = 15,           ///< corrupt input data: bad checksum, truncated record, bad magic
+  unauthenticated = 16,     ///< a peer did not prove the cluster secret (or this task has none)
   protocol_error = 100,     ///< a peer sent bytes that are not pscoro's protocol
 };
 

@@ -1,8 +1,9 @@
-// Limits and deadlines of pscoro connections, shared by servers and the coordinator.
+// Limits, deadlines and credentials of pscoro connections, shared by servers and the coordinator.
 #pragma once
 
 #include <chrono>
 #include <cstdint>
+#include <string>
 
 namespace pscoro {
 
@@ -11,6 +12,9 @@ struct transport_options {
   std::uint32_t max_header_bytes = 16u << 20;
   /// Largest tensor payload of one frame (all segments).
   std::uint64_t max_payload_bytes = std::uint64_t{4} << 30;
+  /// Largest frame of a handshake (Hello, Challenge, Proof, Welcome), which carry no payload:
+  /// all a peer can make a server hold before it has proved the cluster secret.
+  std::uint32_t max_handshake_bytes = 256u << 10;
   /// A peer that has not completed the handshake by then is disconnected.
   std::chrono::milliseconds handshake_timeout{std::chrono::seconds(10)};
   /// How long to keep retrying to reach a task that is not up yet (TF retries for ~3 minutes).
@@ -21,6 +25,16 @@ struct transport_options {
   /// The connection is closed as dead (errc::unavailable, naming the task) when a Heartbeat has had
   /// no reply, and nothing else arrived, for this long. 0 turns heartbeats off.
   std::chrono::milliseconds heartbeat_timeout{std::chrono::seconds(10)};
+
+  /// The cluster secret every task of the job shares (at least 16 bytes; any bytes). With one,
+  /// both ends of every connection prove that they hold it (HMAC-SHA256 challenge and response;
+  /// the secret never crosses the wire) and a task that cannot is refused. Empty: read from the
+  /// file named by the environment variable PSCORO_AUTH_SECRET_FILE, if set (trailing line breaks
+  /// ignored). pscoro-launch makes a fresh one per job.
+  std::string auth_secret;
+  /// Without a secret a task listens on loopback only, because anyone who can reach its port could
+  /// take the job over; true (or PSCORO_ALLOW_INSECURE=1) lets it listen anywhere, with a warning.
+  bool allow_insecure = false;
 };
 
 }  // namespace pscoro

@@ -1,6 +1,7 @@
 #include "runtime/coordinator_core.hpp"
 
 #include "runtime/log.hpp"
+#include "runtime/security.hpp"
 #include "runtime/text.hpp"
 #include "runtime/values.hpp"
 #include "wire/connection.hpp"
@@ -27,6 +28,7 @@ using asio::use_awaitable;
 coordinator_core::coordinator_core(asio::any_io_executor executor, const simple_cluster_resolver& resolver,
                                    strategy_options options)
     : executor_(std::move(executor)), cluster_(resolver.cluster_spec()), strategy_options_(options) {
+  strategy_options_.transport = runtime::with_environment(strategy_options_.transport);
   const std::string task_type = resolver.task_type().empty() ? "chief" : resolver.task_type();
   if (task_type == "ps" || task_type == "worker") {
     throw error(errc::invalid_argument,
@@ -99,7 +101,8 @@ asio::awaitable<void> coordinator_core::connect() {
   if (!spec_address_.empty() && !acceptor_) {
     acceptor_.emplace(executor_);
     try {
-      runtime::listen_on(*acceptor_, runtime::listen_address_for(spec_address_, task_), task_);
+      runtime::listen_on(*acceptor_, runtime::listen_address_for(spec_address_, task_), task_,
+                         strategy_options_.transport);
       asio::co_spawn(executor_, hear_announcements(weak_from_this()), asio::detached);
     } catch (const std::exception& e) {
       log::warning("cannot listen for workers announcing a new address at {}: {}; a worker that moves will not be "
@@ -436,17 +439,19 @@ asio::awaitable<void> coordinator_core::hear_announcement(std::weak_ptr<coordina
                                                           asio::ip::tcp::socket socket) {
   std::string task;
   transport_options transport;
+  runtime::task_identity identity;
   {
     auto self = weak.lock();
     if (!self) co_return;
     task = self->task_;
     transport = self->strategy_options_.transport;
+    identity = {"chief", self->hello_.task_index(), self->hello_.incarnation()};
   }
   std::error_code ignored;
   const auto remote = socket.remote_endpoint(ignored);
   auto connection = std::make_shared<wire::connection>(std::move(socket), runtime::limits_of(transport),
                                                        fmt::format("{}:{}", remote.address().to_string(), remote.port()));
-  const auto hello = co_await runtime::receive_hello(connection, transport, task);
+  const auto hello = co_await runtime::receive_hello(connection, transport, identity);
   auto self = weak.lock();
   if (!hello || !self || self->closed_) co_return;
   const auto count = self->workers_.size();
@@ -468,7 +473,7 @@ asio::awaitable<void> coordinator_core::hear_announcement(std::weak_ptr<coordina
     runtime::refuse(connection, make_error_code(errc::invalid_argument), refusal, task);
     co_return;
   }
-  runtime::welcome(connection, "chief", self->hello_.task_index(), self->hello_.incarnation());
+  runtime::welcome(connection, identity);
   connection->close_after_flush("announcement heard");
   self->announced(static_cast<std::size_t>(hello->task_index()), hello->address());
 }

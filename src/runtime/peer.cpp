@@ -1,6 +1,9 @@
 #include "runtime/peer.hpp"
 
+#include <pscoro/cluster_spec.hpp>
+
 #include "runtime/log.hpp"
+#include "runtime/security.hpp"
 
 #include <asio/connect.hpp>
 #include <asio/experimental/as_tuple.hpp>
@@ -11,6 +14,8 @@
 
 #include <fmt/chrono.h>
 
+#include <charconv>
+
 namespace pscoro::runtime {
 
 using asio::experimental::as_tuple;
@@ -20,6 +25,14 @@ wire::frame_limits limits_of(const transport_options& options) {
   wire::frame_limits limits;
   limits.max_header_bytes = options.max_header_bytes;
   limits.max_payload_bytes = options.max_payload_bytes;
+  return limits;
+}
+
+wire::frame_limits handshake_limits_of(const transport_options& options) {
+  wire::frame_limits limits;
+  limits.max_header_bytes = std::min(options.max_handshake_bytes, options.max_header_bytes);
+  limits.max_payload_bytes = 0;
+  limits.max_segments = 0;
   return limits;
 }
 
@@ -45,13 +58,15 @@ std::string listen_address_for(const std::string& spec_address, const std::strin
   return (!not_literal && literal.is_v6() ? "[::]:" : "0.0.0.0:") + port;
 }
 
-void listen_on(asio::ip::tcp::acceptor& acceptor, const std::string& address, const std::string& task) {
+void listen_on(asio::ip::tcp::acceptor& acceptor, const std::string& address, const std::string& task,
+               const transport_options& options) {
   const auto [host, port] = split_address(address, task);
   asio::ip::tcp::resolver resolver(acceptor.get_executor());
-  const auto endpoint = *resolver.resolve(host, port, asio::ip::tcp::resolver::passive).begin();
-  acceptor.open(endpoint.endpoint().protocol());
+  const auto endpoint = resolver.resolve(host, port, asio::ip::tcp::resolver::passive).begin()->endpoint();
+  check_exposure(endpoint, options, task);
+  acceptor.open(endpoint.protocol());
   acceptor.set_option(asio::ip::tcp::acceptor::reuse_address(true));
-  acceptor.bind(endpoint.endpoint());
+  acceptor.bind(endpoint);
   acceptor.listen();
 }
 
@@ -65,23 +80,28 @@ void refuse(const std::shared_ptr<wire::connection>& connection, std::error_code
   connection->close_after_flush(why);
 }
 
-void welcome(const std::shared_ptr<wire::connection>& connection, const std::string& job, int index,
-             std::uint64_t incarnation) {
+void welcome(const std::shared_ptr<wire::connection>& connection, const task_identity& self) {
   wire::frame accepted;
   accepted.kind = wire::frame_kind::welcome;
   auto* w = accepted.message.mutable_welcome();
-  w->set_job(job);
-  w->set_task_index(index);
-  w->set_incarnation(incarnation);
+  w->set_job(self.job);
+  w->set_task_index(self.index);
+  w->set_incarnation(self.incarnation);
   connection->send(std::move(accepted));
 }
 
-asio::awaitable<std::optional<wire::Hello>> receive_hello(std::shared_ptr<wire::connection> connection,
-                                                          transport_options options, std::string task) {
-  wire::handshake_deadline deadline(connection, options.handshake_timeout, "no handshake");
-  std::optional<wire::frame> hello;
+namespace {
+
+// The next frame of a handshake the accepting side runs, which must be of `kind`: nothing after
+// refusing the peer or giving up on it (logged either way).
+asio::awaitable<std::optional<wire::frame>> read_handshake_frame(const std::shared_ptr<wire::connection>& connection,
+                                                                 const wire::handshake_deadline& deadline,
+                                                                 const transport_options& options,
+                                                                 const std::string& task, wire::frame_kind kind,
+                                                                 std::string_view expected) {
+  std::optional<wire::frame> f;
   try {
-    hello = co_await connection->read_frame();
+    f = co_await connection->read_frame();
   } catch (const std::system_error& e) {
     if (deadline.expired()) {
       log::warning("closed connection from {}: no handshake within {}", connection->peer(), options.handshake_timeout);
@@ -90,35 +110,130 @@ asio::awaitable<std::optional<wire::Hello>> receive_hello(std::shared_ptr<wire::
     }
     co_return std::nullopt;
   }
-  deadline.cancel();
-  if (!hello) {
+  if (!f) {
     if (deadline.expired()) {
       log::warning("closed connection from {}: no handshake within {}", connection->peer(), options.handshake_timeout);
     } else {
-      log::info("connection from {} closed before its handshake", connection->peer());
+      log::info("connection from {} closed during its handshake", connection->peer());
     }
     co_return std::nullopt;
   }
-  if (hello->kind != wire::frame_kind::hello) {
-    refuse(connection, make_error_code(errc::protocol_error), "the first frame must be a Hello", task);
+  if (f->kind != kind) {
+    refuse(connection, make_error_code(errc::protocol_error), fmt::format("the {} frame must be a {}",
+                                                                          kind == wire::frame_kind::hello ? "first" : "next",
+                                                                          expected),
+           task);
     co_return std::nullopt;
   }
-  const auto& h = hello->message.hello();
-  if (h.protocol_version() != wire::protocol_version) {
+  co_return f;
+}
+
+}  // namespace
+
+asio::awaitable<std::optional<wire::Hello>> receive_hello(std::shared_ptr<wire::connection> connection,
+                                                          transport_options options, task_identity self) {
+  const auto task = task_name(self.job, self.index);
+  connection->set_limits(handshake_limits_of(options));
+  wire::handshake_deadline deadline(connection, options.handshake_timeout, "no handshake");
+  auto hello_frame =
+      co_await read_handshake_frame(connection, deadline, options, task, wire::frame_kind::hello, "Hello");
+  if (!hello_frame) co_return std::nullopt;
+  wire::Hello hello = std::move(*hello_frame->message.mutable_hello());
+  if (hello.protocol_version() != wire::protocol_version) {
     refuse(connection, make_error_code(errc::protocol_error),
-           fmt::format("Hello speaks protocol version {}, {} speaks {}", h.protocol_version(), task,
+           fmt::format("Hello speaks protocol version {}, {} speaks {}", hello.protocol_version(), task,
                        wire::protocol_version),
            task);
     co_return std::nullopt;
   }
-  co_return std::move(*hello->message.mutable_hello());
+  // Named for messages; nothing the peer says about itself is trusted before it proved the secret.
+  const auto claimed = fmt::format("{} (claims {})", connection->peer(), task_name(hello.job(), hello.task_index()));
+  if (hello.to_job() != self.job || hello.to_task_index() != self.index) {
+    const auto meant = hello.to_job().empty() ? std::string("no task") : task_name(hello.to_job(), hello.to_task_index());
+    refuse(connection, make_error_code(errc::failed_precondition),
+           fmt::format("{} dialled {} but reached {}: its cluster spec names the wrong address for {}", claimed, meant,
+                       task, meant),
+           task);
+    co_return std::nullopt;
+  }
+  if (options.auth_secret.empty()) {
+    if (!hello.nonce().empty()) {
+      refuse(connection, make_error_code(errc::unauthenticated),
+             fmt::format("{} authenticates with a cluster secret but {} has none: give every task the same secret",
+                         claimed, task),
+             task);
+      co_return std::nullopt;
+    }
+  } else {
+    if (hello.nonce().size() != nonce_bytes) {
+      refuse(connection, make_error_code(errc::unauthenticated),
+             fmt::format("{} sent no proof of the cluster secret and {} requires one: give every task the same secret "
+                         "(PSCORO_AUTH_SECRET_FILE)",
+                         claimed, task),
+             task);
+      co_return std::nullopt;
+    }
+    wire::frame challenge_frame;
+    challenge_frame.kind = wire::frame_kind::challenge;
+    auto& challenge = *challenge_frame.message.mutable_challenge();
+    challenge.set_job(self.job);
+    challenge.set_task_index(self.index);
+    challenge.set_incarnation(self.incarnation);
+    challenge.set_nonce(random_nonce());
+    challenge.set_proof(handshake_proof(options.auth_secret, handshake_side::accepting, hello, challenge));
+    const wire::Challenge sent = challenge;
+    connection->send(std::move(challenge_frame));
+    auto proof_frame =
+        co_await read_handshake_frame(connection, deadline, options, task, wire::frame_kind::proof, "Proof");
+    if (!proof_frame) co_return std::nullopt;
+    if (!verify_handshake_proof(options.auth_secret, handshake_side::connecting, hello, sent,
+                                proof_frame->message.proof().proof())) {
+      refuse(connection, make_error_code(errc::unauthenticated),
+             fmt::format("{} failed to prove the cluster secret (a different secret, or a replayed handshake)",
+                         claimed),
+             task);
+      co_return std::nullopt;
+    }
+  }
+  deadline.cancel();
+  connection->set_limits(limits_of(options));
+  co_return hello;
 }
 
 namespace {
 
-// One attempt: connect, hello, welcome. Returns null with `why` set for a retryable failure.
+// "ps:0" as ("ps", 0).
+std::pair<std::string, int> split_task_name(const std::string& task) {
+  const auto colon = task.rfind(':');
+  int index = 0;
+  const char* digits = task.data() + colon + 1;
+  if (colon == std::string::npos || std::from_chars(digits, task.data() + task.size(), index).ptr == digits) {
+    throw error(errc::internal, fmt::format("'{}' is not a task name (job:index)", task));
+  }
+  return {task.substr(0, colon), index};
+}
+
+// A handshake failure that retrying will not fix: the connection is closed and `e` thrown.
+[[noreturn]] void give_up(const std::shared_ptr<wire::connection>& connection, const error& e) {
+  connection->close(e.what());
+  throw e;
+}
+
+// Checks that the task that answered at `address` is the one we dialled.
+void check_identity(const std::shared_ptr<wire::connection>& connection, const std::string& task,
+                    const std::string& address, const std::string& job, int index) {
+  if (const auto answered = task_name(job, index); answered != task) {
+    give_up(connection, error(errc::failed_precondition,
+                              fmt::format("dialled {} at {} but {} answered: the cluster spec names the wrong address "
+                                          "for {}",
+                                          task, address, answered, task)));
+  }
+}
+
+// One attempt: connect, hello, [challenge, proof,] welcome. Returns null with `why` set for a
+// retryable failure.
 asio::awaitable<std::shared_ptr<wire::connection>> try_connect(const std::string& task, const std::string& host,
-                                                               const std::string& port, const wire::Hello& hello,
+                                                               const std::string& port, wire::Hello hello,
                                                                const transport_options& options, std::string& why) {
   auto executor = co_await asio::this_coro::executor;
   asio::ip::tcp::resolver resolver(executor);
@@ -133,9 +248,15 @@ asio::awaitable<std::shared_ptr<wire::connection>> try_connect(const std::string
     why = connect_error.message();
     co_return nullptr;
   }
-  auto connection = std::make_shared<wire::connection>(
-      std::move(socket), limits_of(options), fmt::format("{} at {}:{}", task, endpoint.address().to_string(), endpoint.port()));
+  const auto address = fmt::format("{}:{}", endpoint.address().to_string(), endpoint.port());
+  auto connection = std::make_shared<wire::connection>(std::move(socket), handshake_limits_of(options),
+                                                       fmt::format("{} at {}", task, address));
 
+  const auto [to_job, to_index] = split_task_name(task);
+  hello.set_to_job(to_job);
+  hello.set_to_task_index(to_index);
+  const bool authenticating = !options.auth_secret.empty();
+  if (authenticating) hello.set_nonce(random_nonce());
   wire::frame hello_frame;
   hello_frame.kind = wire::frame_kind::hello;
   *hello_frame.message.mutable_hello() = hello;
@@ -143,38 +264,78 @@ asio::awaitable<std::shared_ptr<wire::connection>> try_connect(const std::string
 
   // A task that accepts but does not answer is not retried: something else listens there, or it hangs.
   wire::handshake_deadline deadline(connection, options.handshake_timeout, "no Welcome within the handshake timeout");
-  std::optional<wire::frame> welcome;
-  try {
-    welcome = co_await connection->read_frame();
-  } catch (const std::system_error& e) {
-    why = connection->close_reason().empty() ? e.what() : connection->close_reason();
-    connection->close(why);
-    // Whatever answers there speaks something else: retrying will not change that.
-    if (e.code() == errc::protocol_error && !deadline.expired()) {
-      throw error(errc::protocol_error,
-                  fmt::format("{} at {}:{} does not answer in pscoro's protocol: {}", task, host, port, e.what()));
+  // The next handshake frame; nothing (with `why` set) when the connection closed first.
+  auto next = [&]() -> asio::awaitable<std::optional<wire::frame>> {
+    std::optional<wire::frame> f;
+    try {
+      f = co_await connection->read_frame();
+    } catch (const std::system_error& e) {
+      why = connection->close_reason().empty() ? e.what() : connection->close_reason();
+      connection->close(why);
+      // Whatever answers there speaks something else: retrying will not change that.
+      if (e.code() == errc::protocol_error && !deadline.expired()) {
+        throw error(errc::protocol_error,
+                    fmt::format("{} at {}:{} does not answer in pscoro's protocol: {}", task, host, port, e.what()));
+      }
     }
+    if (deadline.expired()) {
+      throw error(errc::deadline_exceeded,
+                  fmt::format("{} at {}:{} accepted the connection but did not finish the handshake within {}", task,
+                              host, port, options.handshake_timeout));
+    }
+    if (!f && why.empty()) {
+      why = connection->close_reason().empty() ? "closed during the handshake" : connection->close_reason();
+    }
+    co_return f;
+  };
+
+  auto answer = co_await next();
+  if (!answer) co_return nullptr;
+  bool proved = false;
+  if (answer->kind == wire::frame_kind::challenge) {
+    const auto& challenge = answer->message.challenge();
+    if (!authenticating) {
+      give_up(connection, error(errc::unauthenticated,
+                                fmt::format("{} at {} asks for the cluster secret and this task has none: give every "
+                                            "task the same secret (PSCORO_AUTH_SECRET_FILE)",
+                                            task, address)));
+    }
+    if (!verify_handshake_proof(options.auth_secret, handshake_side::accepting, hello, challenge,
+                                challenge.proof())) {
+      give_up(connection,
+              error(errc::unauthenticated, fmt::format("{} at {} failed to prove the cluster secret: it holds a "
+                                                       "different one, or it is not {}",
+                                                       task, address, task)));
+    }
+    check_identity(connection, task, address, challenge.job(), challenge.task_index());
+    wire::frame proof;
+    proof.kind = wire::frame_kind::proof;
+    proof.message.mutable_proof()->set_proof(
+        handshake_proof(options.auth_secret, handshake_side::connecting, hello, challenge));
+    connection->send(std::move(proof));
+    answer = co_await next();
+    if (!answer) co_return nullptr;
+    proved = true;
   }
   deadline.cancel();
-  if (deadline.expired()) {
-    throw error(errc::deadline_exceeded,
-                fmt::format("{} at {}:{} accepted the connection but sent no Welcome within {}", task, host, port,
-                            options.handshake_timeout));
+  if (answer->kind != wire::frame_kind::welcome) {
+    give_up(connection, error(errc::protocol_error,
+                              fmt::format("{} at {} answered the handshake with something else than a Welcome", task,
+                                          address)));
   }
-  if (!why.empty()) co_return nullptr;
-  if (!welcome) {
-    why = connection->close_reason().empty() ? "closed during the handshake" : connection->close_reason();
-    co_return nullptr;
-  }
-  if (welcome->kind != wire::frame_kind::welcome) {
-    connection->close("protocol error: expected a Welcome");
-    throw error(errc::protocol_error, fmt::format("{} answered the handshake with something else than a Welcome", task));
-  }
-  const auto& w = welcome->message.welcome();
+  const auto& w = answer->message.welcome();
   if (w.status().code() != 0) {
     connection->close("handshake refused");
     wire::throw_if_error(w.status(), task);
   }
+  if (authenticating && !proved) {
+    give_up(connection, error(errc::unauthenticated,
+                              fmt::format("{} at {} did not prove the cluster secret: it runs without one; give every "
+                                          "task the same secret",
+                                          task, address)));
+  }
+  check_identity(connection, task, address, w.job(), w.task_index());
+  connection->set_limits(limits_of(options));
   co_return connection;
 }
 

@@ -15,7 +15,10 @@
 
 namespace pscoro::runtime {
 
+/// The frame limits of an established connection.
 wire::frame_limits limits_of(const transport_options& options);
+/// The frame limits during a handshake: small frames without payload.
+wire::frame_limits handshake_limits_of(const transport_options& options);
 
 /// Splits "host:port"; throws errc::invalid_argument naming `task` when it is malformed.
 std::pair<std::string, std::string> split_address(const std::string& address, const std::string& task);
@@ -25,26 +28,39 @@ std::pair<std::string, std::string> split_address(const std::string& address, co
 /// the address is a service name, which need not be an address of this pod).
 std::string listen_address_for(const std::string& spec_address, const std::string& task);
 
-/// Opens `acceptor` listening on `address` ("host:port"; port 0 picks a free port).
-void listen_on(asio::ip::tcp::acceptor& acceptor, const std::string& address, const std::string& task);
+/// Opens `acceptor` listening on `address` ("host:port"; port 0 picks a free port). Throws
+/// errc::invalid_argument for a non-loopback address without a cluster secret (check_exposure).
+void listen_on(asio::ip::tcp::acceptor& acceptor, const std::string& address, const std::string& task,
+               const transport_options& options);
 
-/// The accepting side of a handshake on a fresh connection of `task`: reads the Hello within
-/// options.handshake_timeout and checks that it is one and speaks our protocol version. Returns
-/// it, or nothing after refusing the peer or giving up on it (logged either way).
+/// Who a task is in a handshake: its job, index and incarnation (random per process start).
+struct task_identity {
+  std::string job;
+  int index = 0;
+  std::uint64_t incarnation = 0;
+};
+
+/// The accepting side of a handshake on a fresh connection to `self`: reads the Hello and checks
+/// that it is one and speaks our protocol version; with a cluster secret, proves it in a Challenge
+/// and checks the peer's Proof. All within options.handshake_timeout, under the handshake frame
+/// limits. Returns the Hello of a peer that passed, or nothing after refusing it or giving up on it
+/// (logged either way). The caller then checks what the peer may do and sends welcome() or refuse().
 asio::awaitable<std::optional<wire::Hello>> receive_hello(std::shared_ptr<wire::connection> connection,
-                                                          transport_options options, std::string task);
+                                                          transport_options options, task_identity self);
 
 /// Refuses a peer in the handshake: a Welcome with `code` and `why` (best effort), then closes.
 void refuse(const std::shared_ptr<wire::connection>& connection, std::error_code code, const std::string& why,
             const std::string& task);
 
 /// Accepts a peer in the handshake: an ok Welcome naming this task.
-void welcome(const std::shared_ptr<wire::connection>& connection, const std::string& job, int index,
-             std::uint64_t incarnation);
+void welcome(const std::shared_ptr<wire::connection>& connection, const task_identity& self);
 
-/// Connects to `task` at `address`, sends `hello` and waits for the Welcome. Retries refused and
-/// failed connections with backoff until options.connect_timeout, then throws errc::unavailable;
-/// a refusal in the Welcome (e.g. a version mismatch) throws at once as a remote_error.
+/// Connects to `task` ("ps:0") at `address`, sends `hello` and waits for the Welcome; with a cluster
+/// secret, checks the task's proof of it and proves it in turn. Retries refused and failed
+/// connections with backoff until options.connect_timeout, then throws errc::unavailable. Throws at
+/// once: a refusal in the Welcome (a version mismatch, a wrong secret) as a remote_error;
+/// errc::unauthenticated when the task fails to prove the secret; errc::failed_precondition when
+/// another task than `task` answers (the cluster spec names the wrong address).
 asio::awaitable<std::shared_ptr<wire::connection>> connect_to_task(std::string task, std::string address,
                                                                    wire::Hello hello, transport_options options);
 

@@ -67,6 +67,8 @@ void connection::dispatch(frame f) {
       return;
     case frame_kind::hello:
     case frame_kind::welcome:
+    case frame_kind::challenge:
+    case frame_kind::proof:
       close("protocol error: handshake frame after the handshake");
       return;
   }

@@ -39,6 +39,8 @@ class connection : public std::enable_shared_from_this<connection> {
 
   /// Reads one frame before start(), for the handshake. Same results as frame_reader::read.
   asio::awaitable<std::optional<frame>> read_frame() { return reader_.read(socket_); }
+  /// The limits for the frames read from now on (the handshake runs under smaller ones).
+  void set_limits(frame_limits limits) noexcept { reader_.set_limits(limits); }
 
   /// Starts the read loop. Requests go to `on_request` (none: a request closes the connection);
   /// `on_close` runs once when the connection closes for any reason.

@@ -31,6 +31,8 @@ std::string_view kind_name(frame_kind kind) {
     case frame_kind::welcome: return "welcome";
     case frame_kind::request: return "request";
     case frame_kind::response: return "response";
+    case frame_kind::challenge: return "challenge";
+    case frame_kind::proof: return "proof";
   }
   return "unknown";
 }
@@ -41,6 +43,8 @@ bool body_matches(Frame::BodyCase body, frame_kind kind) {
     case frame_kind::welcome: return body == Frame::kWelcome;
     case frame_kind::request: return body == Frame::kRequest;
     case frame_kind::response: return body == Frame::kResponse;
+    case frame_kind::challenge: return body == Frame::kChallenge;
+    case frame_kind::proof: return body == Frame::kProof;
   }
   return false;
 }
@@ -62,7 +66,7 @@ fixed_header parse_fixed_header(std::span<const std::byte, fixed_header_size> by
   }
   fixed_header header;
   const auto kind = load_le<std::uint16_t>(p + 6);
-  if (kind < 1 || kind > 4) protocol_violation(fmt::format("unknown frame kind {}", kind));
+  if (kind < 1 || kind > 6) protocol_violation(fmt::format("unknown frame kind {}", kind));
   header.kind = static_cast<frame_kind>(kind);
   header.request_id = load_le<std::uint64_t>(p + 8);
   header.header_bytes = load_le<std::uint32_t>(p + 16);

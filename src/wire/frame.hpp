@@ -22,10 +22,10 @@
 namespace pscoro::wire {
 
 inline constexpr std::uint32_t frame_magic = 0x52435350;  // bytes "PSCR" in little-endian order
-inline constexpr std::uint16_t protocol_version = 2;
+inline constexpr std::uint16_t protocol_version = 3;
 inline constexpr std::size_t fixed_header_size = 32;
 
-enum class frame_kind : std::uint16_t { hello = 1, welcome = 2, request = 3, response = 4 };
+enum class frame_kind : std::uint16_t { hello = 1, welcome = 2, request = 3, response = 4, challenge = 5, proof = 6 };
 
 struct frame_limits {
   std::uint32_t max_header_bytes = 16u << 20;        ///< protobuf part
@@ -88,6 +88,8 @@ class frame_reader {
                                              const segment_destination* destination = nullptr);
 
   const frame_limits& limits() const noexcept { return limits_; }
+  /// The limits for the frames after this one (the handshake runs under smaller ones).
+  void set_limits(frame_limits limits) noexcept { limits_ = limits; }
 
  private:
   asio::awaitable<bool> fill(asio::ip::tcp::socket& socket, std::size_t n, std::size_t frame_offset);

@@ -26,10 +26,13 @@ wire::Hello chief_hello(std::uint64_t session) {
 wire::Status call(local_cluster& cluster, const std::string& job, wire::frame request, std::uint64_t session = 1) {
   asio::io_context io;
   const auto hello = chief_hello(session);
+  const auto task = job + ":0";  // named: g++ 12 destroys a co_await's temporaries early
+  const auto address = cluster.spec.task_address(job, 0);
+  const transport_options options;
   auto response = asio::co_spawn(
       io,
       [&]() -> asio::awaitable<wire::Status> {
-        auto connection = co_await runtime::connect_to_task(job + ":0", cluster.spec.task_address(job, 0), hello, {});
+        auto connection = co_await runtime::connect_to_task(task, address, hello, options);
         connection->start(nullptr, nullptr);
         auto [ec, reply] =
             co_await connection->async_call(std::move(request), asio::experimental::as_tuple(asio::use_awaitable));
@@ -45,11 +48,14 @@ wire::Status call(local_cluster& cluster, const std::string& job, wire::frame re
 // How `job`:0 of `cluster` refuses a connection with `hello` (it must refuse).
 remote_error refusal_of(local_cluster& cluster, const std::string& job, const wire::Hello& hello) {
   asio::io_context io;
+  const auto task = job + ":0";  // named: g++ 12 destroys a co_await's temporaries early
+  const auto address = cluster.spec.task_address(job, 0);
+  const transport_options options;
   auto refused = asio::co_spawn(
       io,
       [&]() -> asio::awaitable<std::optional<remote_error>> {
         try {
-          co_await runtime::connect_to_task(job + ":0", cluster.spec.task_address(job, 0), hello, {});
+          co_await runtime::connect_to_task(task, address, hello, options);
         } catch (const remote_error& e) {
           co_return e;
         }
@@ -85,22 +91,54 @@ TEST_CASE("a malformed listen address is refused with the task and the address")
   CHECK_THROWS_WITH_AS(bad_port.start(), "address '127.0.0.1:99999' of ps:0 has an invalid port", error);
 }
 
-TEST_CASE("a server listens on all interfaces unless its address is loopback, like TF's") {
+TEST_CASE("a server with a cluster secret listens on all interfaces unless its address is loopback, like TF's") {
   asio::io_context io;
+  server_options options;
+  options.transport.auth_secret = "a cluster secret of 32 bytes....";
   // A Kubernetes service name need not resolve to an address of this pod: only its port is used.
   const cluster_spec service{{"ps", {"test-tfjob-ps-0.ns2.svc.invalid:0"}}, {"worker", {"127.0.0.1:0"}}};
-  server ps(io.get_executor(), simple_cluster_resolver(service, "ps", 0));
+  server ps(io.get_executor(), simple_cluster_resolver(service, "ps", 0), options);
   ps.start();
   CHECK(ps.address().starts_with("0.0.0.0:"));
   CHECK(ps.port() != 0);
-  server worker(io.get_executor(), simple_cluster_resolver(service, "worker", 0));
+  server worker(io.get_executor(), simple_cluster_resolver(service, "worker", 0), options);
   worker.start();
   CHECK(worker.address().starts_with("127.0.0.1:"));
-  server_options explicit_address;
-  explicit_address.listen_address = "127.0.0.1:0";
-  server ps_on_loopback(io.get_executor(), simple_cluster_resolver(service, "ps", 0), explicit_address);
+  options.listen_address = "127.0.0.1:0";
+  server ps_on_loopback(io.get_executor(), simple_cluster_resolver(service, "ps", 0), options);
   ps_on_loopback.start();
   CHECK(ps_on_loopback.address().starts_with("127.0.0.1:"));
+}
+
+TEST_CASE("without a cluster secret a server listens on loopback only, unless the user accepts the risk") {
+  asio::io_context io;
+  const cluster_spec service{{"ps", {"test-tfjob-ps-0.ns2.svc.invalid:0"}}, {"worker", {"127.0.0.1:0"}}};
+  server exposed(io.get_executor(), simple_cluster_resolver(service, "ps", 0));
+  try {
+    exposed.start();
+    FAIL("a server without a secret listened on every interface");
+  } catch (const error& e) {
+    CHECK(e.code() == errc::invalid_argument);
+    CHECK_MESSAGE(contains(e.what(), "ps:0 will not listen on 0.0.0.0:0 without a cluster secret: anyone who can "
+                                     "reach that port could take the job over"),
+                  e.what());
+    CHECK_MESSAGE(contains(e.what(), "PSCORO_ALLOW_INSECURE=1"), e.what());
+  }
+  server_options insecure;
+  insecure.transport.allow_insecure = true;
+  server allowed(io.get_executor(), simple_cluster_resolver(service, "ps", 0), insecure);
+  allowed.start();
+  CHECK(allowed.address().starts_with("0.0.0.0:"));
+
+  ::setenv("PSCORO_ALLOW_INSECURE", "1", 1);
+  server allowed_by_environment(io.get_executor(), simple_cluster_resolver(service, "ps", 0));
+  allowed_by_environment.start();
+  CHECK(allowed_by_environment.address().starts_with("0.0.0.0:"));
+  ::setenv("PSCORO_ALLOW_INSECURE", "perhaps", 1);
+  CHECK_THROWS_WITH_AS(server(io.get_executor(), simple_cluster_resolver(service, "ps", 0)),
+                       "PSCORO_ALLOW_INSECURE is 'perhaps': use 1 (listen anywhere without a cluster secret) or 0",
+                       error);
+  ::unsetenv("PSCORO_ALLOW_INSECURE");
 }
 
 TEST_CASE("only workers bind worker functions") {

@@ -1,22 +1,18 @@
 // Bad input on the wire: each case is sent to a real ps over loopback by a raw socket. The server
 // must refuse it (with a reason, where it can), close that connection, and keep serving others.
 #include "local_cluster.hpp"
-#include "test_support.hpp"
-#include "wire/frame.hpp"
+#include "raw_client.hpp"
 
-#include <asio/connect.hpp>
 #include <fmt/format.h>
-#include <asio/read.hpp>
-#include <asio/write.hpp>
-
-#include <sys/socket.h>
 
 #include <thread>
 
-#include <cstring>
-
 using namespace pscoro;
 using pscoro::testing::local_cluster;
+using pscoro::testing::raw_client;
+using pscoro::testing::fixed_header;
+using pscoro::testing::refusal;
+using pscoro::testing::as_string;
 
 namespace {
 
@@ -29,79 +25,17 @@ server_options short_handshake() {
   return options;
 }
 
-// A blocking client socket to `address` whose reads give up after a generous 30 s.
-struct raw_client {
-  asio::io_context io;
-  asio::ip::tcp::socket socket{io};
-
-  explicit raw_client(const std::string& address) {
-    const auto colon = address.rfind(':');
-    socket.connect({asio::ip::make_address(address.substr(0, colon)),
-                    static_cast<unsigned short>(std::stoi(address.substr(colon + 1)))});
-    timeval timeout{30, 0};
-    ::setsockopt(socket.native_handle(), SOL_SOCKET, SO_RCVTIMEO, &timeout, sizeof(timeout));
-  }
-
-  void send(std::string_view bytes) { asio::write(socket, asio::buffer(bytes)); }
-  void send(const wire::encoded_frame& f) {
-    send(f.head);
-    for (const auto& s : f.segments) asio::write(socket, asio::buffer(s.data(), s.size()));
-  }
-
-  // Everything the server sends until it closes the connection; fails the test on a timeout.
-  std::string read_until_closed() {
-    std::string received;
-    char chunk[4096];
-    for (;;) {
-      std::error_code ec;
-      const auto n = socket.read_some(asio::buffer(chunk), ec);
-      received.append(chunk, n);
-      if (ec == asio::error::eof || ec == asio::error::connection_reset) return received;
-      if (ec == asio::error::would_block || ec == asio::error::try_again) {
-        FAIL("the server did not close the connection within 30 s");
-        return received;
-      }
-      if (ec) return received;
-    }
-  }
-};
-
-std::string as_string(const wire::encoded_frame& f) {
-  std::string out = f.head;
-  for (const auto& s : f.segments) out.append(reinterpret_cast<const char*>(s.data()), s.size());
-  return out;
-}
-
-wire::encoded_frame hello_frame(std::string job = "chief", std::uint32_t version = wire::protocol_version) {
+// A Hello of `job` for task `to`:0.
+wire::encoded_frame hello_frame(std::string job = "chief", std::uint32_t version = wire::protocol_version,
+                                std::string to = "ps") {
   wire::frame f;
   f.kind = wire::frame_kind::hello;
   auto* hello = f.message.mutable_hello();
   hello->set_protocol_version(version);
   hello->set_job(std::move(job));
   hello->set_session(1);
+  hello->set_to_job(std::move(to));
   return wire::encode(std::move(f));
-}
-
-std::string fixed_header(wire::frame_kind kind, std::uint32_t header_bytes, std::uint64_t payload_bytes,
-                         std::uint16_t version = wire::protocol_version, std::uint16_t raw_kind = 0) {
-  auto bytes = wire::encode_fixed_header({kind, 1, header_bytes, payload_bytes});
-  if (version != wire::protocol_version) std::memcpy(bytes.data() + 4, &version, 2);
-  if (raw_kind) std::memcpy(bytes.data() + 6, &raw_kind, 2);
-  return std::string(reinterpret_cast<const char*>(bytes.data()), bytes.size());
-}
-
-// The refusal the server sent: the Welcome's status message, or "" if it sent none.
-std::string refusal(const std::string& received) {
-  if (received.size() < wire::fixed_header_size) return "";
-  const auto header = wire::parse_fixed_header(
-      std::span<const std::byte, wire::fixed_header_size>(reinterpret_cast<const std::byte*>(received.data()),
-                                                          wire::fixed_header_size),
-      {});
-  wire::Frame message;
-  REQUIRE(message.ParseFromArray(received.data() + wire::fixed_header_size, static_cast<int>(header.header_bytes)));
-  REQUIRE(message.has_welcome());
-  CHECK(message.welcome().status().code() != 0);
-  return message.welcome().status().message();
 }
 
 // The ps still works for a well-behaved coordinator.
@@ -127,7 +61,7 @@ TEST_CASE("bad input closes only that connection, with a reason") {
   SUBCASE("wrong version in the frame header") {
     raw_client c(ps);
     c.send(fixed_header(wire::frame_kind::hello, 0, 0, 1));
-    CHECK(contains(refusal(c.read_until_closed()), "unsupported protocol version 1 (this build speaks version 2)"));
+    CHECK(contains(refusal(c.read_until_closed()), "unsupported protocol version 1 (this build speaks version 3)"));
   }
   SUBCASE("wrong version in the Hello") {
     raw_client c(ps);
@@ -187,7 +121,7 @@ TEST_CASE("bad input closes only that connection, with a reason") {
 TEST_CASE("a worker refuses connections from other workers") {
   local_cluster cluster(1, 1, {}, short_handshake());
   raw_client c(cluster.spec.task_address("worker", 0));
-  c.send(hello_frame("worker"));
+  c.send(hello_frame("worker", wire::protocol_version, "worker"));
   CHECK(contains(refusal(c.read_until_closed()), "worker:0 does not accept connections from 'worker' tasks"));
   check_still_serving(cluster);
 }
@@ -201,7 +135,7 @@ TEST_CASE("a task that accepts but never answers the handshake is deadline_excee
   options.transport.handshake_timeout = std::chrono::milliseconds(200);
   const auto e = pscoro::testing::connect_failure(spec, options);
   CHECK(e.code() == errc::deadline_exceeded);
-  CHECK(contains(e.what(), "accepted the connection but sent no Welcome"));
+  CHECK(contains(e.what(), "accepted the connection but did not finish the handshake"));
 }
 
 TEST_CASE("a task address where something else answers fails at once with protocol_error") {

@@ -69,6 +69,9 @@ faulty_links() {
 }
 check "every host's link is faulty ($faults)" test "$(faulty_links)" -eq 4
 
+# The hosts listen on their own addresses, not loopback: the tasks must share a cluster secret.
+export PSCORO_AUTH_SECRET_FILE="$work/cluster-secret"
+(umask 077; head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n' > "$PSCORO_AUTH_SECRET_FILE")
 cluster='{"chief": ["10.231.0.4:2222"], "ps": ["10.231.0.1:2222"], "worker": ["10.231.0.2:2222", "10.231.0.3:2222"]}'
 config() { echo "{\"cluster\": $cluster, \"task\": {\"type\": \"$1\", \"index\": $2}}"; }
 ip netns exec "$tag-ps0" env TF_CONFIG="$(config ps 0)" "$example" > "$work/ps0.log" 2>&1 &

@@ -81,7 +81,7 @@ TEST_CASE("every bad fixed header is refused with its reason") {
 
   bytes = header_bytes({frame_kind::request, 1, 10, 0});
   poke<std::uint16_t>(bytes, 4, 1);
-  CHECK(contains(protocol_error_of(bytes), "unsupported protocol version 1 (this build speaks version 2)"));
+  CHECK(contains(protocol_error_of(bytes), "unsupported protocol version 1 (this build speaks version 3)"));
 
   bytes = header_bytes({frame_kind::request, 1, 10, 0});
   poke<std::uint16_t>(bytes, 6, 9);

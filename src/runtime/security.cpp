@@ -1,0 +1,158 @@
+#include "runtime/security.hpp"
+
+#include "runtime/log.hpp"
+
+#include <pscoro/error.hpp>
+
+#include <fmt/format.h>
+
+#include <openssl/crypto.h>
+#include <openssl/evp.h>
+#include <openssl/hmac.h>
+#include <openssl/rand.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <fstream>
+#include <iterator>
+#include <map>
+#include <string_view>
+
+namespace pscoro::runtime {
+namespace {
+
+std::string environment(const char* name) {
+  const char* value = std::getenv(name);
+  return value ? value : "";
+}
+
+bool insecure_allowed_by_environment() {
+  const auto value = environment("PSCORO_ALLOW_INSECURE");
+  if (value.empty() || value == "0" || value == "false" || value == "no") return false;
+  if (value == "1" || value == "true" || value == "yes") return true;
+  throw error(errc::invalid_argument,
+              fmt::format("PSCORO_ALLOW_INSECURE is '{}': use 1 (listen anywhere without a cluster secret) or 0", value));
+}
+
+// The handshake as bytes both ends compute alike: a label, then each field with its length, so no
+// two different handshakes give the same bytes.
+class transcript {
+ public:
+  explicit transcript(std::string_view label) { add(label); }
+
+  void add(std::string_view field) {
+    add_integer(field.size(), 4);
+    bytes_.append(field);
+  }
+  void add_integer(std::uint64_t value, std::size_t width = 8) {
+    for (std::size_t i = 0; i < width; ++i) bytes_.push_back(static_cast<char>((value >> (8 * i)) & 0xff));
+  }
+  const std::string& bytes() const noexcept { return bytes_; }
+
+ private:
+  std::string bytes_;
+};
+
+std::string_view label_of(handshake_side side) {
+  return side == handshake_side::accepting ? "pscoro-v3 accepting side" : "pscoro-v3 connecting side";
+}
+
+}  // namespace
+
+std::string read_secret_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) {
+    throw error(errc::invalid_argument, fmt::format("cannot read the cluster secret file '{}' (PSCORO_AUTH_SECRET_FILE)",
+                                                    path));
+  }
+  std::string secret((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  while (!secret.empty() && (secret.back() == '\n' || secret.back() == '\r')) secret.pop_back();
+  if (secret.size() < min_secret_bytes) {
+    throw error(errc::invalid_argument,
+                fmt::format("the cluster secret in '{}' has {} bytes; at least {} are needed (e.g. `openssl rand -hex "
+                            "32 > {}`)",
+                            path, secret.size(), min_secret_bytes, path));
+  }
+  return secret;
+}
+
+transport_options with_environment(transport_options options) {
+  if (options.auth_secret.empty()) {
+    if (const auto path = environment("PSCORO_AUTH_SECRET_FILE"); !path.empty()) {
+      options.auth_secret = read_secret_file(path);
+    }
+  } else if (options.auth_secret.size() < min_secret_bytes) {
+    throw error(errc::invalid_argument,
+                fmt::format("transport_options::auth_secret has {} bytes; at least {} are needed",
+                            options.auth_secret.size(), min_secret_bytes));
+  }
+  if (!options.allow_insecure) options.allow_insecure = insecure_allowed_by_environment();
+  return options;
+}
+
+void check_exposure(const asio::ip::tcp::endpoint& endpoint, const transport_options& options,
+                    const std::string& task) {
+  if (!options.auth_secret.empty() || endpoint.address().is_loopback()) return;
+  const auto address = fmt::format("{}:{}", endpoint.address().to_string(), endpoint.port());
+  if (!options.allow_insecure) {
+    throw error(errc::invalid_argument,
+                fmt::format("{} will not listen on {} without a cluster secret: anyone who can reach that port could "
+                            "take the job over. Give every task the same secret (PSCORO_AUTH_SECRET_FILE; "
+                            "pscoro-launch does), or accept the risk with PSCORO_ALLOW_INSECURE=1",
+                            task, address));
+  }
+  log::warning("{} listens on {} without a cluster secret (allow_insecure): anyone who can reach it can take the job "
+               "over",
+               task, address);
+}
+
+std::string random_nonce() {
+  std::string nonce(nonce_bytes, '\0');
+  if (RAND_bytes(reinterpret_cast<unsigned char*>(nonce.data()), static_cast<int>(nonce.size())) != 1) {
+    throw error(errc::internal, "OpenSSL could not produce random bytes for a handshake nonce");
+  }
+  return nonce;
+}
+
+std::string handshake_proof(const std::string& secret, handshake_side side, const wire::Hello& hello,
+                            const wire::Challenge& challenge) {
+  transcript t(label_of(side));
+  t.add_integer(hello.protocol_version());
+  t.add(hello.job());
+  t.add_integer(static_cast<std::uint32_t>(hello.task_index()));
+  t.add_integer(hello.incarnation());
+  t.add_integer(hello.session());
+  t.add(hello.address());
+  t.add(hello.to_job());
+  t.add_integer(static_cast<std::uint32_t>(hello.to_task_index()));
+  for (const auto& job : hello.cluster()) {
+    t.add(job.name());
+    const std::map<int, std::string> tasks(job.tasks().begin(), job.tasks().end());  // protobuf maps are unordered
+    t.add_integer(tasks.size());
+    for (const auto& [index, address] : tasks) {
+      t.add_integer(static_cast<std::uint32_t>(index));
+      t.add(address);
+    }
+  }
+  t.add(hello.nonce());
+  t.add(challenge.job());
+  t.add_integer(static_cast<std::uint32_t>(challenge.task_index()));
+  t.add_integer(challenge.incarnation());
+  t.add(challenge.nonce());
+
+  unsigned char mac[EVP_MAX_MD_SIZE];
+  unsigned int length = 0;
+  if (!HMAC(EVP_sha256(), secret.data(), static_cast<int>(secret.size()),
+            reinterpret_cast<const unsigned char*>(t.bytes().data()), t.bytes().size(), mac, &length)) {
+    throw error(errc::internal, "OpenSSL could not compute HMAC-SHA256 for the handshake");
+  }
+  return std::string(reinterpret_cast<const char*>(mac), length);
+}
+
+bool verify_handshake_proof(const std::string& secret, handshake_side side, const wire::Hello& hello,
+                            const wire::Challenge& challenge, const std::string& proof) {
+  const auto expected = handshake_proof(secret, side, hello, challenge);
+  return proof.size() == expected.size() && CRYPTO_memcmp(proof.data(), expected.data(), expected.size()) == 0;
+}
+
+}  // namespace pscoro::runtime

@@ -1,0 +1,324 @@
+// Who may talk to a task: with a cluster secret every connection proves it both ways; a stranger
+// without it (or with another, or replaying a recorded handshake) is refused and changes nothing;
+// only the chief opens a session; the chief checks who answered.
+#include "local_cluster.hpp"
+#include "raw_client.hpp"
+#include "runtime/peer.hpp"
+#include "runtime/security.hpp"
+
+#include <asio/experimental/as_tuple.hpp>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+
+using namespace pscoro;
+using pscoro::testing::local_cluster;
+using pscoro::testing::raw_client;
+
+namespace {
+
+const std::string secret = "the test cluster's secret, 41 bytes long";
+const std::string other_secret = "a stranger's secret that is not the job's";
+
+const worker_function<double(variable<float>)> add_one{"security.add_one"};
+
+void bind_functions(server& s) {
+  // Adds 1 to every element on the ps and returns the sum it reads back: a worker -> ps round trip.
+  s.bind(add_one, [](variable<float> v) -> asio::awaitable<double> {
+    xt::xarray<float> ones = xt::ones<float>(v.shape());
+    co_await v.assign_add(ones);
+    const auto value = co_await v.read();
+    co_return static_cast<double>(xt::sum(value)());
+  });
+}
+
+server_options servers_with(const std::string& s) {
+  server_options options;
+  options.transport.auth_secret = s;
+  return options;
+}
+
+strategy_options chief_with(const std::string& s) {
+  strategy_options options;
+  options.transport.auth_secret = s;
+  return options;
+}
+
+wire::Hello hello_of(const std::string& job, std::uint64_t session) {
+  wire::Hello hello;
+  hello.set_protocol_version(wire::protocol_version);
+  hello.set_job(job);
+  hello.set_session(session);
+  hello.set_incarnation(session);
+  return hello;
+}
+
+// What connecting to `task` at `address` with `hello` and `transport` throws; "" if it connects.
+asio::awaitable<std::pair<std::error_code, std::string>> refusal_of(std::string task, std::string address,
+                                                                    wire::Hello hello, transport_options transport) {
+  try {
+    auto c = co_await runtime::connect_to_task(task, address, hello, transport);
+    c->close("done");
+  } catch (const error& e) {
+    co_return std::pair{e.code(), std::string(e.what())};
+  }
+  co_return std::pair{std::error_code{}, std::string{}};
+}
+
+transport_options stranger_with(const std::string& s) {
+  transport_options options;
+  options.auth_secret = s;
+  options.connect_timeout = std::chrono::seconds(5);
+  return options;
+}
+
+// The job's variable is untouched and its workers still run functions in its session.
+asio::awaitable<void> check_job_untouched(cluster_coordinator& coordinator, variable<float>& v, float expected_sum) {
+  CHECK(static_cast<double>(xt::sum(co_await v.read())()) == doctest::Approx(expected_sum));
+  auto result = coordinator.schedule(add_one, v);
+  CHECK(co_await result.get() == doctest::Approx(expected_sum + 2));
+}
+
+// A scoped environment variable.
+struct environment_variable {
+  environment_variable(const char* name, const std::string& value) : name_(name) { ::setenv(name, value.c_str(), 1); }
+  ~environment_variable() { ::unsetenv(name_); }
+  const char* name_;
+};
+
+}  // namespace
+
+TEST_CASE("a cluster whose tasks share the secret trains: the chief, workers and ps all prove it") {
+  local_cluster cluster(2, 2, bind_functions, servers_with(secret));
+  cluster.run_chief(
+      [](parameter_server_strategy& strategy, cluster_coordinator& coordinator) -> asio::awaitable<void> {
+        const xt::xarray<float> zeros = xt::zeros<float>({2});
+        auto v0 = co_await strategy.scope().create_variable("v0", zeros);
+        auto v1 = co_await strategy.scope().create_variable("v1", zeros);  // on ps:1
+        std::vector<remote_value<double>> sums;
+        for (int i = 0; i < 10; ++i) sums.push_back(coordinator.schedule(add_one, i % 2 ? v1 : v0));
+        co_await coordinator.join();
+        CHECK(xt::sum(co_await v0.read())() == doctest::Approx(10));
+        CHECK(xt::sum(co_await v1.read())() == doctest::Approx(10));
+      },
+      {}, chief_with(secret));
+}
+
+TEST_CASE("a stranger without the secret, or with another, cannot open a session; the job is untouched") {
+  local_cluster cluster(1, 1, bind_functions, servers_with(secret));
+  cluster.run_chief(
+      [&](parameter_server_strategy& strategy, cluster_coordinator& coordinator) -> asio::awaitable<void> {
+        const xt::xarray<float> initial{1, 2};
+        auto v = co_await strategy.scope().create_variable("v", initial);
+        for (const std::string job : {"ps", "worker"}) {
+          const auto task = job + ":0";
+          const auto address = cluster.spec.task_address(job, 0);
+          INFO("stranger at ", task);
+          // A new session would end the job's: the servers would drop its variables and iterators.
+          const auto hello = hello_of("chief", 0x5742414e47455231);
+
+          const auto [no_secret, no_secret_message] = co_await refusal_of(task, address, hello, stranger_with(""));
+          CHECK(no_secret == errc::unauthenticated);
+          CHECK_MESSAGE(contains(no_secret_message, "sent no proof of the cluster secret and " + task +
+                                                        " requires one"),
+                        no_secret_message);
+
+          // The stranger checks the server's proof first and gives up; the server refuses it as well.
+          const auto [wrong, wrong_message] = co_await refusal_of(task, address, hello, stranger_with(other_secret));
+          CHECK(wrong == errc::unauthenticated);
+          CHECK_MESSAGE(contains(wrong_message, task + " at " + address + " failed to prove the cluster secret"),
+                        wrong_message);
+        }
+        co_await check_job_untouched(coordinator, v, 3);
+      },
+      {}, chief_with(secret));
+}
+
+TEST_CASE("a stranger who proves a wrong secret to a server is refused by it") {
+  // The stranger skips its own check of the server's proof, as a hostile peer would.
+  local_cluster cluster(1, 1, bind_functions, servers_with(secret));
+  raw_client c(cluster.spec.task_address("ps", 0));
+  wire::frame f;
+  f.kind = wire::frame_kind::hello;
+  auto& hello = *f.message.mutable_hello() = hello_of("chief", 7);
+  hello.set_to_job("ps");
+  hello.set_nonce(runtime::random_nonce());
+  const wire::Hello sent = hello;
+  c.send(wire::encode(std::move(f)));
+  const auto challenge = c.read_frame();
+  REQUIRE(challenge.kind == wire::frame_kind::challenge);
+  wire::frame proof;
+  proof.kind = wire::frame_kind::proof;
+  proof.message.mutable_proof()->set_proof(runtime::handshake_proof(
+      other_secret, runtime::handshake_side::connecting, sent, challenge.message.challenge()));
+  c.send(wire::encode(std::move(proof)));
+  const auto refused = pscoro::testing::refusal(c.read_until_closed());
+  CHECK_MESSAGE(contains(refused, "failed to prove the cluster secret (a different secret, or a replayed handshake)"),
+                refused);
+}
+
+TEST_CASE("a recorded handshake replayed on a new connection is refused") {
+  local_cluster cluster(1, 1, bind_functions, servers_with(secret));
+  const auto ps = cluster.spec.task_address("ps", 0);
+  // A real handshake, as the chief would do it, recorded byte for byte.
+  wire::Hello hello = hello_of("chief", 7);
+  hello.set_to_job("ps");
+  hello.set_nonce(runtime::random_nonce());
+  wire::frame hello_frame;
+  hello_frame.kind = wire::frame_kind::hello;
+  *hello_frame.message.mutable_hello() = hello;
+  const auto recorded_hello = pscoro::testing::as_string(wire::encode(std::move(hello_frame)));
+  std::string recorded_proof;
+  {
+    raw_client c(ps);
+    c.send(recorded_hello);
+    const auto challenge = c.read_frame();
+    REQUIRE(challenge.kind == wire::frame_kind::challenge);
+    CHECK(runtime::verify_handshake_proof(secret, runtime::handshake_side::accepting, hello,
+                                          challenge.message.challenge(), challenge.message.challenge().proof()));
+    wire::frame proof;
+    proof.kind = wire::frame_kind::proof;
+    proof.message.mutable_proof()->set_proof(runtime::handshake_proof(
+        secret, runtime::handshake_side::connecting, hello, challenge.message.challenge()));
+    recorded_proof = pscoro::testing::as_string(wire::encode(std::move(proof)));
+    c.send(recorded_proof);
+    const auto welcome = c.read_frame();
+    REQUIRE(welcome.kind == wire::frame_kind::welcome);
+    CHECK(welcome.message.welcome().status().code() == 0);
+  }
+  // The replay: the server's new nonce makes the old proof worthless.
+  raw_client replay(ps);
+  replay.send(recorded_hello);
+  CHECK(replay.read_frame().kind == wire::frame_kind::challenge);
+  replay.send(recorded_proof);
+  const auto refused = pscoro::testing::refusal(replay.read_until_closed());
+  CHECK_MESSAGE(contains(refused, "failed to prove the cluster secret (a different secret, or a replayed handshake)"),
+                refused);
+}
+
+TEST_CASE("a task with a secret and a task without one refuse each other, naming why") {
+  SUBCASE("servers with a secret, a chief without") {
+    local_cluster cluster(1, 1, bind_functions, servers_with(secret));
+    const auto e = pscoro::testing::connect_failure(cluster.spec, {});
+    CHECK(e.code() == errc::unauthenticated);
+    CHECK_MESSAGE(contains(e.what(), "sent no proof of the cluster secret and ps:0 requires one"), e.what());
+  }
+  SUBCASE("servers without a secret, a chief with one") {
+    local_cluster cluster(1, 1, bind_functions);
+    const auto e = pscoro::testing::connect_failure(cluster.spec, chief_with(secret));
+    CHECK(e.code() == errc::unauthenticated);
+    CHECK_MESSAGE(contains(e.what(), "authenticates with a cluster secret but ps:0 has none"), e.what());
+  }
+}
+
+TEST_CASE("only the chief opens a session: an evaluator, or a worker of another session, is refused") {
+  local_cluster cluster(1, 1, bind_functions, servers_with(secret));
+  cluster.run_chief(
+      [&](parameter_server_strategy& strategy, cluster_coordinator& coordinator) -> asio::awaitable<void> {
+        const xt::xarray<float> initial{1, 2};
+        auto v = co_await strategy.scope().create_variable("v", initial);
+        // An evaluator started against the live job holds the job's secret: its role is what is refused.
+        for (const std::string job : {"ps", "worker"}) {
+          const auto task = job + ":0";
+          const auto [code, message] = co_await refusal_of(task, cluster.spec.task_address(job, 0),
+                                                           hello_of("evaluator", 99), stranger_with(secret));
+          CHECK(code == errc::permission_denied);
+          CHECK_MESSAGE(contains(message, task + " does not accept connections from 'evaluator' tasks: only the "
+                                                 "chief opens a coordinator session"),
+                        message);
+        }
+        const auto [code, message] = co_await refusal_of("ps:0", cluster.spec.task_address("ps", 0),
+                                                         hello_of("worker", 99), stranger_with(secret));
+        CHECK(code == errc::aborted);
+        CHECK_MESSAGE(contains(message, "is not open on ps:0: only the chief opens a session"), message);
+        co_await check_job_untouched(coordinator, v, 3);
+      },
+      {}, chief_with(secret));
+}
+
+TEST_CASE("the chief checks who answered: a spec naming the wrong task's address fails at once") {
+  for (const auto& s : {std::string(), secret}) {
+    const std::string which = s.empty() ? "without a secret" : "with a secret";
+    INFO(which);
+    local_cluster cluster(1, 1, bind_functions, servers_with(s));
+    const cluster_spec swapped{{"ps", {cluster.spec.task_address("worker", 0)}},
+                               {"worker", {cluster.spec.task_address("ps", 0)}}};
+    const auto e = pscoro::testing::connect_failure(swapped, chief_with(s));
+    CHECK(e.code() == errc::failed_precondition);
+    // Refused by the task reached, before it acted on the Hello: it joined no session.
+    CHECK_MESSAGE(contains(e.what(), "(claims chief:0) dialled ps:0 but reached worker:0: its cluster spec names the "
+                                     "wrong address for ps:0"),
+                  e.what());
+  }
+}
+
+TEST_CASE("the secret comes from the file PSCORO_AUTH_SECRET_FILE names") {
+  const auto dir = std::filesystem::temp_directory_path() / ("pscoro-secret-test-" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  const auto write = [&](const std::string& name, const std::string& content) {
+    std::ofstream(dir / name, std::ios::binary) << content;
+    return (dir / name).string();
+  };
+  {
+    // A line break at the end (as `echo` writes it) is not part of the secret.
+    environment_variable file("PSCORO_AUTH_SECRET_FILE", write("secret", secret + "\n"));
+    local_cluster cluster(1, 1, bind_functions);
+    cluster.run_chief(
+        [&](parameter_server_strategy& strategy, cluster_coordinator& coordinator) -> asio::awaitable<void> {
+          const xt::xarray<float> initial{1, 2};
+          auto v = co_await strategy.scope().create_variable("v", initial);
+          const auto [code, message] = co_await refusal_of("ps:0", cluster.spec.task_address("ps", 0),
+                                                           hello_of("chief", 5), stranger_with(""));
+          CHECK(code == errc::unauthenticated);
+          // The file's secret less its line break: a peer holding it passes authentication (and is
+          // then refused for its role, which is checked only after).
+          const auto [role, role_message] = co_await refusal_of("worker:0", cluster.spec.task_address("worker", 0),
+                                                                hello_of("worker", 5), stranger_with(secret));
+          CHECK_MESSAGE(role == errc::permission_denied, role_message);
+          co_await check_job_untouched(coordinator, v, 3);
+        });
+  }
+  asio::io_context io;
+  const cluster_spec spec{{"ps", {"127.0.0.1:0"}}, {"worker", {"127.0.0.1:0"}}};
+  {
+    environment_variable file("PSCORO_AUTH_SECRET_FILE", (dir / "missing").string());
+    CHECK_THROWS_WITH_AS(server(io.get_executor(), simple_cluster_resolver(spec, "ps", 0)),
+                         ("cannot read the cluster secret file '" + (dir / "missing").string() +
+                          "' (PSCORO_AUTH_SECRET_FILE)")
+                             .c_str(),
+                         error);
+  }
+  {
+    environment_variable file("PSCORO_AUTH_SECRET_FILE", write("short", "hunter2\n"));
+    try {
+      parameter_server_strategy strategy(io.get_executor(), simple_cluster_resolver(spec));
+      FAIL("a 7-byte secret was accepted");
+    } catch (const error& e) {
+      CHECK(e.code() == errc::invalid_argument);
+      CHECK_MESSAGE(contains(e.what(), "has 7 bytes; at least 16 are needed"), e.what());
+    }
+  }
+  server_options short_in_code;
+  short_in_code.transport.auth_secret = "hunter2";
+  CHECK_THROWS_WITH_AS(server(io.get_executor(), simple_cluster_resolver(spec, "ps", 0), short_in_code),
+                       "transport_options::auth_secret has 7 bytes; at least 16 are needed", error);
+  std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("before it proves the secret a peer can make a server hold no more than a small handshake frame") {
+  local_cluster cluster(1, 1, bind_functions, servers_with(secret));
+  const auto ps = cluster.spec.task_address("ps", 0);
+  {
+    raw_client c(ps);
+    c.send(pscoro::testing::fixed_header(wire::frame_kind::hello, 1u << 20, 0));
+    const auto refused = pscoro::testing::refusal(c.read_until_closed());
+    CHECK_MESSAGE(contains(refused, "frame header of 1048576 bytes exceeds the limit of 262144 bytes"), refused);
+  }
+  {
+    raw_client c(ps);
+    c.send(pscoro::testing::fixed_header(wire::frame_kind::hello, 0, std::uint64_t{4} << 30));
+    const auto refused = pscoro::testing::refusal(c.read_until_closed());
+    CHECK_MESSAGE(contains(refused, "frame payload of 4294967296 bytes exceeds the limit of 0 bytes"), refused);
+  }
+}

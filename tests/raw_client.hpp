@@ -1,0 +1,102 @@
+// A blocking client that speaks raw bytes to a server, for tests of what a hostile or broken peer
+// can send: whole frames, parts of frames, or garbage, and the frames the server answers with.
+#pragma once
+
+#include "test_support.hpp"
+#include "wire/frame.hpp"
+
+#include <asio/connect.hpp>
+#include <asio/io_context.hpp>
+#include <asio/read.hpp>
+#include <asio/write.hpp>
+
+#include <sys/socket.h>
+
+#include <cstring>
+#include <string>
+#include <string_view>
+
+namespace pscoro::testing {
+
+// A blocking client socket to `address` whose reads give up after a generous 30 s.
+struct raw_client {
+  asio::io_context io;
+  asio::ip::tcp::socket socket{io};
+
+  explicit raw_client(const std::string& address) {
+    const auto colon = address.rfind(':');
+    socket.connect({asio::ip::make_address(address.substr(0, colon)),
+                    static_cast<unsigned short>(std::stoi(address.substr(colon + 1)))});
+    timeval timeout{30, 0};
+    ::setsockopt(socket.native_handle(), SOL_SOCKET, SO_RCVTIMEO, &timeout, sizeof(timeout));
+  }
+
+  void send(std::string_view bytes) { asio::write(socket, asio::buffer(bytes)); }
+  void send(const wire::encoded_frame& f) {
+    send(f.head);
+    for (const auto& s : f.segments) asio::write(socket, asio::buffer(s.data(), s.size()));
+  }
+
+  // The next frame the server sends (one without segments, as in a handshake); fails the test
+  // when the connection closes or times out first.
+  wire::frame read_frame() {
+    std::array<std::byte, wire::fixed_header_size> fixed;
+    asio::read(socket, asio::buffer(fixed));
+    const auto header = wire::parse_fixed_header(fixed, {});
+    REQUIRE(header.payload_bytes == 0);
+    std::string body(header.header_bytes, '\0');
+    asio::read(socket, asio::buffer(body));
+    wire::frame f;
+    f.kind = header.kind;
+    f.request_id = header.request_id;
+    REQUIRE(f.message.ParseFromString(body));
+    return f;
+  }
+
+  // Everything the server sends until it closes the connection; fails the test on a timeout.
+  std::string read_until_closed() {
+    std::string received;
+    char chunk[4096];
+    for (;;) {
+      std::error_code ec;
+      const auto n = socket.read_some(asio::buffer(chunk), ec);
+      received.append(chunk, n);
+      if (ec == asio::error::eof || ec == asio::error::connection_reset) return received;
+      if (ec == asio::error::would_block || ec == asio::error::try_again) {
+        FAIL("the server did not close the connection within 30 s");
+        return received;
+      }
+      if (ec) return received;
+    }
+  }
+};
+
+inline std::string as_string(const wire::encoded_frame& f) {
+  std::string out = f.head;
+  for (const auto& s : f.segments) out.append(reinterpret_cast<const char*>(s.data()), s.size());
+  return out;
+}
+
+inline std::string fixed_header(wire::frame_kind kind, std::uint32_t header_bytes, std::uint64_t payload_bytes,
+                                std::uint16_t version = wire::protocol_version, std::uint16_t raw_kind = 0) {
+  auto bytes = wire::encode_fixed_header({kind, 1, header_bytes, payload_bytes});
+  if (version != wire::protocol_version) std::memcpy(bytes.data() + 4, &version, 2);
+  if (raw_kind) std::memcpy(bytes.data() + 6, &raw_kind, 2);
+  return std::string(reinterpret_cast<const char*>(bytes.data()), bytes.size());
+}
+
+// The refusal the server sent: the Welcome's status message, or "" if it sent none.
+inline std::string refusal(const std::string& received) {
+  if (received.size() < wire::fixed_header_size) return "";
+  const auto header = wire::parse_fixed_header(
+      std::span<const std::byte, wire::fixed_header_size>(reinterpret_cast<const std::byte*>(received.data()),
+                                                          wire::fixed_header_size),
+      {});
+  wire::Frame message;
+  REQUIRE(message.ParseFromArray(received.data() + wire::fixed_header_size, static_cast<int>(header.header_bytes)));
+  REQUIRE(message.has_welcome());
+  CHECK(message.welcome().status().code() != 0);
+  return message.welcome().status().message();
+}
+
+}  // namespace pscoro::testing
