@@ -220,6 +220,15 @@ int main(int argc, char** argv) {
   try {
     const auto resolver = pscoro::tf_config_cluster_resolver::from_environment();
     if (resolver.task_type() == "ps") return pscoro::run_server(resolver);
+    // TF's evaluator (a Kubeflow TFJob Evaluator replica) is a side job, never a second chief: it
+    // evaluates the chief's checkpoints as they appear, until the last step's.
+    if (resolver.task_type() == "evaluator") {
+      if (o.checkpoint_dir.empty()) {
+        std::fprintf(stderr, "fashion_mnist: the evaluator task evaluates checkpoints: give it --checkpoint-dir\n");
+        return 2;
+      }
+      return run_sidecar_evaluator({.checkpoint_dir = o.checkpoint_dir, .data_dir = o.data_dir, .until_step = o.steps});
+    }
     if (resolver.task_type() == "worker") {
       return pscoro::run_server(resolver, [&o](pscoro::server& s) {
         // This worker's half (third, ...) of the training images, reshuffled every epoch, forever:

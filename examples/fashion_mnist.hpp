@@ -1,15 +1,20 @@
 // The Fashion-MNIST model shared by the training example and its sidecar evaluator: softmax
-// regression on the 784 pixels scaled to [0, 1], its data pipeline and its test accuracy.
+// regression on the 784 pixels scaled to [0, 1], its data pipeline, its test accuracy, and the
+// sidecar evaluator's loop.
 #pragma once
 
+#include <pscoro/checkpoint.hpp>
 #include <pscoro/data_formats.hpp>
 #include <pscoro/dataset.hpp>
 
 #include <xtensor/xarray.hpp>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
+#include <cstdio>
 #include <string>
+#include <thread>
 #include <tuple>
 #include <utility>
 
@@ -71,6 +76,52 @@ inline std::pair<double, std::size_t> accuracy(const std::string& dir, const xt:
     total += labels.size();
   }
   return {static_cast<double>(correct) / static_cast<double>(total), total};
+}
+
+struct evaluator_options {
+  std::string checkpoint_dir;
+  std::string data_dir = default_data_dir;
+  std::int64_t until_step = 0;  // exit after a checkpoint of this step or later (0: never)
+  double timeout = 600;         // exit 1 when no new checkpoint appears for this many seconds
+  double poll = 0.2;            // seconds between looks at the directory
+};
+
+/// TF's SidecarEvaluator: evaluates each new checkpoint in the directory on the test set as it
+/// appears, reading the weights straight from the file (no cluster). Returns the exit code.
+inline int run_sidecar_evaluator(const evaluator_options& o) {
+  std::int64_t last_number = -1;
+  auto last_news = std::chrono::steady_clock::now();
+  while (true) {
+    for (const auto& path : pscoro::checkpoints_in(o.checkpoint_dir)) {
+      const auto number = *pscoro::checkpoint_manager::number_of(path);
+      if (number <= last_number) continue;
+      last_number = number;
+      last_news = std::chrono::steady_clock::now();
+      try {
+        // A checkpoint appears complete (renamed into place); one pruned while we read it stays
+        // readable through the open file.
+        const pscoro::checkpoint_reader reader(path);
+        const auto w = reader.read<float>("softmax/weights");
+        const auto b = reader.read<float>("softmax/bias");
+        const auto [acc, images] = accuracy(o.data_dir, w, b);
+        std::printf("evaluator: %s step %lld test accuracy %.4f on %zu images\n", path.filename().c_str(),
+                    static_cast<long long>(reader.step()), acc, images);
+        std::fflush(stdout);
+        if (o.until_step > 0 && reader.step() >= o.until_step) return 0;
+      } catch (const pscoro::error& e) {
+        if (e.code() != pscoro::errc::not_found) {
+          std::fprintf(stderr, "evaluator: %s\n", e.what());
+          return 1;
+        }
+        std::printf("evaluator: %s was pruned before it could be read\n", path.filename().c_str());
+      }
+    }
+    if (std::chrono::steady_clock::now() - last_news > std::chrono::duration<double>(o.timeout)) {
+      std::fprintf(stderr, "evaluator: no new checkpoint in %s for %.0f s\n", o.checkpoint_dir.c_str(), o.timeout);
+      return 1;
+    }
+    std::this_thread::sleep_for(std::chrono::duration<double>(o.poll));
+  }
 }
 
 }  // namespace examples::fashion_mnist

@@ -36,6 +36,13 @@ coordinator_core::coordinator_core(asio::any_io_executor executor, const simple_
                             "'worker' or 'ps')",
                             task_type));
   }
+  // A second coordinator would end the chief's session on every server (they refuse it anyway).
+  if (task_type != "chief" && task_type != "master") {
+    throw error(errc::invalid_argument,
+                fmt::format("the coordinator runs as the 'chief' task, not '{}': an evaluator is a side job that "
+                            "evaluates the chief's checkpoints (a sidecar evaluator), never a second coordinator",
+                            task_type));
+  }
   validate_parameter_server_cluster(cluster_, resolver.task_type(), resolver.task_id());
   for (const auto& job : {"ps", "worker"}) {
     const auto indices = cluster_.task_indices(job);

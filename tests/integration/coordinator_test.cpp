@@ -436,6 +436,12 @@ TEST_CASE("the strategy validates its cluster like TF") {
   CHECK_THROWS_WITH_AS(parameter_server_strategy(io.get_executor(),
                                                  simple_cluster_resolver(cluster_spec{{"ps", {"p:1"}}, {"worker", {"w:1"}}}, "worker", 0)),
                        doctest::Contains("coordinator runs as the 'chief' task"), error);
+  // Kubeflow's TFJob has an Evaluator replica: the same program run there must not become a chief.
+  CHECK_THROWS_WITH_AS(parameter_server_strategy(io.get_executor(),
+                                                 simple_cluster_resolver(cluster_spec{{"ps", {"p:1"}}, {"worker", {"w:1"}}}, "evaluator", 0)),
+                       doctest::Contains("the coordinator runs as the 'chief' task, not 'evaluator': an evaluator is a "
+                                         "side job"),
+                       error);
 }
 
 TEST_CASE("closures of a lost worker run again on the other worker") {

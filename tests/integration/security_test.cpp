@@ -7,10 +7,15 @@
 #include "runtime/security.hpp"
 
 #include <asio/experimental/as_tuple.hpp>
+#include <asio/read.hpp>
+#include <asio/write.hpp>
+
+#include <fmt/format.h>
 
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <thread>
 
 using namespace pscoro;
 using pscoro::testing::local_cluster;
@@ -321,4 +326,32 @@ TEST_CASE("before it proves the secret a peer can make a server hold no more tha
     const auto refused = pscoro::testing::refusal(c.read_until_closed());
     CHECK_MESSAGE(contains(refused, "frame payload of 4294967296 bytes exceeds the limit of 0 bytes"), refused);
   }
+}
+
+TEST_CASE("a task that answers as another than the one dialled is not trusted") {
+  // A rogue listener that welcomes anyone as worker:0 (a stale address, or something worse).
+  asio::io_context io;
+  asio::ip::tcp::acceptor rogue(io, {asio::ip::address_v4::loopback(), 0});
+  const auto address = fmt::format("127.0.0.1:{}", rogue.local_endpoint().port());
+  std::thread answer([&] {
+    auto socket = rogue.accept();
+    std::array<std::byte, wire::fixed_header_size> fixed;
+    asio::read(socket, asio::buffer(fixed));
+    std::string hello(wire::parse_fixed_header(fixed, {}).header_bytes, '\0');
+    asio::read(socket, asio::buffer(hello));
+    wire::frame welcome;
+    welcome.kind = wire::frame_kind::welcome;
+    welcome.message.mutable_welcome()->set_job("worker");
+    asio::write(socket, asio::buffer(wire::encode(std::move(welcome)).head));
+    char byte;
+    std::error_code closed;
+    socket.read_some(asio::buffer(&byte, 1), closed);  // until the chief hangs up
+  });
+  const cluster_spec spec{{"ps", {address}}, {"worker", {address}}};
+  const auto e = pscoro::testing::connect_failure(spec, {});
+  answer.join();
+  CHECK(e.code() == errc::failed_precondition);
+  CHECK_MESSAGE(contains(e.what(), "dialled ps:0 at " + address +
+                                       " but worker:0 answered: the cluster spec names the wrong address for ps:0"),
+                e.what());
 }

@@ -1,0 +1,64 @@
+#!/usr/bin/env bash
+# Strangers on the host of a live Fashion-MNIST job (real processes): without the job's secret, with
+# a wrong one, or with the right one but a role that may not open a session (an evaluator, a worker
+# of another session), they are refused by every ps and worker and change nothing; the job ends
+# with its usual accuracy and its servers never switch sessions. The same program started as the
+# job's `evaluator` task evaluates the job's checkpoints instead of becoming a second chief.
+#   security_test.sh PSCORO_LAUNCH FASHION_MNIST STRANGER
+set -uo pipefail
+launch=$1
+example=$2
+stranger=$3
+source "$(dirname "$0")/checks.sh"
+
+export PSCORO_AUTH_SECRET_FILE="$work/job-secret"  # pscoro-launch uses it as it is
+(umask 077; head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n' > "$PSCORO_AUTH_SECRET_FILE")
+(umask 077; head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n' > "$work/wrong-secret")
+
+"$launch" --ps 1 --workers 2 -- "$example" --steps 3000 --log-every 100 --min-accuracy 0.80 \
+  --checkpoint-dir "$work/ckpt" --checkpoint-every 1000 > "$work/job.log" 2>&1 &
+job=$!
+check "the job trains" wait_for "$work/job.log" 'chief: step 200/' 300
+address_of() { sed -nE "s/^\[$1\] pscoro: [a-z]+:[0-9]+ listening on (\S+)$/\1/p" "$work/job.log" | head -n 1; }
+
+# stranger_refused TASK LABEL CODE [ARGS...]: the stranger gets CODE from TASK and nothing more.
+stranger_refused() {
+  local out
+  out=$(env -u PSCORO_AUTH_SECRET_FILE "$stranger" "$(address_of "$2")" "$1" "${@:4}" 2>&1)
+  local code=$?
+  echo "stranger at $1 (${*:4}): $out" | head -n 3
+  [ "$code" -eq 0 ] && grep -q "^refused: $3: " <<< "$out"
+}
+for task in ps:0 worker:0 worker:1; do
+  label=${task/:/-}
+  check "$task refuses a stranger without the secret" stranger_refused "$task" "$label" unauthenticated
+  check "$task refuses a stranger with a wrong secret" \
+    stranger_refused "$task" "$label" unauthenticated --secret-file "$work/wrong-secret"
+  check "$task refuses an evaluator that holds the secret" \
+    stranger_refused "$task" "$label" "permission denied" --job evaluator --secret-file "$PSCORO_AUTH_SECRET_FILE"
+done
+check "ps:0 refuses a worker of a session it does not know" \
+  stranger_refused ps:0 ps-0 aborted --job worker --secret-file "$PSCORO_AUTH_SECRET_FILE"
+
+# The program run as the job's evaluator task: a sidecar evaluator of the job's checkpoints.
+cluster="{\"chief\": [\"127.0.0.1:0\"], \"ps\": [\"$(address_of ps-0)\"], \"worker\": [\"$(address_of worker-0)\", \"$(address_of worker-1)\"]}"
+TF_CONFIG="{\"cluster\": $cluster, \"task\": {\"type\": \"evaluator\", \"index\": 0}}" \
+  "$example" --checkpoint-dir "$work/ckpt" --steps 3000 > "$work/evaluator.log" 2>&1 &
+evaluator=$!
+
+wait_exit "$job" 600
+check "the job ends well despite the strangers (exit $code)" test "$code" -eq 0
+check "the job reaches its accuracy" grep -qE 'chief: test accuracy 0\.(8|9)' "$work/job.log"
+check "no server ever switched sessions" bash -c "! grep -q 'new coordinator session' '$work/job.log'"
+# (A stranger with a wrong secret gives up on the server's proof before the server refuses it.)
+check "every refusal was logged by the server" test "$(grep -c 'refused connection from' "$work/job.log")" -ge 7
+wait_exit "$evaluator" 120
+check "the evaluator task evaluated the final checkpoint (exit $code)" test "$code" -eq 0
+check "the evaluator task reported the accuracy" grep -qE 'evaluator: ckpt-3000.safetensors step 3000 test accuracy' \
+  "$work/evaluator.log"
+TF_CONFIG="{\"cluster\": $cluster, \"task\": {\"type\": \"evaluator\", \"index\": 0}}" "$example" \
+  > "$work/evaluator2.log" 2>&1
+code=$?
+check "an evaluator task without a checkpoint directory says what it needs (exit $code)" \
+  grep -q 'the evaluator task evaluates checkpoints: give it --checkpoint-dir' "$work/evaluator2.log"
+finish
