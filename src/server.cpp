@@ -60,6 +60,7 @@ struct server::impl : std::enable_shared_from_this<impl> {
   std::uint64_t session = 0;
   std::deque<std::uint64_t> ended_sessions;
   static constexpr std::size_t max_ended_sessions = 1024;
+  std::size_t handshakes = 0;  // accepted connections still in their handshake
   bool stopped = false;
 
   impl(asio::any_io_executor ex, const simple_cluster_resolver& resolver, server_options options)
@@ -150,13 +151,15 @@ struct server::impl : std::enable_shared_from_this<impl> {
   }
 
   static asio::awaitable<void> accept_loop(std::shared_ptr<impl> self) {
+    runtime::accept_backoff backoff;
     while (!self->stopped) {
       auto [ec, socket] = co_await self->acceptor.async_accept(as_tuple(use_awaitable));
       if (ec == asio::error::operation_aborted || self->stopped) break;
       if (ec) {
-        log::warning("accept failed: {}", ec.message());
+        co_await backoff.failed(ec, self->task);
         continue;
       }
+      backoff.succeeded();
       asio::co_spawn(self->executor, handshake(self, std::move(socket)), asio::detached);
     }
   }
@@ -205,7 +208,22 @@ struct server::impl : std::enable_shared_from_this<impl> {
     auto connection = std::make_shared<wire::connection>(
         std::move(socket), runtime::limits_of(self->transport),
         fmt::format("{}:{}", remote.address().to_string(), remote.port()));
-    const auto hello = co_await runtime::receive_hello(connection, self->transport, self->identity());
+    if (self->connections.size() + self->handshakes >= self->transport.max_connections) {
+      runtime::refuse(connection, make_error_code(errc::resource_exhausted),
+                      fmt::format("{} holds {} connections, its limit (transport_options::max_connections)",
+                                  self->task, self->connections.size() + self->handshakes),
+                      self->task);
+      co_return;
+    }
+    ++self->handshakes;
+    std::optional<wire::Hello> hello;
+    try {
+      hello = co_await runtime::receive_hello(connection, self->transport, self->identity());
+    } catch (...) {
+      --self->handshakes;
+      throw;
+    }
+    --self->handshakes;
     if (!hello) co_return;
     const auto& h = *hello;
     // The chief opens and ends sessions; workers only join the current one, on a ps. Any other

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <chrono>
+#include <cstddef>
 #include <cstdint>
 #include <string>
 
@@ -17,6 +18,13 @@ struct transport_options {
   std::uint32_t max_handshake_bytes = 256u << 10;
   /// A peer that has not completed the handshake by then is disconnected.
   std::chrono::milliseconds handshake_timeout{std::chrono::seconds(10)};
+  /// A frame that has started to arrive and then gets no byte for this long closes the connection
+  /// (a peer that stalls mid-frame would otherwise hold it, and what the frame needed, for ever).
+  std::chrono::milliseconds frame_stall_timeout{std::chrono::seconds(30)};
+  /// Connections a server (or the chief's announcement listener) holds at once, handshakes
+  /// included; one more is refused with errc::resource_exhausted. Raise it (and the process's
+  /// file descriptor limit) for clusters of more than a few thousand tasks.
+  std::size_t max_connections = 4096;
   /// How long to keep retrying to reach a task that is not up yet (TF retries for ~3 minutes).
   std::chrono::milliseconds connect_timeout{std::chrono::minutes(3)};
   /// A connection this side opened sends a Heartbeat when nothing has arrived on it for this long,

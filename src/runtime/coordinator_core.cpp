@@ -423,6 +423,7 @@ std::string coordinator_core::address() const {
 }
 
 asio::awaitable<void> coordinator_core::hear_announcements(std::weak_ptr<coordinator_core> weak) {
+  runtime::accept_backoff backoff;
   for (;;) {
     asio::ip::tcp::acceptor* acceptor = nullptr;
     {
@@ -435,9 +436,12 @@ asio::awaitable<void> coordinator_core::hear_announcements(std::weak_ptr<coordin
     auto self = weak.lock();
     if (!self || self->closed_ || ec == asio::error::operation_aborted) co_return;
     if (ec) {
-      log::warning("accept failed: {}", ec.message());
+      const auto task = self->task_;
+      self.reset();  // the wait holds nothing either
+      co_await backoff.failed(ec, task);
       continue;
     }
+    backoff.succeeded();
     asio::co_spawn(self->executor_, hear_announcement(weak, std::move(socket)), asio::detached);
   }
 }
@@ -447,19 +451,35 @@ asio::awaitable<void> coordinator_core::hear_announcement(std::weak_ptr<coordina
   std::string task;
   transport_options transport;
   runtime::task_identity identity;
+  std::error_code ignored;
+  const auto remote = socket.remote_endpoint(ignored);
+  auto connection = std::make_shared<wire::connection>(std::move(socket), runtime::limits_of(transport),
+                                                       fmt::format("{}:{}", remote.address().to_string(), remote.port()));
   {
     auto self = weak.lock();
     if (!self) co_return;
     task = self->task_;
     transport = self->strategy_options_.transport;
     identity = {"chief", self->hello_.task_index(), self->hello_.incarnation()};
+    if (self->announcements_in_handshake_ >= transport.max_connections) {
+      runtime::refuse(connection, make_error_code(errc::resource_exhausted),
+                      fmt::format("{} is in {} handshakes, its limit (transport_options::max_connections)", task,
+                                  self->announcements_in_handshake_),
+                      task);
+      co_return;
+    }
+    ++self->announcements_in_handshake_;
   }
-  std::error_code ignored;
-  const auto remote = socket.remote_endpoint(ignored);
-  auto connection = std::make_shared<wire::connection>(std::move(socket), runtime::limits_of(transport),
-                                                       fmt::format("{}:{}", remote.address().to_string(), remote.port()));
-  const auto hello = co_await runtime::receive_hello(connection, transport, identity);
+  std::optional<wire::Hello> hello;
+  std::exception_ptr failure;
+  try {
+    hello = co_await runtime::receive_hello(connection, transport, identity);
+  } catch (...) {
+    failure = std::current_exception();
+  }
   auto self = weak.lock();
+  if (self) --self->announcements_in_handshake_;
+  if (failure) std::rethrow_exception(failure);
   if (!hello || !self || self->closed_) co_return;
   const auto count = self->workers_.size();
   std::string refusal;

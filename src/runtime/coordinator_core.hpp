@@ -154,6 +154,7 @@ class coordinator_core : public std::enable_shared_from_this<coordinator_core> {
   std::optional<asio::steady_timer> watch_timer_;
   std::string spec_address_;  // the chief's own address in the cluster spec, if any
   std::optional<asio::ip::tcp::acceptor> acceptor_;  // for announcements, when spec_address_ is set
+  std::size_t announcements_in_handshake_ = 0;
   std::optional<std::chrono::steady_clock::time_point> all_lost_since_;
   // The last time a closure finished, or the coordinator had nothing to do (for the watchdog).
   std::chrono::steady_clock::time_point last_progress_ = std::chrono::steady_clock::now();

@@ -4,7 +4,10 @@
 
 #include <fmt/format.h>
 
+#include <chrono>
+#include <cstddef>
 #include <string_view>
+#include <utility>
 
 namespace pscoro::log {
 
@@ -31,5 +34,35 @@ template <class... Args>
 void error(fmt::format_string<Args...> f, Args&&... args) {
   if (enabled(level::error)) write(level::error, fmt::format(f, std::forward<Args>(args)...));
 }
+
+/// Lets a message that may repeat fast (a failing accept, a flood of refused peers) through at most
+/// `burst` times per interval, counting the ones held back. Use on one thread.
+class throttle {
+ public:
+  throttle(std::size_t burst, std::chrono::steady_clock::duration interval) : burst_(burst), interval_(interval) {}
+
+  /// Whether to log now; if so, `held_back` is how many were not logged since the last one.
+  bool allow(std::size_t& held_back) {
+    const auto now = std::chrono::steady_clock::now();
+    if (now - window_start_ >= interval_) {
+      window_start_ = now;
+      used_ = 0;
+    }
+    if (used_ >= burst_) {
+      ++held_back_;
+      return false;
+    }
+    ++used_;
+    held_back = std::exchange(held_back_, 0);
+    return true;
+  }
+
+ private:
+  std::size_t burst_;
+  std::chrono::steady_clock::duration interval_;
+  std::chrono::steady_clock::time_point window_start_{};
+  std::size_t used_ = 0;
+  std::size_t held_back_ = 0;
+};
 
 }  // namespace pscoro::log

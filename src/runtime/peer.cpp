@@ -25,6 +25,7 @@ wire::frame_limits limits_of(const transport_options& options) {
   wire::frame_limits limits;
   limits.max_header_bytes = options.max_header_bytes;
   limits.max_payload_bytes = options.max_payload_bytes;
+  limits.stall_timeout = options.frame_stall_timeout;
   return limits;
 }
 
@@ -70,9 +71,25 @@ void listen_on(asio::ip::tcp::acceptor& acceptor, const std::string& address, co
   acceptor.listen();
 }
 
+asio::awaitable<void> accept_backoff::failed(std::error_code ec, const std::string& task) {
+  std::size_t held_back = 0;
+  if (throttle_.allow(held_back)) {
+    log::warning("{} cannot accept connections: {}{}; trying again in {} (logged at most every 10 s)", task,
+                 ec.message(), held_back ? fmt::format(" ({} more failures since the last report)", held_back) : "",
+                 delay_);
+  }
+  asio::steady_timer timer(co_await asio::this_coro::executor, delay_);
+  co_await timer.async_wait(as_tuple(use_awaitable));
+  delay_ = std::min<std::chrono::milliseconds>(delay_ * 2, std::chrono::seconds(1));
+}
+
 void refuse(const std::shared_ptr<wire::connection>& connection, std::error_code code, const std::string& why,
             const std::string& task) {
-  log::warning("refused connection from {}: {}", connection->peer(), why);
+  thread_local log::throttle throttle(20, std::chrono::seconds(10));
+  if (std::size_t held_back = 0; throttle.allow(held_back)) {
+    log::warning("refused connection from {}: {}{}", connection->peer(), why,
+                 held_back ? fmt::format(" ({} more refusals not logged)", held_back) : "");
+  }
   wire::frame refusal;
   refusal.kind = wire::frame_kind::welcome;
   wire::set_status(*refusal.message.mutable_welcome()->mutable_status(), code, why, task);
@@ -324,6 +341,11 @@ asio::awaitable<std::shared_ptr<wire::connection>> try_connect(const std::string
                                           address)));
   }
   const auto& w = answer->message.welcome();
+  if (w.status().code() == static_cast<int>(errc::resource_exhausted)) {
+    why = w.status().message();  // at its connection limit: it may have room again soon
+    connection->close("handshake refused");
+    co_return nullptr;
+  }
   if (w.status().code() != 0) {
     connection->close("handshake refused");
     wire::throw_if_error(w.status(), task);

@@ -4,6 +4,7 @@
 
 #include <pscoro/transport_options.hpp>
 
+#include "runtime/log.hpp"
 #include "wire/connection.hpp"
 
 #include <asio/awaitable.hpp>
@@ -48,7 +49,23 @@ struct task_identity {
 asio::awaitable<std::optional<wire::Hello>> receive_hello(std::shared_ptr<wire::connection> connection,
                                                           transport_options options, task_identity self);
 
+/// Paces an accept loop: after a failed accept it waits (10 ms, doubling to 1 s) so that a lasting
+/// failure, such as running out of file descriptors (EMFILE), does not spin, and logs failures at
+/// most once per 10 s with how many it held back.
+class accept_backoff {
+ public:
+  /// Logs `ec` (throttled) and waits before the next accept.
+  asio::awaitable<void> failed(std::error_code ec, const std::string& task);
+  void succeeded() noexcept { delay_ = initial_delay; }
+
+ private:
+  static constexpr std::chrono::milliseconds initial_delay{10};
+  std::chrono::milliseconds delay_ = initial_delay;
+  log::throttle throttle_{1, std::chrono::seconds(10)};
+};
+
 /// Refuses a peer in the handshake: a Welcome with `code` and `why` (best effort), then closes.
+/// Logged, at most 20 lines per 10 s per thread (a flood of strangers must not flood the log).
 void refuse(const std::shared_ptr<wire::connection>& connection, std::error_code code, const std::string& why,
             const std::string& task);
 

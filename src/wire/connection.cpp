@@ -20,6 +20,36 @@ void connection::start(request_handler on_request, close_handler on_close) {
   on_request_ = std::move(on_request);
   on_close_ = std::move(on_close);
   asio::co_spawn(socket_.get_executor(), read_loop(shared_from_this()), asio::detached);
+  if (reader_.limits().stall_timeout.count() > 0) {
+    stall_timer_.emplace(socket_.get_executor());
+    asio::co_spawn(socket_.get_executor(), stall_watch(shared_from_this()), asio::detached);
+  }
+}
+
+asio::awaitable<void> connection::stall_watch(std::shared_ptr<connection> self) {
+  using clock = std::chrono::steady_clock;
+  const auto timeout = self->reader_.limits().stall_timeout;
+  std::optional<std::uint64_t> seen;  // bytes received at the last check, if mid-frame then
+  while (!self->closed_) {
+    const auto scheduled = clock::now() + timeout;
+    self->stall_timer_->expires_at(scheduled);
+    co_await self->stall_timer_->async_wait(asio::experimental::as_tuple(asio::use_awaitable));
+    if (self->closed_) break;
+    // Woken late: this side's executor was busy and may not have read what arrived. Start over.
+    if (clock::now() - scheduled > timeout || !self->reader_.mid_frame()) {
+      seen.reset();
+      continue;
+    }
+    const auto received = self->reader_.bytes_received();
+    if (seen && *seen == received) {
+      log::warning("closing the connection of {}: it stalled in the middle of a frame for {} ms", self->peer_,
+                   timeout.count());
+      self->close(fmt::format("{} stalled in the middle of a frame: no byte for {} ms (frame_stall_timeout)",
+                              self->peer_, timeout.count()));
+      break;
+    }
+    seen = received;
+  }
 }
 
 asio::awaitable<void> connection::read_loop(std::shared_ptr<connection> self) {
@@ -171,6 +201,7 @@ void connection::close(const std::string& reason) {
   closed_ = true;
   close_reason_ = reason;
   if (heartbeat_timer_) heartbeat_timer_->cancel();
+  if (stall_timer_) stall_timer_->cancel();
   log::debug("connection to {} closed: {}", peer_, reason);
   std::error_code ignored;
   socket_.shutdown(asio::ip::tcp::socket::shutdown_both, ignored);

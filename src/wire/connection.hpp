@@ -86,6 +86,7 @@ class connection : public std::enable_shared_from_this<connection> {
  private:
   static asio::awaitable<void> read_loop(std::shared_ptr<connection> self);
   static asio::awaitable<void> serve(std::shared_ptr<connection> self, frame request);
+  static asio::awaitable<void> stall_watch(std::shared_ptr<connection> self);
   static asio::awaitable<void> heartbeat_loop(std::shared_ptr<connection> self, std::chrono::milliseconds interval,
                                               std::chrono::milliseconds timeout);
   void dispatch(frame f);
@@ -110,6 +111,7 @@ class connection : public std::enable_shared_from_this<connection> {
   std::optional<std::string> close_when_flushed_;
   std::chrono::steady_clock::time_point last_received_ = std::chrono::steady_clock::now();
   std::optional<asio::steady_timer> heartbeat_timer_;
+  std::optional<asio::steady_timer> stall_timer_;
 };
 
 /// Closes a connection that has not finished its handshake in time: a pending read on it then

@@ -183,8 +183,10 @@ asio::awaitable<bool> frame_reader::fill(asio::ip::tcp::socket& socket, std::siz
     if (buffer_.size() < n) buffer_.resize(n);
   }
   while (buffered() < n) {
+    mid_frame_ = frame_offset + buffered() > 0;
     auto [ec, got] = co_await socket.async_read_some(asio::buffer(buffer_.data() + end_, buffer_.size() - end_),
                                                      asio::experimental::as_tuple(asio::use_awaitable));
+    bytes_received_ += got;
     if (ec == asio::error::eof) {
       if (frame_offset == 0 && buffered() == 0) co_return false;
       protocol_violation(fmt::format("truncated frame: the peer closed the connection {} bytes into a frame",
@@ -227,7 +229,17 @@ asio::awaitable<std::optional<frame>> frame_reader::read(asio::ip::tcp::socket& 
     f.segments.push_back(std::move(segment));
   }
   if (!rest.empty()) {
-    auto [ec, got] = co_await asio::async_read(socket, rest, asio::experimental::as_tuple(asio::use_awaitable));
+    mid_frame_ = true;
+    // Progress is counted as it arrives: a large segment that keeps coming is not a stall.
+    auto [ec, got] = co_await asio::async_read(
+        socket, rest,
+        [this](const std::error_code& error, std::size_t transferred) -> std::size_t {
+          segment_progress_ = transferred;
+          return error ? 0 : 65536;  // asio::transfer_all's step
+        },
+        asio::experimental::as_tuple(asio::use_awaitable));
+    segment_progress_ = 0;
+    bytes_received_ += got;
     if (ec == asio::error::eof) {
       protocol_violation(fmt::format("truncated frame: the peer closed the connection {} bytes short of the "
                                      "{}-byte frame",
@@ -236,6 +248,7 @@ asio::awaitable<std::optional<frame>> frame_reader::read(asio::ip::tcp::socket& 
     if (ec) throw std::system_error(ec);
   }
   if (begin_ == end_) begin_ = end_ = 0;
+  mid_frame_ = buffered() > 0;
   co_return f;
 }
 

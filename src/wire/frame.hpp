@@ -12,6 +12,7 @@
 #include <asio/ip/tcp.hpp>
 
 #include <array>
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <optional>
@@ -31,6 +32,8 @@ struct frame_limits {
   std::uint32_t max_header_bytes = 16u << 20;        ///< protobuf part
   std::uint64_t max_payload_bytes = std::uint64_t{4} << 30;  ///< all tensor segments together
   std::uint32_t max_segments = 1u << 16;
+  /// A connection whose frame has started and then gets no byte for this long is closed (0: never).
+  std::chrono::milliseconds stall_timeout{0};
 };
 
 struct fixed_header {
@@ -88,6 +91,10 @@ class frame_reader {
                                              const segment_destination* destination = nullptr);
 
   const frame_limits& limits() const noexcept { return limits_; }
+  /// Whether a frame has started to arrive and is not complete yet.
+  bool mid_frame() const noexcept { return mid_frame_; }
+  /// Bytes received so far, for telling a stalled peer from a slow one.
+  std::uint64_t bytes_received() const noexcept { return bytes_received_ + segment_progress_; }
   /// The limits for the frames after this one (the handshake runs under smaller ones).
   void set_limits(frame_limits limits) noexcept { limits_ = limits; }
 
@@ -96,6 +103,9 @@ class frame_reader {
   std::size_t buffered() const noexcept { return end_ - begin_; }
 
   frame_limits limits_;
+  bool mid_frame_ = false;
+  std::uint64_t bytes_received_ = 0;
+  std::uint64_t segment_progress_ = 0;  // of the segment read under way
   std::vector<std::byte> buffer_;
   std::size_t begin_ = 0;
   std::size_t end_ = 0;

@@ -152,3 +152,34 @@ TEST_CASE("a task address where something else answers fails at once with protoc
   CHECK(e.code() == errc::protocol_error);
   CHECK(contains(e.what(), "does not answer in pscoro's protocol: bad magic"));
 }
+
+TEST_CASE("a peer that stalls in the middle of a frame is disconnected; others are served") {
+  auto options = short_handshake();
+  options.transport.frame_stall_timeout = std::chrono::milliseconds(200);
+  local_cluster cluster(1, 1, {}, options);
+  raw_client c(cluster.spec.task_address("ps", 0));
+  c.send(hello_frame());
+  REQUIRE(c.read_frame().message.welcome().status().code() == 0);
+  // A request frame announcing a 100-byte header, of which only 10 bytes ever come.
+  c.send(fixed_header(wire::frame_kind::request, 100, 0) + std::string(10, '\0'));
+  CHECK(c.read_until_closed().empty());  // closed without an answer, long before the 30 s read timeout
+  check_still_serving(cluster);
+}
+
+TEST_CASE("a server holds at most max_connections connections; one more is refused until one closes") {
+  auto options = short_handshake();
+  options.transport.handshake_timeout = std::chrono::seconds(30);
+  options.transport.max_connections = 3;
+  local_cluster cluster(1, 1, {}, options);
+  const auto ps = cluster.spec.task_address("ps", 0);
+  {
+    std::vector<std::unique_ptr<raw_client>> idle;  // connected, silent: still in their handshake
+    for (int i = 0; i < 3; ++i) idle.push_back(std::make_unique<raw_client>(ps));
+    raw_client one_more(ps);
+    const auto refused = refusal(one_more.read_until_closed());
+    CHECK_MESSAGE(contains(refused, "ps:0 holds 3 connections, its limit (transport_options::max_connections)"),
+                  refused);
+  }
+  // The chief is refused while the server has not yet seen the idle ones close, and tries again.
+  check_still_serving(cluster);
+}

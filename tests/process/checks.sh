@@ -28,6 +28,16 @@ wait_for() {
   return 1
 }
 
+# wait_for_file FILE [SECONDS]: polls until FILE exists (default 60 s).
+wait_for_file() {
+  for _ in $(seq $((${2:-60} * 10))); do
+    [ -e "$1" ] && return 0
+    sleep 0.1
+  done
+  echo "timed out waiting for $1"
+  return 1
+}
+
 # wait_exit PID [SECONDS]: waits for a background job (killing it after 600 s) and sets `code`.
 # Bash reaps finished jobs itself, so kill -0 fails once the job has ended.
 wait_exit() {
