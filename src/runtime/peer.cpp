@@ -26,6 +26,7 @@ wire::frame_limits limits_of(const transport_options& options) {
   limits.max_header_bytes = options.max_header_bytes;
   limits.max_payload_bytes = options.max_payload_bytes;
   limits.stall_timeout = options.frame_stall_timeout;
+  limits.max_bytes_in_flight = options.max_bytes_in_flight;
   return limits;
 }
 

@@ -36,7 +36,7 @@ asio::awaitable<void> connection::stall_watch(std::shared_ptr<connection> self) 
     co_await self->stall_timer_->async_wait(asio::experimental::as_tuple(asio::use_awaitable));
     if (self->closed_) break;
     // Woken late: this side's executor was busy and may not have read what arrived. Start over.
-    if (clock::now() - scheduled > timeout || !self->reader_.mid_frame()) {
+    if (clock::now() - scheduled > timeout || !self->reader_.mid_frame() || self->room_) {
       seen.reset();
       continue;
     }
@@ -64,6 +64,14 @@ asio::awaitable<void> connection::read_loop(std::shared_ptr<connection> self) {
   };
   try {
     while (!self->closed_) {
+      if (self->bytes_in_flight_ > self->reader_.limits().max_bytes_in_flight) {
+        // Backpressure: read on once enough requests are answered (or the connection closes).
+        const auto room = std::make_shared<detail::async_event>(self->socket_.get_executor());
+        self->room_ = room;
+        co_await room->async_wait(asio::use_awaitable);
+        self->room_.reset();
+        continue;
+      }
       auto f = co_await self->reader_.read(self->socket_, &destination);
       if (!f) break;
       self->last_received_ = std::chrono::steady_clock::now();
@@ -88,13 +96,16 @@ void connection::dispatch(frame f) {
       handler(std::error_code{}, std::move(f));
       return;
     }
-    case frame_kind::request:
+    case frame_kind::request: {
       if (!on_request_) {
         close("protocol error: this side serves no requests");
         return;
       }
-      asio::co_spawn(socket_.get_executor(), serve(shared_from_this(), std::move(f)), asio::detached);
+      const auto bytes = f.wire_bytes;
+      bytes_in_flight_ += bytes;
+      asio::co_spawn(socket_.get_executor(), serve(shared_from_this(), std::move(f), bytes), asio::detached);
       return;
+    }
     case frame_kind::hello:
     case frame_kind::welcome:
     case frame_kind::challenge:
@@ -104,7 +115,7 @@ void connection::dispatch(frame f) {
   }
 }
 
-asio::awaitable<void> connection::serve(std::shared_ptr<connection> self, frame request) {
+asio::awaitable<void> connection::serve(std::shared_ptr<connection> self, frame request, std::uint64_t bytes) {
   const auto id = request.request_id;
   frame response;
   try {
@@ -117,6 +128,10 @@ asio::awaitable<void> connection::serve(std::shared_ptr<connection> self, frame 
   response.kind = frame_kind::response;
   response.request_id = id;
   self->send(std::move(response));
+  self->bytes_in_flight_ -= bytes;
+  if (auto room = self->room_; room && self->bytes_in_flight_ <= self->reader_.limits().max_bytes_in_flight) {
+    room->set();
+  }
 }
 
 void connection::send(frame f) {
@@ -202,6 +217,7 @@ void connection::close(const std::string& reason) {
   close_reason_ = reason;
   if (heartbeat_timer_) heartbeat_timer_->cancel();
   if (stall_timer_) stall_timer_->cancel();
+  if (auto room = room_) room->set();
   log::debug("connection to {} closed: {}", peer_, reason);
   std::error_code ignored;
   socket_.shutdown(asio::ip::tcp::socket::shutdown_both, ignored);

@@ -85,7 +85,7 @@ class connection : public std::enable_shared_from_this<connection> {
 
  private:
   static asio::awaitable<void> read_loop(std::shared_ptr<connection> self);
-  static asio::awaitable<void> serve(std::shared_ptr<connection> self, frame request);
+  static asio::awaitable<void> serve(std::shared_ptr<connection> self, frame request, std::uint64_t bytes);
   static asio::awaitable<void> stall_watch(std::shared_ptr<connection> self);
   static asio::awaitable<void> heartbeat_loop(std::shared_ptr<connection> self, std::chrono::milliseconds interval,
                                               std::chrono::milliseconds timeout);
@@ -112,6 +112,9 @@ class connection : public std::enable_shared_from_this<connection> {
   std::chrono::steady_clock::time_point last_received_ = std::chrono::steady_clock::now();
   std::optional<asio::steady_timer> heartbeat_timer_;
   std::optional<asio::steady_timer> stall_timer_;
+  // Bytes of the requests being served, and what the read loop waits on when they are too many.
+  std::uint64_t bytes_in_flight_ = 0;
+  std::shared_ptr<detail::async_event> room_;
 };
 
 /// Closes a connection that has not finished its handshake in time: a pending read on it then

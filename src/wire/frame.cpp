@@ -209,6 +209,7 @@ asio::awaitable<std::optional<frame>> frame_reader::read(asio::ip::tcp::socket& 
   frame f;
   f.kind = header.kind;
   f.request_id = header.request_id;
+  f.wire_bytes = fixed_header_size + header.header_bytes + header.payload_bytes;
   if (!f.message.ParseFromArray(buffer_.data() + begin_, static_cast<int>(header.header_bytes))) {
     protocol_violation(fmt::format("unparsable {}-byte frame header (not a pscoro.wire.Frame)", header.header_bytes));
   }

@@ -34,6 +34,8 @@ struct frame_limits {
   std::uint32_t max_segments = 1u << 16;
   /// A connection whose frame has started and then gets no byte for this long is closed (0: never).
   std::chrono::milliseconds stall_timeout{0};
+  /// Request bytes held while they are served, per connection; past it, reading pauses.
+  std::uint64_t max_bytes_in_flight = std::uint64_t{1} << 30;
 };
 
 struct fixed_header {
@@ -53,6 +55,7 @@ struct frame {
   std::uint64_t request_id = 0;
   Frame message;
   std::vector<byte_buffer> segments;
+  std::uint64_t wire_bytes = 0;  ///< of a frame read: its size on the wire, headers included
 };
 
 /// Checks that `message` fits `header`: its body matches the kind and its segment sizes add up to

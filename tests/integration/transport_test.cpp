@@ -5,6 +5,9 @@
 
 #include <fmt/format.h>
 
+#include <asio/steady_timer.hpp>
+
+#include <atomic>
 #include <thread>
 
 using namespace pscoro;
@@ -182,4 +185,50 @@ TEST_CASE("a server holds at most max_connections connections; one more is refus
   }
   // The chief is refused while the server has not yet seen the idle ones close, and tries again.
   check_still_serving(cluster);
+}
+
+namespace {
+
+std::atomic<int> holding{0};
+std::atomic<int> most_holding{0};
+std::atomic<bool> release{false};
+const worker_function<void(std::string)> hold_with{"transport.hold_with"};
+
+void bind_hold(server& s) {
+  // Holds until released, counting how many run at once; its argument only adds request bytes.
+  s.bind(hold_with, [](std::string) -> asio::awaitable<void> {
+    most_holding = std::max(most_holding.load(), ++holding);
+    asio::steady_timer timer(co_await asio::this_coro::executor);
+    while (!release) {
+      timer.expires_after(std::chrono::milliseconds(5));
+      co_await timer.async_wait(asio::use_awaitable);
+    }
+    --holding;
+  });
+}
+
+}  // namespace
+
+TEST_CASE("past max_bytes_in_flight a server stops reading a connection until it has answered") {
+  server_options options;
+  options.transport.max_bytes_in_flight = 1024;
+  local_cluster cluster(1, 1, bind_hold, options);
+  cluster.run_chief([&](parameter_server_strategy&, cluster_coordinator& coordinator) -> asio::awaitable<void> {
+    // Each request carries 4 KiB: the first one alone is over the limit, so the worker reads the
+    // next only when it has answered.
+    std::vector<remote_value<void>> held;
+    const std::string payload(4096, 'x');
+    for (int i = 0; i < 4; ++i) held.push_back(coordinator.schedule(hold_with, payload));
+    asio::steady_timer timer(co_await asio::this_coro::executor);
+    // Without backpressure all 4 would be running within this wait.
+    for (int i = 0; i < 200 && most_holding < 2; ++i) {
+      timer.expires_after(std::chrono::milliseconds(10));
+      co_await timer.async_wait(asio::use_awaitable);
+    }
+    CHECK(holding.load() == 1);
+    release = true;
+    co_await coordinator.join();
+    CHECK(most_holding.load() == 1);
+    for (auto& h : held) CHECK(h.status() == remote_status::ready);
+  }, coordinator_options{.closures_per_worker = 4});
 }
