@@ -10,14 +10,18 @@
 #include <cstdint>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace pscoro::runtime::kernels {
 
 // Initializers.
 
-/// Throws errc::invalid_argument when `init` cannot fill a shard of `shard_shape` and `type`.
-void check_initializer(const wire::Initializer& init, dtype type, const shape_type& shard_shape);
+/// Throws errc::invalid_argument, naming `variable`, when `init` cannot fill a shard of
+/// `shard_shape` (whose size was checked) and `type`: the whole shape must have a size that fits in
+/// 64 bits, the shard's rows must lie within it, and the parameters must suit the kind.
+void check_initializer(const wire::Initializer& init, dtype type, const shape_type& shard_shape,
+                       std::string_view variable);
 /// Fills `out`, a shard of `shard_shape`, element i with the value of element
 /// (row_offset * row size + i) of the whole variable.
 void initialize(const wire::Initializer& init, dtype type, const shape_type& shard_shape, std::byte* out);

@@ -50,6 +50,15 @@ void make_writable(byte_buffer& bytes) {
 
 }  // namespace
 
+std::uint64_t ps_service::checked_bytes(std::string_view context, dtype type, const shape_type& shape) const {
+  const auto bytes = checked_size_bytes(type, shape);
+  if (!bytes) {
+    invalid(fmt::format("{}: {} {} is too large (its size in bytes does not fit in 64 bits)", context, name_of(type),
+                        to_string(shape)));
+  }
+  return *bytes;
+}
+
 wire::frame ps_service::handle(const wire::frame& request) {
   wire::frame response;
   response.message.mutable_response();
@@ -82,33 +91,34 @@ wire::frame ps_service::handle(const wire::frame& request) {
 void ps_service::create(const wire::frame& request, const wire::CreateVariable& create) {
   const variable_ref ref = decode_ref(create.variable());
   if (ref.name.empty()) invalid("a variable needs a name");
-  byte_buffer bytes;
+  const std::string context = fmt::format("create of '{}'", ref.name);
+  const std::uint64_t size = checked_bytes(context, ref.type, ref.shape);
+  tensor initial;
   if (create.has_initializer()) {
-    kernels::check_initializer(create.initializer(), ref.type, ref.shape);
-    bytes = byte_buffer(num_elements(ref.shape) * size_of(ref.type));
+    kernels::check_initializer(create.initializer(), ref.type, ref.shape, ref.name);
   } else {
-    const tensor initial = wire::get_tensor(request, create.initial_value());
+    initial = wire::get_tensor(request, create.initial_value());
     if (initial.type() != ref.type || initial.shape() != ref.shape) {
       invalid(fmt::format("initial value of '{}' is {} {} but the variable is {} {}", ref.name,
                           name_of(initial.type()), to_string(initial.shape()), name_of(ref.type),
                           to_string(ref.shape)));
     }
-    bytes = initial.bytes();  // the frame's segment becomes the variable's storage: no copy
   }
   if (variables_.contains(ref.name)) {
     throw error(errc::already_exists, fmt::format("variable '{}' already exists on {}", ref.name, task_));
   }
-  stored_variable stored{ref.type, ref.shape, std::move(bytes), {}, 0};
+  std::string owner;
   if (create.has_slot_of()) {
-    const auto& owner = create.slot_of().variable();
+    owner = create.slot_of().variable();
     if (!variables_.contains(owner) || !ref.name.starts_with(owner + "/")) {
       invalid(fmt::format("'{}' cannot be a slot of '{}': a slot is named '<variable>/...' and lives beside its "
                           "variable on {}",
                           ref.name, owner, task_));
     }
-    stored.slot_of = owner;
-    stored.slot_initial_value = create.slot_of().initial_value();
   }
+  // The frame's segment becomes the variable's storage: no copy.
+  stored_variable stored{ref.type, ref.shape, create.has_initializer() ? byte_buffer(size) : initial.bytes(),
+                         std::move(owner), create.has_slot_of() ? create.slot_of().initial_value() : 0.0};
   if (create.has_initializer()) kernels::initialize(create.initializer(), ref.type, ref.shape, stored.bytes.data());
   variables_.emplace(ref.name, std::move(stored));
 }
@@ -136,9 +146,9 @@ std::span<const std::int64_t> ps_service::row_ids(const tensor& indices, const s
                         name_of(indices.type()), to_string(indices.shape())));
   }
   const std::span<const std::int64_t> ids(indices.data<std::int64_t>(), indices.size());
-  const auto rows = static_cast<std::int64_t>(variable.shape[0]);
+  const std::uint64_t rows = variable.shape[0];
   for (std::size_t k = 0; k < ids.size(); ++k) {
-    if (ids[k] < 0 || ids[k] >= rows) {
+    if (ids[k] < 0 || static_cast<std::uint64_t>(ids[k]) >= rows) {
       invalid(fmt::format("{} of '{}': id {} (position {}) is out of range [0, {})", operation, name, ids[k], k,
                           rows));
     }
@@ -245,22 +255,29 @@ void ps_service::update(const wire::frame& request, const wire::UpdateVariable& 
   kernels::scatter(op, stored.type, stored.bytes.data(), ids, value.bytes().data(), row_elements(stored.shape));
 }
 
-ps_service::stored_variable& ps_service::slot(const std::string& variable, const stored_variable& of,
-                                              const std::string& name, dtype type, const shape_type& shape,
-                                              double initial_value) {
-  const std::string full_name = variable + "/" + name;
-  auto it = variables_.find(full_name);
+void ps_service::check_slots(std::string_view context, const stored_variable& of,
+                             std::span<const slot_plan> plans) const {
+  for (const auto& plan : plans) {
+    const auto it = variables_.find(plan.name);
+    if (it != variables_.end() && (it->second.type != plan.type || it->second.shape != plan.shape)) {
+      invalid(fmt::format("{}: slot '{}' of {} {} exists as {} {}", context, plan.name, name_of(of.type),
+                          to_string(of.shape), name_of(it->second.type), to_string(it->second.shape)));
+    }
+  }
+}
+
+ps_service::stored_variable& ps_service::slot(const std::string& variable, const slot_plan& plan) {
+  auto it = variables_.find(plan.name);
   if (it == variables_.end()) {
     wire::Initializer fill;
     fill.set_kind(wire::Initializer::CONSTANT);
-    fill.set_a(initial_value);
-    for (const auto d : shape) fill.add_full_shape(d);
-    byte_buffer bytes(num_elements(shape) * size_of(type));
-    kernels::initialize(fill, type, shape, bytes.data());
-    it = variables_.emplace(full_name, stored_variable{type, shape, std::move(bytes), variable, initial_value}).first;
-  } else if (it->second.type != type || it->second.shape != shape) {
-    invalid(fmt::format("slot '{}' of {} {} exists as {} {}", full_name, name_of(of.type), to_string(of.shape),
-                        name_of(it->second.type), to_string(it->second.shape)));
+    fill.set_a(plan.initial_value);
+    for (const auto d : plan.shape) fill.add_full_shape(d);
+    byte_buffer bytes(num_elements(plan.shape) * size_of(plan.type));
+    kernels::initialize(fill, plan.type, plan.shape, bytes.data());
+    it = variables_
+             .emplace(plan.name, stored_variable{plan.type, plan.shape, std::move(bytes), variable, plan.initial_value})
+             .first;
   }
   make_writable(it->second.bytes);
   return it->second;
@@ -273,15 +290,15 @@ void ps_service::apply_gradient(const wire::frame& request, const wire::ApplyGra
   const std::string operation = fmt::format("{} {}", optimizer, sparse ? "sparse update" : "update");
   auto& stored = find(apply.variable(), operation);
   const std::string& variable = apply.variable().name();
+  const std::string context = fmt::format("{} of '{}'", operation, variable);
   kernels::check_optimizer(opt);
   if (stored.type != dtype::float32 && stored.type != dtype::float64) {
-    invalid(fmt::format("{} of '{}': optimizers update float32 or float64 variables, not {}", operation, variable,
-                        name_of(stored.type)));
+    invalid(fmt::format("{}: optimizers update float32 or float64 variables, not {}", context, name_of(stored.type)));
   }
   const tensor gradient = wire::get_tensor(request, apply.gradient());
   if (gradient.type() != stored.type) {
-    invalid(fmt::format("{} of '{}': gradient dtype {} does not match the variable's {}", operation, variable,
-                        name_of(gradient.type()), name_of(stored.type)));
+    invalid(fmt::format("{}: gradient dtype {} does not match the variable's {}", context, name_of(gradient.type()),
+                        name_of(stored.type)));
   }
   std::span<const std::int64_t> ids;
   tensor indices;
@@ -289,23 +306,27 @@ void ps_service::apply_gradient(const wire::frame& request, const wire::ApplyGra
     indices = wire::get_tensor(request, apply.indices());
     ids = row_ids(indices, stored, operation, variable);
     if (gradient.shape() != rows_shape(ids.size(), stored.shape)) {
-      invalid(fmt::format("{} of '{}': {} ids need gradient rows of shape {}, got {}", operation, variable,
-                          ids.size(), to_string(rows_shape(ids.size(), stored.shape)),
-                          to_string(gradient.shape())));
+      invalid(fmt::format("{}: {} ids need gradient rows of shape {}, got {}", context, ids.size(),
+                          to_string(rows_shape(ids.size(), stored.shape)), to_string(gradient.shape())));
     }
   } else if (gradient.shape() != stored.shape) {
-    invalid(fmt::format("{} of '{}': gradient shape {} does not match the variable's {}", operation, variable,
+    invalid(fmt::format("{}: gradient shape {} does not match the variable's {}", context,
                         to_string(gradient.shape()), to_string(stored.shape)));
   }
+  // The slots it keeps, created on first use: those that exist must be as planned.
+  std::vector<slot_plan> plans;
+  const auto specs = kernels::slots_of(opt);
+  for (const auto& spec : specs) {
+    plans.push_back({variable + "/" + optimizer + "/" + spec.name, stored.type, stored.shape, spec.initial_value});
+  }
+  if (kernels::counts_steps(opt)) plans.push_back({variable + "/" + optimizer + "/iterations", dtype::int64, {}, 0});
+  check_slots(context, stored, plans);
   // Everything is checked: from here on nothing throws, so variable and slots change together.
   std::vector<std::byte*> slots;
-  for (const auto& spec : kernels::slots_of(opt)) {
-    slots.push_back(
-        slot(variable, stored, optimizer + "/" + spec.name, stored.type, stored.shape, spec.initial_value).bytes.data());
-  }
+  for (std::size_t i = 0; i < specs.size(); ++i) slots.push_back(slot(variable, plans[i]).bytes.data());
   std::int64_t step = 0;
   if (kernels::counts_steps(opt)) {
-    auto& count = slot(variable, stored, optimizer + "/iterations", dtype::int64, {}, 0);
+    auto& count = slot(variable, plans.back());
     step = ++*reinterpret_cast<std::int64_t*>(count.bytes.data());
   }
   make_writable(stored.bytes);

@@ -1,13 +1,15 @@
 // The parameter-server role: holds variables (and optimizer slots beside them) and serves create,
 // read, gather, update, scatter and optimizer requests. Every request is checked in full (dtype,
-// shape, ids, the caller's idea of the variable, parameters) before anything changes, so a bad
-// request leaves every variable as it was.
+// shape and its size, ids, the caller's idea of the variable, parameters) before anything changes,
+// so a bad request leaves every variable as it was.
 #pragma once
 
 #include "wire/frame.hpp"
 
+#include <cstdint>
 #include <span>
 #include <string>
+#include <string_view>
 #include <unordered_map>
 
 namespace pscoro::runtime {
@@ -32,15 +34,27 @@ class ps_service {
     double slot_initial_value = 0;
   };
 
+  /// Refuses (errc::invalid_argument) a variable shape whose size in bytes does not fit in 64 bits,
+  /// and returns that size.
+  std::uint64_t checked_bytes(std::string_view context, dtype type, const shape_type& shape) const;
+
   void create(const wire::frame& request, const wire::CreateVariable& create);
   void read(const wire::frame& request, const wire::ReadVariable& read, wire::frame& response);
   void update(const wire::frame& request, const wire::UpdateVariable& update);
   void apply_gradient(const wire::frame& request, const wire::ApplyGradient& apply);
   void list_slots(const wire::ListSlots& list, wire::frame& response);
   stored_variable& find(const wire::VariableRef& ref, std::string_view operation);
-  /// The slot `name` of `variable` (created with `initial_value` on first use).
-  stored_variable& slot(const std::string& variable, const stored_variable& of, const std::string& name, dtype type,
-                        const shape_type& shape, double initial_value);
+  /// A slot an optimizer keeps beside a variable.
+  struct slot_plan {
+    std::string name;  // "w/adam/m"
+    dtype type;
+    shape_type shape;
+    double initial_value;
+  };
+  /// Checks that the slots in `plans` that exist are as planned; changes nothing.
+  void check_slots(std::string_view context, const stored_variable& of, std::span<const slot_plan> plans) const;
+  /// The slot of `plan` (created on first use; check_slots passed), ready to be written.
+  stored_variable& slot(const std::string& variable, const slot_plan& plan);
   /// Validates `range` as rows of `variable`: begin <= end <= rows, and the variable has rows.
   void check_rows(const wire::RowRange& range, const stored_variable& variable, std::string_view operation,
                   const std::string& name) const;
