@@ -18,7 +18,7 @@ enum class errc {
   deadline_exceeded = 4,    ///< a peer did not answer in time (e.g. handshake deadline)
   not_found = 5,            ///< unknown worker function or variable
   already_exists = 6,       ///< a variable with that name already exists
-  resource_exhausted = 8,   ///< the closure queue is full and the caller cannot wait
+  resource_exhausted = 8,   ///< the closure queue is full and the caller cannot wait; a ps is at its memory limit
   failed_precondition = 9,  ///< the call is not valid in the current state
   aborted = 10,             ///< the coordinator session it belongs to has ended (a newer chief took over)
   out_of_range = 11,        ///< a dataset iterator has no more elements (TF: OutOfRangeError)

@@ -1,7 +1,7 @@
 // The parameter-server role: holds variables (and optimizer slots beside them) and serves create,
 // read, gather, update, scatter and optimizer requests. Every request is checked in full (dtype,
-// shape and its size, ids, the caller's idea of the variable, parameters) before anything changes,
-// so a bad request leaves every variable as it was.
+// shape and its size, ids, the caller's idea of the variable, parameters, the memory limits) before
+// anything changes, so a bad request leaves every variable as it was.
 #pragma once
 
 #include "wire/frame.hpp"
@@ -12,18 +12,30 @@
 #include <string_view>
 #include <unordered_map>
 
+namespace pscoro {
+struct server_options;
+}
+
 namespace pscoro::runtime {
 
 class ps_service {
  public:
-  explicit ps_service(std::string task) : task_(std::move(task)) {}
+  /// A ps `task` ("ps:0") with server_options' default limits.
+  explicit ps_service(std::string task);
+  /// A ps `task` with the limits of `options` (0 limits become their defaults).
+  ps_service(std::string task, const server_options& options);
 
   /// Serves one request frame; failures come back as an error status, never as an exception.
   wire::frame handle(const wire::frame& request);
 
   std::size_t num_variables() const noexcept { return variables_.size(); }
+  /// Bytes held for variables and slots, as server_options::max_ps_bytes counts them.
+  std::uint64_t held_bytes() const noexcept { return held_bytes_; }
   /// Drops every variable and slot (the coordinator session that made them ended).
-  void clear() noexcept { variables_.clear(); }
+  void clear() noexcept {
+    variables_.clear();
+    held_bytes_ = 0;
+  }
 
  private:
   struct stored_variable {
@@ -37,6 +49,11 @@ class ps_service {
   /// Refuses (errc::invalid_argument) a variable shape whose size in bytes does not fit in 64 bits,
   /// and returns that size.
   std::uint64_t checked_bytes(std::string_view context, dtype type, const shape_type& shape) const;
+  /// Refuses (errc::resource_exhausted) to hold `what` ("the variable", "slot 'w/adam/m'") of `type`
+  /// and `shape`, named `name`, when it is over max_variable_bytes or would take the ps over
+  /// max_ps_bytes with `pending` bytes already promised in this request; returns what it adds.
+  std::uint64_t check_room(std::string_view context, std::string_view what, const std::string& name, dtype type,
+                           const shape_type& shape, std::uint64_t pending) const;
 
   void create(const wire::frame& request, const wire::CreateVariable& create);
   void read(const wire::frame& request, const wire::ReadVariable& read, wire::frame& response);
@@ -51,10 +68,14 @@ class ps_service {
     shape_type shape;
     double initial_value;
   };
-  /// Checks that the slots in `plans` that exist are as planned; changes nothing.
-  void check_slots(std::string_view context, const stored_variable& of, std::span<const slot_plan> plans) const;
+  /// Checks that the slots in `plans` of `variable` either exist as planned or fit in the limits;
+  /// changes nothing.
+  void check_slots(std::string_view context, const std::string& variable, const stored_variable& of,
+                   std::span<const slot_plan> plans) const;
   /// The slot of `plan` (created on first use; check_slots passed), ready to be written.
   stored_variable& slot(const std::string& variable, const slot_plan& plan);
+  /// Holds `stored` under `name`, counting its bytes.
+  stored_variable& hold(const std::string& name, stored_variable stored);
   /// Validates `range` as rows of `variable`: begin <= end <= rows, and the variable has rows.
   void check_rows(const wire::RowRange& range, const stored_variable& variable, std::string_view operation,
                   const std::string& name) const;
@@ -63,6 +84,9 @@ class ps_service {
                                         std::string_view operation, const std::string& name) const;
 
   std::string task_;
+  std::uint64_t max_ps_bytes_;
+  std::uint64_t max_variable_bytes_;
+  std::uint64_t held_bytes_ = 0;
   std::unordered_map<std::string, stored_variable> variables_;
 };
 

@@ -1,6 +1,7 @@
-// A ps never crashes or corrupts memory on what a peer sends: sizes that overflow, ids and row
-// ranges far out of range, shards outside their variable. Every test talks to a live ps with raw
-// requests, as a hostile or broken peer would, and checks that what existed is untouched.
+// A ps never crashes, corrupts memory or balloons on what a peer sends: sizes that overflow, ids and
+// row ranges far out of range, shards outside their variable, variables and slots past the memory
+// limits. Every test talks to a live ps with raw requests, as a hostile or broken peer would, and
+// checks that what existed is untouched.
 #include "local_cluster.hpp"
 #include "runtime/peer.hpp"
 #include "runtime/values.hpp"
@@ -66,6 +67,14 @@ tensor values(shape_type shape, std::vector<T> elements) {
 tensor ids(std::vector<std::int64_t> rows) {
   const std::size_t n = rows.size();
   return values<std::int64_t>({n}, std::move(rows));
+}
+
+wire::frame create_from(const variable_ref& ref, const tensor& initial) {
+  wire::frame f;
+  auto* body = f.message.mutable_request()->mutable_create_variable();
+  runtime::encode_ref(*body->mutable_variable(), ref);
+  wire::put_tensor(f, *body->mutable_initial_value(), initial);
+  return f;
 }
 
 wire::frame create_by(const variable_ref& ref, const shape_type& full_shape, std::uint64_t row_offset = 0,
@@ -191,6 +200,7 @@ void check_refused(const reply& r, errc code, std::string_view part) {
 }
 
 constexpr auto invalid = errc::invalid_argument;
+constexpr auto exhausted = errc::resource_exhausted;
 
 }  // namespace
 
@@ -218,6 +228,10 @@ TEST_CASE("a variable whose size does not fit in 64 bits is refused, and huge id
   const variable_ref hollow{"hollow", dtype::float64, {0, std::size_t{1} << 40, std::size_t{1} << 40}, 0};
   check_refused(call(cluster, create_by(hollow, hollow.shape)), invalid,
                 "create of 'hollow': float64 [0, 1099511627776, 1099511627776] is too large");
+  // A shape that fits in 64 bits but not in any machine is a resource, not a shape, problem.
+  const variable_ref vast{"vast", dtype::float32, {std::size_t{1} << 40, 4}, 0};
+  check_refused(call(cluster, create_by(vast, vast.shape)), exhausted,
+                "create of 'vast': float32 [1099511627776, 4] takes 16.0 TiB (17592186044416 bytes), more than the");
   CHECK(call(cluster, create_by(shard, {4, 4})).status.code() == 0);  // the ps still serves
 }
 
@@ -288,4 +302,80 @@ TEST_CASE("an initializer's shard must lie within the whole variable") {
   // The last two rows fit, and the refusals left nothing behind.
   const auto made = call(cluster, create_by(part, {8, 4}, 6));
   CHECK_MESSAGE(made.status.code() == 0, made.status.message());
+}
+
+TEST_CASE("a variable over max_variable_bytes or past max_ps_bytes is refused; what exists is untouched") {
+  server_options options;
+  options.max_variable_bytes = 4096;
+  options.max_ps_bytes = 12000;
+  local_cluster cluster(1, 0, {}, options);
+  const variable_ref small{"small", dtype::float32, {16, 4}, 0};
+  std::vector<float> initial(64);
+  for (std::size_t i = 0; i < initial.size(); ++i) initial[i] = static_cast<float>(i);
+  REQUIRE(call(cluster, create_from(small, values<float>({16, 4}, initial))).status.code() == 0);
+
+  const variable_ref big{"big", dtype::float32, {2048}, 0};
+  check_refused(call(cluster, create_by(big, big.shape)), exhausted,
+                "create of 'big': float32 [2048] takes 8.0 KiB (8192 bytes), more than the 4.0 KiB (4096 bytes) "
+                "ps:0 allows per variable (server_options::max_variable_bytes raises it; ps:0 holds ");
+  check_refused(call(cluster, create_from(big, tensor::uninitialized(dtype::float32, {2048}))), exhausted,
+                "(server_options::max_variable_bytes raises it");
+
+  // Two variables of 4 KiB fit beside `small`; a third would pass 12000 bytes.
+  for (const auto* name : {"a", "b"}) {
+    const auto made = call(cluster, create_by(variable_ref{name, dtype::float32, {1024}, 0}, {1024}));
+    REQUIRE_MESSAGE(made.status.code() == 0, made.status.message());
+  }
+  const variable_ref c{"c", dtype::float32, {1024}, 0};
+  const auto refused = call(cluster, create_by(c, c.shape));
+  check_refused(refused, exhausted, "create of 'c': float32 [1024] takes 4.0 KiB (4096 bytes) and ps:0 already holds ");
+  check_refused(refused, exhausted,
+                "of variables and slots: that is past its limit of 11.7 KiB (12000 bytes) (server_options::max_ps_bytes "
+                "raises it)");
+  check_refused(call(cluster, read_of(c)), errc::not_found, "variable 'c' does not exist on ps:0");
+
+  // A gather of repeated ids is as large as a variable could be.
+  check_refused(call(cluster, gather(small, ids(std::vector<std::int64_t>(300, 3)))), exhausted,
+                "sparse_read of 'small': 300 ids make a reply of float32 [300, 4], 4.7 KiB (4800 bytes), more than "
+                "the 4.0 KiB (4096 bytes) ps:0 allows per variable (server_options::max_variable_bytes raises it)");
+  CHECK(call(cluster, gather(small, ids(std::vector<std::int64_t>(256, 3)))).status.code() == 0);
+  CHECK(value_of<float>(cluster, small) == initial);
+}
+
+TEST_CASE("optimizer slots count against max_ps_bytes and a refused first step leaves the variable and slots as they were") {
+  server_options options;
+  options.max_ps_bytes = 10000;
+  local_cluster cluster(1, 0, {}, options);
+  const variable_ref w{"w", dtype::float32, {1024}, 0};
+  REQUIRE(call(cluster, create_by(w, w.shape)).status.code() == 0);
+  const auto gradient = values<float>({1024}, std::vector<float>(1024, 1.0f));
+  // Adam's m fits beside w, its v does not.
+  const auto refused = call(cluster, apply(w, wire::Optimizer::ADAM, gradient));
+  check_refused(refused, exhausted,
+                "adam update of 'w': slot 'w/adam/v' of 'w', float32 [1024] takes 4.0 KiB (4096 bytes) and ps:0 "
+                "already holds ");
+  check_refused(refused, exhausted,
+                "(counting the slots this step creates before it): that is past its limit of 9.8 KiB (10000 bytes) "
+                "(server_options::max_ps_bytes raises it)");
+  CHECK(value_of<float>(cluster, w) == std::vector<float>(1024, 1.0f));
+  CHECK(num_slots(cluster, w) == 0);
+  // One slot fits.
+  const auto momentum = call(cluster, apply(w, wire::Optimizer::MOMENTUM, gradient));
+  REQUIRE_MESSAGE(momentum.status.code() == 0, momentum.status.message());
+  CHECK(num_slots(cluster, w) == 1);
+  CHECK(value_of<float>(cluster, w)[0] == doctest::Approx(0.9));
+}
+
+TEST_CASE("ending a coordinator session gives a ps's bytes back") {
+  server_options options;
+  options.max_ps_bytes = 6000;
+  local_cluster cluster(1, 0, {}, options);
+  const variable_ref a{"a", dtype::float64, {512}, 0};
+  const variable_ref b{"b", dtype::float64, {512}, 0};
+  REQUIRE(call(cluster, create_by(a, a.shape), 1).status.code() == 0);
+  check_refused(call(cluster, create_by(b, b.shape), 1), exhausted, "create of 'b': float64 [512] takes 4.0 KiB");
+  // A new session releases session 1's variables, and their bytes.
+  const auto made = call(cluster, create_by(b, b.shape), 2);
+  CHECK_MESSAGE(made.status.code() == 0, made.status.message());
+  check_refused(call(cluster, create_by(a, a.shape), 2), exhausted, "create of 'a': float64 [512] takes 4.0 KiB");
 }
