@@ -39,6 +39,10 @@ struct server_options {
   /// 256 bytes of bookkeeping each. Ending the coordinator session gives them back. 0 means 3/4 of
   /// the memory this process may use (physical memory, or its cgroup's limit if lower), read once.
   std::uint64_t max_ps_bytes = 0;
+  /// A ps refuses (errc::invalid_argument) a value, update or gradient holding NaN or Inf (TF's
+  /// tf.debugging.check_numerics), naming the variable and the element. The environment variable
+  /// PSCORO_CHECK_NUMERICS=1 turns it on, =0 off.
+  bool check_numerics = false;
 };
 
 class server {

@@ -354,6 +354,18 @@ void check_divisors(wire::UpdateVariable::Op op, dtype type, const std::byte* so
   });
 }
 
+std::size_t first_non_finite(dtype type, const std::byte* values, std::size_t n) {
+  return visit_dtype(type, [&](auto zero) -> std::size_t {
+    using T = decltype(zero);
+    if constexpr (std::is_floating_point_v<T>) {
+      const T* v = reinterpret_cast<const T*>(values);
+      return static_cast<std::size_t>(std::find_if(v, v + n, [](T x) { return !std::isfinite(x); }) - v);
+    } else {
+      return n;
+    }
+  });
+}
+
 std::string optimizer_name(const wire::Optimizer& opt) {
   switch (opt.kind()) {
     case wire::Optimizer::SGD: return "sgd";

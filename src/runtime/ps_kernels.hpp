@@ -35,6 +35,9 @@ void scatter(wire::UpdateVariable::Op op, dtype type, std::byte* destination, st
              const std::byte* rows, std::size_t row_elements);
 /// Throws errc::invalid_argument when an integer division in `op` would divide by zero or overflow.
 void check_divisors(wire::UpdateVariable::Op op, dtype type, const std::byte* source, std::size_t n);
+/// The index of the first NaN or infinity among n elements of `type` at `values` (n if none, and
+/// for integer types).
+std::size_t first_non_finite(dtype type, const std::byte* values, std::size_t n);
 
 // Optimizers.
 

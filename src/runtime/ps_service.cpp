@@ -2,6 +2,7 @@
 
 #include <pscoro/server.hpp>
 
+#include "runtime/log.hpp"
 #include "runtime/ps_kernels.hpp"
 #include "runtime/rows.hpp"
 #include "runtime/values.hpp"
@@ -12,6 +13,8 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <limits>
@@ -100,6 +103,26 @@ std::uint64_t default_max_ps_bytes() {
   return limit;
 }
 
+// PSCORO_CHECK_NUMERICS: "1" turns the check on, "0" off; unset keeps the program's choice.
+bool check_numerics_from_environment(bool fallback) {
+  const char* text = std::getenv("PSCORO_CHECK_NUMERICS");
+  if (!text || !*text) return fallback;
+  const std::string_view value = text;
+  if (value == "1" || value == "0") return value == "1";
+  log::warning("PSCORO_CHECK_NUMERICS='{}' is not 0 or 1; ignored", value);
+  return fallback;
+}
+
+// Element `flat` of a tensor of `shape` (which has it) as "[1, 2]".
+std::string index_text(std::size_t flat, const shape_type& shape) {
+  shape_type index(shape.size());
+  for (std::size_t d = shape.size(); d-- > 0;) {
+    index[d] = flat % shape[d];
+    flat /= shape[d];
+  }
+  return to_string(index);
+}
+
 }  // namespace
 
 ps_service::ps_service(std::string task) : ps_service(std::move(task), server_options{}) {}
@@ -107,7 +130,8 @@ ps_service::ps_service(std::string task) : ps_service(std::move(task), server_op
 ps_service::ps_service(std::string task, const server_options& options)
     : task_(std::move(task)),
       max_ps_bytes_(options.max_ps_bytes ? options.max_ps_bytes : default_max_ps_bytes()),
-      max_variable_bytes_(options.max_variable_bytes ? options.max_variable_bytes : max_ps_bytes_) {}
+      max_variable_bytes_(options.max_variable_bytes ? options.max_variable_bytes : max_ps_bytes_),
+      check_numerics_(check_numerics_from_environment(options.check_numerics)) {}
 
 std::uint64_t ps_service::checked_bytes(std::string_view context, dtype type, const shape_type& shape) const {
   const auto bytes = checked_size_bytes(type, shape);
@@ -139,6 +163,18 @@ std::uint64_t ps_service::check_room(std::string_view context, std::string_view 
                             bytes_text(max_ps_bytes_)));
   }
   return adds;
+}
+
+void ps_service::check_finite(std::string_view context, std::string_view what, const tensor& values) const {
+  if (!check_numerics_) return;
+  const std::size_t at = kernels::first_non_finite(values.type(), values.bytes().data(), values.size());
+  if (at == values.size()) return;
+  const double x =
+      visit_dtype(values.type(), [&](auto zero) { return static_cast<double>(values.data<decltype(zero)>()[at]); });
+  const std::string_view bad = std::isnan(x) ? "NaN" : x > 0 ? "Inf" : "-Inf";
+  const std::string where = values.shape().empty() ? fmt::format("the {}", what)
+                                                   : fmt::format("element {} of the {}", index_text(at, values.shape()), what);
+  invalid(fmt::format("{}: {} is {} (server_options::check_numerics is on)", context, where, bad));
 }
 
 ps_service::stored_variable& ps_service::hold(const std::string& name, stored_variable stored) {
@@ -201,6 +237,7 @@ void ps_service::create(const wire::frame& request, const wire::CreateVariable& 
                           name_of(initial.type()), to_string(initial.shape()), name_of(ref.type),
                           to_string(ref.shape)));
     }
+    check_finite(context, "initial value", initial);
   }
   if (variables_.contains(ref.name)) {
     throw error(errc::already_exists, fmt::format("variable '{}' already exists on {}", ref.name, task_));
@@ -315,6 +352,7 @@ void ps_service::update(const wire::frame& request, const wire::UpdateVariable& 
   const auto name = op_name(op, scatter);
   auto& stored = find(update.variable(), name);
   const auto& variable = update.variable().name();
+  const std::string context = fmt::format("{} to '{}'", name, variable);
   const tensor value = wire::get_tensor(request, update.value());
   if (value.type() != stored.type) {
     invalid(fmt::format("{} to '{}': dtype {} does not match the variable's {}", name, variable,
@@ -329,6 +367,7 @@ void ps_service::update(const wire::frame& request, const wire::UpdateVariable& 
                           update.rows().end(), variable, to_string(value.shape()),
                           to_string(rows_shape(count, stored.shape))));
     }
+    check_finite(context, "value", value);
     kernels::check_divisors(op, stored.type, value.bytes().data(), value.size());
     make_writable(stored.bytes);
     std::byte* first =
@@ -345,6 +384,7 @@ void ps_service::update(const wire::frame& request, const wire::UpdateVariable& 
       invalid(fmt::format("{} to '{}': shape {} does not match the variable's {}", name, variable,
                           to_string(value.shape()), to_string(stored.shape)));
     }
+    check_finite(context, "value", value);
     kernels::check_divisors(op, stored.type, value.bytes().data(), value.size());
     if (op == wire::UpdateVariable::ASSIGN) {
       stored.bytes = value.bytes();  // adopt the received segment
@@ -360,6 +400,7 @@ void ps_service::update(const wire::frame& request, const wire::UpdateVariable& 
     invalid(fmt::format("{} to '{}': {} ids need rows of shape {}, got {}", name, variable, ids.size(),
                         to_string(rows_shape(ids.size(), stored.shape)), to_string(value.shape())));
   }
+  check_finite(context, "rows", value);
   kernels::check_divisors(op, stored.type, value.bytes().data(), value.size());
   make_writable(stored.bytes);
   kernels::scatter(op, stored.type, stored.bytes.data(), ids, value.bytes().data(), row_elements(stored.shape));
@@ -426,6 +467,7 @@ void ps_service::apply_gradient(const wire::frame& request, const wire::ApplyGra
     invalid(fmt::format("{}: gradient shape {} does not match the variable's {}", context,
                         to_string(gradient.shape()), to_string(stored.shape)));
   }
+  check_finite(context, "gradient", gradient);
   // The slots it keeps, created on first use: they must fit before anything changes.
   std::vector<slot_plan> plans;
   const auto specs = kernels::slots_of(opt);

@@ -1,7 +1,7 @@
 // The parameter-server role: holds variables (and optimizer slots beside them) and serves create,
 // read, gather, update, scatter and optimizer requests. Every request is checked in full (dtype,
-// shape and its size, ids, the caller's idea of the variable, parameters, the memory limits) before
-// anything changes, so a bad request leaves every variable as it was.
+// shape and its size, ids, the caller's idea of the variable, parameters, the memory limits, and
+// NaN/Inf when asked) before anything changes, so a bad request leaves every variable as it was.
 #pragma once
 
 #include "wire/frame.hpp"
@@ -22,7 +22,8 @@ class ps_service {
  public:
   /// A ps `task` ("ps:0") with server_options' default limits.
   explicit ps_service(std::string task);
-  /// A ps `task` with the limits of `options` (0 limits become their defaults).
+  /// A ps `task` with the limits and checks of `options` (PSCORO_CHECK_NUMERICS overrides
+  /// check_numerics; 0 limits become their defaults).
   ps_service(std::string task, const server_options& options);
 
   /// Serves one request frame; failures come back as an error status, never as an exception.
@@ -54,6 +55,8 @@ class ps_service {
   /// max_ps_bytes with `pending` bytes already promised in this request; returns what it adds.
   std::uint64_t check_room(std::string_view context, std::string_view what, const std::string& name, dtype type,
                            const shape_type& shape, std::uint64_t pending) const;
+  /// Refuses (errc::invalid_argument) `values` holding NaN or Inf when check_numerics is on.
+  void check_finite(std::string_view context, std::string_view what, const tensor& values) const;
 
   void create(const wire::frame& request, const wire::CreateVariable& create);
   void read(const wire::frame& request, const wire::ReadVariable& read, wire::frame& response);
@@ -86,6 +89,7 @@ class ps_service {
   std::string task_;
   std::uint64_t max_ps_bytes_;
   std::uint64_t max_variable_bytes_;
+  bool check_numerics_;
   std::uint64_t held_bytes_ = 0;
   std::unordered_map<std::string, stored_variable> variables_;
 };

@@ -1,7 +1,7 @@
 // A ps never crashes, corrupts memory or balloons on what a peer sends: sizes that overflow, ids and
 // row ranges far out of range, shards outside their variable, variables and slots past the memory
-// limits. Every test talks to a live ps with raw requests, as a hostile or broken peer would, and
-// checks that what existed is untouched.
+// limits, and (when asked) NaN or Inf. Every test talks to a live ps with raw requests, as a
+// hostile or broken peer would, and checks that what existed is untouched.
 #include "local_cluster.hpp"
 #include "runtime/peer.hpp"
 #include "runtime/values.hpp"
@@ -378,4 +378,65 @@ TEST_CASE("ending a coordinator session gives a ps's bytes back") {
   const auto made = call(cluster, create_by(b, b.shape), 2);
   CHECK_MESSAGE(made.status.code() == 0, made.status.message());
   check_refused(call(cluster, create_by(a, a.shape), 2), exhausted, "create of 'a': float64 [512] takes 4.0 KiB");
+}
+
+TEST_CASE("with check_numerics a ps refuses NaN and Inf, naming the variable and the element; without, it stores them") {
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  const float inf = std::numeric_limits<float>::infinity();
+  const std::vector<float> initial{1, 2, 3, 4, 5, 6};
+  const variable_ref w{"w", dtype::float32, {2, 3}, 0};
+  ::unsetenv("PSCORO_CHECK_NUMERICS");  // the option alone decides below
+  SUBCASE("on") {
+    server_options options;
+    options.check_numerics = true;
+    local_cluster cluster(1, 0, {}, options);
+    REQUIRE(call(cluster, create_from(w, values<float>({2, 3}, initial))).status.code() == 0);
+    const std::string on = "(server_options::check_numerics is on)";
+    check_refused(call(cluster, update(w, wire::UpdateVariable::ASSIGN, values<float>({2, 3}, {0, 0, 0, 0, 0, nan}))),
+                  invalid, "assign to 'w': element [1, 2] of the value is NaN " + on);
+    check_refused(call(cluster, update(w, wire::UpdateVariable::ADD, values<float>({2, 3}, {0, inf, 0, 0, 0, 0}))),
+                  invalid, "assign_add to 'w': element [0, 1] of the value is Inf");
+    check_refused(call(cluster, scatter(w, wire::UpdateVariable::ASSIGN, ids({1}), values<float>({1, 3}, {0, -inf, 0}))),
+                  invalid, "scatter_update to 'w': element [0, 1] of the rows is -Inf");
+    check_refused(call(cluster, update_rows(w, 0, 1, values<float>({1, 3}, {nan, 0, 0}))), invalid,
+                  "assign to 'w': element [0, 0] of the value is NaN");
+    check_refused(call(cluster, apply(w, wire::Optimizer::SGD, values<float>({2, 3}, {0, 0, 0, inf, 0, 0}))), invalid,
+                  "sgd update of 'w': element [1, 0] of the gradient is Inf");
+    const auto one_row = ids({0});
+    check_refused(call(cluster, apply(w, wire::Optimizer::ADAM, values<float>({1, 3}, {0, 0, nan}), &one_row)),
+                  invalid, "adam sparse update of 'w': element [0, 2] of the gradient is NaN");
+    CHECK(value_of<float>(cluster, w) == initial);
+    CHECK(num_slots(cluster, w) == 0);
+
+    const variable_ref x{"x", dtype::float64, {3}, 0};
+    check_refused(call(cluster, create_from(x, values<double>({3}, {0, std::numeric_limits<double>::infinity(), 0}))),
+                  invalid, "create of 'x': element [1] of the initial value is Inf " + on);
+    check_refused(call(cluster, read_of(x)), errc::not_found, "variable 'x' does not exist");
+    const variable_ref scalar{"scalar", dtype::float64, {}, 0};
+    check_refused(call(cluster, create_from(scalar, values<double>({}, {std::nan("")}))), invalid,
+                  "create of 'scalar': the initial value is NaN");
+    // Finite values pass, and integers have nothing to check.
+    CHECK(call(cluster, update(w, wire::UpdateVariable::ADD, values<float>({2, 3}, {1, 1, 1, 1, 1, 1}))).status.code() ==
+          0);
+    CHECK(call(cluster, create_from(variable_ref{"n", dtype::int32, {2}, 0}, values<std::int32_t>({2}, {1, 2})))
+              .status.code() == 0);
+  }
+  SUBCASE("off") {
+    local_cluster cluster(1, 0);
+    REQUIRE(call(cluster, create_from(w, values<float>({2, 3}, initial))).status.code() == 0);
+    CHECK(call(cluster, update(w, wire::UpdateVariable::ASSIGN, values<float>({2, 3}, {0, 0, 0, 0, inf, nan})))
+              .status.code() == 0);
+    const auto stored = value_of<float>(cluster, w);
+    CHECK(std::isinf(stored[4]));
+    CHECK(std::isnan(stored[5]));
+  }
+  SUBCASE("on through PSCORO_CHECK_NUMERICS=1") {
+    ::setenv("PSCORO_CHECK_NUMERICS", "1", 1);
+    local_cluster cluster(1, 0);  // read when the ps starts
+    ::unsetenv("PSCORO_CHECK_NUMERICS");
+    REQUIRE(call(cluster, create_from(w, values<float>({2, 3}, initial))).status.code() == 0);
+    check_refused(call(cluster, update(w, wire::UpdateVariable::SUB, values<float>({2, 3}, {nan, 0, 0, 0, 0, 0}))),
+                  invalid, "assign_sub to 'w': element [0, 0] of the value is NaN");
+    CHECK(value_of<float>(cluster, w) == initial);
+  }
 }
