@@ -172,8 +172,9 @@ void ps_service::check_finite(std::string_view context, std::string_view what, c
   const double x =
       visit_dtype(values.type(), [&](auto zero) { return static_cast<double>(values.data<decltype(zero)>()[at]); });
   const std::string_view bad = std::isnan(x) ? "NaN" : x > 0 ? "Inf" : "-Inf";
-  const std::string where = values.shape().empty() ? fmt::format("the {}", what)
-                                                   : fmt::format("element {} of the {}", index_text(at, values.shape()), what);
+  const std::string where = values.shape().empty()
+                                ? fmt::format("the {}", what)
+                                : fmt::format("element {} of the {}", index_text(at, values.shape()), what);
   invalid(fmt::format("{}: {} is {} (server_options::check_numerics is on)", context, where, bad));
 }
 

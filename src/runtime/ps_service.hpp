@@ -50,9 +50,10 @@ class ps_service {
   /// Refuses (errc::invalid_argument) a variable shape whose size in bytes does not fit in 64 bits,
   /// and returns that size.
   std::uint64_t checked_bytes(std::string_view context, dtype type, const shape_type& shape) const;
-  /// Refuses (errc::resource_exhausted) to hold `what` ("the variable", "slot 'w/adam/m'") of `type`
-  /// and `shape`, named `name`, when it is over max_variable_bytes or would take the ps over
-  /// max_ps_bytes with `pending` bytes already promised in this request; returns what it adds.
+  /// Refuses (errc::resource_exhausted) to hold a variable or slot `name` of `type` and `shape` when
+  /// its values are over max_variable_bytes, or when it would take the ps past max_ps_bytes with
+  /// `pending` bytes already promised in this request; returns what it would add. `what` comes
+  /// before the dtype in the message: "" for the variable of `context`, "slot 'w/adam/m' of 'w', ".
   std::uint64_t check_room(std::string_view context, std::string_view what, const std::string& name, dtype type,
                            const shape_type& shape, std::uint64_t pending) const;
   /// Refuses (errc::invalid_argument) `values` holding NaN or Inf when check_numerics is on.
