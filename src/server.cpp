@@ -91,7 +91,7 @@ struct server::impl : std::enable_shared_from_this<impl> {
       }
     }
     if (job == "ps") {
-      ps.emplace(task);
+      ps.emplace(task, options);
     } else {
       worker.emplace(executor, task, index, incarnation, transport);
     }

@@ -19,7 +19,7 @@ enum class errc {
   not_found = 5,            ///< unknown worker function or variable
   already_exists = 6,       ///< a variable with that name already exists
   permission_denied = 7,    ///< the peer's role may not do that (an evaluator opening a session)
-  resource_exhausted = 8,   ///< the closure queue is full and the caller cannot wait
+  resource_exhausted = 8,   ///< the closure queue is full and the caller cannot wait; a server is at a limit
   failed_precondition = 9,  ///< the call is not valid in the current state
   aborted = 10,             ///< the coordinator session it belongs to has ended (a newer chief took over)
   out_of_range = 11,        ///< a dataset iterator has no more elements (TF: OutOfRangeError)

@@ -31,6 +31,18 @@ struct server_options {
   /// port (see port()).
   std::string listen_address;
   transport_options transport;
+  /// A ps refuses (errc::resource_exhausted) a variable or optimizer slot whose values take more
+  /// bytes than this, and a sparse read whose reply would. 0 means max_ps_bytes.
+  std::uint64_t max_variable_bytes = 0;
+  /// A ps refuses (errc::resource_exhausted) a variable or optimizer slot that would take what it
+  /// holds past this many bytes: the values of all its variables and slots, plus their names and
+  /// 256 bytes of bookkeeping each. Ending the coordinator session gives them back. 0 means 3/4 of
+  /// the memory this process may use (physical memory, or its cgroup's limit if lower), read once.
+  std::uint64_t max_ps_bytes = 0;
+  /// A ps refuses (errc::invalid_argument) a value, update or gradient holding NaN or Inf (TF's
+  /// tf.debugging.check_numerics), naming the variable and the element. The environment variable
+  /// PSCORO_CHECK_NUMERICS=1 turns it on, =0 off.
+  bool check_numerics = false;
 };
 
 class server {

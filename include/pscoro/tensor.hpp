@@ -8,10 +8,13 @@
 #include <pscoro/dtype.hpp>
 
 #include <cstddef>
+#include <cstdint>
 #include <cstring>
 #include <functional>
+#include <limits>
 #include <memory>
 #include <numeric>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -23,6 +26,25 @@ using shape_type = std::vector<std::size_t>;
 /// The number of elements of a tensor of shape `shape` (1 for a scalar).
 inline std::size_t num_elements(std::span<const std::size_t> shape) noexcept {
   return std::accumulate(shape.begin(), shape.end(), std::size_t{1}, std::multiplies<>{});
+}
+
+/// The bytes of a tensor of `type` (valid) and `shape`, or nothing when the product of its non-zero
+/// dimensions and the element size does not fit in 64 bits (a shape such as [0, 2^40, 2^40] is
+/// refused although it is empty: then no part of an accepted shape, such as a row, can overflow
+/// either). A shape from another process passes this before anything is allocated or indexed with
+/// it. `checked_size_bytes(dtype::float32, shape_type{1 << 20, 4})` is 16 MiB; with 2^62 rows, nothing.
+inline std::optional<std::uint64_t> checked_size_bytes(dtype type, std::span<const std::size_t> shape) noexcept {
+  std::uint64_t bytes = size_of(type);
+  bool empty = false;
+  for (const std::uint64_t dim : shape) {
+    if (dim == 0) {
+      empty = true;
+      continue;
+    }
+    if (bytes > std::numeric_limits<std::uint64_t>::max() / dim) return std::nullopt;
+    bytes *= dim;
+  }
+  return empty ? 0 : bytes;
 }
 
 /// "[784, 10]".

@@ -223,37 +223,53 @@ void require(bool condition, const wire::Optimizer& opt, std::string_view what, 
 
 }  // namespace
 
-void check_initializer(const wire::Initializer& init, dtype type, const shape_type& shard_shape) {
+void check_initializer(const wire::Initializer& init, dtype type, const shape_type& shard_shape,
+                       std::string_view variable) {
   const auto name = kind_name(init.kind());
-  if (name == "unknown") invalid(fmt::format("unknown initializer {}", static_cast<int>(init.kind())));
+  auto refuse = [&](std::string_view what) { invalid(fmt::format("create of '{}': {}", variable, what)); };
+  if (name == "unknown") refuse(fmt::format("unknown initializer {}", static_cast<int>(init.kind())));
   const auto& full = init.full_shape();
-  const bool same_rank = static_cast<std::size_t>(full.size()) == shard_shape.size();
+  const shape_type full_shape(full.begin(), full.end());
+  const bool same_rank = full_shape.size() == shard_shape.size();
   if (!same_rank || !std::equal(shard_shape.begin() + (shard_shape.empty() ? 0 : 1), shard_shape.end(),
-                                full.begin() + (full.empty() ? 0 : 1))) {
-    invalid(fmt::format("{} initializer: a shard of shape {} cannot belong to a variable of shape {}", name,
-                        to_string(shard_shape), to_string(shape_type(full.begin(), full.end()))));
+                                full_shape.begin() + (full_shape.empty() ? 0 : 1))) {
+    refuse(fmt::format("{} initializer: a shard of shape {} cannot belong to a variable of shape {}", name,
+                       to_string(shard_shape), to_string(full_shape)));
+  }
+  // Element i of the shard is element row_offset * row size + i of the whole variable: a whole
+  // shape whose size fits in 64 bits keeps that index exact.
+  if (!checked_size_bytes(type, full_shape)) {
+    refuse(fmt::format("{} initializer: the whole variable's shape {} is too large (its size in bytes does not fit "
+                       "in 64 bits)",
+                       name, to_string(full_shape)));
   }
   if (!shard_shape.empty() && (init.row_offset() > full[0] || shard_shape[0] > full[0] - init.row_offset())) {
-    invalid(fmt::format("{} initializer: rows [{}, {}) are outside the variable's {} rows", name, init.row_offset(),
-                        init.row_offset() + shard_shape[0], full[0]));
+    refuse(fmt::format("{} initializer: {} rows from row {} are outside the variable's {} rows", name,
+                       shard_shape[0], init.row_offset(), full[0]));
   }
-  if (shard_shape.empty() && init.row_offset() != 0) invalid(fmt::format("{} initializer: a scalar has no rows", name));
+  if (shard_shape.empty() && init.row_offset() != 0) refuse(fmt::format("{} initializer: a scalar has no rows", name));
   const bool random = init.kind() >= wire::Initializer::RANDOM_UNIFORM;
   if (random && !is_float(type)) {
-    invalid(fmt::format("{} initializer needs a float32 or float64 variable, not {}", name, name_of(type)));
+    refuse(fmt::format("{} initializer needs a float32 or float64 variable, not {}", name, name_of(type)));
   }
   if (!std::isfinite(init.a()) || !std::isfinite(init.b())) {
-    invalid(fmt::format("{} initializer: parameters must be finite (got {} and {})", name, init.a(), init.b()));
+    refuse(fmt::format("{} initializer: parameters must be finite (got {} and {})", name, init.a(), init.b()));
   }
   if (init.kind() == wire::Initializer::RANDOM_UNIFORM && init.a() > init.b()) {
-    invalid(fmt::format("random_uniform initializer: minval {} is above maxval {}", init.a(), init.b()));
+    refuse(fmt::format("random_uniform initializer: minval {} is above maxval {}", init.a(), init.b()));
   }
   if ((init.kind() == wire::Initializer::RANDOM_NORMAL || init.kind() == wire::Initializer::TRUNCATED_NORMAL) &&
       init.b() < 0) {
-    invalid(fmt::format("{} initializer: stddev must not be negative (got {})", name, init.b()));
+    refuse(fmt::format("{} initializer: stddev must not be negative (got {})", name, init.b()));
   }
   if (init.kind() == wire::Initializer::CONSTANT) {
-    visit_dtype(type, [&](auto zero) { (void)cast_constant<decltype(zero)>(init.a()); });
+    visit_dtype(type, [&](auto zero) {
+      try {
+        (void)cast_constant<decltype(zero)>(init.a());
+      } catch (const error& e) {
+        refuse(e.what());
+      }
+    });
   }
 }
 
@@ -334,6 +350,18 @@ void check_divisors(wire::UpdateVariable::Op op, dtype type, const std::byte* so
     const auto* found = std::find(s, s + n, T(0));
     if (found != s + n) {
       invalid(fmt::format("integer division by zero (element {} of the divisor)", found - s));
+    }
+  });
+}
+
+std::size_t first_non_finite(dtype type, const std::byte* values, std::size_t n) {
+  return visit_dtype(type, [&](auto zero) -> std::size_t {
+    using T = decltype(zero);
+    if constexpr (std::is_floating_point_v<T>) {
+      const T* v = reinterpret_cast<const T*>(values);
+      return static_cast<std::size_t>(std::find_if(v, v + n, [](T x) { return !std::isfinite(x); }) - v);
+    } else {
+      return n;
     }
   });
 }

@@ -10,14 +10,18 @@
 #include <cstdint>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace pscoro::runtime::kernels {
 
 // Initializers.
 
-/// Throws errc::invalid_argument when `init` cannot fill a shard of `shard_shape` and `type`.
-void check_initializer(const wire::Initializer& init, dtype type, const shape_type& shard_shape);
+/// Throws errc::invalid_argument, naming `variable`, when `init` cannot fill a shard of
+/// `shard_shape` (whose size was checked) and `type`: the whole shape must have a size that fits in
+/// 64 bits, the shard's rows must lie within it, and the parameters must suit the kind.
+void check_initializer(const wire::Initializer& init, dtype type, const shape_type& shard_shape,
+                       std::string_view variable);
 /// Fills `out`, a shard of `shard_shape`, element i with the value of element
 /// (row_offset * row size + i) of the whole variable.
 void initialize(const wire::Initializer& init, dtype type, const shape_type& shard_shape, std::byte* out);
@@ -31,6 +35,9 @@ void scatter(wire::UpdateVariable::Op op, dtype type, std::byte* destination, st
              const std::byte* rows, std::size_t row_elements);
 /// Throws errc::invalid_argument when an integer division in `op` would divide by zero or overflow.
 void check_divisors(wire::UpdateVariable::Op op, dtype type, const std::byte* source, std::size_t n);
+/// The index of the first NaN or infinity among n elements of `type` at `values` (n if none, and
+/// for integer types).
+std::size_t first_non_finite(dtype type, const std::byte* values, std::size_t n);
 
 // Optimizers.
 

@@ -1,5 +1,8 @@
 #include "runtime/ps_service.hpp"
 
+#include <pscoro/server.hpp>
+
+#include "runtime/log.hpp"
 #include "runtime/ps_kernels.hpp"
 #include "runtime/rows.hpp"
 #include "runtime/values.hpp"
@@ -7,8 +10,15 @@
 
 #include <fmt/format.h>
 
+#include <unistd.h>
+
 #include <algorithm>
+#include <cmath>
+#include <cstdlib>
 #include <cstring>
+#include <fstream>
+#include <limits>
+#include <new>
 
 namespace pscoro::runtime {
 
@@ -48,7 +58,132 @@ void make_writable(byte_buffer& bytes) {
   bytes = std::move(fresh);
 }
 
+constexpr std::uint64_t no_limit = std::numeric_limits<std::uint64_t>::max();
+
+std::uint64_t saturating_add(std::uint64_t a, std::uint64_t b) noexcept { return a > no_limit - b ? no_limit : a + b; }
+
+// What holding a variable costs beside its values: its name, its shape, the hash-map node and the
+// buffer's control block (256 bytes is on the high side for the node and block on 64-bit systems).
+// Counting them keeps millions of tiny variables, or a few with huge names, within max_ps_bytes.
+constexpr std::uint64_t bookkeeping_bytes = 256;
+
+std::uint64_t footprint(const std::string& name, const shape_type& shape, std::uint64_t value_bytes) noexcept {
+  return saturating_add(value_bytes, name.size() + shape.size() * sizeof(std::size_t) + bookkeeping_bytes);
+}
+
+// "300 bytes", "16.0 KiB (16384 bytes)".
+std::string bytes_text(std::uint64_t n) {
+  if (n < 1024) return fmt::format("{} bytes", n);
+  constexpr std::string_view units[] = {"KiB", "MiB", "GiB", "TiB", "PiB", "EiB"};
+  double scaled = static_cast<double>(n) / 1024;
+  std::size_t unit = 0;
+  for (; scaled >= 1024 && unit + 1 < std::size(units); ++unit) scaled /= 1024;
+  return fmt::format("{:.1f} {} ({} bytes)", scaled, units[unit], n);
+}
+
+// The memory this process may use: physical memory, or its cgroup's limit when lower (a
+// container's; cgroup v2, then v1, whose "no limit" is a huge number). Unknown: no limit.
+std::uint64_t usable_memory() {
+  std::uint64_t bytes = no_limit;
+  const long pages = ::sysconf(_SC_PHYS_PAGES);
+  const long page_size = ::sysconf(_SC_PAGE_SIZE);
+  if (pages > 0 && page_size > 0) bytes = static_cast<std::uint64_t>(pages) * static_cast<std::uint64_t>(page_size);
+  for (const char* path : {"/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"}) {
+    std::ifstream in(path);
+    std::uint64_t limit = 0;
+    if (in >> limit && limit > 0) bytes = std::min(bytes, limit);  // v2's "max" does not parse: no limit
+  }
+  return bytes;
+}
+
+// server_options::max_ps_bytes's default: 3/4 of usable memory, leaving room for what a ps holds
+// beyond its variables (frames in flight, copies made while a reply shares a variable's bytes).
+std::uint64_t default_max_ps_bytes() {
+  static const std::uint64_t limit = usable_memory() == no_limit ? no_limit : usable_memory() / 4 * 3;
+  return limit;
+}
+
+// PSCORO_CHECK_NUMERICS: "1" turns the check on, "0" off; unset keeps the program's choice.
+bool check_numerics_from_environment(bool fallback) {
+  const char* text = std::getenv("PSCORO_CHECK_NUMERICS");
+  if (!text || !*text) return fallback;
+  const std::string_view value = text;
+  if (value == "1" || value == "0") return value == "1";
+  log::warning("PSCORO_CHECK_NUMERICS='{}' is not 0 or 1; ignored", value);
+  return fallback;
+}
+
+// Element `flat` of a tensor of `shape` (which has it) as "[1, 2]".
+std::string index_text(std::size_t flat, const shape_type& shape) {
+  shape_type index(shape.size());
+  for (std::size_t d = shape.size(); d-- > 0;) {
+    index[d] = flat % shape[d];
+    flat /= shape[d];
+  }
+  return to_string(index);
+}
+
 }  // namespace
+
+ps_service::ps_service(std::string task) : ps_service(std::move(task), server_options{}) {}
+
+ps_service::ps_service(std::string task, const server_options& options)
+    : task_(std::move(task)),
+      max_ps_bytes_(options.max_ps_bytes ? options.max_ps_bytes : default_max_ps_bytes()),
+      max_variable_bytes_(options.max_variable_bytes ? options.max_variable_bytes : max_ps_bytes_),
+      check_numerics_(check_numerics_from_environment(options.check_numerics)) {}
+
+std::uint64_t ps_service::checked_bytes(std::string_view context, dtype type, const shape_type& shape) const {
+  const auto bytes = checked_size_bytes(type, shape);
+  if (!bytes) {
+    invalid(fmt::format("{}: {} {} is too large (its size in bytes does not fit in 64 bits)", context, name_of(type),
+                        to_string(shape)));
+  }
+  return *bytes;
+}
+
+std::uint64_t ps_service::check_room(std::string_view context, std::string_view what, const std::string& name,
+                                     dtype type, const shape_type& shape, std::uint64_t pending) const {
+  const std::uint64_t bytes = checked_bytes(context, type, shape);
+  const auto held = saturating_add(held_bytes_, pending);
+  if (bytes > max_variable_bytes_) {
+    throw error(errc::resource_exhausted,
+                fmt::format("{}: {}{} {} takes {}, more than the {} {} allows per variable "
+                            "(server_options::max_variable_bytes raises it; {} holds {})",
+                            context, what, name_of(type), to_string(shape), bytes_text(bytes),
+                            bytes_text(max_variable_bytes_), task_, task_, bytes_text(held)));
+  }
+  const std::uint64_t adds = footprint(name, shape, bytes);
+  if (adds > max_ps_bytes_ || held > max_ps_bytes_ - adds) {
+    throw error(errc::resource_exhausted,
+                fmt::format("{}: {}{} {} takes {} and {} already holds {} of variables and slots{}: that is past "
+                            "its limit of {} (server_options::max_ps_bytes raises it)",
+                            context, what, name_of(type), to_string(shape), bytes_text(bytes), task_,
+                            bytes_text(held), pending ? " (counting the slots this step creates before it)" : "",
+                            bytes_text(max_ps_bytes_)));
+  }
+  return adds;
+}
+
+void ps_service::check_finite(std::string_view context, std::string_view what, const tensor& values) const {
+  if (!check_numerics_) return;
+  const std::size_t at = kernels::first_non_finite(values.type(), values.bytes().data(), values.size());
+  if (at == values.size()) return;
+  const double x =
+      visit_dtype(values.type(), [&](auto zero) { return static_cast<double>(values.data<decltype(zero)>()[at]); });
+  const std::string_view bad = std::isnan(x) ? "NaN" : x > 0 ? "Inf" : "-Inf";
+  const std::string where = values.shape().empty()
+                                ? fmt::format("the {}", what)
+                                : fmt::format("element {} of the {}", index_text(at, values.shape()), what);
+  invalid(fmt::format("{}: {} is {} (server_options::check_numerics is on)", context, where, bad));
+}
+
+ps_service::stored_variable& ps_service::hold(const std::string& name, stored_variable stored) {
+  const auto adds = footprint(name, stored.shape, stored.bytes.size());
+  auto& held = variables_.emplace(name, std::move(stored)).first->second;
+  held_bytes_ = saturating_add(held_bytes_, adds);
+  return held;
+}
 
 wire::frame ps_service::handle(const wire::frame& request) {
   wire::frame response;
@@ -75,6 +210,15 @@ wire::frame ps_service::handle(const wire::frame& request) {
   } catch (const error& e) {
     response = wire::frame{};
     wire::set_status(*response.message.mutable_response()->mutable_status(), e.code(), e.what(), task_);
+  } catch (const std::bad_alloc&) {
+    // The limits stop a request from asking for more than the ps may hold, but the machine may
+    // have less free than the limits assume.
+    response = wire::frame{};
+    wire::set_status(*response.message.mutable_response()->mutable_status(),
+                     make_error_code(errc::resource_exhausted),
+                     fmt::format("{} ran out of memory serving the request (it holds {} of variables and slots)",
+                                 task_, bytes_text(held_bytes_)),
+                     task_);
   }
   return response;
 }
@@ -82,35 +226,38 @@ wire::frame ps_service::handle(const wire::frame& request) {
 void ps_service::create(const wire::frame& request, const wire::CreateVariable& create) {
   const variable_ref ref = decode_ref(create.variable());
   if (ref.name.empty()) invalid("a variable needs a name");
-  byte_buffer bytes;
+  const std::string context = fmt::format("create of '{}'", ref.name);
+  const std::uint64_t size = checked_bytes(context, ref.type, ref.shape);
+  tensor initial;
   if (create.has_initializer()) {
-    kernels::check_initializer(create.initializer(), ref.type, ref.shape);
-    bytes = byte_buffer(num_elements(ref.shape) * size_of(ref.type));
+    kernels::check_initializer(create.initializer(), ref.type, ref.shape, ref.name);
   } else {
-    const tensor initial = wire::get_tensor(request, create.initial_value());
+    initial = wire::get_tensor(request, create.initial_value());
     if (initial.type() != ref.type || initial.shape() != ref.shape) {
       invalid(fmt::format("initial value of '{}' is {} {} but the variable is {} {}", ref.name,
                           name_of(initial.type()), to_string(initial.shape()), name_of(ref.type),
                           to_string(ref.shape)));
     }
-    bytes = initial.bytes();  // the frame's segment becomes the variable's storage: no copy
+    check_finite(context, "initial value", initial);
   }
   if (variables_.contains(ref.name)) {
     throw error(errc::already_exists, fmt::format("variable '{}' already exists on {}", ref.name, task_));
   }
-  stored_variable stored{ref.type, ref.shape, std::move(bytes), {}, 0};
+  std::string owner;
   if (create.has_slot_of()) {
-    const auto& owner = create.slot_of().variable();
+    owner = create.slot_of().variable();
     if (!variables_.contains(owner) || !ref.name.starts_with(owner + "/")) {
       invalid(fmt::format("'{}' cannot be a slot of '{}': a slot is named '<variable>/...' and lives beside its "
                           "variable on {}",
                           ref.name, owner, task_));
     }
-    stored.slot_of = owner;
-    stored.slot_initial_value = create.slot_of().initial_value();
   }
+  check_room(context, "", ref.name, ref.type, ref.shape, 0);
+  // The frame's segment becomes the variable's storage: no copy.
+  stored_variable stored{ref.type, ref.shape, create.has_initializer() ? byte_buffer(size) : initial.bytes(),
+                         std::move(owner), create.has_slot_of() ? create.slot_of().initial_value() : 0.0};
   if (create.has_initializer()) kernels::initialize(create.initializer(), ref.type, ref.shape, stored.bytes.data());
-  variables_.emplace(ref.name, std::move(stored));
+  hold(ref.name, std::move(stored));
 }
 
 ps_service::stored_variable& ps_service::find(const wire::VariableRef& ref, std::string_view operation) {
@@ -136,9 +283,9 @@ std::span<const std::int64_t> ps_service::row_ids(const tensor& indices, const s
                         name_of(indices.type()), to_string(indices.shape())));
   }
   const std::span<const std::int64_t> ids(indices.data<std::int64_t>(), indices.size());
-  const auto rows = static_cast<std::int64_t>(variable.shape[0]);
+  const std::uint64_t rows = variable.shape[0];
   for (std::size_t k = 0; k < ids.size(); ++k) {
-    if (ids[k] < 0 || ids[k] >= rows) {
+    if (ids[k] < 0 || static_cast<std::uint64_t>(ids[k]) >= rows) {
       invalid(fmt::format("{} of '{}': id {} (position {}) is out of range [0, {})", operation, name, ids[k], k,
                           rows));
     }
@@ -179,7 +326,18 @@ void ps_service::read(const wire::frame& request, const wire::ReadVariable& read
   }
   const tensor indices = wire::get_tensor(request, read.indices());
   const auto ids = row_ids(indices, stored, "sparse_read", read.variable().name());
-  tensor rows = tensor::uninitialized(stored.type, rows_shape(ids.size(), stored.shape));
+  // Ids may repeat: a short request could ask for a reply far larger than the variable.
+  auto reply_shape = rows_shape(ids.size(), stored.shape);
+  const auto reply_bytes = checked_size_bytes(stored.type, reply_shape);
+  if (!reply_bytes || *reply_bytes > max_variable_bytes_) {
+    throw error(errc::resource_exhausted,
+                fmt::format("sparse_read of '{}': {} ids make a reply of {} {}, {}, more than the {} {} allows per "
+                            "variable (server_options::max_variable_bytes raises it)",
+                            read.variable().name(), ids.size(), name_of(stored.type), to_string(reply_shape),
+                            reply_bytes ? bytes_text(*reply_bytes) : "over 2^64 bytes",
+                            bytes_text(max_variable_bytes_), task_));
+  }
+  tensor rows = tensor::uninitialized(stored.type, std::move(reply_shape));
   const std::size_t row_bytes = row_elements(stored.shape) * size_of(stored.type);
   std::byte* to = rows.bytes().data();
   const std::byte* from = stored.bytes.data();
@@ -195,6 +353,7 @@ void ps_service::update(const wire::frame& request, const wire::UpdateVariable& 
   const auto name = op_name(op, scatter);
   auto& stored = find(update.variable(), name);
   const auto& variable = update.variable().name();
+  const std::string context = fmt::format("{} to '{}'", name, variable);
   const tensor value = wire::get_tensor(request, update.value());
   if (value.type() != stored.type) {
     invalid(fmt::format("{} to '{}': dtype {} does not match the variable's {}", name, variable,
@@ -209,6 +368,7 @@ void ps_service::update(const wire::frame& request, const wire::UpdateVariable& 
                           update.rows().end(), variable, to_string(value.shape()),
                           to_string(rows_shape(count, stored.shape))));
     }
+    check_finite(context, "value", value);
     kernels::check_divisors(op, stored.type, value.bytes().data(), value.size());
     make_writable(stored.bytes);
     std::byte* first =
@@ -225,6 +385,7 @@ void ps_service::update(const wire::frame& request, const wire::UpdateVariable& 
       invalid(fmt::format("{} to '{}': shape {} does not match the variable's {}", name, variable,
                           to_string(value.shape()), to_string(stored.shape)));
     }
+    check_finite(context, "value", value);
     kernels::check_divisors(op, stored.type, value.bytes().data(), value.size());
     if (op == wire::UpdateVariable::ASSIGN) {
       stored.bytes = value.bytes();  // adopt the received segment
@@ -240,27 +401,38 @@ void ps_service::update(const wire::frame& request, const wire::UpdateVariable& 
     invalid(fmt::format("{} to '{}': {} ids need rows of shape {}, got {}", name, variable, ids.size(),
                         to_string(rows_shape(ids.size(), stored.shape)), to_string(value.shape())));
   }
+  check_finite(context, "rows", value);
   kernels::check_divisors(op, stored.type, value.bytes().data(), value.size());
   make_writable(stored.bytes);
   kernels::scatter(op, stored.type, stored.bytes.data(), ids, value.bytes().data(), row_elements(stored.shape));
 }
 
-ps_service::stored_variable& ps_service::slot(const std::string& variable, const stored_variable& of,
-                                              const std::string& name, dtype type, const shape_type& shape,
-                                              double initial_value) {
-  const std::string full_name = variable + "/" + name;
-  auto it = variables_.find(full_name);
+void ps_service::check_slots(std::string_view context, const std::string& variable, const stored_variable& of,
+                             std::span<const slot_plan> plans) const {
+  std::uint64_t pending = 0;  // slots this request creates before the one checked
+  for (const auto& plan : plans) {
+    const auto it = variables_.find(plan.name);
+    if (it == variables_.end()) {
+      pending = saturating_add(
+          pending, check_room(context, fmt::format("slot '{}' of '{}', ", plan.name, variable), plan.name, plan.type,
+                              plan.shape, pending));
+    } else if (it->second.type != plan.type || it->second.shape != plan.shape) {
+      invalid(fmt::format("{}: slot '{}' of {} {} exists as {} {}", context, plan.name, name_of(of.type),
+                          to_string(of.shape), name_of(it->second.type), to_string(it->second.shape)));
+    }
+  }
+}
+
+ps_service::stored_variable& ps_service::slot(const std::string& variable, const slot_plan& plan) {
+  auto it = variables_.find(plan.name);
   if (it == variables_.end()) {
     wire::Initializer fill;
     fill.set_kind(wire::Initializer::CONSTANT);
-    fill.set_a(initial_value);
-    for (const auto d : shape) fill.add_full_shape(d);
-    byte_buffer bytes(num_elements(shape) * size_of(type));
-    kernels::initialize(fill, type, shape, bytes.data());
-    it = variables_.emplace(full_name, stored_variable{type, shape, std::move(bytes), variable, initial_value}).first;
-  } else if (it->second.type != type || it->second.shape != shape) {
-    invalid(fmt::format("slot '{}' of {} {} exists as {} {}", full_name, name_of(of.type), to_string(of.shape),
-                        name_of(it->second.type), to_string(it->second.shape)));
+    fill.set_a(plan.initial_value);
+    for (const auto d : plan.shape) fill.add_full_shape(d);
+    byte_buffer bytes(num_elements(plan.shape) * size_of(plan.type));
+    kernels::initialize(fill, plan.type, plan.shape, bytes.data());
+    return hold(plan.name, stored_variable{plan.type, plan.shape, std::move(bytes), variable, plan.initial_value});
   }
   make_writable(it->second.bytes);
   return it->second;
@@ -273,15 +445,15 @@ void ps_service::apply_gradient(const wire::frame& request, const wire::ApplyGra
   const std::string operation = fmt::format("{} {}", optimizer, sparse ? "sparse update" : "update");
   auto& stored = find(apply.variable(), operation);
   const std::string& variable = apply.variable().name();
+  const std::string context = fmt::format("{} of '{}'", operation, variable);
   kernels::check_optimizer(opt);
   if (stored.type != dtype::float32 && stored.type != dtype::float64) {
-    invalid(fmt::format("{} of '{}': optimizers update float32 or float64 variables, not {}", operation, variable,
-                        name_of(stored.type)));
+    invalid(fmt::format("{}: optimizers update float32 or float64 variables, not {}", context, name_of(stored.type)));
   }
   const tensor gradient = wire::get_tensor(request, apply.gradient());
   if (gradient.type() != stored.type) {
-    invalid(fmt::format("{} of '{}': gradient dtype {} does not match the variable's {}", operation, variable,
-                        name_of(gradient.type()), name_of(stored.type)));
+    invalid(fmt::format("{}: gradient dtype {} does not match the variable's {}", context, name_of(gradient.type()),
+                        name_of(stored.type)));
   }
   std::span<const std::int64_t> ids;
   tensor indices;
@@ -289,23 +461,28 @@ void ps_service::apply_gradient(const wire::frame& request, const wire::ApplyGra
     indices = wire::get_tensor(request, apply.indices());
     ids = row_ids(indices, stored, operation, variable);
     if (gradient.shape() != rows_shape(ids.size(), stored.shape)) {
-      invalid(fmt::format("{} of '{}': {} ids need gradient rows of shape {}, got {}", operation, variable,
-                          ids.size(), to_string(rows_shape(ids.size(), stored.shape)),
-                          to_string(gradient.shape())));
+      invalid(fmt::format("{}: {} ids need gradient rows of shape {}, got {}", context, ids.size(),
+                          to_string(rows_shape(ids.size(), stored.shape)), to_string(gradient.shape())));
     }
   } else if (gradient.shape() != stored.shape) {
-    invalid(fmt::format("{} of '{}': gradient shape {} does not match the variable's {}", operation, variable,
+    invalid(fmt::format("{}: gradient shape {} does not match the variable's {}", context,
                         to_string(gradient.shape()), to_string(stored.shape)));
   }
+  check_finite(context, "gradient", gradient);
+  // The slots it keeps, created on first use: they must fit before anything changes.
+  std::vector<slot_plan> plans;
+  const auto specs = kernels::slots_of(opt);
+  for (const auto& spec : specs) {
+    plans.push_back({variable + "/" + optimizer + "/" + spec.name, stored.type, stored.shape, spec.initial_value});
+  }
+  if (kernels::counts_steps(opt)) plans.push_back({variable + "/" + optimizer + "/iterations", dtype::int64, {}, 0});
+  check_slots(context, variable, stored, plans);
   // Everything is checked: from here on nothing throws, so variable and slots change together.
   std::vector<std::byte*> slots;
-  for (const auto& spec : kernels::slots_of(opt)) {
-    slots.push_back(
-        slot(variable, stored, optimizer + "/" + spec.name, stored.type, stored.shape, spec.initial_value).bytes.data());
-  }
+  for (std::size_t i = 0; i < specs.size(); ++i) slots.push_back(slot(variable, plans[i]).bytes.data());
   std::int64_t step = 0;
   if (kernels::counts_steps(opt)) {
-    auto& count = slot(variable, stored, optimizer + "/iterations", dtype::int64, {}, 0);
+    auto& count = slot(variable, plans.back());
     step = ++*reinterpret_cast<std::int64_t*>(count.bytes.data());
   }
   make_writable(stored.bytes);

@@ -1,27 +1,42 @@
 // The parameter-server role: holds variables (and optimizer slots beside them) and serves create,
 // read, gather, update, scatter and optimizer requests. Every request is checked in full (dtype,
-// shape, ids, the caller's idea of the variable, parameters) before anything changes, so a bad
-// request leaves every variable as it was.
+// shape and its size, ids, the caller's idea of the variable, parameters, the memory limits, and
+// NaN/Inf when asked) before anything changes, so a bad request leaves every variable as it was.
 #pragma once
 
 #include "wire/frame.hpp"
 
+#include <cstdint>
 #include <span>
 #include <string>
+#include <string_view>
 #include <unordered_map>
+
+namespace pscoro {
+struct server_options;
+}
 
 namespace pscoro::runtime {
 
 class ps_service {
  public:
-  explicit ps_service(std::string task) : task_(std::move(task)) {}
+  /// A ps `task` ("ps:0") with server_options' default limits.
+  explicit ps_service(std::string task);
+  /// A ps `task` with the limits and checks of `options` (PSCORO_CHECK_NUMERICS overrides
+  /// check_numerics; 0 limits become their defaults).
+  ps_service(std::string task, const server_options& options);
 
   /// Serves one request frame; failures come back as an error status, never as an exception.
   wire::frame handle(const wire::frame& request);
 
   std::size_t num_variables() const noexcept { return variables_.size(); }
+  /// Bytes held for variables and slots, as server_options::max_ps_bytes counts them.
+  std::uint64_t held_bytes() const noexcept { return held_bytes_; }
   /// Drops every variable and slot (the coordinator session that made them ended).
-  void clear() noexcept { variables_.clear(); }
+  void clear() noexcept {
+    variables_.clear();
+    held_bytes_ = 0;
+  }
 
  private:
   struct stored_variable {
@@ -32,15 +47,39 @@ class ps_service {
     double slot_initial_value = 0;
   };
 
+  /// Refuses (errc::invalid_argument) a variable shape whose size in bytes does not fit in 64 bits,
+  /// and returns that size.
+  std::uint64_t checked_bytes(std::string_view context, dtype type, const shape_type& shape) const;
+  /// Refuses (errc::resource_exhausted) to hold a variable or slot `name` of `type` and `shape` when
+  /// its values are over max_variable_bytes, or when it would take the ps past max_ps_bytes with
+  /// `pending` bytes already promised in this request; returns what it would add. `what` comes
+  /// before the dtype in the message: "" for the variable of `context`, "slot 'w/adam/m' of 'w', ".
+  std::uint64_t check_room(std::string_view context, std::string_view what, const std::string& name, dtype type,
+                           const shape_type& shape, std::uint64_t pending) const;
+  /// Refuses (errc::invalid_argument) `values` holding NaN or Inf when check_numerics is on.
+  void check_finite(std::string_view context, std::string_view what, const tensor& values) const;
+
   void create(const wire::frame& request, const wire::CreateVariable& create);
   void read(const wire::frame& request, const wire::ReadVariable& read, wire::frame& response);
   void update(const wire::frame& request, const wire::UpdateVariable& update);
   void apply_gradient(const wire::frame& request, const wire::ApplyGradient& apply);
   void list_slots(const wire::ListSlots& list, wire::frame& response);
   stored_variable& find(const wire::VariableRef& ref, std::string_view operation);
-  /// The slot `name` of `variable` (created with `initial_value` on first use).
-  stored_variable& slot(const std::string& variable, const stored_variable& of, const std::string& name, dtype type,
-                        const shape_type& shape, double initial_value);
+  /// A slot an optimizer keeps beside a variable.
+  struct slot_plan {
+    std::string name;  // "w/adam/m"
+    dtype type;
+    shape_type shape;
+    double initial_value;
+  };
+  /// Checks that the slots in `plans` of `variable` either exist as planned or fit in the limits;
+  /// changes nothing.
+  void check_slots(std::string_view context, const std::string& variable, const stored_variable& of,
+                   std::span<const slot_plan> plans) const;
+  /// The slot of `plan` (created on first use; check_slots passed), ready to be written.
+  stored_variable& slot(const std::string& variable, const slot_plan& plan);
+  /// Holds `stored` under `name`, counting its bytes.
+  stored_variable& hold(const std::string& name, stored_variable stored);
   /// Validates `range` as rows of `variable`: begin <= end <= rows, and the variable has rows.
   void check_rows(const wire::RowRange& range, const stored_variable& variable, std::string_view operation,
                   const std::string& name) const;
@@ -49,6 +88,10 @@ class ps_service {
                                         std::string_view operation, const std::string& name) const;
 
   std::string task_;
+  std::uint64_t max_ps_bytes_;
+  std::uint64_t max_variable_bytes_;
+  bool check_numerics_;
+  std::uint64_t held_bytes_ = 0;
   std::unordered_map<std::string, stored_variable> variables_;
 };
 

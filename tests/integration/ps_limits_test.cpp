@@ -1,0 +1,445 @@
+// A ps never crashes, corrupts memory or balloons on what a peer sends: sizes that overflow, ids and
+// row ranges far out of range, shards outside their variable, variables and slots past the memory
+// limits, and (when asked) NaN or Inf. Every test talks to a live ps with raw requests, as a
+// hostile or broken peer would, and checks that what existed is untouched.
+#include "local_cluster.hpp"
+#include "runtime/peer.hpp"
+#include "runtime/values.hpp"
+#include "test_support.hpp"
+
+#include <asio/experimental/as_tuple.hpp>
+#include <fmt/format.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <limits>
+
+using namespace pscoro;
+using pscoro::testing::local_cluster;
+
+namespace {
+
+constexpr std::uint64_t u64_max = std::numeric_limits<std::uint64_t>::max();
+constexpr std::int64_t i64_max = std::numeric_limits<std::int64_t>::max();
+constexpr std::int64_t i64_min = std::numeric_limits<std::int64_t>::min();
+
+struct reply {
+  wire::Status status;
+  tensor value;  // the result tensor, if any
+};
+
+// Sends `request` to ps:0 of `cluster` as the chief of coordinator session `session` and returns
+// the status and the result tensor.
+reply call(local_cluster& cluster, wire::frame request, std::uint64_t session = 1) {
+  wire::Hello hello;
+  hello.set_protocol_version(wire::protocol_version);
+  hello.set_job("chief");
+  hello.set_session(session);
+  asio::io_context io;
+  auto response = asio::co_spawn(
+      io,
+      [&]() -> asio::awaitable<reply> {
+        auto connection = co_await runtime::connect_to_task("ps:0", cluster.spec.task_address("ps", 0), hello, {});
+        connection->start(nullptr, nullptr);
+        auto [ec, answer] =
+            co_await connection->async_call(std::move(request), asio::experimental::as_tuple(asio::use_awaitable));
+        REQUIRE_FALSE(ec);
+        connection->close("done");
+        reply out{answer.message.response().status(), {}};
+        if (answer.message.response().result().has_tensor()) {
+          out.value = wire::get_tensor(answer, answer.message.response().result().tensor());
+        }
+        co_return out;
+      },
+      asio::use_future);
+  io.run();
+  return response.get();
+}
+
+template <class T>
+tensor values(shape_type shape, std::vector<T> elements) {
+  tensor t = tensor::uninitialized(dtype_of<T>, std::move(shape));
+  REQUIRE(t.size() == elements.size());
+  std::copy(elements.begin(), elements.end(), t.mutable_data<T>());
+  return t;
+}
+
+tensor ids(std::vector<std::int64_t> rows) {
+  const std::size_t n = rows.size();
+  return values<std::int64_t>({n}, std::move(rows));
+}
+
+wire::frame create_from(const variable_ref& ref, const tensor& initial) {
+  wire::frame f;
+  auto* body = f.message.mutable_request()->mutable_create_variable();
+  runtime::encode_ref(*body->mutable_variable(), ref);
+  wire::put_tensor(f, *body->mutable_initial_value(), initial);
+  return f;
+}
+
+wire::frame create_by(const variable_ref& ref, const shape_type& full_shape, std::uint64_t row_offset = 0,
+                      wire::Initializer::Kind kind = wire::Initializer::ONES) {
+  wire::frame f;
+  auto* body = f.message.mutable_request()->mutable_create_variable();
+  runtime::encode_ref(*body->mutable_variable(), ref);
+  body->mutable_initializer()->set_kind(kind);
+  for (const auto d : full_shape) body->mutable_initializer()->add_full_shape(d);
+  body->mutable_initializer()->set_row_offset(row_offset);
+  return f;
+}
+
+wire::frame read_of(const variable_ref& ref) {
+  wire::frame f;
+  runtime::encode_ref(*f.message.mutable_request()->mutable_read_variable()->mutable_variable(), ref);
+  return f;
+}
+
+wire::frame gather(const variable_ref& ref, const tensor& rows) {
+  wire::frame f = read_of(ref);
+  wire::put_tensor(f, *f.message.mutable_request()->mutable_read_variable()->mutable_indices(), rows);
+  return f;
+}
+
+wire::frame read_rows(const variable_ref& ref, std::uint64_t begin, std::uint64_t end) {
+  wire::frame f = read_of(ref);
+  auto* range = f.message.mutable_request()->mutable_read_variable()->mutable_rows();
+  range->set_begin(begin);
+  range->set_end(end);
+  return f;
+}
+
+wire::frame update(const variable_ref& ref, wire::UpdateVariable::Op op, const tensor& value) {
+  wire::frame f;
+  auto* body = f.message.mutable_request()->mutable_update_variable();
+  runtime::encode_ref(*body->mutable_variable(), ref);
+  body->set_op(op);
+  wire::put_tensor(f, *body->mutable_value(), value);
+  return f;
+}
+
+wire::frame scatter(const variable_ref& ref, wire::UpdateVariable::Op op, const tensor& rows, const tensor& value) {
+  wire::frame f = update(ref, op, value);
+  wire::put_tensor(f, *f.message.mutable_request()->mutable_update_variable()->mutable_indices(), rows);
+  return f;
+}
+
+wire::frame update_rows(const variable_ref& ref, std::uint64_t begin, std::uint64_t end, const tensor& value) {
+  wire::frame f = update(ref, wire::UpdateVariable::ASSIGN, value);
+  auto* range = f.message.mutable_request()->mutable_update_variable()->mutable_rows();
+  range->set_begin(begin);
+  range->set_end(end);
+  return f;
+}
+
+wire::frame apply(const variable_ref& ref, wire::Optimizer::Kind kind, const tensor& gradient,
+                  const tensor* rows = nullptr) {
+  wire::frame f;
+  auto* body = f.message.mutable_request()->mutable_apply_gradient();
+  runtime::encode_ref(*body->mutable_variable(), ref);
+  body->mutable_optimizer()->set_kind(kind);
+  body->mutable_optimizer()->set_learning_rate(0.1);
+  body->mutable_optimizer()->set_momentum(0.9);
+  body->mutable_optimizer()->set_beta_1(0.9);
+  body->mutable_optimizer()->set_beta_2(0.999);
+  body->mutable_optimizer()->set_epsilon(1e-7);
+  wire::put_tensor(f, *body->mutable_gradient(), gradient);
+  if (rows) wire::put_tensor(f, *body->mutable_indices(), *rows);
+  return f;
+}
+
+wire::frame list_slots(const variable_ref& ref) {
+  wire::frame f;
+  runtime::encode_ref(*f.message.mutable_request()->mutable_list_slots()->mutable_variable(), ref);
+  return f;
+}
+
+std::size_t num_slots(local_cluster& cluster, const variable_ref& ref) {
+  wire::frame f = list_slots(ref);
+  wire::Hello hello;
+  // ListSlots answers in Response.slots, which `call` does not return: count them here.
+  hello.set_protocol_version(wire::protocol_version);
+  hello.set_job("chief");
+  hello.set_session(1);
+  asio::io_context io;
+  auto response = asio::co_spawn(
+      io,
+      [&]() -> asio::awaitable<std::size_t> {
+        auto connection = co_await runtime::connect_to_task("ps:0", cluster.spec.task_address("ps", 0), hello, {});
+        connection->start(nullptr, nullptr);
+        auto [ec, answer] =
+            co_await connection->async_call(std::move(f), asio::experimental::as_tuple(asio::use_awaitable));
+        REQUIRE_FALSE(ec);
+        connection->close("done");
+        REQUIRE(answer.message.response().status().code() == 0);
+        co_return static_cast<std::size_t>(answer.message.response().slots_size());
+      },
+      asio::use_future);
+  io.run();
+  return response.get();
+}
+
+template <class T>
+std::vector<T> elements_of(const tensor& t) {
+  return std::vector<T>(t.data<T>(), t.data<T>() + t.size());
+}
+
+// The value of `ref` on ps:0, which must be readable.
+template <class T>
+std::vector<T> value_of(local_cluster& cluster, const variable_ref& ref) {
+  const auto r = call(cluster, read_of(ref));
+  REQUIRE_MESSAGE(r.status.code() == 0, r.status.message());
+  return elements_of<T>(r.value);
+}
+
+// Checks that `r` failed with `code` and a message containing `part`, printing the message if not.
+void check_refused(const reply& r, errc code, std::string_view part) {
+  const auto& m = r.status.message();
+  CHECK_MESSAGE(r.status.code() == static_cast<int>(code), m);
+  CHECK_MESSAGE(contains(m, part), m);
+  CHECK(r.status.origin_task() == "ps:0");
+}
+
+constexpr auto invalid = errc::invalid_argument;
+constexpr auto exhausted = errc::resource_exhausted;
+
+}  // namespace
+
+TEST_CASE("a variable whose size does not fit in 64 bits is refused, and huge ids then find nothing to touch") {
+  local_cluster cluster(1, 0);
+  // 2^62 rows of 4 float32 are 2^66 bytes: unchecked, that wrapped to a 0-byte buffer that reads and
+  // scatters at rows near 2^40 then indexed with peer-chosen offsets.
+  const variable_ref huge{"huge", dtype::float32, {std::size_t{1} << 62, 4}, 0};
+  check_refused(call(cluster, create_by(huge, huge.shape)), invalid,
+                "create of 'huge': float32 [4611686018427387904, 4] is too large (its size in bytes does not fit in "
+                "64 bits)");
+  check_refused(call(cluster, gather(huge, ids({std::int64_t{1} << 40}))), errc::not_found,
+                "sparse_read: variable 'huge' does not exist on ps:0");
+  check_refused(call(cluster, scatter(huge, wire::UpdateVariable::ASSIGN, ids({std::int64_t{1} << 40}),
+                                      values<float>({1, 4}, {1, 2, 3, 4}))),
+                errc::not_found, "variable 'huge' does not exist on ps:0");
+  check_refused(call(cluster, update_rows(huge, std::uint64_t{1} << 40, (std::uint64_t{1} << 40) + 1,
+                                          values<float>({1, 4}, {1, 2, 3, 4}))),
+                errc::not_found, "variable 'huge' does not exist on ps:0");
+
+  // A whole shape of 2^64 bytes with a small shard, and an empty shape whose rows overflow.
+  const variable_ref shard{"shard", dtype::float32, {2, 4}, 0};
+  check_refused(call(cluster, create_by(shard, {std::size_t{1} << 62, 4})), invalid,
+                "create of 'shard': ones initializer: the whole variable's shape [4611686018427387904, 4] is too "
+                "large");
+  const variable_ref hollow{"hollow", dtype::float64, {0, std::size_t{1} << 40, std::size_t{1} << 40}, 0};
+  check_refused(call(cluster, create_by(hollow, hollow.shape)), invalid,
+                "create of 'hollow': float64 [0, 1099511627776, 1099511627776] is too large");
+  // A shape that fits in 64 bits but not in any machine is a resource, not a shape, problem.
+  const variable_ref vast{"vast", dtype::float32, {std::size_t{1} << 40, 4}, 0};
+  check_refused(call(cluster, create_by(vast, vast.shape)), exhausted,
+                "create of 'vast': float32 [1099511627776, 4] takes 16.0 TiB (17592186044416 bytes), more than the");
+  CHECK(call(cluster, create_by(shard, {4, 4})).status.code() == 0);  // the ps still serves
+}
+
+TEST_CASE("row ids near 2^40 and 2^63 and negative ids are refused by gathers, scatters and sparse gradients") {
+  local_cluster cluster(1, 0);
+  const variable_ref w{"w", dtype::float32, {8, 4}, 0};
+  REQUIRE(call(cluster, create_by(w, w.shape)).status.code() == 0);
+  const std::vector<float> ones(32, 1.0f);
+  for (const std::int64_t id : {std::int64_t{1} << 40, (std::int64_t{1} << 40) + 3, i64_max, i64_max - 7, i64_min,
+                                std::int64_t{-1}, std::int64_t{-(std::int64_t{1} << 40)}, std::int64_t{8}}) {
+    CAPTURE(id);
+    const auto expected = fmt::format("id {} (position 1) is out of range [0, 8)", id);
+    const auto rows = ids({0, id});
+    check_refused(call(cluster, gather(w, rows)), invalid, "sparse_read of 'w': " + expected);
+    const auto two_rows = values<float>({2, 4}, {5, 5, 5, 5, 6, 6, 6, 6});
+    check_refused(call(cluster, scatter(w, wire::UpdateVariable::ASSIGN, rows, two_rows)), invalid,
+                  "scatter_update of 'w': " + expected);
+    check_refused(call(cluster, scatter(w, wire::UpdateVariable::ADD, rows, two_rows)), invalid,
+                  "scatter_add of 'w': " + expected);
+    check_refused(call(cluster, apply(w, wire::Optimizer::ADAM, two_rows, &rows)), invalid,
+                  "adam sparse update of 'w': " + expected);
+  }
+  CHECK(value_of<float>(cluster, w) == ones);
+  CHECK(num_slots(cluster, w) == 0);  // the refused adam steps left no slots behind
+}
+
+TEST_CASE("row ranges that are reversed, wrap around or pass the end are refused") {
+  local_cluster cluster(1, 0);
+  const variable_ref w{"w", dtype::float32, {8, 4}, 0};
+  REQUIRE(call(cluster, create_by(w, w.shape)).status.code() == 0);
+  const std::uint64_t big = std::uint64_t{1} << 63;
+  struct range {
+    std::uint64_t begin, end;
+  };
+  // begin + length wrapping past 2^64 is the same as a begin above end: [2^64 - 1, 2^64 + 1) is [2^64 - 1, 1).
+  // (The loop variable is no structured binding: clang 14 cannot capture one in CAPTURE's lambda.)
+  for (const auto r : {range{u64_max, 1}, range{u64_max - 1, u64_max}, range{big, big + 1}, range{1, u64_max},
+                       range{8, 9}, range{std::uint64_t{1} << 40, 1}, range{5, 4}}) {
+    CAPTURE(r.begin);
+    CAPTURE(r.end);
+    const auto expected = fmt::format("rows [{}, {}) are not within [0, 8)", r.begin, r.end);
+    check_refused(call(cluster, read_rows(w, r.begin, r.end)), invalid, "read of 'w': " + expected);
+    check_refused(call(cluster, update_rows(w, r.begin, r.end, values<float>({1, 4}, {7, 7, 7, 7}))), invalid,
+                  "assign of 'w': " + expected);
+  }
+  CHECK(value_of<float>(cluster, w) == std::vector<float>(32, 1.0f));
+  // An empty range at the end is a valid, empty read.
+  const auto empty = call(cluster, read_rows(w, 8, 8));
+  CHECK_MESSAGE(empty.status.code() == 0, empty.status.message());
+  CHECK(empty.value.shape() == shape_type{0, 4});
+}
+
+TEST_CASE("an initializer's shard must lie within the whole variable") {
+  local_cluster cluster(1, 0);
+  const variable_ref part{"emb/part_1", dtype::float32, {2, 4}, 0};
+  check_refused(call(cluster, create_by(part, {8, 4}, 7)), invalid,
+                "create of 'emb/part_1': ones initializer: 2 rows from row 7 are outside the variable's 8 rows");
+  // row_offset + rows wraps around to 1.
+  check_refused(call(cluster, create_by(part, {8, 4}, u64_max)), invalid,
+                "create of 'emb/part_1': ones initializer: 2 rows from row 18446744073709551615 are outside the "
+                "variable's 8 rows");
+  check_refused(call(cluster, create_by(part, {8, 4}, 9)), invalid, "2 rows from row 9 are outside");
+  check_refused(call(cluster, create_by(part, {8, 5})), invalid,
+                "create of 'emb/part_1': ones initializer: a shard of shape [2, 4] cannot belong to a variable of "
+                "shape [8, 5]");
+  check_refused(call(cluster, create_by(part, {8, 4, 1})), invalid, "cannot belong to a variable of shape [8, 4, 1]");
+  check_refused(call(cluster, create_by(variable_ref{"s", dtype::float32, {}, 0}, {}, 1)), invalid,
+                "create of 's': ones initializer: a scalar has no rows");
+  // The last two rows fit, and the refusals left nothing behind.
+  const auto made = call(cluster, create_by(part, {8, 4}, 6));
+  CHECK_MESSAGE(made.status.code() == 0, made.status.message());
+}
+
+TEST_CASE("a variable over max_variable_bytes or past max_ps_bytes is refused; what exists is untouched") {
+  server_options options;
+  options.max_variable_bytes = 4096;
+  options.max_ps_bytes = 12000;
+  local_cluster cluster(1, 0, {}, options);
+  const variable_ref small{"small", dtype::float32, {16, 4}, 0};
+  std::vector<float> initial(64);
+  for (std::size_t i = 0; i < initial.size(); ++i) initial[i] = static_cast<float>(i);
+  REQUIRE(call(cluster, create_from(small, values<float>({16, 4}, initial))).status.code() == 0);
+
+  const variable_ref big{"big", dtype::float32, {2048}, 0};
+  check_refused(call(cluster, create_by(big, big.shape)), exhausted,
+                "create of 'big': float32 [2048] takes 8.0 KiB (8192 bytes), more than the 4.0 KiB (4096 bytes) "
+                "ps:0 allows per variable (server_options::max_variable_bytes raises it; ps:0 holds ");
+  check_refused(call(cluster, create_from(big, tensor::uninitialized(dtype::float32, {2048}))), exhausted,
+                "(server_options::max_variable_bytes raises it");
+
+  // Two variables of 4 KiB fit beside `small`; a third would pass 12000 bytes.
+  for (const auto* name : {"a", "b"}) {
+    const auto made = call(cluster, create_by(variable_ref{name, dtype::float32, {1024}, 0}, {1024}));
+    REQUIRE_MESSAGE(made.status.code() == 0, made.status.message());
+  }
+  const variable_ref c{"c", dtype::float32, {1024}, 0};
+  const auto refused = call(cluster, create_by(c, c.shape));
+  check_refused(refused, exhausted, "create of 'c': float32 [1024] takes 4.0 KiB (4096 bytes) and ps:0 already holds ");
+  check_refused(refused, exhausted,
+                "of variables and slots: that is past its limit of 11.7 KiB (12000 bytes) "
+                "(server_options::max_ps_bytes raises it)");
+  check_refused(call(cluster, read_of(c)), errc::not_found, "variable 'c' does not exist on ps:0");
+
+  // A gather of repeated ids is as large as a variable could be.
+  check_refused(call(cluster, gather(small, ids(std::vector<std::int64_t>(300, 3)))), exhausted,
+                "sparse_read of 'small': 300 ids make a reply of float32 [300, 4], 4.7 KiB (4800 bytes), more than "
+                "the 4.0 KiB (4096 bytes) ps:0 allows per variable (server_options::max_variable_bytes raises it)");
+  CHECK(call(cluster, gather(small, ids(std::vector<std::int64_t>(256, 3)))).status.code() == 0);
+  CHECK(value_of<float>(cluster, small) == initial);
+}
+
+TEST_CASE("optimizer slots count against max_ps_bytes; a refused first step leaves variable and slots as they were") {
+  server_options options;
+  options.max_ps_bytes = 10000;
+  local_cluster cluster(1, 0, {}, options);
+  const variable_ref w{"w", dtype::float32, {1024}, 0};
+  REQUIRE(call(cluster, create_by(w, w.shape)).status.code() == 0);
+  const auto gradient = values<float>({1024}, std::vector<float>(1024, 1.0f));
+  // Adam's m fits beside w, its v does not.
+  const auto refused = call(cluster, apply(w, wire::Optimizer::ADAM, gradient));
+  check_refused(refused, exhausted,
+                "adam update of 'w': slot 'w/adam/v' of 'w', float32 [1024] takes 4.0 KiB (4096 bytes) and ps:0 "
+                "already holds ");
+  check_refused(refused, exhausted,
+                "(counting the slots this step creates before it): that is past its limit of 9.8 KiB (10000 bytes) "
+                "(server_options::max_ps_bytes raises it)");
+  CHECK(value_of<float>(cluster, w) == std::vector<float>(1024, 1.0f));
+  CHECK(num_slots(cluster, w) == 0);
+  // One slot fits.
+  const auto momentum = call(cluster, apply(w, wire::Optimizer::MOMENTUM, gradient));
+  REQUIRE_MESSAGE(momentum.status.code() == 0, momentum.status.message());
+  CHECK(num_slots(cluster, w) == 1);
+  CHECK(value_of<float>(cluster, w)[0] == doctest::Approx(0.9));
+}
+
+TEST_CASE("ending a coordinator session gives a ps's bytes back") {
+  server_options options;
+  options.max_ps_bytes = 6000;
+  local_cluster cluster(1, 0, {}, options);
+  const variable_ref a{"a", dtype::float64, {512}, 0};
+  const variable_ref b{"b", dtype::float64, {512}, 0};
+  REQUIRE(call(cluster, create_by(a, a.shape), 1).status.code() == 0);
+  check_refused(call(cluster, create_by(b, b.shape), 1), exhausted, "create of 'b': float64 [512] takes 4.0 KiB");
+  // A new session releases session 1's variables, and their bytes.
+  const auto made = call(cluster, create_by(b, b.shape), 2);
+  CHECK_MESSAGE(made.status.code() == 0, made.status.message());
+  check_refused(call(cluster, create_by(a, a.shape), 2), exhausted, "create of 'a': float64 [512] takes 4.0 KiB");
+}
+
+TEST_CASE("with check_numerics a ps refuses NaN and Inf, naming variable and element; without, it stores them") {
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  const float inf = std::numeric_limits<float>::infinity();
+  const std::vector<float> initial{1, 2, 3, 4, 5, 6};
+  const variable_ref w{"w", dtype::float32, {2, 3}, 0};
+  ::unsetenv("PSCORO_CHECK_NUMERICS");  // the option alone decides below
+  SUBCASE("on") {
+    server_options options;
+    options.check_numerics = true;
+    local_cluster cluster(1, 0, {}, options);
+    REQUIRE(call(cluster, create_from(w, values<float>({2, 3}, initial))).status.code() == 0);
+    const std::string on = "(server_options::check_numerics is on)";
+    check_refused(call(cluster, update(w, wire::UpdateVariable::ASSIGN, values<float>({2, 3}, {0, 0, 0, 0, 0, nan}))),
+                  invalid, "assign to 'w': element [1, 2] of the value is NaN " + on);
+    check_refused(call(cluster, update(w, wire::UpdateVariable::ADD, values<float>({2, 3}, {0, inf, 0, 0, 0, 0}))),
+                  invalid, "assign_add to 'w': element [0, 1] of the value is Inf");
+    const auto minus_inf = values<float>({1, 3}, {0, -inf, 0});
+    check_refused(call(cluster, scatter(w, wire::UpdateVariable::ASSIGN, ids({1}), minus_inf)), invalid,
+                  "scatter_update to 'w': element [0, 1] of the rows is -Inf");
+    check_refused(call(cluster, update_rows(w, 0, 1, values<float>({1, 3}, {nan, 0, 0}))), invalid,
+                  "assign to 'w': element [0, 0] of the value is NaN");
+    check_refused(call(cluster, apply(w, wire::Optimizer::SGD, values<float>({2, 3}, {0, 0, 0, inf, 0, 0}))), invalid,
+                  "sgd update of 'w': element [1, 0] of the gradient is Inf");
+    const auto one_row = ids({0});
+    check_refused(call(cluster, apply(w, wire::Optimizer::ADAM, values<float>({1, 3}, {0, 0, nan}), &one_row)),
+                  invalid, "adam sparse update of 'w': element [0, 2] of the gradient is NaN");
+    CHECK(value_of<float>(cluster, w) == initial);
+    CHECK(num_slots(cluster, w) == 0);
+
+    const variable_ref x{"x", dtype::float64, {3}, 0};
+    check_refused(call(cluster, create_from(x, values<double>({3}, {0, std::numeric_limits<double>::infinity(), 0}))),
+                  invalid, "create of 'x': element [1] of the initial value is Inf " + on);
+    check_refused(call(cluster, read_of(x)), errc::not_found, "variable 'x' does not exist");
+    const variable_ref scalar{"scalar", dtype::float64, {}, 0};
+    check_refused(call(cluster, create_from(scalar, values<double>({}, {std::nan("")}))), invalid,
+                  "create of 'scalar': the initial value is NaN");
+    // Finite values pass, and integers have nothing to check.
+    const auto finite = values<float>({2, 3}, {1, 1, 1, 1, 1, 1});
+    CHECK(call(cluster, update(w, wire::UpdateVariable::ADD, finite)).status.code() == 0);
+    CHECK(call(cluster, create_from(variable_ref{"n", dtype::int32, {2}, 0}, values<std::int32_t>({2}, {1, 2})))
+              .status.code() == 0);
+  }
+  SUBCASE("off") {
+    local_cluster cluster(1, 0);
+    REQUIRE(call(cluster, create_from(w, values<float>({2, 3}, initial))).status.code() == 0);
+    CHECK(call(cluster, update(w, wire::UpdateVariable::ASSIGN, values<float>({2, 3}, {0, 0, 0, 0, inf, nan})))
+              .status.code() == 0);
+    const auto stored = value_of<float>(cluster, w);
+    CHECK(std::isinf(stored[4]));
+    CHECK(std::isnan(stored[5]));
+  }
+  SUBCASE("on through PSCORO_CHECK_NUMERICS=1") {
+    ::setenv("PSCORO_CHECK_NUMERICS", "1", 1);
+    local_cluster cluster(1, 0);  // read when the ps starts
+    ::unsetenv("PSCORO_CHECK_NUMERICS");
+    REQUIRE(call(cluster, create_from(w, values<float>({2, 3}, initial))).status.code() == 0);
+    check_refused(call(cluster, update(w, wire::UpdateVariable::SUB, values<float>({2, 3}, {nan, 0, 0, 0, 0, 0}))),
+                  invalid, "assign_sub to 'w': element [0, 0] of the value is NaN");
+    CHECK(value_of<float>(cluster, w) == initial);
+  }
+}
