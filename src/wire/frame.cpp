@@ -156,19 +156,14 @@ tensor get_tensor(const frame& f, const TensorRef& ref) {
                                                     ref.segment(), f.segments.size()));
   }
   shape_type shape(ref.shape().begin(), ref.shape().end());
-  // Overflow-safe element count: a hostile shape must not wrap around to the segment size.
-  std::uint64_t bytes = size_of(type);
-  for (const auto dim : shape) {
-    if (dim != 0 && bytes > std::numeric_limits<std::uint64_t>::max() / dim) {
-      throw error(errc::invalid_argument, fmt::format("tensor shape {} is too large", to_string(shape)));
-    }
-    bytes *= dim;
-  }
+  // A hostile shape must not wrap around to the segment size.
+  const auto bytes = checked_size_bytes(type, shape);
+  if (!bytes) throw error(errc::invalid_argument, fmt::format("tensor shape {} is too large", to_string(shape)));
   const auto& segment = f.segments[ref.segment()];
-  if (bytes != segment.size()) {
+  if (*bytes != segment.size()) {
     throw error(errc::invalid_argument,
                 fmt::format("{} tensor of shape {} needs {} bytes but its segment has {}", name_of(type),
-                            to_string(shape), bytes, segment.size()));
+                            to_string(shape), *bytes, segment.size()));
   }
   return {type, std::move(shape), segment};
 }

@@ -39,7 +39,11 @@ reply call(local_cluster& cluster, wire::frame request, std::uint64_t session = 
   auto response = asio::co_spawn(
       io,
       [&]() -> asio::awaitable<reply> {
-        auto connection = co_await runtime::connect_to_task("ps:0", cluster.spec.task_address("ps", 0), hello, {});
+        // Named: g++ 12 destroys a co_await's temporaries early.
+        const std::string task = "ps:0";
+        const auto address = cluster.spec.task_address("ps", 0);
+        const transport_options options;
+        auto connection = co_await runtime::connect_to_task(task, address, hello, options);
         connection->start(nullptr, nullptr);
         auto [ec, answer] =
             co_await connection->async_call(std::move(request), asio::experimental::as_tuple(asio::use_awaitable));
@@ -164,7 +168,11 @@ std::size_t num_slots(local_cluster& cluster, const variable_ref& ref) {
   auto response = asio::co_spawn(
       io,
       [&]() -> asio::awaitable<std::size_t> {
-        auto connection = co_await runtime::connect_to_task("ps:0", cluster.spec.task_address("ps", 0), hello, {});
+        // Named: g++ 12 destroys a co_await's temporaries early.
+        const std::string task = "ps:0";
+        const auto address = cluster.spec.task_address("ps", 0);
+        const transport_options options;
+        auto connection = co_await runtime::connect_to_task(task, address, hello, options);
         connection->start(nullptr, nullptr);
         auto [ec, answer] =
             co_await connection->async_call(std::move(f), asio::experimental::as_tuple(asio::use_awaitable));
