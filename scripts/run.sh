@@ -4,7 +4,7 @@
 #   scripts/run.sh example ctr   the same for the CTR example (sharded embedding tables)
 #   scripts/run.sh test       install what is missing, build, run the whole test suite
 #   scripts/run.sh sanitize   the test suite under AddressSanitizer + UndefinedBehaviorSanitizer
-#   scripts/run.sh bench      the cluster, variable and checkpoint benchmarks (print tables of ratios)
+#   scripts/run.sh bench      the cluster, variable, checkpoint and TLS benchmarks (print tables of ratios)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -74,10 +74,11 @@ case "${1:-}" in
   bench)
     install_missing
     configure build-release -Dbuildtype=release -Dtests=false
-    meson compile -C build-release cluster_bench variable_bench checkpoint_bench
+    meson compile -C build-release cluster_bench variable_bench checkpoint_bench tls_bench
     build-release/benchmarks/cluster_bench
     build-release/benchmarks/variable_bench
     build-release/benchmarks/checkpoint_bench
+    build-release/benchmarks/tls_bench
     ;;
   *)
     echo "usage: scripts/run.sh example [fashion_mnist|ctr] | test | sanitize | bench" >&2

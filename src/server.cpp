@@ -209,10 +209,10 @@ struct server::impl : std::enable_shared_from_this<impl> {
         std::move(socket), runtime::limits_of(self->transport),
         fmt::format("{}:{}", remote.address().to_string(), remote.port()));
     if (self->connections.size() + self->handshakes >= self->transport.max_connections) {
-      runtime::refuse(connection, make_error_code(errc::resource_exhausted),
-                      fmt::format("{} holds {} connections, its limit (transport_options::max_connections)",
-                                  self->task, self->connections.size() + self->handshakes),
-                      self->task);
+      runtime::refuse_early(connection, self->transport, make_error_code(errc::resource_exhausted),
+                            fmt::format("{} holds {} connections, its limit (transport_options::max_connections)",
+                                        self->task, self->connections.size() + self->handshakes),
+                            self->task);
       co_return;
     }
     ++self->handshakes;

@@ -47,6 +47,14 @@ struct transport_options {
   /// Without a secret a task listens on loopback only, because anyone who can reach its port could
   /// take the job over; true (or PSCORO_ALLOW_INSECURE=1) lets it listen anywhere, with a warning.
   bool allow_insecure = false;
+  /// Mutual TLS (OpenSSL 3, TLS 1.3): with all three set, every connection is encrypted and both
+  /// ends present a certificate (`tls_cert_file`, PEM chain; `tls_key_file`, its PEM key) that the
+  /// other verifies against the cluster CA (`tls_ca_file`). A peer without one is refused. All
+  /// empty: read from PSCORO_TLS_CERT_FILE, PSCORO_TLS_KEY_FILE, PSCORO_TLS_CA_FILE; all empty
+  /// there too: no TLS. Use it with the cluster secret or alone.
+  std::string tls_cert_file;
+  std::string tls_key_file;
+  std::string tls_ca_file;
 };
 
 }  // namespace pscoro

@@ -462,10 +462,10 @@ asio::awaitable<void> coordinator_core::hear_announcement(std::weak_ptr<coordina
     transport = self->strategy_options_.transport;
     identity = {"chief", self->hello_.task_index(), self->hello_.incarnation()};
     if (self->announcements_in_handshake_ >= transport.max_connections) {
-      runtime::refuse(connection, make_error_code(errc::resource_exhausted),
-                      fmt::format("{} is in {} handshakes, its limit (transport_options::max_connections)", task,
-                                  self->announcements_in_handshake_),
-                      task);
+      runtime::refuse_early(connection, transport, make_error_code(errc::resource_exhausted),
+                            fmt::format("{} is in {} handshakes, its limit (transport_options::max_connections)",
+                                        task, self->announcements_in_handshake_),
+                            task);
       co_return;
     }
     ++self->announcements_in_handshake_;

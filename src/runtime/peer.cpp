@@ -8,6 +8,7 @@
 #include <asio/connect.hpp>
 #include <asio/experimental/as_tuple.hpp>
 #include <asio/ip/tcp.hpp>
+#include <asio/ssl/error.hpp>
 #include <asio/steady_timer.hpp>
 #include <asio/this_coro.hpp>
 #include <asio/use_awaitable.hpp>
@@ -98,6 +99,19 @@ void refuse(const std::shared_ptr<wire::connection>& connection, std::error_code
   connection->close_after_flush(why);
 }
 
+void refuse_early(const std::shared_ptr<wire::connection>& connection, const transport_options& options,
+                  std::error_code code, const std::string& why, const std::string& task) {
+  if (!uses_tls(options)) {
+    refuse(connection, code, why, task);
+    return;
+  }
+  thread_local log::throttle throttle(20, std::chrono::seconds(10));
+  if (std::size_t held_back = 0; throttle.allow(held_back)) {
+    log::warning("closed connection from {} before its TLS handshake: {}", connection->peer(), why);
+  }
+  connection->close(why);
+}
+
 void welcome(const std::shared_ptr<wire::connection>& connection, const task_identity& self) {
   wire::frame accepted;
   accepted.kind = wire::frame_kind::welcome;
@@ -153,6 +167,27 @@ asio::awaitable<std::optional<wire::Hello>> receive_hello(std::shared_ptr<wire::
   const auto task = task_name(self.job, self.index);
   connection->set_limits(handshake_limits_of(options));
   wire::handshake_deadline deadline(connection, options.handshake_timeout, "no handshake");
+  if (uses_tls(options)) {
+    if (co_await connection->peer_sends_plain_frames()) {
+      refuse(connection, make_error_code(errc::unauthenticated),
+             fmt::format("{} requires TLS with a certificate of the cluster CA, and {} connected without it", task,
+                         connection->peer()),
+             task);
+      co_return std::nullopt;
+    }
+    try {
+      co_await connection->start_tls(tls_context_for(options), asio::ssl::stream_base::server);
+    } catch (const std::system_error& e) {
+      thread_local log::throttle throttle(20, std::chrono::seconds(10));
+      if (std::size_t held_back = 0; throttle.allow(held_back)) {
+        log::warning("refused connection from {}: {}", connection->peer(),
+                     deadline.expired() ? std::string("no TLS handshake in time")
+                                        : fmt::format("TLS handshake failed: {}", e.code().message()));
+      }
+      connection->close("TLS handshake failed");
+      co_return std::nullopt;
+    }
+  }
   auto hello_frame =
       co_await read_handshake_frame(connection, deadline, options, task, wire::frame_kind::hello, "Hello");
   if (!hello_frame) co_return std::nullopt;
@@ -270,6 +305,29 @@ asio::awaitable<std::shared_ptr<wire::connection>> try_connect(const std::string
   auto connection = std::make_shared<wire::connection>(std::move(socket), handshake_limits_of(options),
                                                        fmt::format("{} at {}", task, address));
 
+  // A task that accepts but does not answer is not retried: something else listens there, or it hangs.
+  wire::handshake_deadline deadline(connection, options.handshake_timeout, "no Welcome within the handshake timeout");
+  if (uses_tls(options)) {
+    try {
+      co_await connection->start_tls(tls_context_for(options), asio::ssl::stream_base::client);
+    } catch (const std::system_error& e) {
+      if (deadline.expired()) {
+        throw error(errc::deadline_exceeded, fmt::format("{} at {} accepted the connection but did not finish the "
+                                                         "TLS handshake within {}",
+                                                         task, address, options.handshake_timeout));
+      }
+      if (e.code() == asio::error::eof || e.code() == asio::ssl::error::stream_truncated ||
+          e.code() == asio::error::connection_reset) {
+        why = fmt::format("closed during the TLS handshake: {}", e.code().message());  // at its limit: retried
+        connection->close(why);
+        co_return nullptr;
+      }
+      give_up(connection, error(errc::unauthenticated,
+                                fmt::format("TLS handshake with {} at {} failed: {} (does it use TLS with a "
+                                            "certificate of the same cluster CA?)",
+                                            task, address, e.code().message())));
+    }
+  }
   const auto [to_job, to_index] = split_task_name(task);
   hello.set_to_job(to_job);
   hello.set_to_task_index(to_index);
@@ -280,8 +338,6 @@ asio::awaitable<std::shared_ptr<wire::connection>> try_connect(const std::string
   *hello_frame.message.mutable_hello() = hello;
   connection->send(std::move(hello_frame));
 
-  // A task that accepts but does not answer is not retried: something else listens there, or it hangs.
-  wire::handshake_deadline deadline(connection, options.handshake_timeout, "no Welcome within the handshake timeout");
   // The next handshake frame; nothing (with `why` set) when the connection closed first.
   auto next = [&]() -> asio::awaitable<std::optional<wire::frame>> {
     std::optional<wire::frame> f;

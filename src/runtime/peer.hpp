@@ -69,6 +69,11 @@ class accept_backoff {
 void refuse(const std::shared_ptr<wire::connection>& connection, std::error_code code, const std::string& why,
             const std::string& task);
 
+/// Refuses a peer before its handshake started: as refuse(), or, when it is to speak TLS (in which
+/// a plain Welcome would be noise), by closing the connection, which the peer retries.
+void refuse_early(const std::shared_ptr<wire::connection>& connection, const transport_options& options,
+                  std::error_code code, const std::string& why, const std::string& task);
+
 /// Accepts a peer in the handshake: an ok Welcome naming this task.
 void welcome(const std::shared_ptr<wire::connection>& connection, const task_identity& self);
 

@@ -7,6 +7,7 @@
 #include <fmt/format.h>
 
 #include <openssl/crypto.h>
+#include <openssl/err.h>
 #include <openssl/evp.h>
 #include <openssl/hmac.h>
 #include <openssl/rand.h>
@@ -16,7 +17,9 @@
 #include <fstream>
 #include <iterator>
 #include <map>
+#include <mutex>
 #include <string_view>
+#include <tuple>
 
 namespace pscoro::runtime {
 namespace {
@@ -87,18 +90,76 @@ transport_options with_environment(transport_options options) {
                             options.auth_secret.size(), min_secret_bytes));
   }
   if (!options.allow_insecure) options.allow_insecure = insecure_allowed_by_environment();
+  if (options.tls_cert_file.empty() && options.tls_key_file.empty() && options.tls_ca_file.empty()) {
+    options.tls_cert_file = environment("PSCORO_TLS_CERT_FILE");
+    options.tls_key_file = environment("PSCORO_TLS_KEY_FILE");
+    options.tls_ca_file = environment("PSCORO_TLS_CA_FILE");
+  }
+  const int tls_files = !options.tls_cert_file.empty() + !options.tls_key_file.empty() + !options.tls_ca_file.empty();
+  if (tls_files != 0 && tls_files != 3) {
+    throw error(errc::invalid_argument,
+                fmt::format("TLS needs a certificate, its key and the cluster CA (tls_cert_file '{}', tls_key_file "
+                            "'{}', tls_ca_file '{}'; or PSCORO_TLS_CERT_FILE, PSCORO_TLS_KEY_FILE, PSCORO_TLS_CA_FILE)",
+                            options.tls_cert_file, options.tls_key_file, options.tls_ca_file));
+  }
+  if (uses_tls(options)) (void)tls_context_for(options);  // unusable files fail here, at start
   return options;
+}
+
+namespace {
+
+// The reason OpenSSL gives for the last failure on this thread.
+std::string openssl_reason(const std::system_error& e) {
+  std::string reason = e.code().message();
+  if (const unsigned long last = ERR_peek_last_error(); last != 0) {
+    char text[256];
+    ERR_error_string_n(last, text, sizeof(text));
+    reason = text;
+  }
+  ERR_clear_error();
+  return reason;
+}
+
+}  // namespace
+
+std::shared_ptr<asio::ssl::context> tls_context_for(const transport_options& options) {
+  static std::mutex mutex;  // servers and chiefs of one process may run on several threads
+  static std::map<std::tuple<std::string, std::string, std::string>, std::shared_ptr<asio::ssl::context>> made;
+  const auto key = std::tuple(options.tls_cert_file, options.tls_key_file, options.tls_ca_file);
+  std::lock_guard lock(mutex);
+  if (auto it = made.find(key); it != made.end()) return it->second;
+  auto context = std::make_shared<asio::ssl::context>(asio::ssl::context::tls);
+  SSL_CTX_set_min_proto_version(context->native_handle(), TLS1_3_VERSION);
+  const auto load = [&](const char* what, const std::string& file, auto&& step) {
+    try {
+      step();
+    } catch (const std::system_error& e) {
+      throw error(errc::invalid_argument,
+                  fmt::format("cannot use {} '{}' for TLS: {}", what, file, openssl_reason(e)));
+    }
+  };
+  load("the certificate (tls_cert_file)", options.tls_cert_file,
+       [&] { context->use_certificate_chain_file(options.tls_cert_file); });
+  // OpenSSL also checks here that the key belongs to the certificate.
+  load("the private key (tls_key_file)", options.tls_key_file,
+       [&] { context->use_private_key_file(options.tls_key_file, asio::ssl::context::pem); });
+  load("the cluster CA (tls_ca_file)", options.tls_ca_file, [&] { context->load_verify_file(options.tls_ca_file); });
+  // Both ends verify the other against the cluster CA; a peer without a certificate is refused.
+  context->set_verify_mode(asio::ssl::verify_peer | asio::ssl::verify_fail_if_no_peer_cert);
+  made.emplace(key, context);
+  return context;
 }
 
 void check_exposure(const asio::ip::tcp::endpoint& endpoint, const transport_options& options,
                     const std::string& task) {
-  if (!options.auth_secret.empty() || endpoint.address().is_loopback()) return;
+  if (!options.auth_secret.empty() || uses_tls(options) || endpoint.address().is_loopback()) return;
   const auto address = fmt::format("{}:{}", endpoint.address().to_string(), endpoint.port());
   if (!options.allow_insecure) {
     throw error(errc::invalid_argument,
                 fmt::format("{} will not listen on {} without a cluster secret: anyone who can reach that port could "
                             "take the job over. Give every task the same secret (PSCORO_AUTH_SECRET_FILE; "
-                            "pscoro-launch does), or accept the risk with PSCORO_ALLOW_INSECURE=1",
+                            "pscoro-launch does) or TLS certificates (PSCORO_TLS_*_FILE), or accept the risk with "
+                            "PSCORO_ALLOW_INSECURE=1",
                             task, address));
   }
   log::warning("{} listens on {} without a cluster secret (allow_insecure): anyone who can reach it can take the job "

@@ -9,9 +9,11 @@
 #include "pscoro.pb.h"
 
 #include <asio/ip/tcp.hpp>
+#include <asio/ssl/context.hpp>
 
 #include <array>
 #include <cstddef>
+#include <memory>
 #include <string>
 
 namespace pscoro::runtime {
@@ -22,8 +24,9 @@ inline constexpr std::size_t min_secret_bytes = 16;
 inline constexpr std::size_t nonce_bytes = 32;
 
 /// `options` completed from the environment: PSCORO_AUTH_SECRET_FILE (read when no secret is set
-/// in code) and PSCORO_ALLOW_INSECURE. Throws errc::invalid_argument naming the variable or file
-/// when one is unusable, or the secret is shorter than min_secret_bytes.
+/// in code), PSCORO_ALLOW_INSECURE and PSCORO_TLS_*_FILE (when no TLS file is set in code). Throws
+/// errc::invalid_argument naming the variable or file when one is unusable, the secret is shorter
+/// than min_secret_bytes, or only some of the TLS files are given.
 transport_options with_environment(transport_options options);
 
 /// The secret in `path`: its bytes, less trailing line breaks. Throws errc::invalid_argument naming
@@ -31,9 +34,17 @@ transport_options with_environment(transport_options options);
 std::string read_secret_file(const std::string& path);
 
 /// Refuses (errc::invalid_argument) to let `task` listen on a non-loopback `endpoint` without a
-/// cluster secret unless options.allow_insecure, which logs a warning naming the address instead.
+/// cluster secret or TLS unless options.allow_insecure, which logs a warning naming the address.
 void check_exposure(const asio::ip::tcp::endpoint& endpoint, const transport_options& options,
                     const std::string& task);
+
+/// Whether `options` ask for TLS (all three files set; with_environment checked that).
+inline bool uses_tls(const transport_options& options) noexcept { return !options.tls_cert_file.empty(); }
+
+/// The TLS context for `options` (mutual: both sides present and verify certificates of the cluster
+/// CA; TLS 1.3), made once per process for each set of files. Throws errc::invalid_argument naming
+/// the file OpenSSL could not use and why.
+std::shared_ptr<asio::ssl::context> tls_context_for(const transport_options& options);
 
 /// Fresh random bytes for a Hello or a Challenge.
 std::string random_nonce();

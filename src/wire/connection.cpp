@@ -6,6 +6,7 @@
 #include <asio/detached.hpp>
 #include <asio/experimental/as_tuple.hpp>
 #include <asio/use_awaitable.hpp>
+#include <asio/ssl/stream.hpp>
 #include <asio/write.hpp>
 
 namespace pscoro::wire {
@@ -14,6 +15,20 @@ connection::connection(asio::ip::tcp::socket socket, frame_limits limits, std::s
     : socket_(std::move(socket)), reader_(limits), peer_(std::move(peer)) {
   std::error_code ignored;
   socket_.set_option(asio::ip::tcp::no_delay(true), ignored);
+}
+
+asio::awaitable<void> connection::start_tls(std::shared_ptr<asio::ssl::context> context,
+                                            asio::ssl::stream_base::handshake_type side) {
+  tls_context_ = std::move(context);
+  tls_ = std::make_unique<tls_stream>(socket_, *tls_context_);
+  co_await tls_->async_handshake(side, asio::use_awaitable);
+}
+
+asio::awaitable<bool> connection::peer_sends_plain_frames() {
+  std::uint8_t first = 0;
+  auto [ec, n] = co_await socket_.async_receive(asio::buffer(&first, 1), asio::socket_base::message_peek,
+                                                asio::experimental::as_tuple(asio::use_awaitable));
+  co_return !ec && n == 1 && first == (frame_magic & 0xff);  // a TLS record starts with 0x14..0x17
 }
 
 void connection::start(request_handler on_request, close_handler on_close) {
@@ -72,7 +87,13 @@ asio::awaitable<void> connection::read_loop(std::shared_ptr<connection> self) {
         self->room_.reset();
         continue;
       }
-      auto f = co_await self->reader_.read(self->socket_, &destination);
+      // Not a conditional expression: g++ 12 mishandles a co_await in each branch of one.
+      std::optional<frame> f;
+      if (self->tls_) {
+        f = co_await self->reader_.read(*self->tls_, &destination);
+      } else {
+        f = co_await self->reader_.read(self->socket_, &destination);
+      }
       if (!f) break;
       self->last_received_ = std::chrono::steady_clock::now();
       self->dispatch(std::move(*f));
@@ -154,7 +175,7 @@ void connection::write_next() {
     ++writing_;
   }
   if (!writing_) return;
-  asio::async_write(socket_, write_buffers_, [self = shared_from_this()](std::error_code ec, std::size_t) {
+  auto written = [self = shared_from_this()](std::error_code ec, std::size_t) {
     if (ec) {
       self->close(fmt::format("write failed: {}", ec.message()));
       return;
@@ -166,7 +187,12 @@ void connection::write_next() {
     } else if (!self->closed_) {
       self->write_next();
     }
-  });
+  };
+  if (tls_) {
+    asio::async_write(*tls_, write_buffers_, std::move(written));
+  } else {
+    asio::async_write(socket_, write_buffers_, std::move(written));
+  }
 }
 
 void connection::close_after_flush(const std::string& reason) {

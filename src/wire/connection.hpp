@@ -37,8 +37,21 @@ class connection : public std::enable_shared_from_this<connection> {
   /// Why the connection closed (empty while open).
   const std::string& close_reason() const noexcept { return close_reason_; }
 
+  /// Runs a TLS handshake on the fresh connection (as the `side` that dialled or accepted) before
+  /// anything else is sent or read; from then on every byte goes through TLS. Throws
+  /// std::system_error with OpenSSL's reason when the handshake fails (an untrusted certificate,
+  /// none, or a peer that does not speak TLS).
+  asio::awaitable<void> start_tls(std::shared_ptr<asio::ssl::context> context, asio::ssl::stream_base::handshake_type side);
+  bool uses_tls() const noexcept { return tls_ != nullptr; }
+  /// Whether the peer's first byte (waited for, not consumed) starts a plain pscoro frame rather
+  /// than a TLS record: a server that requires TLS answers such a peer in words it can read.
+  asio::awaitable<bool> peer_sends_plain_frames();
+
   /// Reads one frame before start(), for the handshake. Same results as frame_reader::read.
-  asio::awaitable<std::optional<frame>> read_frame() { return reader_.read(socket_); }
+  asio::awaitable<std::optional<frame>> read_frame() {
+    if (tls_) return reader_.read(*tls_);
+    return reader_.read(socket_);
+  }
   /// The limits for the frames read from now on (the handshake runs under smaller ones).
   void set_limits(frame_limits limits) noexcept { reader_.set_limits(limits); }
 
@@ -93,6 +106,9 @@ class connection : public std::enable_shared_from_this<connection> {
   void write_next();
 
   asio::ip::tcp::socket socket_;
+  // With TLS, every read and write goes through it; it shares socket_ (and keeps its context).
+  std::shared_ptr<asio::ssl::context> tls_context_;
+  std::unique_ptr<tls_stream> tls_;
   frame_reader reader_;
   std::string peer_;
   request_handler on_request_;

@@ -5,6 +5,7 @@
 #include <asio/buffer.hpp>
 #include <asio/experimental/as_tuple.hpp>
 #include <asio/read.hpp>
+#include <asio/ssl/error.hpp>
 #include <asio/use_awaitable.hpp>
 
 #include <cstring>
@@ -168,7 +169,18 @@ tensor get_tensor(const frame& f, const TensorRef& ref) {
   return {type, std::move(shape), segment};
 }
 
-asio::awaitable<bool> frame_reader::fill(asio::ip::tcp::socket& socket, std::size_t n, std::size_t frame_offset) {
+namespace {
+
+// The peer closed: a TCP end of file, or a TLS stream closed without a close_notify (pscoro closes
+// sockets without one, as the frame protocol says where its data ends).
+bool closed_by_peer(const std::error_code& ec) {
+  return ec == asio::error::eof || ec == asio::ssl::error::stream_truncated;
+}
+
+}  // namespace
+
+template <class Stream>
+asio::awaitable<bool> frame_reader::fill(Stream& socket, std::size_t n, std::size_t frame_offset) {
   if (buffered() >= n) co_return true;
   if (buffer_.size() - begin_ < n) {
     // Compact, then grow if the frame part is larger than the buffer (bounded by the limits).
@@ -182,7 +194,7 @@ asio::awaitable<bool> frame_reader::fill(asio::ip::tcp::socket& socket, std::siz
     auto [ec, got] = co_await socket.async_read_some(asio::buffer(buffer_.data() + end_, buffer_.size() - end_),
                                                      asio::experimental::as_tuple(asio::use_awaitable));
     bytes_received_ += got;
-    if (ec == asio::error::eof) {
+    if (closed_by_peer(ec)) {
       if (frame_offset == 0 && buffered() == 0) co_return false;
       protocol_violation(fmt::format("truncated frame: the peer closed the connection {} bytes into a frame",
                                      frame_offset + buffered()));
@@ -193,8 +205,8 @@ asio::awaitable<bool> frame_reader::fill(asio::ip::tcp::socket& socket, std::siz
   co_return true;
 }
 
-asio::awaitable<std::optional<frame>> frame_reader::read(asio::ip::tcp::socket& socket,
-                                                        const segment_destination* destination) {
+template <class Stream>
+asio::awaitable<std::optional<frame>> frame_reader::read(Stream& socket, const segment_destination* destination) {
   if (!co_await fill(socket, fixed_header_size, 0)) co_return std::nullopt;
   const auto header = parse_fixed_header(
       std::span<const std::byte, fixed_header_size>(buffer_.data() + begin_, fixed_header_size), limits_);
@@ -236,7 +248,7 @@ asio::awaitable<std::optional<frame>> frame_reader::read(asio::ip::tcp::socket& 
         asio::experimental::as_tuple(asio::use_awaitable));
     segment_progress_ = 0;
     bytes_received_ += got;
-    if (ec == asio::error::eof) {
+    if (closed_by_peer(ec)) {
       protocol_violation(fmt::format("truncated frame: the peer closed the connection {} bytes short of the "
                                      "{}-byte frame",
                                      asio::buffer_size(rest) - got, offset));
@@ -247,5 +259,8 @@ asio::awaitable<std::optional<frame>> frame_reader::read(asio::ip::tcp::socket& 
   mid_frame_ = buffered() > 0;
   co_return f;
 }
+
+template asio::awaitable<std::optional<frame>> frame_reader::read(asio::ip::tcp::socket&, const segment_destination*);
+template asio::awaitable<std::optional<frame>> frame_reader::read(tls_stream&, const segment_destination*);
 
 }  // namespace pscoro::wire

@@ -10,6 +10,7 @@
 
 #include <asio/awaitable.hpp>
 #include <asio/ip/tcp.hpp>
+#include <asio/ssl/stream.hpp>
 
 #include <array>
 #include <chrono>
@@ -86,12 +87,12 @@ class frame_reader {
  public:
   explicit frame_reader(frame_limits limits) : limits_(limits), buffer_(64 * 1024) {}
 
-  /// The next frame, or nullopt when the peer closed cleanly between frames. Throws
-  /// errc::protocol_error for bad input (including a frame cut short) and std::system_error for
-  /// socket errors.
+  /// The next frame from `stream` (a TCP socket, or a TLS stream over one: both are instantiated),
+  /// or nullopt when the peer closed cleanly between frames. Throws errc::protocol_error for bad
+  /// input (including a frame cut short) and std::system_error for socket errors.
   /// `destination` (may be null) must outlive the read.
-  asio::awaitable<std::optional<frame>> read(asio::ip::tcp::socket& socket,
-                                             const segment_destination* destination = nullptr);
+  template <class Stream>
+  asio::awaitable<std::optional<frame>> read(Stream& stream, const segment_destination* destination = nullptr);
 
   const frame_limits& limits() const noexcept { return limits_; }
   /// Whether a frame has started to arrive and is not complete yet.
@@ -102,7 +103,8 @@ class frame_reader {
   void set_limits(frame_limits limits) noexcept { limits_ = limits; }
 
  private:
-  asio::awaitable<bool> fill(asio::ip::tcp::socket& socket, std::size_t n, std::size_t frame_offset);
+  template <class Stream>
+  asio::awaitable<bool> fill(Stream& stream, std::size_t n, std::size_t frame_offset);
   std::size_t buffered() const noexcept { return end_ - begin_; }
 
   frame_limits limits_;
@@ -113,6 +115,9 @@ class frame_reader {
   std::size_t begin_ = 0;
   std::size_t end_ = 0;
 };
+
+/// A TLS stream over a connection's TCP socket.
+using tls_stream = asio::ssl::stream<asio::ip::tcp::socket&>;
 
 /// A protocol_error with a formatted message.
 [[noreturn]] void protocol_violation(std::string message);

@@ -1,0 +1,159 @@
+// Mutual TLS: a cluster whose tasks hold certificates of one CA trains over encrypted connections;
+// a peer without TLS, or with a certificate of another CA, is refused on both sides and changes
+// nothing. Certificates are made at test time with the `openssl` command.
+#include "local_cluster.hpp"
+#include "raw_client.hpp"
+#include "runtime/peer.hpp"
+#include "test_certificates.hpp"
+
+using namespace pscoro;
+using pscoro::testing::certificates;
+using pscoro::testing::local_cluster;
+
+namespace {
+
+const worker_function<double(variable<float>)> add_one{"tls.add_one"};
+
+void bind_functions(server& s) {
+  // Adds 1 to every element on the ps and returns the sum it reads back: a worker -> ps round trip.
+  s.bind(add_one, [](variable<float> v) -> asio::awaitable<double> {
+    xt::xarray<float> ones = xt::ones<float>(v.shape());
+    co_await v.assign_add(ones);
+    const auto value = co_await v.read();
+    co_return static_cast<double>(xt::sum(value)());
+  });
+}
+
+wire::Hello chief_hello(std::uint64_t session) {
+  wire::Hello hello;
+  hello.set_protocol_version(wire::protocol_version);
+  hello.set_job("chief");
+  hello.set_session(session);
+  hello.set_incarnation(session);
+  return hello;
+}
+
+// What connecting to `task` at `address` as a chief of a new session with `transport` throws.
+asio::awaitable<std::pair<std::error_code, std::string>> refusal_of(std::string task, std::string address,
+                                                                    transport_options transport) {
+  transport.connect_timeout = std::chrono::seconds(5);
+  const auto hello = chief_hello(0x5354524e47);
+  try {
+    auto c = co_await runtime::connect_to_task(task, address, hello, transport);
+    c->close("done");
+  } catch (const error& e) {
+    co_return std::pair{e.code(), std::string(e.what())};
+  }
+  co_return std::pair{std::error_code{}, std::string{}};
+}
+
+}  // namespace
+
+TEST_CASE("a cluster whose tasks hold certificates of one CA trains over TLS, with and without a secret") {
+  const certificates certs;
+  for (const std::string secret : {"", "the cluster secret next to TLS, 40 bytes"}) {
+    const std::string which = secret.empty() ? "TLS alone" : "TLS and a secret";
+    INFO(which);
+    server_options servers;
+    servers.transport = certs.transport();
+    servers.transport.auth_secret = secret;
+    strategy_options chief;
+    chief.transport = servers.transport;
+    local_cluster cluster(2, 2, bind_functions, servers);
+    cluster.run_chief(
+        [](parameter_server_strategy& strategy, cluster_coordinator& coordinator) -> asio::awaitable<void> {
+          const xt::xarray<float> zeros = xt::zeros<float>({2});
+          auto v0 = co_await strategy.scope().create_variable("v0", zeros);
+          auto v1 = co_await strategy.scope().create_variable("v1", zeros);
+          for (int i = 0; i < 10; ++i) coordinator.schedule(add_one, i % 2 ? v1 : v0);
+          co_await coordinator.join();
+          CHECK(xt::sum(co_await v0.read())() == doctest::Approx(10));
+          CHECK(xt::sum(co_await v1.read())() == doctest::Approx(10));
+          // A large tensor crosses TLS records whole.
+          const xt::xarray<float> big = xt::arange<float>(1 << 20);
+          auto b = co_await strategy.scope().create_variable("big", big);
+          CHECK((co_await b.read() == big));
+        },
+        {}, chief);
+  }
+}
+
+TEST_CASE("a peer without TLS, or with a certificate of another CA, is refused; the job is untouched") {
+  const certificates certs;
+  server_options servers;
+  servers.transport = certs.transport();
+  strategy_options chief;
+  chief.transport = servers.transport;
+  local_cluster cluster(1, 1, bind_functions, servers);
+  cluster.run_chief(
+      [&](parameter_server_strategy& strategy, cluster_coordinator& coordinator) -> asio::awaitable<void> {
+        const xt::xarray<float> initial{1, 2};
+        auto v = co_await strategy.scope().create_variable("v", initial);
+        for (const std::string job : {"ps", "worker"}) {
+          const auto task = job + ":0";
+          const auto address = cluster.spec.task_address(job, 0);
+          INFO("stranger at ", task);
+          const transport_options without_tls;  // named: g++ 12 destroys a co_await's temporaries early
+          const auto [plain, plain_message] = co_await refusal_of(task, address, without_tls);
+          CHECK(plain == errc::unauthenticated);
+          CHECK_MESSAGE(contains(plain_message, task + " requires TLS with a certificate of the cluster CA"),
+                        plain_message);
+
+          // Its certificate is of another CA: the server refuses it, and it refuses the server's.
+          const auto foreign_certificate = certs.transport("stranger", "cluster-ca");
+          const auto [foreign, foreign_message] = co_await refusal_of(task, address, foreign_certificate);
+          CHECK(foreign == errc::unauthenticated);
+          CHECK_MESSAGE(contains(foreign_message, "TLS handshake with " + task), foreign_message);
+          const auto foreign_ca = certs.transport("stranger", "stranger-ca");
+          const auto [distrusting, distrusting_message] = co_await refusal_of(task, address, foreign_ca);
+          CHECK(distrusting == errc::unauthenticated);
+          CHECK_MESSAGE(contains(distrusting_message, "certificate verify failed"), distrusting_message);
+        }
+        CHECK(static_cast<double>(xt::sum(co_await v.read())()) == doctest::Approx(3));
+        auto result = coordinator.schedule(add_one, v);
+        CHECK(co_await result.get() == doctest::Approx(5));
+      },
+      {}, chief);
+}
+
+TEST_CASE("a task with TLS meeting one without it fails at once, saying so") {
+  const certificates certs;
+  local_cluster cluster(1, 1, bind_functions);
+  strategy_options chief;
+  chief.transport = certs.transport();
+  const auto e = pscoro::testing::connect_failure(cluster.spec, chief);
+  CHECK(e.code() == errc::unauthenticated);
+  CHECK_MESSAGE(contains(e.what(), "TLS handshake with ps:0"), e.what());
+  CHECK_MESSAGE(contains(e.what(), "does it use TLS with a certificate of the same cluster CA?"), e.what());
+}
+
+TEST_CASE("TLS files that cannot be used are refused at start, naming the file") {
+  const certificates certs;
+  asio::io_context io;
+  const cluster_spec spec{{"ps", {"127.0.0.1:0"}}, {"worker", {"127.0.0.1:0"}}};
+  server_options options;
+  options.transport = certs.transport();
+  options.transport.tls_ca_file.clear();
+  CHECK_THROWS_WITH_AS(server(io.get_executor(), simple_cluster_resolver(spec, "ps", 0), options),
+                       doctest::Contains("TLS needs a certificate, its key and the cluster CA"), error);
+  options.transport = certs.transport();
+  options.transport.tls_cert_file = certs.file("missing.crt");
+  const std::string missing = "cannot use the certificate (tls_cert_file) '" + certs.file("missing.crt") + "'";
+  CHECK_THROWS_WITH_AS(server(io.get_executor(), simple_cluster_resolver(spec, "ps", 0), options),
+                       doctest::Contains(missing.c_str()), error);
+  options.transport = certs.transport();
+  options.transport.tls_key_file = certs.file("stranger.key");
+  CHECK_THROWS_WITH_AS(server(io.get_executor(), simple_cluster_resolver(spec, "ps", 0), options),
+                       doctest::Contains("cannot use the private key (tls_key_file)"), error);  // another's key
+}
+
+TEST_CASE("with TLS a server may listen beyond loopback without a secret") {
+  const certificates certs;
+  asio::io_context io;
+  const cluster_spec service{{"ps", {"test-tfjob-ps-0.ns2.svc.invalid:0"}}, {"worker", {"127.0.0.1:0"}}};
+  server_options options;
+  options.transport = certs.transport();
+  server ps(io.get_executor(), simple_cluster_resolver(service, "ps", 0), options);
+  ps.start();
+  CHECK(ps.address().starts_with("0.0.0.0:"));
+}
