@@ -351,6 +351,13 @@ asio::awaitable<std::shared_ptr<wire::connection>> try_connect(const std::string
         throw error(errc::protocol_error,
                     fmt::format("{} at {}:{} does not answer in pscoro's protocol: {}", task, host, port, e.what()));
       }
+      // In TLS 1.3 the task checks our certificate after our side of the TLS handshake is done:
+      // its refusal arrives as an alert on the first read.
+      if (e.code().category() == asio::error::get_ssl_category()) {
+        throw error(errc::unauthenticated, fmt::format("TLS handshake with {} at {}:{} failed: it refused this "
+                                                       "task's certificate: {}",
+                                                       task, host, port, e.code().message()));
+      }
     }
     if (deadline.expired()) {
       throw error(errc::deadline_exceeded,

@@ -62,6 +62,44 @@ code=$?
 check "an evaluator task without a checkpoint directory says what it needs (exit $code)" \
   grep -q 'the evaluator task evaluates checkpoints: give it --checkpoint-dir' "$work/evaluator2.log"
 
+# The same job with mutual TLS (certificates of a cluster CA made here) and no secret: strangers
+# without a certificate, or with one of another CA, are refused and the job trains.
+tls="$work/tls"
+mkdir -p "$tls"
+(
+  cd "$tls" || exit 1
+  for ca in cluster-ca stranger-ca; do
+    openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -keyout $ca.key -out $ca.crt \
+      -subj /CN=$ca -days 2
+  done
+  for pair in node:cluster-ca stranger:stranger-ca; do
+    openssl req -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -keyout "${pair%:*}.key" \
+      -out "${pair%:*}.csr" -subj "/CN=${pair%:*}"
+    openssl x509 -req -in "${pair%:*}.csr" -CA "${pair#*:}.crt" -CAkey "${pair#*:}.key" -CAcreateserial \
+      -out "${pair%:*}.crt" -days 2
+  done
+) > "$work/openssl.log" 2>&1
+check "the test certificates are made" test -s "$tls/stranger.crt"
+PSCORO_TLS_CERT_FILE="$tls/node.crt" PSCORO_TLS_KEY_FILE="$tls/node.key" PSCORO_TLS_CA_FILE="$tls/cluster-ca.crt" \
+  "$launch" --ps 1 --workers 1 -- "$example" --steps 3000 --log-every 100 --min-accuracy 0.80 \
+  > "$work/tls-job.log" 2>&1 &
+tls_job=$!
+check "the TLS job trains" wait_for "$work/tls-job.log" 'chief: step 100/' 300
+tls_address=$(sed -nE "s/^\[ps-0\] pscoro: ps:0 listening on (\S+)$/\1/p" "$work/tls-job.log" | head -n 1)
+tls_refused() {  # tls_refused DESCRIPTION EXPECTED-TEXT [STRANGER ARGS...]
+  local out
+  out=$(env -u PSCORO_AUTH_SECRET_FILE "$stranger" "$tls_address" ps:0 "${@:3}" 2>&1)
+  local code=$?
+  echo "TLS stranger ($1): $out" | head -n 2
+  [ "$code" -eq 0 ] && grep -q "^refused: unauthenticated: .*$2" <<< "$out"
+}
+check "a TLS ps refuses a stranger without TLS" tls_refused "no TLS" "requires TLS with a certificate of the cluster CA"
+check "a TLS ps refuses a certificate of another CA" tls_refused "foreign certificate" "TLS handshake with ps:0" \
+  --tls "$tls/stranger.crt,$tls/stranger.key,$tls/cluster-ca.crt"
+wait_exit "$tls_job" 300
+check "the TLS job ends well (exit $code)" test "$code" -eq 0
+check "the TLS job reaches its accuracy" grep -qE "chief: test accuracy 0\.(8|9)" "$work/tls-job.log"
+
 # A ps out of file descriptors backs off instead of spinning, says so at most every 10 s, and
 # accepts again once descriptors are free. (Its backlog keeps the connections it cannot accept.)
 ps_config='{"cluster": {"ps": ["127.0.0.1:0"], "worker": ["127.0.0.1:1"]}, "task": {"type": "ps", "index": 0}}'

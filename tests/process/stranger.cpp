@@ -2,7 +2,7 @@
 // of a session of its own, with no secret, a wrong one, or the job's, and, if it gets in, does what
 // an attacker would: creates, overwrites and reads the job's weights and runs a worker function.
 //
-//   stranger ADDRESS TASK [--job chief] [--secret-file FILE]
+//   stranger ADDRESS TASK [--job chief] [--secret-file FILE] [--tls CERT,KEY,CA]
 //
 // Prints "refused: <code>: <message>" and exits 0 when the task refuses it; prints what it did and
 // exits 3 when it got in.
@@ -70,7 +70,7 @@ asio::awaitable<int> intrude(std::string address, std::string task, std::string 
 
 int main(int argc, char** argv) {
   if (argc < 3) {
-    std::fprintf(stderr, "usage: stranger ADDRESS TASK [--job JOB] [--secret-file FILE]\n");
+    std::fprintf(stderr, "usage: stranger ADDRESS TASK [--job JOB] [--secret-file FILE] [--tls CERT,KEY,CA]\n");
     return 2;
   }
   std::string job = "chief";
@@ -81,6 +81,12 @@ int main(int argc, char** argv) {
       job = argv[i + 1];
     } else if (flag == "--secret-file") {
       transport.auth_secret = runtime::read_secret_file(argv[i + 1]);
+    } else if (flag == "--tls") {
+      const std::string files = argv[i + 1];
+      const auto first = files.find(','), second = files.rfind(',');
+      transport.tls_cert_file = files.substr(0, first);
+      transport.tls_key_file = files.substr(first + 1, second - first - 1);
+      transport.tls_ca_file = files.substr(second + 1);
     } else {
       std::fprintf(stderr, "stranger: unknown option %s\n", flag.c_str());
       return 2;
