@@ -441,6 +441,15 @@ TEST_CASE("corrupt TFRecord files are data loss naming the file and the record's
   e = failure([&] { (void)collect(tfrecord({s.write_gz("cut.tfrecord.gz", bytes.substr(0, bytes.size() - 6))})); });
   CHECK(e.code() == errc::data_loss);
   CHECK(contains(e.what(), "cut.tfrecord.gz: corrupt TFRecord at byte 28: truncated record (11 of 13 bytes)"));
+  // A length of 4 GiB with a checksum to match, and 5 bytes: truncated, without holding 4 GiB first.
+  std::string huge(8, '\0');
+  huge[4] = 1;  // 2^32, little-endian
+  const auto crc = data::masked_crc32c(huge.data(), 8);
+  for (int i = 0; i < 4; ++i) huge += char(crc >> (8 * i));
+  e = failure([&] { (void)collect(tfrecord({s.write("huge.tfrecord", huge + "short")})); });
+  CHECK(e.code() == errc::data_loss);
+  std::string m = e.what();
+  CHECK_MESSAGE(contains(m, "huge.tfrecord: corrupt TFRecord at byte 0: truncated record (5 of 4294967296 bytes)"), m);
   // The records before the damage were delivered.
   auto it = tfrecord({s.write("again.tfrecord", flipped)}).make_iterator();
   CHECK(it.next() == std::string("first record"));
