@@ -26,7 +26,10 @@ asio::awaitable<void> read_all(asio::ip::tcp::socket& socket, wire::frame_limits
       std::uint64_t payload = 0;
       for (const auto& segment : f->segments) payload += segment.size();
       if (f->segments.size() > limits.max_segments || payload > limits.max_payload_bytes ||
-          f->wire_bytes != wire::fixed_header_size + f->message.ByteSizeLong() + payload ||
+          // The protobuf part on the wire may be longer than the message re-encoded (unknown or
+          // repeated fields), never longer than its limit.
+          f->wire_bytes < wire::fixed_header_size + payload ||
+          f->wire_bytes - wire::fixed_header_size - payload > limits.max_header_bytes ||
           static_cast<int>(f->segments.size()) != f->message.segment_sizes_size()) {
         fuzz::broken("a frame past the limits or inconsistent with its sizes: " + f->message.ShortDebugString());
       }
