@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 #include <zlib.h>
 
+#include <algorithm>
 #include <bit>
 #include <cerrno>
 #include <charconv>
@@ -318,9 +319,14 @@ void idx_reader::read_header() {
     return out;
   };
   // The data's size, checked for overflow: a header may claim up to 255 dimensions of 2^32 - 1.
+  // The product without the zero dimensions must fit too (signed: xtensor's strides are
+  // ptrdiff_t), or a row of no elements has strides that overflow (found by fuzzing).
   std::uint64_t row_bytes = idx_element_size(type_);
+  std::uint64_t nonzero_bytes = row_bytes;
   for (std::size_t i = 1; i < shape_.size(); ++i) {
-    if (__builtin_mul_overflow(row_bytes, std::uint64_t{shape_[i]}, &row_bytes)) {
+    if (__builtin_mul_overflow(row_bytes, std::uint64_t{shape_[i]}, &row_bytes) ||
+        __builtin_mul_overflow(nonzero_bytes, std::uint64_t{std::max<std::size_t>(shape_[i], 1)}, &nonzero_bytes) ||
+        nonzero_bytes > std::uint64_t{INT64_MAX}) {
       throw error(errc::data_loss, fmt::format("{}: IDX dimensions {} overflow a 64-bit byte count", path_,
                                                dimensions()));
     }

@@ -331,6 +331,8 @@ TEST_CASE("idx checks the header, and an uncompressed file's length, when the it
   std::string huge = std::string("\0\0\x0e\x04", 4);
   for (int i = 0; i < 4; ++i) huge += be32(0xffffffffu);
   expect("huge.idx", huge, "IDX dimensions 4294967295 x 4294967295 x 4294967295 x 4294967295 overflow");
+  std::string hidden = std::string("\0\0\x0e\x04", 4) + be32(1) + be32(0xffffffffu) + be32(0xffffffffu) + be32(0);
+  expect("hidden.idx", hidden, "IDX dimensions 1 x 4294967295 x 4294967295 x 0 overflow");
   expect("short.idx", good.substr(0, good.size() - 1),
          "the file is 27 bytes long but its IDX header (3 x 2 x 2 of 1-byte elements) says 28");
   expect("long.idx", good + "xx", "the file is 30 bytes long but its IDX header (3 x 2 x 2 of 1-byte elements) says 28");
