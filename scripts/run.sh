@@ -107,7 +107,7 @@ case "${1:-}" in
         "$scratch" "tests/fuzz/corpus/$t" >"$log" 2>&1 || status=$?
       runs=$(grep -oE '^stat::number_of_executed_units: *[0-9]+' "$log" | grep -oE '[0-9]+$' || true)
       speed=$(grep -oE '^stat::average_exec_per_sec: *[0-9]+' "$log" | grep -oE '[0-9]+$' || true)
-      cov=$(grep -oE '#[0-9]+ +(INITED|DONE) +cov: [0-9]+ ft: [0-9]+' "$log" | sed -E 's/.*cov: ([0-9]+) ft: ([0-9]+)/\1 \2/' |
+      cov=$(grep -oE '#[0-9]+[[:space:]]+(INITED|DONE)[[:space:]]+cov: [0-9]+ ft: [0-9]+' "$log" | sed -E 's/.*cov: ([0-9]+) ft: ([0-9]+)/\1 \2/' |
             tr '\n' ' ' || true)
       read -r cov0 ft0 cov1 ft1 <<<"$cov ? ? ? ?"
       found="none"
