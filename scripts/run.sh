@@ -5,6 +5,8 @@
 #   scripts/run.sh test       install what is missing, build, run the whole test suite
 #   scripts/run.sh sanitize   the test suite under AddressSanitizer + UndefinedBehaviorSanitizer
 #   scripts/run.sh bench      the cluster, variable, checkpoint and TLS benchmarks (print tables of ratios)
+#   scripts/run.sh fuzz SECONDS   each libFuzzer target (tests/fuzz) for SECONDS under ASan + UBSan
+#                                 (clang), from the seed corpus; prints a summary per target
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -80,8 +82,48 @@ case "${1:-}" in
     build-release/benchmarks/checkpoint_bench
     build-release/benchmarks/tls_bench
     ;;
+  fuzz)
+    seconds=${2:-60}
+    packages+=(clang libclang-rt-dev)  # clang++ and libFuzzer: only this command needs them
+    install_missing
+    CXX=clang++ configure build-fuzz -Dfuzz=true -Db_sanitize=address,undefined -Db_lundef=false \
+      -Ddefault_library=static -Dexamples=false -Dbenchmarks=false
+    targets=(frame_reader ps worker tf_config safetensors tfrecord idx)
+    meson compile -C build-fuzz "${targets[@]/%/_fuzzer}"
+    # New inputs go to a scratch corpus, never into the committed one (copy a finding there by
+    # hand, with the fix); crash files go to build-fuzz/fuzz-artifacts/.
+    mkdir -p build-fuzz/fuzz-artifacts
+    summary=()
+    failed=0
+    for t in "${targets[@]}"; do
+      scratch=build-fuzz/fuzz-corpus/$t
+      mkdir -p "$scratch"
+      log=build-fuzz/fuzz-$t.log
+      echo "fuzzing $t for ${seconds}s (log: $log)"
+      status=0
+      # -malloc_limit_mb: the targets' limits are far below it; an allocation past it is a finding.
+      ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
+        "build-fuzz/tests/fuzz/${t}_fuzzer" -max_total_time="$seconds" -malloc_limit_mb=512 -rss_limit_mb=2048 \
+        -timeout=30 -print_final_stats=1 -artifact_prefix="build-fuzz/fuzz-artifacts/$t-" \
+        "$scratch" "tests/fuzz/corpus/$t" >"$log" 2>&1 || status=$?
+      runs=$(grep -oE '^stat::number_of_executed_units: *[0-9]+' "$log" | grep -oE '[0-9]+$' || true)
+      speed=$(grep -oE '^stat::average_exec_per_sec: *[0-9]+' "$log" | grep -oE '[0-9]+$' || true)
+      cov=$(grep -oE '#[0-9]+[[:space:]]+(INITED|DONE)[[:space:]]+cov: [0-9]+ ft: [0-9]+' "$log" | sed -E 's/.*cov: ([0-9]+) ft: ([0-9]+)/\1 \2/' |
+            tr '\n' ' ' || true)
+      read -r cov0 ft0 cov1 ft1 <<<"$cov ? ? ? ?"
+      found="none"
+      if [ "$status" -ne 0 ]; then
+        found="CRASH (exit $status): $(grep -m1 -E 'ERROR: |==[0-9]+==|fuzz invariant broken|Assertion' "$log" || echo see log)"
+        failed=$((failed + 1))
+      fi
+      summary+=("$(printf '%-13s execs %-9s exec/s %-6s cov %s -> %s  features %s -> %s  corpus +%s  findings: %s' \
+        "$t" "${runs:-?}" "${speed:-?}" "$cov0" "$cov1" "$ft0" "$ft1" "$(ls "$scratch" | wc -l)" "$found")")
+    done
+    printf '%s\n' "${summary[@]}"
+    [ "$failed" -eq 0 ]
+    ;;
   *)
-    echo "usage: scripts/run.sh example [fashion_mnist|ctr] | test | sanitize | bench" >&2
+    echo "usage: scripts/run.sh example [fashion_mnist|ctr] | test | sanitize | bench | fuzz SECONDS" >&2
     exit 2
     ;;
 esac

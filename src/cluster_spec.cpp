@@ -30,7 +30,8 @@ std::string without_json_prefix(const char* what) {
 json parse_json(std::string_view text, std::string_view source) {
   try {
     return json::parse(text);
-  } catch (const json::parse_error& e) {
+  } catch (const json::exception& e) {
+    // parse_error, and out_of_range for a number too large for a double ("1e999"): found by fuzzing.
     invalid(fmt::format("{} is not valid JSON: {}", source, without_json_prefix(e.what())));
   }
 }

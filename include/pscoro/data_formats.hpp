@@ -111,14 +111,17 @@ class idx_reader {
 }  // namespace detail
 
 /// The rows (slices along axis 0) of the IDX file `path`, gzipped or not, converted to T: for
-/// Fashion-MNIST's images, 28x28 arrays; for its labels, scalars (0-d arrays).
+/// Fashion-MNIST's images, 28x28 arrays; for its labels, scalars (0-d arrays). make_iterator()
+/// opens the file and checks its header (magic, element type, dimensions, and for an uncompressed
+/// file its length): a bad one is errc::data_loss (errc::not_found if it cannot be opened) there,
+/// not rows later.
 template <class T>
 dataset<xt::xarray<T>> idx(std::string path) {
   return dataset<xt::xarray<T>>([path]() {
+    // Opened, and its header checked, by make_iterator(): a bad file fails before the first step.
+    auto reader = std::make_shared<detail::idx_reader>(path);
     return detail::make_source<xt::xarray<T>>(
-        [path, reader = std::shared_ptr<detail::idx_reader>(),
-         row = std::vector<std::byte>()]() mutable -> std::optional<xt::xarray<T>> {
-          if (!reader) reader = std::make_shared<detail::idx_reader>(path);  // opened by the first next()
+        [reader, row = std::vector<std::byte>()]() mutable -> std::optional<xt::xarray<T>> {
           if (!reader->read_row(row)) return std::nullopt;
           const std::vector<std::size_t> shape(reader->shape().begin() + 1, reader->shape().end());
           xt::xarray<T> out = xt::xarray<T>::from_shape(shape);

@@ -397,9 +397,35 @@ class dataset {
   factory make_;
 };
 
-/// Pairs of elements, ending with the shorter.
+/// Pairs of elements of two datasets of the same length. Unlike TF's zip, which silently stops at
+/// the shorter, a dataset ending before the other is an error: errc::invalid_argument from next()
+/// naming which ended and after how many elements (Python's zip(strict=True)). Use zip_shortest to
+/// pair with a longer or endless stream on purpose.
 template <class A, class B>
 dataset<std::tuple<A, B>> zip(const dataset<A>& a, const dataset<B>& b) {
+  return dataset<std::tuple<A, B>>([a, b]() {
+    return detail::make_source<std::tuple<A, B>>(
+        [left = a.make_iterator(), right = b.make_iterator(),
+         count = std::uint64_t{0}]() mutable -> std::optional<std::tuple<A, B>> {
+          auto x = left.next();
+          auto y = right.next();  // also when x is missing: both must end together
+          if (!x && !y) return std::nullopt;
+          if (!x || !y) {
+            throw error(errc::invalid_argument,
+                        "zip: the " + std::string(x ? "second" : "first") + " dataset ended after " +
+                            std::to_string(count) + " elements but the " + (x ? "first" : "second") +
+                            " has more (zip_shortest stops at the shorter)");
+          }
+          ++count;
+          return std::tuple<A, B>(std::move(*x), std::move(*y));
+        });
+  });
+}
+
+/// Pairs of elements, ending with the shorter dataset, as TF's zip (the longer one's rest is not
+/// read).
+template <class A, class B>
+dataset<std::tuple<A, B>> zip_shortest(const dataset<A>& a, const dataset<B>& b) {
   return dataset<std::tuple<A, B>>([a, b]() {
     return detail::make_source<std::tuple<A, B>>(
         [left = a.make_iterator(), right = b.make_iterator()]() mutable -> std::optional<std::tuple<A, B>> {

@@ -3,10 +3,13 @@
 #include <fmt/format.h>
 #include <zlib.h>
 
+#include <algorithm>
 #include <bit>
 #include <cerrno>
 #include <charconv>
+#include <cstdint>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 
 namespace pscoro {
@@ -281,27 +284,72 @@ idx_reader::idx_reader(std::string path) : path_(std::move(path)) {
 }
 
 void idx_reader::read_header() {
+  const auto file = static_cast<gzFile>(file_);
   unsigned char magic[4];
-  if (gzread(static_cast<gzFile>(file_), magic, 4) != 4) {
+  if (gzread(file, magic, 4) != 4) {
     throw error(errc::data_loss, fmt::format("{}: too short for an IDX header", path_));
   }
+  if (magic[0] != 0 || magic[1] != 0) {
+    throw error(errc::data_loss, fmt::format("{}: bad IDX magic {:02x} {:02x} {:02x} {:02x} at byte 0 (an IDX file "
+                                             "starts with two zero bytes)",
+                                             path_, magic[0], magic[1], magic[2], magic[3]));
+  }
   type_ = magic[2];
-  if (magic[0] != 0 || magic[1] != 0 || idx_element_size(type_) == 0 || magic[3] == 0) {
-    throw error(errc::data_loss, fmt::format("{}: bad IDX magic {:02x} {:02x} {:02x} {:02x} at byte 0", path_,
-                                             magic[0], magic[1], magic[2], magic[3]));
+  if (idx_element_size(type_) == 0) {
+    throw error(errc::data_loss, fmt::format("{}: unknown IDX element type 0x{:02x} at byte 2 (known: 0x08 ubyte, "
+                                             "0x09 byte, 0x0b short, 0x0c int, 0x0d float, 0x0e double)",
+                                             path_, type_));
+  }
+  if (magic[3] == 0) {
+    throw error(errc::data_loss, fmt::format("{}: an IDX file has at least one dimension, byte 3 says 0", path_));
   }
   offset_ = 4;
-  std::size_t elements = 1;
   for (int i = 0; i < magic[3]; ++i) {
     unsigned char be[4];
-    if (gzread(static_cast<gzFile>(file_), be, 4) != 4) {
-      throw error(errc::data_loss, fmt::format("{}: truncated at byte {} (in the dimensions)", path_, offset_));
+    if (gzread(file, be, 4) != 4) {
+      throw error(errc::data_loss, fmt::format("{}: truncated at byte {} (in the {} dimensions of the header)", path_,
+                                               offset_, magic[3]));
     }
     offset_ += 4;
     shape_.push_back((std::size_t{be[0]} << 24) | (std::size_t{be[1]} << 16) | (std::size_t{be[2]} << 8) | be[3]);
-    if (i > 0) elements *= shape_.back();
   }
-  row_bytes_ = elements * idx_element_size(type_);
+  auto dimensions = [&] {
+    std::string out;
+    for (const auto d : shape_) out += (out.empty() ? "" : " x ") + std::to_string(d);
+    return out;
+  };
+  // The data's size, checked for overflow: a header may claim up to 255 dimensions of 2^32 - 1.
+  // The product without the zero dimensions must fit too (signed: xtensor's strides are
+  // ptrdiff_t), or a row of no elements has strides that overflow (found by fuzzing).
+  std::uint64_t row_bytes = idx_element_size(type_);
+  std::uint64_t nonzero_bytes = row_bytes;
+  for (std::size_t i = 1; i < shape_.size(); ++i) {
+    if (__builtin_mul_overflow(row_bytes, std::uint64_t{shape_[i]}, &row_bytes) ||
+        __builtin_mul_overflow(nonzero_bytes, std::uint64_t{std::max<std::size_t>(shape_[i], 1)}, &nonzero_bytes) ||
+        nonzero_bytes > std::uint64_t{INT64_MAX}) {
+      throw error(errc::data_loss, fmt::format("{}: IDX dimensions {} overflow a 64-bit byte count", path_,
+                                               dimensions()));
+    }
+  }
+  std::uint64_t data_bytes = 0;
+  if (__builtin_mul_overflow(row_bytes, std::uint64_t{shape_[0]}, &data_bytes) ||
+      __builtin_add_overflow(data_bytes, offset_, &data_bytes)) {
+    throw error(errc::data_loss, fmt::format("{}: IDX dimensions {} overflow a 64-bit byte count", path_,
+                                             dimensions()));
+  }
+  static_assert(sizeof(std::size_t) >= sizeof(std::uint64_t));
+  row_bytes_ = row_bytes;
+  // A plain file's length is known: check it now rather than rows (or epochs) later. A gzipped
+  // file's is not (its trailer holds it modulo 2^32 only); it is checked as it is read.
+  std::error_code ec;
+  if (gzdirect(file) && std::filesystem::is_regular_file(path_, ec)) {
+    const auto length = std::filesystem::file_size(path_, ec);
+    if (!ec && length != data_bytes) {
+      throw error(errc::data_loss,
+                  fmt::format("{}: the file is {} bytes long but its IDX header ({} of {}-byte elements) says {}",
+                              path_, length, dimensions(), idx_element_size(type_), data_bytes));
+    }
+  }
 }
 
 idx_reader::~idx_reader() {
@@ -317,10 +365,14 @@ bool idx_reader::read_row(std::vector<std::byte>& out) {
     }
     return false;
   }
-  out.resize(row_bytes_);
+  // Grown as the bytes arrive: a gzipped file whose header claims a huge row fails as truncated
+  // instead of allocating what the header says.
+  constexpr std::size_t step = std::size_t{64} << 20;
+  out.resize(std::min(row_bytes_, step));
   std::size_t got = 0;
   while (got < row_bytes_) {
-    const auto chunk = static_cast<unsigned>(std::min<std::size_t>(row_bytes_ - got, 1u << 30));
+    if (got == out.size()) out.resize(std::min(row_bytes_, out.size() + step));
+    const auto chunk = static_cast<unsigned>(std::min<std::size_t>(out.size() - got, 1u << 30));
     const int n = gzread(static_cast<gzFile>(file_), out.data() + got, chunk);
     if (n <= 0) {
       int code = 0;

@@ -9,6 +9,7 @@
 #include <google/protobuf/io/zero_copy_stream_impl_lite.h>
 #include <zlib.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 
@@ -54,8 +55,18 @@ class record_reader {
       const std::uint64_t length = load_le64(header);
       if (data::masked_crc32c(header, 8) != load_le32(header + 8)) corrupt(start, "the length's checksum does not match");
       if (length > (std::uint64_t{1} << 32)) corrupt(start, fmt::format("implausible record length {}", length));
-      std::string record(length, '\0');
-      const std::size_t body = read(record.data(), length);
+      // Grown as the bytes arrive (doubling, so a large record costs amortized linear copying): a
+      // file whose length field says 4 GiB, with a checksum to match, fails as truncated instead of
+      // allocating and zeroing 4 GiB first.
+      std::string record;
+      std::size_t body = 0;
+      while (body < length) {
+        record.resize(std::min<std::uint64_t>(length, std::max<std::size_t>(std::size_t{1} << 20, 2 * record.size())));
+        const std::size_t want = record.size() - body;
+        const std::size_t got = read(record.data() + body, want);
+        body += got;
+        if (got < want) break;
+      }
       if (body < length) corrupt(start, fmt::format("truncated record ({} of {} bytes)", body, length));
       unsigned char footer[4];
       if (read(footer, 4) < 4) corrupt(start, "truncated record (no data checksum)");

@@ -114,6 +114,9 @@ TEST_CASE("malformed TF_CONFIG names TF_CONFIG and where the JSON broke") {
       [] { (void)tf_config_cluster_resolver::from_json(R"({"cluster": {"ps": ["a:1",]}})"); });
   CHECK(contains(message, "TF_CONFIG is not valid JSON"));
   CHECK(contains(message, "line 1, column 27: syntax error while parsing value - unexpected ']'"));
+  // A number too large for a double is nlohmann's out_of_range, not a parse_error (found by fuzzing).
+  const auto overflow = invalid_argument_message([] { (void)tf_config_cluster_resolver::from_json("7e77777777"); });
+  CHECK_MESSAGE(contains(overflow, "TF_CONFIG is not valid JSON: number overflow parsing '7e77777777'"), overflow);
 }
 
 TEST_CASE("TF_CONFIG of the wrong shape is refused with the offending part") {

@@ -114,13 +114,33 @@ TEST_CASE("map, filter, take, zip and flat_map compose lazily") {
   });
   CHECK(collect(evens_squared) == std::vector<std::int64_t>{0, 4, 16, 36, 64});
   CHECK(collect(evens_squared.take(2)) == std::vector<std::int64_t>{0, 4});
-  const auto zipped = collect(zip(counting(3), counting(10).map([](std::int64_t x) { return std::to_string(x); })));
+  const auto zipped = collect(zip_shortest(counting(3), counting(10).map([](std::int64_t x) { return std::to_string(x); })));
   REQUIRE(zipped.size() == 3);
   CHECK(std::get<1>(zipped[2]) == "2");
   const auto nested = counting(4).flat_map([](std::int64_t n) { return counting(n); });
   CHECK(collect(nested) == std::vector<std::int64_t>{0, 0, 1, 0, 1, 2});
   // Each pass starts afresh.
   CHECK(collect(evens_squared) == collect(evens_squared));
+}
+
+TEST_CASE("zip of datasets of different lengths says which ended first and after how many") {
+  CHECK(collect(zip(counting(3), counting(3))).size() == 3);
+  CHECK(collect(zip(counting(0), counting(0))).empty());
+  auto e = failure([] { (void)collect(zip(counting(3), counting(5))); });
+  CHECK(e.code() == errc::invalid_argument);
+  std::string m = e.what();
+  CHECK_MESSAGE(contains(m, "zip: the first dataset ended after 3 elements but the second has more"), m);
+  e = failure([] { (void)collect(zip(counting(5), counting(2))); });
+  CHECK(e.code() == errc::invalid_argument);
+  m = e.what();
+  CHECK_MESSAGE(contains(m, "zip: the second dataset ended after 2 elements but the first has more"), m);
+  // The elements before the mismatch are still delivered.
+  auto it = zip(counting(2), counting(1)).make_iterator();
+  CHECK(it.next().has_value());
+  CHECK_THROWS_AS(it.next(), error);
+  // zip_shortest stops at the shorter, as TF's zip does.
+  CHECK(collect(zip_shortest(counting(5), counting(2))).size() == 2);
+  CHECK(collect(zip_shortest(counting(2), counting(5).repeat())).size() == 2);
 }
 
 TEST_CASE("shuffle with a seed is a reproducible permutation, reshuffled each pass") {
@@ -285,9 +305,46 @@ TEST_CASE("idx reads rows of every element type, gzipped or not, and reports cor
   e = failure([&] { (void)collect(idx<float>(not_idx)); });
   CHECK(e.code() == errc::data_loss);
   CHECK(contains(e.what(), "bad IDX magic 68 65 6c 6c at byte 0"));
-  const auto trailing = s.write("long.idx", bytes + "xx");
+  const auto trailing = s.write_gz("long.idx.gz", bytes + "xx");
   CHECK(contains(failure([&] { (void)collect(idx<float>(trailing)); }).what(), "bytes after the last of its 3 rows, at byte 28"));
   CHECK(failure([&] { (void)collect(idx<float>((s.dir / "none.idx").string())); }).code() == errc::not_found);
+}
+
+TEST_CASE("idx checks the header, and an uncompressed file's length, when the iterator is made") {
+  scratch s;
+  const std::string header = std::string("\0\0\x08\x03", 4) + be32(3) + be32(2) + be32(2);
+  const std::string good = header + std::string(12, '\x07');
+  // make_iterator() alone, no next(): the error comes before the first element.
+  auto opening = [](const std::string& path) { return failure([&] { (void)idx<float>(path).make_iterator(); }); };
+  auto expect = [&](const std::string& name, const std::string& bytes, const std::string& part) {
+    CAPTURE(name);
+    const auto e = opening(s.write(name, bytes));
+    CHECK(e.code() == errc::data_loss);
+    const std::string m = e.what();
+    CHECK_MESSAGE(contains(m, name + ": " + part), m);
+  };
+  expect("magic.idx", "\x01" + good.substr(1), "bad IDX magic 01 00 08 03 at byte 0");
+  expect("type.idx", good.substr(0, 2) + "\x0a" + good.substr(3), "unknown IDX element type 0x0a at byte 2");
+  expect("nodims.idx", std::string("\0\0\x08\0", 4), "an IDX file has at least one dimension, byte 3 says 0");
+  expect("dims.idx", std::string("\0\0\x08\x05", 4) + be32(3) + be32(2),
+         "truncated at byte 12 (in the 5 dimensions of the header)");
+  std::string huge = std::string("\0\0\x0e\x04", 4);
+  for (int i = 0; i < 4; ++i) huge += be32(0xffffffffu);
+  expect("huge.idx", huge, "IDX dimensions 4294967295 x 4294967295 x 4294967295 x 4294967295 overflow");
+  std::string hidden = std::string("\0\0\x0e\x04", 4) + be32(1) + be32(0xffffffffu) + be32(0xffffffffu) + be32(0);
+  expect("hidden.idx", hidden, "IDX dimensions 1 x 4294967295 x 4294967295 x 0 overflow");
+  expect("short.idx", good.substr(0, good.size() - 1),
+         "the file is 27 bytes long but its IDX header (3 x 2 x 2 of 1-byte elements) says 28");
+  expect("long.idx", good + "xx", "the file is 30 bytes long but its IDX header (3 x 2 x 2 of 1-byte elements) says 28");
+  // Gzipped, the header is still checked at once; a length that does not match shows as it is read.
+  const auto bad_gz = s.write_gz("type.idx.gz", good.substr(0, 2) + "\x0a" + good.substr(3));
+  std::string m = opening(bad_gz).what();
+  CHECK_MESSAGE(contains(m, "unknown IDX element type 0x0a"), m);
+  // A gzipped file claiming a row of 2^32 - 1 doubles fails as truncated, without allocating 32 GiB.
+  const auto liar = s.write_gz("liar.idx.gz", std::string("\0\0\x0e\x02", 4) + be32(1) + be32(0xffffffffu) + "abc");
+  m = failure([&] { (void)collect(idx<float>(liar)); }).what();
+  CHECK_MESSAGE(contains(m, "liar.idx.gz: truncated at byte 15: row 0 of 1 is incomplete"), m);
+  CHECK(collect(idx<float>(s.write("good.idx", good))).size() == 3);
 }
 
 TEST_CASE("the real Fashion-MNIST files read as 60,000 images and labels") {
@@ -386,6 +443,15 @@ TEST_CASE("corrupt TFRecord files are data loss naming the file and the record's
   e = failure([&] { (void)collect(tfrecord({s.write_gz("cut.tfrecord.gz", bytes.substr(0, bytes.size() - 6))})); });
   CHECK(e.code() == errc::data_loss);
   CHECK(contains(e.what(), "cut.tfrecord.gz: corrupt TFRecord at byte 28: truncated record (11 of 13 bytes)"));
+  // A length of 4 GiB with a checksum to match, and 5 bytes: truncated, without holding 4 GiB first.
+  std::string huge(8, '\0');
+  huge[4] = 1;  // 2^32, little-endian
+  const auto crc = data::masked_crc32c(huge.data(), 8);
+  for (int i = 0; i < 4; ++i) huge += char(crc >> (8 * i));
+  e = failure([&] { (void)collect(tfrecord({s.write("huge.tfrecord", huge + "short")})); });
+  CHECK(e.code() == errc::data_loss);
+  std::string m = e.what();
+  CHECK_MESSAGE(contains(m, "huge.tfrecord: corrupt TFRecord at byte 0: truncated record (5 of 4294967296 bytes)"), m);
   // The records before the damage were delivered.
   auto it = tfrecord({s.write("again.tfrecord", flipped)}).make_iterator();
   CHECK(it.next() == std::string("first record"));

@@ -1,0 +1,278 @@
+// Writes the fuzz targets' seed corpus with the library's own encoders, so every seed is a
+// well-formed input (or a deliberately damaged one) of the current formats:
+//
+//   meson compile -C build seed_corpus && build/tests/fuzz/seed_corpus tests/fuzz/corpus
+//
+// Inputs the fuzzer found (crashes once fixed, new coverage worth keeping) are added by hand next
+// to these; this program only rewrites the files it names.
+#include "fuzz_support.hpp"
+
+#include <pscoro/data_formats.hpp>
+#include <pscoro/per_worker.hpp>
+#include <pscoro/tensor.hpp>
+#include <pscoro/worker_function.hpp>
+
+#include "checkpoint/safetensors.hpp"
+#include "data/crc32c.hpp"
+#include "runtime/values.hpp"
+
+#include <fmt/format.h>
+
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+
+using namespace pscoro;
+namespace fs = std::filesystem;
+
+namespace {
+
+fs::path root;
+
+void put(const std::string& target, const std::string& name, const std::string& bytes) {
+  fs::create_directories(root / target);
+  std::ofstream(root / target / name, std::ios::binary) << bytes;
+}
+
+std::string flag(int bits) { return std::string(1, static_cast<char>(bits)); }
+
+tensor floats(std::vector<float> values, shape_type shape) {
+  byte_buffer bytes(values.size() * sizeof(float));
+  std::memcpy(bytes.data(), values.data(), bytes.size());
+  return {dtype::float32, std::move(shape), std::move(bytes)};
+}
+
+tensor int64s(std::vector<std::int64_t> values) {
+  byte_buffer bytes(values.size() * sizeof(std::int64_t));
+  std::memcpy(bytes.data(), values.data(), bytes.size());
+  return {dtype::int64, shape_type{values.size()}, std::move(bytes)};
+}
+
+wire::frame request(std::uint64_t id) {
+  wire::frame f;
+  f.kind = wire::frame_kind::request;
+  f.request_id = id;
+  return f;
+}
+
+void set_ref(wire::VariableRef& ref, const std::string& name, shape_type shape) {
+  ref.set_name(name);
+  ref.set_dtype(static_cast<std::uint32_t>(dtype::float32));
+  for (const auto d : shape) ref.add_shape(d);
+}
+
+// A session of a chief with a ps: create, read, update, scatter, apply gradients, list slots.
+std::string ps_requests() {
+  std::string out;
+  auto create = request(1);
+  auto* c = create.message.mutable_request()->mutable_create_variable();
+  set_ref(*c->mutable_variable(), "w", {2, 2});
+  wire::put_tensor(create, *c->mutable_initial_value(), floats({1, 2, 3, 4}, {2, 2}));
+  out += fuzz::wire_bytes(std::move(create));
+
+  auto init = request(2);
+  auto* i = init.message.mutable_request()->mutable_create_variable();
+  set_ref(*i->mutable_variable(), "emb", {4, 3});
+  i->mutable_initializer()->set_kind(wire::Initializer::RANDOM_UNIFORM);
+  i->mutable_initializer()->set_a(-1);
+  i->mutable_initializer()->set_b(1);
+  i->mutable_initializer()->add_full_shape(4);
+  i->mutable_initializer()->add_full_shape(3);
+  out += fuzz::wire_bytes(std::move(init));
+
+  auto read = request(3);
+  set_ref(*read.message.mutable_request()->mutable_read_variable()->mutable_variable(), "w", {2, 2});
+  out += fuzz::wire_bytes(std::move(read));
+
+  auto sparse = request(4);
+  auto* r = sparse.message.mutable_request()->mutable_read_variable();
+  set_ref(*r->mutable_variable(), "emb", {4, 3});
+  wire::put_tensor(sparse, *r->mutable_indices(), int64s({3, 0, 3}));
+  out += fuzz::wire_bytes(std::move(sparse));
+
+  auto add = request(5);
+  auto* u = add.message.mutable_request()->mutable_update_variable();
+  set_ref(*u->mutable_variable(), "w", {2, 2});
+  u->set_op(wire::UpdateVariable::ADD);
+  wire::put_tensor(add, *u->mutable_value(), floats({1, 1, 1, 1}, {2, 2}));
+  out += fuzz::wire_bytes(std::move(add));
+
+  auto scatter = request(6);
+  auto* s = scatter.message.mutable_request()->mutable_update_variable();
+  set_ref(*s->mutable_variable(), "emb", {4, 3});
+  s->set_op(wire::UpdateVariable::SUB);
+  wire::put_tensor(scatter, *s->mutable_value(), floats({1, 2, 3}, {1, 3}));
+  wire::put_tensor(scatter, *s->mutable_indices(), int64s({2}));
+  out += fuzz::wire_bytes(std::move(scatter));
+
+  auto adam = request(7);
+  auto* g = adam.message.mutable_request()->mutable_apply_gradient();
+  set_ref(*g->mutable_variable(), "emb", {4, 3});
+  g->mutable_optimizer()->set_kind(wire::Optimizer::ADAM);
+  g->mutable_optimizer()->set_learning_rate(0.1);
+  wire::put_tensor(adam, *g->mutable_gradient(), floats({1, 2, 3, 4, 5, 6}, {2, 3}));
+  wire::put_tensor(adam, *g->mutable_indices(), int64s({1, 1}));
+  out += fuzz::wire_bytes(std::move(adam));
+
+  auto slots = request(8);
+  set_ref(*slots.message.mutable_request()->mutable_list_slots()->mutable_variable(), "emb", {4, 3});
+  out += fuzz::wire_bytes(std::move(slots));
+
+  auto rows = request(9);
+  auto* rr = rows.message.mutable_request()->mutable_read_variable();
+  set_ref(*rr->mutable_variable(), "emb", {4, 3});
+  rr->mutable_rows()->set_begin(1);
+  rr->mutable_rows()->set_end(3);
+  out += fuzz::wire_bytes(std::move(rows));
+  return out;
+}
+
+std::string run_function(std::uint64_t id, const std::string& name, const std::string& signature,
+                         const std::vector<value>& args) {
+  auto f = request(id);
+  auto* run = f.message.mutable_request()->mutable_run_function();
+  run->set_name(name);
+  run->set_signature(signature);
+  for (const auto& arg : args) runtime::encode_value(f, *run->add_args(), arg);
+  return fuzz::wire_bytes(std::move(f));
+}
+
+std::string worker_requests() {
+  std::string out = run_function(1, "fuzz.add_one", worker_function<std::int64_t(std::int64_t)>::signature(),
+                                 {value(std::int64_t{41})});
+  out += run_function(2, "fuzz.describe", worker_function<std::string(std::string, double, bool)>::signature(),
+                      {value(std::string("x")), value(2.5), value(true)});
+  out += run_function(3, "fuzz.sum", worker_function<double(tensor)>::signature(), {value(floats({1, 2}, {2}))});
+  auto create = request(4);
+  auto* c = create.message.mutable_request()->mutable_create_iterator();
+  c->set_function("fuzz.numbers");
+  c->set_id(9);
+  c->set_worker_index(0);
+  c->set_num_workers(1);
+  out += fuzz::wire_bytes(std::move(create));
+  auto next = request(5);
+  auto* run = next.message.mutable_request()->mutable_run_function();
+  run->set_name("fuzz.next");
+  run->set_signature(worker_function<std::int64_t(per_worker_iterator<std::int64_t>)>::signature());
+  run->add_args()->mutable_per_worker()->set_id(9);
+  run->mutable_args(0)->mutable_per_worker()->set_function("fuzz.numbers");
+  out += fuzz::wire_bytes(std::move(next));
+  return out;
+}
+
+std::string read_file(const fs::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+}
+
+std::string be32(std::uint32_t v) { return {char(v >> 24), char(v >> 16), char(v >> 8), char(v)}; }
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc != 2) {
+    std::fprintf(stderr, "usage: seed_corpus CORPUS_DIR\n");
+    return 2;
+  }
+  root = argv[1];
+
+  // frame_reader: byte 0 bit 0 = handshake limits, bit 1 = segment destination.
+  const std::string hello_ps = fuzz::wire_bytes(fuzz::hello("ps", 1));
+  const std::string requests = ps_requests();
+  put("frame_reader", "hello", flag(1) + hello_ps);
+  put("frame_reader", "hello_and_requests", flag(0) + hello_ps + requests);
+  put("frame_reader", "requests_into_destinations", flag(2) + requests);
+  put("frame_reader", "truncated_header", flag(0) + hello_ps.substr(0, 20));
+  put("frame_reader", "truncated_segment", flag(0) + requests.substr(0, 60));
+  put("frame_reader", "payload_in_handshake", flag(1) + requests.substr(0, 200));
+  put("frame_reader", "heartbeats", flag(0) + fuzz::wire_bytes(fuzz::heartbeat(1)) + fuzz::wire_bytes(fuzz::heartbeat(2)));
+  put("frame_reader", "not_pscoro", flag(0) + "GET / HTTP/1.1\r\nHost: x\r\n\r\n");
+
+  // ps and worker: byte 0 bit 0 = a valid Hello of a new session goes first.
+  put("ps", "requests", flag(1) + requests);
+  put("ps", "own_hello", flag(0) + hello_ps + fuzz::wire_bytes(fuzz::heartbeat(1)));
+  put("ps", "worker_hello", flag(0) + [] {
+    auto h = fuzz::hello("ps", 1);
+    h.message.mutable_hello()->set_job("worker");
+    return fuzz::wire_bytes(std::move(h));
+  }());
+  put("ps", "truncated_request", flag(1) + requests.substr(0, requests.size() / 2));
+  put("ps", "run_function_on_ps", flag(1) + run_function(1, "fuzz.add_one", "int64(int64)", {value(std::int64_t{1})}));
+  const std::string worker = worker_requests();
+  put("worker", "requests", flag(1) + worker);
+  put("worker", "own_hello", flag(0) + fuzz::wire_bytes(fuzz::hello("worker", 1)) + worker);
+  put("worker", "wrong_signature", flag(1) + run_function(1, "fuzz.add_one", "int64(float64)", {value(1.5)}));
+  put("worker", "unknown_function", flag(1) + run_function(1, "fuzz.none", "void()", {}));
+  put("worker", "truncated", flag(1) + worker.substr(0, worker.size() - 5));
+  put("worker", "variable_request", flag(1) + requests.substr(0, 120));
+
+  // tf_config.
+  put("tf_config", "ps_cluster",
+      R"({"cluster": {"chief": ["host0:2222"], "worker": ["host1:2222", "host2:2222"], "ps": ["host3:2222"]},)"
+      R"( "task": {"type": "worker", "index": 1}, "rpc_layer": "grpc"})");
+  put("tf_config", "sparse",
+      R"({"cluster": {"chief": ["c:1"], "worker": {"1": "w1:2222", "7": "w7:2222"}, "ps": ["p:1"]},)"
+      R"( "task": {"type": "ps", "index": 0}, "environment": "cloud"})");
+  put("tf_config", "bare_cluster", R"({"worker": [], "ps": {"0": "[::1]:5"}, "evaluator": ["e:1"]})");
+  put("tf_config", "broken", R"({"cluster": {"worker": ["a:1", 2]}, "task": {"type": "worker", "index": -1})");
+  put("tf_config", "empty", "");
+
+  // safetensors: a pscoro-style checkpoint (two tensors, step, scalars, checksums) and plain files.
+  {
+    std::vector<safetensors::entry> entries{{"w", dtype::float32, {2, 2}, 0, 16}, {"step_ids", dtype::int64, {2}, 0, 16}};
+    const std::vector<float> w{1, 2, 3, 4};
+    const std::vector<std::int64_t> ids{7, 9};
+    std::string data(reinterpret_cast<const char*>(w.data()), 16);
+    data.append(reinterpret_cast<const char*>(ids.data()), 16);
+    safetensors::metadata_map metadata{
+        {"format", "pscoro.checkpoint"}, {"format_version", "1"}, {"step", "42"}, {"scalars", R"({"loss": 0.25})"},
+        {"slots", "[]"},
+        {"crc32c", fmt::format(R"({{"w": "{:08x}", "step_ids": "{:08x}"}})", data::crc32c(data.data(), 16),
+                               data::crc32c(data.data() + 16, 16))}};
+    const auto header = safetensors::encode_header(entries, metadata);
+    put("safetensors", "checkpoint", header + data);
+    put("safetensors", "truncated", (header + data).substr(0, header.size() + 20));
+    std::vector<safetensors::entry> plain{{"x", dtype::float64, {1}, 0, 8}};
+    put("safetensors", "plain", safetensors::encode_header(plain, {}) + std::string(8, '\x01'));
+    put("safetensors", "short", std::string("\x10\0\0\0\0\0\0\0{}", 10));
+  }
+
+  // tfrecord: byte 0 bit 0 = the target gzips the rest.
+  {
+    const auto path = fs::temp_directory_path() / "pscoro-seed.tfrecord";
+    {
+      tfrecord_writer writer(path.string());
+      tf_example example;
+      example.features["label"] = std::vector<std::int64_t>{1};
+      example.features["x"] = std::vector<float>{0.5f, -1.0f};
+      example.features["id"] = std::vector<std::string>{"abc"};
+      writer.write(serialize_tf_example(example));
+      writer.write("not an example");
+      writer.write("");
+      writer.close();
+    }
+    const auto records = read_file(path);
+    fs::remove(path);
+    put("tfrecord", "examples", flag(0) + records);
+    put("tfrecord", "examples_gzipped", flag(1) + records);
+    put("tfrecord", "truncated", flag(0) + records.substr(0, records.size() - 7));
+    auto flipped = records;
+    flipped[20] = static_cast<char>(flipped[20] ^ 1);
+    put("tfrecord", "bad_checksum", flag(0) + flipped);
+  }
+
+  // idx: byte 0 bit 0 = the target gzips the rest.
+  {
+    std::string bytes = std::string("\0\0\x08\x03", 4) + be32(3) + be32(2) + be32(2);
+    for (int i = 0; i < 12; ++i) bytes += char(i * 20);
+    put("idx", "u8", flag(0) + bytes);
+    put("idx", "u8_gzipped", flag(1) + bytes);
+    std::string doubles = std::string("\0\0\x0e\x01", 4) + be32(2) + std::string(16, '\x3f');
+    put("idx", "f64", flag(0) + doubles);
+    put("idx", "truncated_gzipped", flag(1) + bytes.substr(0, bytes.size() - 3));
+    put("idx", "huge_row_gzipped", flag(1) + std::string("\0\0\x0e\x02", 4) + be32(1) + be32(0xffffffffu) + "abc");
+  }
+  std::printf("wrote the seed corpus under %s\n", root.c_str());
+  return 0;
+}
