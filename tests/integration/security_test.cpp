@@ -60,15 +60,21 @@ wire::Hello hello_of(const std::string& job, std::uint64_t session) {
 }
 
 // What connecting to `task` at `address` with `hello` and `transport` throws; "" if it connects.
-asio::awaitable<std::pair<std::error_code, std::string>> refusal_of(std::string task, std::string address,
+// How a connection attempt ended: its error code and what it said (nothing: it connected).
+struct refusal {
+  std::error_code code;
+  std::string text;
+};
+
+asio::awaitable<refusal> refusal_of(std::string task, std::string address,
                                                                     wire::Hello hello, transport_options transport) {
   try {
     auto c = co_await runtime::connect_to_task(task, address, hello, transport);
     c->close("done");
   } catch (const error& e) {
-    co_return std::pair{e.code(), std::string(e.what())};
+    co_return refusal{e.code(), e.what()};
   }
-  co_return std::pair{std::error_code{}, std::string{}};
+  co_return refusal{};
 }
 
 transport_options stranger_with(const std::string& s) {
@@ -123,17 +129,18 @@ TEST_CASE("a stranger without the secret, or with another, cannot open a session
           // A new session would end the job's: the servers would drop its variables and iterators.
           const auto hello = hello_of("chief", 0x5742414e47455231);
 
-          const auto [no_secret, no_secret_message] = co_await refusal_of(task, address, hello, stranger_with(""));
-          CHECK(no_secret == errc::unauthenticated);
-          CHECK_MESSAGE(contains(no_secret_message, "sent no proof of the cluster secret and " + task +
+          const auto without_secret = stranger_with(""), with_other_secret = stranger_with(other_secret);
+          const refusal no_secret_refusal = co_await refusal_of(task, address, hello, without_secret);
+          CHECK(no_secret_refusal.code == errc::unauthenticated);
+          CHECK_MESSAGE(contains(no_secret_refusal.text, "sent no proof of the cluster secret and " + task +
                                                         " requires one"),
-                        no_secret_message);
+                        no_secret_refusal.text);
 
           // The stranger checks the server's proof first and gives up; the server refuses it as well.
-          const auto [wrong, wrong_message] = co_await refusal_of(task, address, hello, stranger_with(other_secret));
-          CHECK(wrong == errc::unauthenticated);
-          CHECK_MESSAGE(contains(wrong_message, task + " at " + address + " failed to prove the cluster secret"),
-                        wrong_message);
+          const refusal wrong_refusal = co_await refusal_of(task, address, hello, with_other_secret);
+          CHECK(wrong_refusal.code == errc::unauthenticated);
+          CHECK_MESSAGE(contains(wrong_refusal.text, task + " at " + address + " failed to prove the cluster secret"),
+                        wrong_refusal.text);
         }
         co_await check_job_untouched(coordinator, v, 3);
       },
@@ -226,17 +233,24 @@ TEST_CASE("only the chief opens a session: an evaluator, or a worker of another 
         // An evaluator started against the live job holds the job's secret: its role is what is refused.
         for (const std::string job : {"ps", "worker"}) {
           const auto task = job + ":0";
-          const auto [code, message] = co_await refusal_of(task, cluster.spec.task_address(job, 0),
-                                                           hello_of("evaluator", 99), stranger_with(secret));
-          CHECK(code == errc::permission_denied);
-          CHECK_MESSAGE(contains(message, task + " does not accept connections from 'evaluator' tasks: only the "
-                                                 "chief opens a coordinator session"),
-                        message);
+          // Named: g++ 12 destroys a co_await's temporaries early.
+          const auto address = cluster.spec.task_address(job, 0);
+          const auto evaluator = hello_of("evaluator", 99);
+          const auto with_secret = stranger_with(secret);
+          const refusal evaluator_refusal = co_await refusal_of(task, address, evaluator, with_secret);
+          CHECK(evaluator_refusal.code == errc::permission_denied);
+          CHECK_MESSAGE(contains(evaluator_refusal.text, task + " does not accept connections from 'evaluator' tasks: "
+                                                         "only the chief opens a coordinator session"),
+                        evaluator_refusal.text);
         }
-        const auto [code, message] = co_await refusal_of("ps:0", cluster.spec.task_address("ps", 0),
-                                                         hello_of("worker", 99), stranger_with(secret));
-        CHECK(code == errc::aborted);
-        CHECK_MESSAGE(contains(message, "is not open on ps:0: only the chief opens a session"), message);
+        const std::string ps = "ps:0";
+        const auto ps_address = cluster.spec.task_address("ps", 0);
+        const auto worker = hello_of("worker", 99);
+        const auto with_secret = stranger_with(secret);
+        const refusal worker_refusal = co_await refusal_of(ps, ps_address, worker, with_secret);
+        CHECK(worker_refusal.code == errc::aborted);
+        CHECK_MESSAGE(contains(worker_refusal.text, "is not open on ps:0: only the chief opens a session"),
+                      worker_refusal.text);
         co_await check_job_untouched(coordinator, v, 3);
       },
       {}, chief_with(secret));
@@ -273,14 +287,18 @@ TEST_CASE("the secret comes from the file PSCORO_AUTH_SECRET_FILE names") {
         [&](parameter_server_strategy& strategy, cluster_coordinator& coordinator) -> asio::awaitable<void> {
           const xt::xarray<float> initial{1, 2};
           auto v = co_await strategy.scope().create_variable("v", initial);
-          const auto [code, message] = co_await refusal_of("ps:0", cluster.spec.task_address("ps", 0),
-                                                           hello_of("chief", 5), stranger_with(""));
-          CHECK(code == errc::unauthenticated);
+          // Named: g++ 12 destroys a co_await's temporaries early.
+          const std::string ps = "ps:0", worker = "worker:0";
+          const auto ps_address = cluster.spec.task_address("ps", 0);
+          const auto worker_address = cluster.spec.task_address("worker", 0);
+          const auto chief_hello = hello_of("chief", 5), worker_hello = hello_of("worker", 5);
+          const auto without_secret = stranger_with(""), with_secret = stranger_with(secret);
+          const refusal stranger_refusal = co_await refusal_of(ps, ps_address, chief_hello, without_secret);
+          CHECK(stranger_refusal.code == errc::unauthenticated);
           // The file's secret less its line break: a peer holding it passes authentication (and is
           // then refused for its role, which is checked only after).
-          const auto [role, role_message] = co_await refusal_of("worker:0", cluster.spec.task_address("worker", 0),
-                                                                hello_of("worker", 5), stranger_with(secret));
-          CHECK_MESSAGE(role == errc::permission_denied, role_message);
+          const refusal role_refusal = co_await refusal_of(worker, worker_address, worker_hello, with_secret);
+          CHECK_MESSAGE(role_refusal.code == errc::permission_denied, role_refusal.text);
           co_await check_job_untouched(coordinator, v, 3);
         });
   }

@@ -34,7 +34,13 @@ wire::Hello chief_hello(std::uint64_t session) {
 }
 
 // What connecting to `task` at `address` as a chief of a new session with `transport` throws.
-asio::awaitable<std::pair<std::error_code, std::string>> refusal_of(std::string task, std::string address,
+// How a connection attempt ended: its error code and what it said (nothing: it connected).
+struct refusal {
+  std::error_code code;
+  std::string text;
+};
+
+asio::awaitable<refusal> refusal_of(std::string task, std::string address,
                                                                     transport_options transport) {
   transport.connect_timeout = std::chrono::seconds(5);
   const auto hello = chief_hello(0x5354524e47);
@@ -42,9 +48,9 @@ asio::awaitable<std::pair<std::error_code, std::string>> refusal_of(std::string 
     auto c = co_await runtime::connect_to_task(task, address, hello, transport);
     c->close("done");
   } catch (const error& e) {
-    co_return std::pair{e.code(), std::string(e.what())};
+    co_return refusal{e.code(), e.what()};
   }
-  co_return std::pair{std::error_code{}, std::string{}};
+  co_return refusal{};
 }
 
 }  // namespace
@@ -94,20 +100,20 @@ TEST_CASE("a peer without TLS, or with a certificate of another CA, is refused; 
           const auto address = cluster.spec.task_address(job, 0);
           INFO("stranger at ", task);
           const transport_options without_tls;  // named: g++ 12 destroys a co_await's temporaries early
-          const auto [plain, plain_message] = co_await refusal_of(task, address, without_tls);
-          CHECK(plain == errc::unauthenticated);
-          CHECK_MESSAGE(contains(plain_message, task + " requires TLS with a certificate of the cluster CA"),
-                        plain_message);
+          const refusal plain_refusal = co_await refusal_of(task, address, without_tls);
+          CHECK(plain_refusal.code == errc::unauthenticated);
+          CHECK_MESSAGE(contains(plain_refusal.text, task + " requires TLS with a certificate of the cluster CA"),
+                        plain_refusal.text);
 
           // Its certificate is of another CA: the server refuses it, and it refuses the server's.
           const auto foreign_certificate = certs.transport("stranger", "cluster-ca");
-          const auto [foreign, foreign_message] = co_await refusal_of(task, address, foreign_certificate);
-          CHECK(foreign == errc::unauthenticated);
-          CHECK_MESSAGE(contains(foreign_message, "TLS handshake with " + task), foreign_message);
+          const refusal foreign_refusal = co_await refusal_of(task, address, foreign_certificate);
+          CHECK(foreign_refusal.code == errc::unauthenticated);
+          CHECK_MESSAGE(contains(foreign_refusal.text, "TLS handshake with " + task), foreign_refusal.text);
           const auto foreign_ca = certs.transport("stranger", "stranger-ca");
-          const auto [distrusting, distrusting_message] = co_await refusal_of(task, address, foreign_ca);
-          CHECK(distrusting == errc::unauthenticated);
-          CHECK_MESSAGE(contains(distrusting_message, "certificate verify failed"), distrusting_message);
+          const refusal distrusting_refusal = co_await refusal_of(task, address, foreign_ca);
+          CHECK(distrusting_refusal.code == errc::unauthenticated);
+          CHECK_MESSAGE(contains(distrusting_refusal.text, "certificate verify failed"), distrusting_refusal.text);
         }
         CHECK(static_cast<double>(xt::sum(co_await v.read())()) == doctest::Approx(3));
         auto result = coordinator.schedule(add_one, v);
