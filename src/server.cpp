@@ -218,7 +218,8 @@ struct server::impl : std::enable_shared_from_this<impl> {
     ++self->handshakes;
     std::optional<wire::Hello> hello;
     try {
-      hello = co_await runtime::receive_hello(connection, self->transport, self->identity());
+      const auto identity = self->identity();  // named: g++ 12 destroys a co_await's temporaries early
+      hello = co_await runtime::receive_hello(connection, self->transport, identity);
     } catch (...) {
       --self->handshakes;
       throw;

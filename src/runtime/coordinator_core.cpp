@@ -529,7 +529,8 @@ asio::awaitable<void> coordinator_core::recover(std::shared_ptr<coordinator_core
     if (co_await slot.peer->connect_once() && !self->closed_) {
       // Its per-worker resources first: no closure may reach it before its iterators exist.
       for (std::size_t k = 0; k < self->iterators_.size(); ++k) {
-        co_await create_on(slot.peer, self->iterator_request(self->iterators_[k], index));
+        auto request = self->iterator_request(self->iterators_[k], index);  // named: g++ 12 (temporaries)
+        co_await create_on(slot.peer, std::move(request));
       }
       if (!self->closed_ && slot.peer->connection()) {
         log::info("{} is back; {} iterator(s) rebuilt before it takes closures", slot.peer->task(),

@@ -15,6 +15,8 @@
 
 #include <fmt/chrono.h>
 
+#include <algorithm>
+#include <cctype>
 #include <charconv>
 
 namespace pscoro::runtime {
@@ -124,6 +126,20 @@ void welcome(const std::shared_ptr<wire::connection>& connection, const task_ide
 
 namespace {
 
+// A name a peer sent, fit for a log line: plain names as they are, anything else escaped, at most
+// 64 characters.
+std::string printable(const std::string& name) {
+  const bool plain = name.size() <= 64 && std::all_of(name.begin(), name.end(), [](unsigned char c) {
+                       return std::isalnum(c) || c == '_' || c == '-' || c == '.';
+                     });
+  if (plain) return name;
+  std::string out = "\"";
+  for (const unsigned char c : std::string_view(name).substr(0, 64)) {
+    out += std::isprint(c) && c != '"' && c != '\\' ? std::string(1, static_cast<char>(c)) : fmt::format("\\x{:02x}", c);
+  }
+  return out + (name.size() > 64 ? "\"..." : "\"");
+}
+
 // The next frame of a handshake the accepting side runs, which must be of `kind`: nothing after
 // refusing the peer or giving up on it (logged either way).
 asio::awaitable<std::optional<wire::frame>> read_handshake_frame(const std::shared_ptr<wire::connection>& connection,
@@ -176,7 +192,8 @@ asio::awaitable<std::optional<wire::Hello>> receive_hello(std::shared_ptr<wire::
       co_return std::nullopt;
     }
     try {
-      co_await connection->start_tls(tls_context_for(options), asio::ssl::stream_base::server);
+      const auto context = tls_context_for(options);
+      co_await connection->start_tls(context, asio::ssl::stream_base::server);
     } catch (const std::system_error& e) {
       thread_local log::throttle throttle(20, std::chrono::seconds(10));
       if (std::size_t held_back = 0; throttle.allow(held_back)) {
@@ -199,10 +216,13 @@ asio::awaitable<std::optional<wire::Hello>> receive_hello(std::shared_ptr<wire::
            task);
     co_return std::nullopt;
   }
-  // Named for messages; nothing the peer says about itself is trusted before it proved the secret.
-  const auto claimed = fmt::format("{} (claims {})", connection->peer(), task_name(hello.job(), hello.task_index()));
+  // Named for messages; nothing the peer says about itself is trusted before it proved the secret
+  // (and its words are quoted, escaped and cut short: they go into logs).
+  const auto claimed = fmt::format("{} (claims {})", connection->peer(),
+                                   task_name(printable(hello.job()), hello.task_index()));
   if (hello.to_job() != self.job || hello.to_task_index() != self.index) {
-    const auto meant = hello.to_job().empty() ? std::string("no task") : task_name(hello.to_job(), hello.to_task_index());
+    const auto meant =
+        hello.to_job().empty() ? std::string("no task") : task_name(printable(hello.to_job()), hello.to_task_index());
     refuse(connection, make_error_code(errc::failed_precondition),
            fmt::format("{} dialled {} but reached {}: its cluster spec names the wrong address for {}", claimed, meant,
                        task, meant),
@@ -309,7 +329,8 @@ asio::awaitable<std::shared_ptr<wire::connection>> try_connect(const std::string
   wire::handshake_deadline deadline(connection, options.handshake_timeout, "no Welcome within the handshake timeout");
   if (uses_tls(options)) {
     try {
-      co_await connection->start_tls(tls_context_for(options), asio::ssl::stream_base::client);
+      const auto context = tls_context_for(options);
+      co_await connection->start_tls(context, asio::ssl::stream_base::client);
     } catch (const std::system_error& e) {
       if (deadline.expired()) {
         throw error(errc::deadline_exceeded, fmt::format("{} at {} accepted the connection but did not finish the "

@@ -180,24 +180,25 @@ std::string handshake_proof(const std::string& secret, handshake_side side, cons
   transcript t(label_of(side));
   t.add_integer(hello.protocol_version());
   t.add(hello.job());
-  t.add_integer(static_cast<std::uint32_t>(hello.task_index()));
+  t.add_integer(static_cast<std::uint32_t>(hello.task_index()), 4);
   t.add_integer(hello.incarnation());
   t.add_integer(hello.session());
   t.add(hello.address());
   t.add(hello.to_job());
-  t.add_integer(static_cast<std::uint32_t>(hello.to_task_index()));
+  t.add_integer(static_cast<std::uint32_t>(hello.to_task_index()), 4);
+  t.add_integer(static_cast<std::uint32_t>(hello.cluster_size()), 4);
   for (const auto& job : hello.cluster()) {
     t.add(job.name());
     const std::map<int, std::string> tasks(job.tasks().begin(), job.tasks().end());  // protobuf maps are unordered
-    t.add_integer(tasks.size());
+    t.add_integer(tasks.size(), 4);
     for (const auto& [index, address] : tasks) {
-      t.add_integer(static_cast<std::uint32_t>(index));
+      t.add_integer(static_cast<std::uint32_t>(index), 4);
       t.add(address);
     }
   }
   t.add(hello.nonce());
   t.add(challenge.job());
-  t.add_integer(static_cast<std::uint32_t>(challenge.task_index()));
+  t.add_integer(static_cast<std::uint32_t>(challenge.task_index()), 4);
   t.add_integer(challenge.incarnation());
   t.add(challenge.nonce());
 

@@ -56,7 +56,9 @@ asio::awaitable<void> connection::stall_watch(std::shared_ptr<connection> self) 
       continue;
     }
     const auto received = self->reader_.bytes_received();
-    if (seen && *seen == received) {
+    std::error_code ignored;
+    // Bytes waiting in the kernel are progress this side has not read yet (its executor was busy).
+    if (seen && *seen == received && self->socket_.available(ignored) == 0) {
       log::warning("closing the connection of {}: it stalled in the middle of a frame for {} ms", self->peer_,
                    timeout.count());
       self->close(fmt::format("{} stalled in the middle of a frame: no byte for {} ms (frame_stall_timeout)",

@@ -139,19 +139,25 @@ class handshake_deadline {
  public:
   handshake_deadline(const std::shared_ptr<connection>& c, std::chrono::milliseconds timeout, std::string reason)
       : timer_(c->get_executor(), timeout) {
-    // The handler may run after the awaiting coroutine is gone: it holds only shared state.
-    timer_.async_wait([weak = std::weak_ptr(c), expired = expired_, reason = std::move(reason)](std::error_code ec) {
-      if (auto open = weak.lock(); !ec && open) {
+    // The handler may run after the awaiting coroutine is gone: it holds only shared state. It may
+    // also be queued already when cancel() comes (the same tick): then the flag stops it.
+    timer_.async_wait([weak = std::weak_ptr(c), expired = expired_, cancelled = cancelled_,
+                       reason = std::move(reason)](std::error_code ec) {
+      if (auto open = weak.lock(); !ec && !*cancelled && open) {
         *expired = true;
         open->close(reason);
       }
     });
   }
-  void cancel() { timer_.cancel(); }
+  void cancel() {
+    *cancelled_ = true;
+    timer_.cancel();
+  }
   bool expired() const noexcept { return *expired_; }
 
  private:
   std::shared_ptr<bool> expired_ = std::make_shared<bool>(false);
+  std::shared_ptr<bool> cancelled_ = std::make_shared<bool>(false);
   asio::steady_timer timer_;
 };
 

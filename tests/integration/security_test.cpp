@@ -147,6 +147,38 @@ TEST_CASE("a stranger without the secret, or with another, cannot open a session
       {}, chief_with(secret));
 }
 
+TEST_CASE("the handshake proofs are HMAC-SHA256 over the transcript docs/protocol.md describes") {
+  // Expected values computed independently (Python's hmac) from the description in protocol.md §4.
+  wire::Hello hello;
+  hello.set_protocol_version(3);
+  hello.set_job("chief");
+  hello.set_incarnation(1);
+  hello.set_session(1);
+  hello.set_to_job("ps");
+  auto* ps = hello.add_cluster();
+  ps->set_name("ps");
+  (*ps->mutable_tasks())[0] = "127.0.0.1:1";
+  auto* workers = hello.add_cluster();
+  workers->set_name("worker");
+  (*workers->mutable_tasks())[1] = "127.0.0.1:3";  // inserted out of order: the transcript sorts them
+  (*workers->mutable_tasks())[0] = "127.0.0.1:2";
+  hello.set_nonce(std::string(32, 'a'));
+  wire::Challenge challenge;
+  challenge.set_job("ps");
+  challenge.set_incarnation(2);
+  challenge.set_nonce(std::string(32, 'b'));
+  const auto hex = [](const std::string& bytes) {
+    std::string out;
+    for (const unsigned char b : bytes) out += fmt::format("{:02x}", b);
+    return out;
+  };
+  const std::string key = "0123456789abcdef";
+  CHECK(hex(runtime::handshake_proof(key, runtime::handshake_side::accepting, hello, challenge)) ==
+        "25753d1b5767d75db1f034d3b9408a4b7d9ffa9edf2b962a83040fb4a40e2384");
+  CHECK(hex(runtime::handshake_proof(key, runtime::handshake_side::connecting, hello, challenge)) ==
+        "6bef5fef8a24821ab0c188e81c29794b76fd567cb29977fe3e95f92235439902");
+}
+
 TEST_CASE("a stranger who proves a wrong secret to a server is refused by it") {
   // The stranger skips its own check of the server's proof, as a hostile peer would.
   local_cluster cluster(1, 1, bind_functions, servers_with(secret));
