@@ -2,6 +2,7 @@
 // exchanges (round trips, and the "pull" of a large buffer by a small request), memcpy. Benchmarks print ratios to these.
 #pragma once
 
+#include <asio/awaitable.hpp>
 #include <asio/io_context.hpp>
 #include <asio/ip/tcp.hpp>
 #include <asio/read.hpp>
@@ -32,6 +33,18 @@ inline percentiles summarize(std::vector<double> samples) {
 inline double median(std::vector<double> values) {
   std::sort(values.begin(), values.end());
   return values[values.size() / 2];
+}
+
+/// The median time of `iterations` awaits of `f()` (after a tenth as many to warm up), in microseconds.
+template <class F>
+asio::awaitable<double> median_us(int iterations, F f) {
+  std::vector<double> samples;
+  for (int i = -std::max(1, iterations / 10); i < iterations; ++i) {
+    const auto start = clock_type::now();
+    co_await f();
+    if (i >= 0) samples.push_back(micros(clock_type::now() - start).count());
+  }
+  co_return median(std::move(samples));
 }
 
 /// Blocking exchange over loopback TCP (TCP_NODELAY) between two threads: the client sends

@@ -24,16 +24,7 @@ namespace {
 using bench::clock_type;
 using bench::micros;
 
-template <class F>
-asio::awaitable<double> median_us(int iterations, F f) {
-  std::vector<double> samples;
-  for (int i = -std::max(1, iterations / 10); i < iterations; ++i) {
-    const auto start = clock_type::now();
-    co_await f();
-    if (i >= 0) samples.push_back(micros(clock_type::now() - start).count());
-  }
-  co_return bench::median(std::move(samples));
-}
+using bench::median_us;
 
 // Median read(out) time of a `bytes` variable on a 1-ps cluster with `transport`, in microseconds.
 double read_us(const pscoro::transport_options& transport, std::size_t bytes, int iterations) {

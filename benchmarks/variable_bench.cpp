@@ -50,16 +50,7 @@ int iterations_for(std::size_t bytes, int scale) {
   return 3 * scale;
 }
 
-template <class F>
-asio::awaitable<double> median_us(int iterations, F f) {
-  std::vector<double> samples;
-  for (int i = -std::max(1, iterations / 10); i < iterations; ++i) {
-    const auto start = clock_type::now();
-    co_await f();
-    if (i >= 0) samples.push_back(micros(clock_type::now() - start).count());
-  }
-  co_return bench::median(std::move(samples));
-}
+using bench::median_us;
 
 std::vector<dense_figures> measure_dense(int num_ps, int scale, int rounds) {
   std::vector<dense_figures> out;

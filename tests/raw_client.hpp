@@ -1,7 +1,9 @@
-// A blocking client that speaks raw bytes to a server, for tests of what a hostile or broken peer
-// can send: whole frames, parts of frames, or garbage, and the frames the server answers with.
+// What a hostile or broken peer can do, for tests: a blocking client that speaks raw bytes to a
+// server (whole frames, parts of frames, or garbage) and reads what it answers, and a stranger
+// that dials a task through the real handshake and reports how it was refused.
 #pragma once
 
+#include "runtime/peer.hpp"
 #include "test_support.hpp"
 #include "wire/frame.hpp"
 
@@ -97,6 +99,36 @@ inline std::string refusal(const std::string& received) {
   REQUIRE(message.has_welcome());
   CHECK(message.welcome().status().code() != 0);
   return message.welcome().status().message();
+}
+
+/// A Hello of `job` in coordinator session `session` (also its incarnation).
+inline wire::Hello hello_of(const std::string& job, std::uint64_t session) {
+  wire::Hello hello;
+  hello.set_protocol_version(wire::protocol_version);
+  hello.set_job(job);
+  hello.set_session(session);
+  hello.set_incarnation(session);
+  return hello;
+}
+
+/// How a connection attempt ended: its error code and what it said (nothing: it connected).
+struct dial_outcome {
+  std::error_code code;
+  std::string text;
+};
+
+/// Dials `task` at `address` with `hello` and `transport` (retrying for at most 5 s) and returns
+/// how it was refused.
+inline asio::awaitable<dial_outcome> refusal_of(std::string task, std::string address, wire::Hello hello,
+                                           transport_options transport) {
+  transport.connect_timeout = std::min<std::chrono::milliseconds>(transport.connect_timeout, std::chrono::seconds(5));
+  try {
+    auto c = co_await runtime::connect_to_task(task, address, hello, transport);
+    c->close("done");
+  } catch (const error& e) {
+    co_return dial_outcome{e.code(), e.what()};
+  }
+  co_return dial_outcome{};
 }
 
 }  // namespace pscoro::testing

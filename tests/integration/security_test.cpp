@@ -18,7 +18,9 @@
 #include <thread>
 
 using namespace pscoro;
+using pscoro::testing::hello_of;
 using pscoro::testing::local_cluster;
+using pscoro::testing::refusal_of;
 using pscoro::testing::raw_client;
 
 namespace {
@@ -50,32 +52,6 @@ strategy_options chief_with(const std::string& s) {
   return options;
 }
 
-wire::Hello hello_of(const std::string& job, std::uint64_t session) {
-  wire::Hello hello;
-  hello.set_protocol_version(wire::protocol_version);
-  hello.set_job(job);
-  hello.set_session(session);
-  hello.set_incarnation(session);
-  return hello;
-}
-
-// What connecting to `task` at `address` with `hello` and `transport` throws; "" if it connects.
-// How a connection attempt ended: its error code and what it said (nothing: it connected).
-struct refusal {
-  std::error_code code;
-  std::string text;
-};
-
-asio::awaitable<refusal> refusal_of(std::string task, std::string address,
-                                                                    wire::Hello hello, transport_options transport) {
-  try {
-    auto c = co_await runtime::connect_to_task(task, address, hello, transport);
-    c->close("done");
-  } catch (const error& e) {
-    co_return refusal{e.code(), e.what()};
-  }
-  co_return refusal{};
-}
 
 transport_options stranger_with(const std::string& s) {
   transport_options options;
@@ -130,14 +106,14 @@ TEST_CASE("a stranger without the secret, or with another, cannot open a session
           const auto hello = hello_of("chief", 0x5742414e47455231);
 
           const auto without_secret = stranger_with(""), with_other_secret = stranger_with(other_secret);
-          const refusal no_secret_refusal = co_await refusal_of(task, address, hello, without_secret);
+          const auto no_secret_refusal = co_await refusal_of(task, address, hello, without_secret);
           CHECK(no_secret_refusal.code == errc::unauthenticated);
           CHECK_MESSAGE(contains(no_secret_refusal.text, "sent no proof of the cluster secret and " + task +
                                                         " requires one"),
                         no_secret_refusal.text);
 
           // The stranger checks the server's proof first and gives up; the server refuses it as well.
-          const refusal wrong_refusal = co_await refusal_of(task, address, hello, with_other_secret);
+          const auto wrong_refusal = co_await refusal_of(task, address, hello, with_other_secret);
           CHECK(wrong_refusal.code == errc::unauthenticated);
           CHECK_MESSAGE(contains(wrong_refusal.text, task + " at " + address + " failed to prove the cluster secret"),
                         wrong_refusal.text);
@@ -269,7 +245,7 @@ TEST_CASE("only the chief opens a session: an evaluator, or a worker of another 
           const auto address = cluster.spec.task_address(job, 0);
           const auto evaluator = hello_of("evaluator", 99);
           const auto with_secret = stranger_with(secret);
-          const refusal evaluator_refusal = co_await refusal_of(task, address, evaluator, with_secret);
+          const auto evaluator_refusal = co_await refusal_of(task, address, evaluator, with_secret);
           CHECK(evaluator_refusal.code == errc::permission_denied);
           CHECK_MESSAGE(contains(evaluator_refusal.text, task + " does not accept connections from 'evaluator' tasks: "
                                                          "only the chief opens a coordinator session"),
@@ -279,7 +255,7 @@ TEST_CASE("only the chief opens a session: an evaluator, or a worker of another 
         const auto ps_address = cluster.spec.task_address("ps", 0);
         const auto worker = hello_of("worker", 99);
         const auto with_secret = stranger_with(secret);
-        const refusal worker_refusal = co_await refusal_of(ps, ps_address, worker, with_secret);
+        const auto worker_refusal = co_await refusal_of(ps, ps_address, worker, with_secret);
         CHECK(worker_refusal.code == errc::aborted);
         CHECK_MESSAGE(contains(worker_refusal.text, "is not open on ps:0: only the chief opens a session"),
                       worker_refusal.text);
@@ -325,11 +301,11 @@ TEST_CASE("the secret comes from the file PSCORO_AUTH_SECRET_FILE names") {
           const auto worker_address = cluster.spec.task_address("worker", 0);
           const auto chief_hello = hello_of("chief", 5), worker_hello = hello_of("worker", 5);
           const auto without_secret = stranger_with(""), with_secret = stranger_with(secret);
-          const refusal stranger_refusal = co_await refusal_of(ps, ps_address, chief_hello, without_secret);
+          const auto stranger_refusal = co_await refusal_of(ps, ps_address, chief_hello, without_secret);
           CHECK(stranger_refusal.code == errc::unauthenticated);
           // The file's secret less its line break: a peer holding it passes authentication (and is
           // then refused for its role, which is checked only after).
-          const refusal role_refusal = co_await refusal_of(worker, worker_address, worker_hello, with_secret);
+          const auto role_refusal = co_await refusal_of(worker, worker_address, worker_hello, with_secret);
           CHECK_MESSAGE(role_refusal.code == errc::permission_denied, role_refusal.text);
           co_await check_job_untouched(coordinator, v, 3);
         });

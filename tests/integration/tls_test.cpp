@@ -8,7 +8,9 @@
 
 using namespace pscoro;
 using pscoro::testing::certificates;
+using pscoro::testing::hello_of;
 using pscoro::testing::local_cluster;
+using pscoro::testing::refusal_of;
 
 namespace {
 
@@ -24,34 +26,6 @@ void bind_functions(server& s) {
   });
 }
 
-wire::Hello chief_hello(std::uint64_t session) {
-  wire::Hello hello;
-  hello.set_protocol_version(wire::protocol_version);
-  hello.set_job("chief");
-  hello.set_session(session);
-  hello.set_incarnation(session);
-  return hello;
-}
-
-// What connecting to `task` at `address` as a chief of a new session with `transport` throws.
-// How a connection attempt ended: its error code and what it said (nothing: it connected).
-struct refusal {
-  std::error_code code;
-  std::string text;
-};
-
-asio::awaitable<refusal> refusal_of(std::string task, std::string address,
-                                                                    transport_options transport) {
-  transport.connect_timeout = std::chrono::seconds(5);
-  const auto hello = chief_hello(0x5354524e47);
-  try {
-    auto c = co_await runtime::connect_to_task(task, address, hello, transport);
-    c->close("done");
-  } catch (const error& e) {
-    co_return refusal{e.code(), e.what()};
-  }
-  co_return refusal{};
-}
 
 }  // namespace
 
@@ -98,20 +72,21 @@ TEST_CASE("a peer without TLS, or with a certificate of another CA, is refused; 
         for (const std::string job : {"ps", "worker"}) {
           const auto task = job + ":0";
           const auto address = cluster.spec.task_address(job, 0);
+          const auto stranger = hello_of("chief", 0x5354524e47);  // of a new session
           INFO("stranger at ", task);
           const transport_options without_tls;  // named: g++ 12 destroys a co_await's temporaries early
-          const refusal plain_refusal = co_await refusal_of(task, address, without_tls);
+          const auto plain_refusal = co_await refusal_of(task, address, stranger, without_tls);
           CHECK(plain_refusal.code == errc::unauthenticated);
           CHECK_MESSAGE(contains(plain_refusal.text, task + " requires TLS with a certificate of the cluster CA"),
                         plain_refusal.text);
 
           // Its certificate is of another CA: the server refuses it, and it refuses the server's.
           const auto foreign_certificate = certs.transport("stranger", "cluster-ca");
-          const refusal foreign_refusal = co_await refusal_of(task, address, foreign_certificate);
+          const auto foreign_refusal = co_await refusal_of(task, address, stranger, foreign_certificate);
           CHECK(foreign_refusal.code == errc::unauthenticated);
           CHECK_MESSAGE(contains(foreign_refusal.text, "TLS handshake with " + task), foreign_refusal.text);
           const auto foreign_ca = certs.transport("stranger", "stranger-ca");
-          const refusal distrusting_refusal = co_await refusal_of(task, address, foreign_ca);
+          const auto distrusting_refusal = co_await refusal_of(task, address, stranger, foreign_ca);
           CHECK(distrusting_refusal.code == errc::unauthenticated);
           CHECK_MESSAGE(contains(distrusting_refusal.text, "certificate verify failed"), distrusting_refusal.text);
         }
