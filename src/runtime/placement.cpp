@@ -1,0 +1,104 @@
+#include "runtime/placement.hpp"
+
+#include <pscoro/detail/parallel.hpp>
+#include <pscoro/detail/sharded_io.hpp>
+#include <pscoro/error.hpp>
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <variant>
+
+namespace pscoro::runtime {
+
+namespace {
+
+// FNV-1a: a stable hash of the variable's name, mixed into initializer seeds.
+std::uint64_t name_hash(std::string_view name) {
+  std::uint64_t h = 0xcbf29ce484222325ULL;
+  for (const char c : name) h = (h ^ static_cast<unsigned char>(c)) * 0x100000001b3ULL;
+  return h;
+}
+
+}  // namespace
+
+wire::Initializer encode_initializer(const initializer& init, const std::string& name, const shape_type& shape,
+                                     std::size_t row_offset) {
+  wire::Initializer out;
+  std::uint64_t seed = 0;
+  struct visitor {
+    wire::Initializer& out;
+    std::uint64_t& seed;
+    void operator()(const initializers::zeros&) const { out.set_kind(wire::Initializer::ZEROS); }
+    void operator()(const initializers::ones&) const { out.set_kind(wire::Initializer::ONES); }
+    void operator()(const initializers::constant& c) const {
+      out.set_kind(wire::Initializer::CONSTANT);
+      out.set_a(c.value);
+    }
+    void operator()(const initializers::random_uniform& r) const {
+      out.set_kind(wire::Initializer::RANDOM_UNIFORM);
+      out.set_a(r.minval);
+      out.set_b(r.maxval);
+      seed = r.seed;
+    }
+    void operator()(const initializers::random_normal& r) const {
+      out.set_kind(wire::Initializer::RANDOM_NORMAL);
+      out.set_a(r.mean);
+      out.set_b(r.stddev);
+      seed = r.seed;
+    }
+    void operator()(const initializers::truncated_normal& r) const {
+      out.set_kind(wire::Initializer::TRUNCATED_NORMAL);
+      out.set_a(r.mean);
+      out.set_b(r.stddev);
+      seed = r.seed;
+    }
+    void operator()(const initializers::glorot_uniform& r) const {
+      out.set_kind(wire::Initializer::GLOROT_UNIFORM);
+      seed = r.seed;
+    }
+  };
+  std::visit(visitor{out, seed}, init);
+  out.set_seed(seed ^ name_hash(name));
+  for (const auto d : shape) out.add_full_shape(d);
+  out.set_row_offset(row_offset);
+  return out;
+}
+
+asio::awaitable<sharded_variable_ref> variable_placement::create(std::string name, dtype type, shape_type shape,
+                                                                 parameter_server_strategy::variable_source source,
+                                                                 bool partition) {
+  if (name.empty()) throw error(errc::invalid_argument, "a variable needs a name");
+  std::size_t shards = 1;
+  if (partition && partitioner_ && !shape.empty()) {
+    const std::size_t asked = partitioner_(shape, type);
+    if (asked == 0) {
+      throw error(errc::invalid_argument,
+                  fmt::format("variable_partitioner must return a non-zero number of shards, got 0 for '{}' {} {}",
+                              name, name_of(type), to_string(shape)));
+    }
+    shards = std::max<std::size_t>(1, std::min(asked, shape[0]));  // TF clamps to the row count
+  }
+  const auto offsets = div_offsets(shape.empty() ? 1 : shape[0], shards);
+  const std::size_t num_ps = ps_->peers().size();
+  sharded_variable_ref ref{name, type, shape, {}};
+  for (std::size_t i = 0; i < shards; ++i) {
+    shape_type part = shape;
+    if (!part.empty()) part[0] = offsets[i + 1] - offsets[i];
+    ref.shards.push_back(variable_ref{shards == 1 ? name : fmt::format("{}/part_{}", name, i), type, std::move(part),
+                                      static_cast<int>(next_++ % num_ps)});
+  }
+  const auto layout = detail::make_layout(ref);
+  if (auto* value = std::get_if<tensor>(&source)) {
+    const auto parts = detail::split_dense(*layout, *value, "create_variable");
+    co_await detail::run_all(shards, [&](std::size_t i) { return ps_->create(ref.shards[i], parts[i]); });
+  } else {
+    const auto& init = std::get<initializer>(source);
+    co_await detail::run_all(shards, [&](std::size_t i) {
+      return ps_->create(ref.shards[i], encode_initializer(init, name, shape, offsets[i]));
+    });
+  }
+  co_return ref;
+}
+
+}  // namespace pscoro::runtime

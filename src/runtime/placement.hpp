@@ -1,0 +1,41 @@
+// Where the chief puts variables: a variable, or each shard of a partitioned one, on the next ps
+// round robin (one counter per strategy, as in TF), created there from a value or from an
+// initializer that the ps runs itself.
+#pragma once
+
+#include <pscoro/strategy.hpp>
+
+#include "runtime/ps_client.hpp"
+
+#include <asio/awaitable.hpp>
+
+#include <cstddef>
+#include <memory>
+#include <string>
+
+namespace pscoro::runtime {
+
+class variable_placement {
+ public:
+  explicit variable_placement(std::shared_ptr<ps_client> ps) : ps_(std::move(ps)) {}
+
+  void set_partitioner(variable_partitioner partitioner) { partitioner_ = std::move(partitioner); }
+
+  /// Creates a variable of `shards` (1 unless `partition` and the partitioner say otherwise) on
+  /// their ps, concurrently. The placement must outlive the call.
+  asio::awaitable<sharded_variable_ref> create(std::string name, dtype type, shape_type shape,
+                                               parameter_server_strategy::variable_source source, bool partition);
+
+ private:
+  std::shared_ptr<ps_client> ps_;
+  variable_partitioner partitioner_;
+  std::size_t next_ = 0;
+};
+
+/// What a ps needs to fill a shard of variable `name` (of full shape `shape`) that starts at row
+/// `row_offset` with `init`: the kind and its parameters, and a seed mixed with a hash of the name
+/// (two variables created with the same seed still differ).
+wire::Initializer encode_initializer(const initializer& init, const std::string& name, const shape_type& shape,
+                                     std::size_t row_offset);
+
+}  // namespace pscoro::runtime

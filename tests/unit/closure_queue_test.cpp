@@ -1,0 +1,331 @@
+// The closure queue as a state machine: fake workers (a list of what was handed to whom), outcomes
+// fed back by hand, no sockets. The executor only delivers completion handlers.
+#include "test_support.hpp"
+
+#include "runtime/closure_queue.hpp"
+
+#include <pscoro/error.hpp>
+
+#include <asio/io_context.hpp>
+
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+using namespace pscoro;
+using detail::closure;
+using detail::closure_queue;
+
+namespace {
+
+struct handed {
+  std::size_t worker;
+  std::shared_ptr<closure> c;
+};
+
+// A queue over `workers` fake workers that only record what they are handed.
+struct fake_cluster {
+  explicit fake_cluster(std::size_t workers, coordinator_options options = {}) {
+    std::vector<std::string> names;
+    for (std::size_t i = 0; i < workers; ++i) names.push_back("worker:" + std::to_string(i));
+    queue = std::make_shared<closure_queue>(io.get_executor(), std::move(names),
+                                            [this](std::size_t w, const auto& c) { started.push_back({w, c}); });
+    queue->set_options(options);
+  }
+
+  std::shared_ptr<closure> make(std::string name = "f") {
+    return std::make_shared<closure>(
+        closure{std::move(name), "void()", {}, std::make_shared<detail::remote_state>(io.get_executor(), decode_context{})});
+  }
+  /// Schedules a closure named `name`; returns it.
+  std::shared_ptr<closure> schedule(std::string name = "f") {
+    auto c = make(std::move(name));
+    queue->schedule(c);
+    return c;
+  }
+  /// What was handed out since the last call, in order.
+  std::vector<handed> take_started() { return std::exchange(started, {}); }
+
+  asio::io_context io;
+  std::vector<handed> started;
+  std::shared_ptr<closure_queue> queue;
+};
+
+std::error_code code_of(const std::exception_ptr& e) {
+  try {
+    std::rethrow_exception(e);
+  } catch (const std::system_error& error) {
+    return error.code();
+  } catch (...) {
+    return {};
+  }
+}
+
+std::string what_of(const std::exception_ptr& e) {
+  try {
+    std::rethrow_exception(e);
+  } catch (const std::exception& error) {
+    return error.what();
+  } catch (...) {
+    return "(not a std::exception)";
+  }
+}
+
+std::exception_ptr failure(std::string what) {
+  return std::make_exception_ptr(error(errc::internal, std::move(what)));
+}
+
+// The error that schedule() throws now, or null.
+std::exception_ptr schedule_error(fake_cluster& cluster) {
+  try {
+    cluster.schedule();
+  } catch (...) {
+    return std::current_exception();
+  }
+  return nullptr;
+}
+
+}  // namespace
+
+TEST_CASE("closures go to the least busy live worker, closures_per_worker at most, the rest waits queued") {
+  fake_cluster cluster(2, coordinator_options{.closures_per_worker = 2});
+  for (int i = 0; i < 5; ++i) cluster.schedule();
+  const auto started = cluster.take_started();
+  REQUIRE(started.size() == 4);
+  CHECK(started[0].worker == 0);
+  CHECK(started[1].worker == 1);  // the other one is less busy
+  CHECK(started[2].worker == 0);
+  CHECK(started[3].worker == 1);
+  CHECK(cluster.queue->queued() == 1);
+  CHECK(cluster.queue->in_flight() == 4);
+
+  cluster.queue->succeeded(1, started[1].c, std::int64_t{7});
+  const auto next = cluster.take_started();
+  REQUIRE(next.size() == 1);
+  CHECK(next[0].worker == 1);  // the slot that came free
+  CHECK(cluster.queue->queued() == 0);
+  CHECK(started[1].c->result->status() == remote_status::ready);
+  CHECK(started[1].c->result->result<std::int64_t>() == 7);
+}
+
+TEST_CASE("a lost worker takes nothing, and what it ran runs again elsewhere: at least once") {
+  fake_cluster cluster(2, coordinator_options{.closures_per_worker = 1});
+  cluster.schedule("a");
+  cluster.schedule("b");
+  auto started = cluster.take_started();
+  REQUIRE(started.size() == 2);
+  const auto on_1 = started[1].c;
+  REQUIRE(started[1].worker == 1);
+
+  cluster.queue->worker_lost(1);
+  cluster.queue->lost(1, on_1);
+  CHECK(on_1->result->status() == remote_status::not_ready);
+  CHECK(cluster.queue->queued() == 1);  // worker 0 is busy: it waits
+  CHECK(cluster.take_started().empty());
+
+  cluster.queue->succeeded(0, started[0].c, value{});
+  started = cluster.take_started();
+  REQUIRE(started.size() == 1);
+  CHECK(started[0].worker == 0);
+  CHECK(started[0].c == on_1);
+
+  cluster.queue->worker_up(1);
+  cluster.schedule("c");
+  started = cluster.take_started();
+  REQUIRE(started.size() == 1);
+  CHECK(started[0].worker == 1);  // back, and it takes closures again
+}
+
+TEST_CASE("the first error is reported once, by the next schedule, and what was queued is cancelled") {
+  fake_cluster cluster(1, coordinator_options{.closures_per_worker = 2});
+  for (int i = 0; i < 4; ++i) cluster.schedule();
+  const auto started = cluster.take_started();
+  REQUIRE(started.size() == 2);
+  cluster.queue->failed(0, started[0].c, failure("first"));
+  cluster.queue->failed(0, started[1].c, failure("second"));  // same generation: not reported
+  CHECK(started[0].c->result->status() == remote_status::error);
+  CHECK(cluster.queue->queued() == 0);
+  CHECK(cluster.take_started().empty());  // nothing starts while an error waits
+
+  const auto reported = schedule_error(cluster);
+  REQUIRE(reported != nullptr);
+  CHECK_MESSAGE(what_of(reported) == "first", what_of(reported));
+  CHECK(schedule_error(cluster) == nullptr);  // once, then cleared: this closure runs
+  CHECK(cluster.take_started().size() == 1);
+}
+
+TEST_CASE("closures queued when an error comes are cancelled with TF's message and the cause") {
+  fake_cluster cluster(1, coordinator_options{.closures_per_worker = 1});
+  const auto running = cluster.schedule("step");
+  const auto queued = cluster.schedule("later");
+  cluster.take_started();
+  cluster.queue->failed(0, running, failure("the cause"));
+  REQUIRE(queued->result->status() == remote_status::cancelled);
+  const auto message = what_of(queued->result->error());
+  CHECK(code_of(queued->result->error()) == errc::cancelled);
+  CHECK_MESSAGE(contains(message, "The corresponding function 'later' is cancelled"), message);
+  CHECK_MESSAGE(contains(message, "the cause"), message);
+}
+
+TEST_CASE("an error of a closure from before the last report is not reported again") {
+  fake_cluster cluster(1, coordinator_options{.closures_per_worker = 2});
+  const auto first = cluster.schedule();
+  const auto old = cluster.schedule();
+  cluster.take_started();
+  cluster.queue->failed(0, first, failure("reported"));
+  CHECK(schedule_error(cluster) != nullptr);  // reported: a new generation starts
+  cluster.queue->failed(0, old, failure("old generation"));
+  CHECK(old->result->status() == remote_status::error);  // its own value says so
+  CHECK(schedule_error(cluster) == nullptr);
+}
+
+TEST_CASE("a closure whose worker is lost while an error waits is cancelled, not run again") {
+  fake_cluster cluster(1, coordinator_options{.closures_per_worker = 2});
+  const auto failing = cluster.schedule();
+  const auto other = cluster.schedule();
+  cluster.take_started();
+  cluster.queue->failed(0, failing, failure("boom"));
+  cluster.queue->worker_lost(0);
+  cluster.queue->lost(0, other);
+  CHECK(other->result->status() == remote_status::cancelled);
+  CHECK(cluster.queue->queued() == 0);
+}
+
+TEST_CASE("a retried closure runs again from the tail of the queue") {
+  fake_cluster cluster(1, coordinator_options{.closures_per_worker = 1});
+  const auto first = cluster.schedule("first");
+  cluster.schedule("second");
+  cluster.take_started();
+  cluster.queue->retry(0, first);
+  auto started = cluster.take_started();
+  REQUIRE(started.size() == 1);
+  CHECK(started[0].c->function == "second");
+  cluster.queue->succeeded(0, started[0].c, value{});
+  started = cluster.take_started();
+  REQUIRE(started.size() == 1);
+  CHECK(started[0].c == first);
+}
+
+TEST_CASE("join completes only when nothing runs, with the pending error, once") {
+  fake_cluster cluster(1);
+  const auto c = cluster.schedule();
+  cluster.take_started();
+  int joined = 0;
+  std::exception_ptr joined_with;
+  cluster.queue->join(closure_queue::join_handler(
+      [&](std::exception_ptr e) {
+        ++joined;
+        joined_with = e;
+      },
+      cluster.io.get_executor()));
+  cluster.io.poll();
+  CHECK(joined == 0);  // c still runs
+  cluster.queue->failed(0, c, failure("boom"));
+  cluster.io.poll();
+  CHECK(joined == 1);
+  CHECK_MESSAGE(what_of(joined_with) == "boom", what_of(joined_with));
+  CHECK(cluster.queue->done());  // reported by join: not again
+}
+
+TEST_CASE("a full queue refuses schedule with resource_exhausted; waiting producers are admitted in order") {
+  fake_cluster cluster(1, coordinator_options{.closures_per_worker = 1, .max_queued_closures = 1});
+  const auto running = cluster.schedule();
+  cluster.schedule();  // queued: the queue is full now
+  cluster.take_started();
+  const auto full = schedule_error(cluster);
+  REQUIRE(full != nullptr);
+  CHECK(code_of(full) == errc::resource_exhausted);
+  CHECK_MESSAGE(contains(what_of(full), "max_queued_closures"), what_of(full));
+
+  std::vector<std::string> admitted;
+  for (const auto* name : {"w1", "w2"}) {
+    cluster.queue->schedule_when_room(
+        cluster.make(name), closure_queue::admission_handler(
+                                [&admitted, name](std::exception_ptr e, std::shared_ptr<detail::remote_state> state) {
+                                  admitted.push_back(e ? "error" : state ? name : "nothing");
+                                },
+                                cluster.io.get_executor()));
+  }
+  cluster.io.poll();
+  CHECK(admitted.empty());
+  CHECK(cluster.queue->waiting() == 2);
+  cluster.queue->succeeded(0, running, value{});  // the queued one starts: room for w1
+  cluster.io.poll();
+  CHECK(admitted == std::vector<std::string>{"w1"});
+  const auto started = cluster.take_started();
+  REQUIRE(started.size() == 1);
+  cluster.queue->succeeded(0, started[0].c, value{});
+  cluster.io.poll();
+  CHECK(admitted == std::vector<std::string>{"w1", "w2"});
+}
+
+TEST_CASE("a fatal failure resolves running closures at once, ignores their late outcomes, and fails every schedule") {
+  fake_cluster cluster(2, coordinator_options{.closures_per_worker = 1});
+  const auto a = cluster.schedule();
+  const auto b = cluster.schedule();
+  const auto queued = cluster.schedule();
+  cluster.take_started();
+  const auto lost_ps = std::make_exception_ptr(remote_error(make_error_code(errc::unavailable), "ps:0", "gone"));
+  cluster.queue->fail(lost_ps);
+  CHECK(a->result->status() == remote_status::error);
+  CHECK(b->result->status() == remote_status::error);
+  CHECK(queued->result->status() == remote_status::cancelled);
+  CHECK(cluster.queue->in_flight() == 0);
+
+  cluster.queue->succeeded(0, a, std::int64_t{1});  // its worker answers late: ignored
+  CHECK(a->result->status() == remote_status::error);
+  CHECK(schedule_error(cluster) == lost_ps);  // reported once as the error ...
+  CHECK(schedule_error(cluster) == lost_ps);  // ... and the run stays failed
+  CHECK(cluster.take_started().empty());
+}
+
+TEST_CASE("with every worker lost past worker_recovery_timeout, queued closures fail with unavailable") {
+  fake_cluster cluster(1, coordinator_options{.closures_per_worker = 1, .worker_recovery_timeout = std::chrono::hours(1)});
+  const auto running = cluster.schedule();
+  const auto queued = cluster.schedule();
+  cluster.take_started();
+  cluster.queue->worker_lost(0);
+  cluster.queue->lost(0, running);
+  const auto now = closure_queue::clock::now();
+  cluster.queue->tick(now);
+  CHECK(queued->result->status() == remote_status::not_ready);  // it may still come back
+  cluster.queue->tick(now + std::chrono::hours(2));
+  CHECK(queued->result->status() == remote_status::cancelled);
+  const auto reported = schedule_error(cluster);
+  REQUIRE(reported != nullptr);
+  CHECK(code_of(reported) == errc::unavailable);
+  CHECK_MESSAGE(contains(what_of(reported), "worker_recovery_timeout"), what_of(reported));
+}
+
+TEST_CASE("close cancels what is queued and what waits for room, and what its lost workers ran") {
+  fake_cluster cluster(1, coordinator_options{.closures_per_worker = 1, .max_queued_closures = 1});
+  const auto running = cluster.schedule();
+  const auto queued = cluster.schedule();
+  cluster.take_started();
+  std::exception_ptr admission;
+  cluster.queue->schedule_when_room(cluster.make(), closure_queue::admission_handler(
+                                                        [&](std::exception_ptr e, std::shared_ptr<detail::remote_state>) {
+                                                          admission = e;
+                                                        },
+                                                        cluster.io.get_executor()));
+  cluster.queue->close();
+  cluster.io.poll();
+  CHECK(queued->result->status() == remote_status::cancelled);
+  CHECK(code_of(admission) == errc::cancelled);
+  cluster.queue->worker_lost(0);
+  cluster.queue->lost(0, running);
+  CHECK(running->result->status() == remote_status::cancelled);
+  CHECK_MESSAGE(contains(what_of(running->result->error()), "the coordinator closed"), what_of(running->result->error()));
+}
+
+TEST_CASE("done is true only with nothing queued or running, and throws the pending error once") {
+  fake_cluster cluster(1);
+  CHECK(cluster.queue->done());
+  const auto c = cluster.schedule();
+  CHECK_FALSE(cluster.queue->done());
+  cluster.take_started();
+  cluster.queue->failed(0, c, failure("boom"));
+  CHECK_THROWS_WITH(cluster.queue->done(), "boom");
+  CHECK(cluster.queue->done());
+}
