@@ -28,13 +28,24 @@ auto async_admit(std::shared_ptr<detail::coordinator_core> core, std::shared_ptr
 
 }  // namespace
 
+cluster_coordinator::cluster_coordinator(parameter_server_strategy& strategy) : core_(strategy.core()) {
+  adopt(std::nullopt);
+}
+
 cluster_coordinator::cluster_coordinator(parameter_server_strategy& strategy, coordinator_options options)
     : core_(strategy.core()) {
   if (options.closures_per_worker == 0) {
     throw error(errc::invalid_argument, "coordinator_options::closures_per_worker must be at least 1");
   }
-  // Not waited for: the executor may not run yet; it takes this before any later call.
-  (void)detail::on_chief(core_, [options](detail::coordinator_core& core) { core.set_options(options); });
+  adopt(options);
+}
+
+void cluster_coordinator::adopt(std::optional<coordinator_options> options) {
+  // Only the first coordinator of the strategy sets the options; queued, not waited for: the
+  // executor may not run yet, and it takes them before any later call.
+  if (const auto first = core_->claim_options(options)) {
+    (void)detail::on_chief(core_, [options = *first](detail::coordinator_core& core) { core.set_options(options); });
+  }
 }
 
 std::shared_ptr<detail::remote_state> cluster_coordinator::schedule_erased(std::string name, std::string signature,

@@ -23,6 +23,7 @@
 #include <exception>
 #include <chrono>
 #include <memory>
+#include <optional>
 #include <vector>
 
 namespace pscoro {
@@ -47,6 +48,8 @@ struct coordinator_options {
   /// then it fails the run. 0 = every such failure is fatal. TF's rule and default; environment
   /// variable TF_COORDINATOR_IGNORE_TRANSIENT_PS_FAILURES, as in TF, overrides it.
   int transient_ps_failures = 3;
+
+  friend bool operator==(const coordinator_options&, const coordinator_options&) = default;
 };
 
 namespace detail {
@@ -83,8 +86,12 @@ class per_worker_dataset {
 class cluster_coordinator {
  public:
   /// The coordinator of `strategy`; the strategy must outlive it. Like TF, there is one per
-  /// strategy: a second coordinator shares the first one's queue (and its options).
-  explicit cluster_coordinator(parameter_server_strategy& strategy, coordinator_options options = {});
+  /// strategy: a second coordinator shares the first one's queue and options, so this one takes
+  /// the first one's options (the defaults when it is the first).
+  explicit cluster_coordinator(parameter_server_strategy& strategy);
+  /// As above, with `options`; throws errc::invalid_argument when the strategy already has a
+  /// coordinator with different ones (they would change under it), or when they are invalid.
+  cluster_coordinator(parameter_server_strategy& strategy, coordinator_options options);
 
   /// Queues `function(args...)` and returns its result handle. Throws the pending error of an
   /// earlier closure, if any (then clears it). From any thread but the coordinator's executor, a
@@ -155,6 +162,8 @@ class cluster_coordinator {
   std::shared_ptr<detail::remote_state> schedule_erased(std::string name, std::string signature,
                                                         std::vector<value> args);
   void join_erased(detail::erased_handler<void(std::exception_ptr)> handler);
+  /// Takes `options` (or the shared ones) as the strategy's coordinator options.
+  void adopt(std::optional<coordinator_options> options);
   const asio::any_io_executor& executor() const noexcept;
 
   std::shared_ptr<detail::coordinator_core> core_;

@@ -13,6 +13,10 @@
 #include <pscoro/value.hpp>
 
 #include <asio/awaitable.hpp>
+#include <asio/cancellation_type.hpp>
+#include <asio/post.hpp>
+#include <asio/this_coro.hpp>
+#include <asio/use_awaitable.hpp>
 
 #include <functional>
 #include <string>
@@ -108,4 +112,35 @@ erased_worker_function erase_worker_function(const worker_function<R(Args...)>& 
 }
 
 }  // namespace detail
+namespace detail {
+/// What a cancelled closure's pscoro operations throw.
+inline error closure_cancelled() {
+  return error(errc::cancelled,
+               "the chief cancelled this closure: an earlier closure of its generation failed, or the chief's "
+               "session ended");
+}
+}  // namespace detail
+
+namespace this_closure {
+
+/// Lets the worker's executor serve what waits (the chief's requests, heartbeats), then throws
+/// errc::cancelled if the chief has cancelled the closure that runs this coroutine: an earlier
+/// closure of the same generation failed (TF cancels running closures then), or the chief's
+/// session ended. pscoro's own operations check before they start; a worker function that
+/// computes for long between them calls this in its loop, which also keeps its worker responsive:
+///
+///   for (int i = 0; i < n; ++i) {
+///     co_await pscoro::this_closure::check_cancelled();
+///     heavy_step(i);
+///   }
+///
+/// Outside a closure (on the chief, in a plain coroutine) it only yields.
+inline asio::awaitable<void> check_cancelled() {
+  const auto executor = co_await asio::this_coro::executor;  // named: g++ 12 (temporaries)
+  co_await asio::post(executor, asio::use_awaitable);
+  const auto state = co_await asio::this_coro::cancellation_state;
+  if (state.cancelled() != asio::cancellation_type::none) throw detail::closure_cancelled();
+}
+
+}  // namespace this_closure
 }  // namespace pscoro

@@ -23,8 +23,9 @@ std::exception_ptr closed_error() {
 
 }  // namespace
 
-closure_queue::closure_queue(asio::any_io_executor executor, std::vector<std::string> workers, start_function start)
-    : executor_(std::move(executor)), start_(std::move(start)) {
+closure_queue::closure_queue(asio::any_io_executor executor, std::vector<std::string> workers, start_function start,
+                             cancel_function cancel)
+    : executor_(std::move(executor)), start_(std::move(start)), cancel_(std::move(cancel)) {
   workers_.reserve(workers.size());
   for (auto& name : workers) workers_.push_back(worker_slot{std::move(name), {}, true});
 }
@@ -174,14 +175,10 @@ void closure_queue::lost(std::size_t worker, const closure_ptr& c) {
 void closure_queue::fail(std::exception_ptr e) {
   if (fatal_) return;
   fatal_ = e;
-  record_error(e, generation_);
   // What runs now cannot finish well, and its worker may wait long for what failed: resolve it
-  // now, so that nothing waits on it; its outcome is ignored when it comes.
-  for (auto& worker : workers_) {
-    auto running = std::move(worker.running);
-    worker.running.clear();
-    for (const auto& c : running) c->result->set_error(e);
-  }
+  // now with the failure, so that nothing waits on it; its outcome is ignored when it comes.
+  for (const auto& c : stop_running(std::nullopt)) c->result->set_error(e);
+  record_error(e, generation_);
   dispatch();
 }
 
@@ -206,6 +203,29 @@ void closure_queue::record_error(std::exception_ptr e, std::uint64_t generation)
   auto queued = std::move(queue_);
   queue_.clear();
   for (const auto& c : queued) cancel(*c);
+  // What still runs of this generation is cancelled too: join() raises now instead of waiting for
+  // it, and its worker stops it at its next pscoro operation (TF's testCancellation).
+  for (const auto& c : stop_running(generation)) cancel(*c);
+}
+
+std::vector<closure_queue::closure_ptr> closure_queue::stop_running(std::optional<std::uint64_t> generation) {
+  std::vector<closure_ptr> stopped;
+  for (std::size_t w = 0; w < workers_.size(); ++w) {
+    auto& running = workers_[w].running;
+    std::vector<std::uint64_t> generations;  // to cancel on this worker
+    std::erase_if(running, [&](const closure_ptr& c) {
+      if (generation && c->generation != *generation) return false;
+      if (std::find(generations.begin(), generations.end(), c->generation) == generations.end()) {
+        generations.push_back(c->generation);
+      }
+      stopped.push_back(c);
+      return true;
+    });
+    if (cancel_) {
+      for (const auto g : generations) cancel_(w, g);
+    }
+  }
+  return stopped;
 }
 
 void closure_queue::cancel(const closure& c) const {

@@ -40,11 +40,15 @@ class closure_queue : public std::enable_shared_from_this<closure_queue> {
   /// one outcome for it (succeeded, failed, retry or lost); an outcome for a closure the queue has
   /// already resolved (fail()) is ignored.
   using start_function = std::function<void(std::size_t worker, const closure_ptr& c)>;
+  /// Tells `worker` to cancel what it still runs of generation `generation`: the queue has resolved
+  /// those closures already (cancelled) and ignores their outcomes.
+  using cancel_function = std::function<void(std::size_t worker, std::uint64_t generation)>;
   using admission_handler = erased_handler<void(std::exception_ptr, std::shared_ptr<remote_state>)>;
   using join_handler = erased_handler<void(std::exception_ptr)>;
 
   /// A queue for workers named `workers` (for the watchdog's lines), all alive at first.
-  closure_queue(asio::any_io_executor executor, std::vector<std::string> workers, start_function start);
+  closure_queue(asio::any_io_executor executor, std::vector<std::string> workers, start_function start,
+                cancel_function cancel = {});
 
   void set_options(const coordinator_options& options) { options_ = options; }
   const coordinator_options& options() const noexcept { return options_; }
@@ -122,10 +126,13 @@ class closure_queue : public std::enable_shared_from_this<closure_queue> {
   /// Takes `c` off `worker`'s running list; false when it is not there (resolved already).
   bool take_running(std::size_t worker, const closure_ptr& c);
   /// Keeps `e` as the error to report, if it is the first of generation `generation`, and cancels
-  /// what is queued.
+  /// what is queued and what still runs of that generation (TF's testCancellation).
   void record_error(std::exception_ptr e, std::uint64_t generation);
   /// Resolves `c` as cancelled by the pending error.
   void cancel(const closure& c) const;
+  /// Takes the closures of `generation` (every one when it is empty) off the running lists, tells
+  /// their workers to cancel them, and returns them.
+  std::vector<closure_ptr> stop_running(std::optional<std::uint64_t> generation);
   /// Returns the pending error (cleared) and starts a new generation, or null.
   std::exception_ptr take_error();
   void check_recovery_timeout(clock::time_point now);
@@ -134,6 +141,7 @@ class closure_queue : public std::enable_shared_from_this<closure_queue> {
 
   asio::any_io_executor executor_;
   start_function start_;
+  cancel_function cancel_;
   coordinator_options options_;
   std::vector<worker_slot> workers_;
   std::size_t next_worker_ = 0;  // where the search for a free worker starts (fairness)

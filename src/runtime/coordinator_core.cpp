@@ -12,6 +12,7 @@
 #include <asio/experimental/as_tuple.hpp>
 #include <asio/use_awaitable.hpp>
 
+#include <fmt/chrono.h>
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -28,6 +29,9 @@ using asio::use_awaitable;
 std::shared_ptr<coordinator_core> coordinator_core::make(asio::any_io_executor executor,
                                                          const simple_cluster_resolver& resolver,
                                                          strategy_options options) {
+  // The cluster first, as TF: "There must be at least one worker." says more than who runs where.
+  const auto& cluster = resolver.cluster_spec();
+  validate_parameter_server_cluster(cluster, resolver.task_type(), resolver.task_id());
   const std::string task_type = resolver.task_type().empty() ? "chief" : resolver.task_type();
   if (task_type == "ps" || task_type == "worker") {
     throw error(errc::invalid_argument,
@@ -42,8 +46,6 @@ std::shared_ptr<coordinator_core> coordinator_core::make(asio::any_io_executor e
                             "evaluates the chief's checkpoints (a sidecar evaluator), never a second coordinator",
                             task_type));
   }
-  const auto& cluster = resolver.cluster_spec();
-  validate_parameter_server_cluster(cluster, resolver.task_type(), resolver.task_id());
   for (const auto& job : {"ps", "worker"}) {
     const auto indices = cluster.task_indices(job);
     for (std::size_t i = 0; i < indices.size(); ++i) {
@@ -87,9 +89,16 @@ void coordinator_core::wire_events() {
   for (std::size_t i = 0; i < connections_->num_workers(); ++i) workers.push_back(connections_->worker(i)->task());
   // The parts hold the core weakly: their events may come while it is being destroyed.
   const std::weak_ptr<coordinator_core> weak = weak_from_this();
-  queue_ = std::make_shared<closure_queue>(executor_, std::move(workers), [weak](std::size_t worker, const auto& c) {
-    if (auto self = weak.lock()) asio::co_spawn(self->executor_, run(self, worker, c), asio::detached);
-  });
+  queue_ = std::make_shared<closure_queue>(
+      executor_, std::move(workers),
+      [weak](std::size_t worker, const auto& c) {
+        if (auto self = weak.lock()) asio::co_spawn(self->executor_, run(self, worker, c), asio::detached);
+      },
+      [weak](std::size_t worker, std::uint64_t generation) {
+        auto self = weak.lock();
+        if (!self) return;
+        asio::co_spawn(self->executor_, cancel_on(self->connections_->worker(worker), generation), asio::detached);
+      });
   runtime::cluster_connections::events events;
   events.ps_lost = [weak](std::size_t ps, const std::string& reason) {
     if (auto self = weak.lock()) self->lost_ps(ps, reason);
@@ -145,6 +154,33 @@ void coordinator_core::set_options(const coordinator_options& options) {
   connections_->set_probe_interval(taken.worker_probe_interval);
 }
 
+namespace {
+
+std::string describe(const coordinator_options& o) {
+  return fmt::format(
+      "closures_per_worker {}, max_queued_closures {}, worker_recovery_timeout {}, worker_probe_interval {}, "
+      "watchdog_timeout {}, transient_ps_failures {}",
+      o.closures_per_worker, o.max_queued_closures, o.worker_recovery_timeout, o.worker_probe_interval,
+      o.watchdog_timeout, o.transient_ps_failures);
+}
+
+}  // namespace
+
+std::optional<coordinator_options> coordinator_core::claim_options(const std::optional<coordinator_options>& asked) {
+  const std::lock_guard lock(options_mutex_);
+  if (!shared_options_) {
+    shared_options_ = asked.value_or(coordinator_options{});
+    return shared_options_;
+  }
+  if (asked && *asked != *shared_options_) {
+    throw error(errc::invalid_argument,
+                fmt::format("this strategy already has a cluster_coordinator, and a second one shares its queue and "
+                            "options ({}); it was given others ({}): make it without options, or with the same",
+                            describe(*shared_options_), describe(*asked)));
+  }
+  return std::nullopt;
+}
+
 wire::frame coordinator_core::iterator_request(const per_worker_ref& ref, std::size_t worker) const {
   wire::frame request;
   auto* create = request.message.mutable_request()->mutable_create_iterator();
@@ -193,6 +229,7 @@ asio::awaitable<void> coordinator_core::run(std::shared_ptr<coordinator_core> se
   auto* call = request.message.mutable_request()->mutable_run_function();
   call->set_name(c->function);
   call->set_signature(c->signature);
+  call->set_generation(c->generation);
   for (const auto& arg : c->args) runtime::encode_value(request, *call->add_args(), arg);
 
   std::string lost;
@@ -211,6 +248,17 @@ asio::awaitable<void> coordinator_core::run(std::shared_ptr<coordinator_core> se
   // Lost first: the queue must not hand the worker another closure while it takes this one back.
   self->connections_->worker_failed(worker, lost);
   self->queue_->lost(worker, c);
+}
+
+asio::awaitable<void> coordinator_core::cancel_on(std::shared_ptr<runtime::peer> worker, std::uint64_t generation) {
+  // On the open connection only: a worker that is gone runs nothing of ours any more.
+  auto connection = worker->connection();
+  if (!connection) co_return;
+  wire::frame request;
+  request.message.mutable_request()->mutable_cancel_closures()->set_generation(generation);
+  // The answer says nothing we need (a worker that does not know the request refuses it, and its
+  // closures run to their end, with nobody waiting for them).
+  (void)co_await connection->async_call(std::move(request), as_tuple(use_awaitable));
 }
 
 void coordinator_core::finish(std::size_t worker, const std::shared_ptr<closure>& c, const wire::frame& response) {

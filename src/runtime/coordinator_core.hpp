@@ -18,6 +18,8 @@
 
 #include <future>
 #include <memory>
+#include <mutex>
+#include <optional>
 #include <vector>
 
 namespace pscoro::detail {
@@ -41,8 +43,12 @@ class coordinator_core : public std::enable_shared_from_this<coordinator_core> {
   const std::shared_ptr<runtime::ps_client>& ps() const noexcept { return ps_; }
 
   /// Takes `options`; TF_CLUSTER_COORDINATOR_WATCH_DOG_TIMEOUT and
-  /// TF_COORDINATOR_IGNORE_TRANSIENT_PS_FAILURES override theirs.
+  /// TF_COORDINATOR_IGNORE_TRANSIENT_PS_FAILURES override theirs. On the executor.
   void set_options(const coordinator_options& options);
+  /// A cluster_coordinator is made with `asked` (none: whatever the strategy's coordinators share).
+  /// Returns the options to set when it is the strategy's first coordinator, none when it shares
+  /// the first one's; throws errc::invalid_argument when `asked` differs from those. Any thread.
+  std::optional<coordinator_options> claim_options(const std::optional<coordinator_options>& asked);
 
   /// Builds a fresh iterator of dataset function `function` on every worker; completes when all
   /// exist, with their common id.
@@ -69,6 +75,8 @@ class coordinator_core : public std::enable_shared_from_this<coordinator_core> {
   /// Sends closure `c` to `worker` and hands its outcome to the queue.
   static asio::awaitable<void> run(std::shared_ptr<coordinator_core> self, std::size_t worker,
                                    std::shared_ptr<closure> c);
+  /// Tells `worker` to cancel its running closures of `generation` (closure_queue::cancel_function).
+  static asio::awaitable<void> cancel_on(std::shared_ptr<runtime::peer> worker, std::uint64_t generation);
   void finish(std::size_t worker, const std::shared_ptr<closure>& c, const wire::frame& response);
   /// A closure failed on `worker` because it could not reach a ps (`failure`): true when that
   /// counts as a transient connectivity failure (it runs again), TF's rule.
@@ -92,6 +100,11 @@ class coordinator_core : public std::enable_shared_from_this<coordinator_core> {
   std::uint64_t next_iterator_id_ = 1;
   std::vector<per_worker_ref> iterators_;  // every iter(): rebuilt on a worker that comes back
   std::vector<int> transient_ps_failures_;  // per ps: closures that failed reaching it (TF's counters)
+  // The options the strategy's coordinators share, once the first one is made. Coordinators may
+  // be made on any thread: this is the one piece of the chief a mutex guards (set once, read at
+  // construction only; never protocol state).
+  std::mutex options_mutex_;
+  std::optional<coordinator_options> shared_options_;
 };
 
 /// The one way onto the chief's executor: `f(core)` runs there — inline when the caller already runs

@@ -1,6 +1,7 @@
 #include "runtime/peer.hpp"
 
 #include <pscoro/cluster_spec.hpp>
+#include <pscoro/worker_function.hpp>
 
 #include "runtime/log.hpp"
 #include "runtime/security.hpp"
@@ -530,6 +531,11 @@ asio::awaitable<std::shared_ptr<wire::connection>> peer::connect_once() {
 }
 
 asio::awaitable<wire::frame> peer::call(wire::frame request, std::vector<byte_buffer> receive_into) {
+  // In a closure the chief has cancelled, no new operation starts (this_closure::check_cancelled,
+  // inlined: no coroutine frame for the common case).
+  if ((co_await asio::this_coro::cancellation_state).cancelled() != asio::cancellation_type::none) {
+    throw detail::closure_cancelled();
+  }
   // A task we cannot reach is the origin of the failure: whoever gets it (the chief, from a worker
   // function) can tell a lost ps from a failing worker without reading the message.
   std::shared_ptr<wire::connection> connection;

@@ -5,8 +5,12 @@
 #include "runtime/values.hpp"
 #include "wire/connection.hpp"
 
+#include <asio/bind_cancellation_slot.hpp>
+#include <asio/cancellation_state.hpp>
 #include <asio/co_spawn.hpp>
 #include <asio/detached.hpp>
+#include <asio/this_coro.hpp>
+#include <asio/use_awaitable.hpp>
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -93,6 +97,7 @@ void worker_service::set_cluster(const wire::Hello& hello) {
 
 void worker_service::end_session() {
   iterators_.clear();
+  cancel(std::nullopt);  // nobody waits for them any more
   const auto ended = std::make_exception_ptr(
       error(errc::aborted, fmt::format("the coordinator session of this function ended on {}", task_)));
   for (const auto& p : ps_->peers()) {
@@ -109,6 +114,18 @@ void worker_service::close_connections() {
     p->fail_with(stopped);
     p->close("the worker stopped");
   }
+}
+
+asio::awaitable<value> worker_service::run_cancellable(worker_service* self, const wire::frame& request,
+                                                       const wire::RunFunction& call) {
+  // The closure's state records a cancellation, and that is all: asio would also abort the
+  // operation it waits on (a timer, say: operation_aborted from the user's own code) and throw
+  // operation_aborted from its next co_await. Instead, pscoro's operations throw errc::cancelled
+  // before they start (this_closure::check_cancelled), which says why; what runs, finishes.
+  co_await asio::this_coro::reset_cancellation_state(asio::enable_terminal_cancellation(),
+                                                     asio::disable_cancellation());
+  co_await asio::this_coro::throw_if_cancelled(false);
+  co_return co_await self->run(request, call);
 }
 
 asio::awaitable<value> worker_service::run(const wire::frame& request, const wire::RunFunction& call) {
@@ -151,18 +168,37 @@ asio::awaitable<wire::frame> worker_service::handle(wire::frame request) {
     }
     co_return response;
   }
+  if (body.body_case() == wire::Request::kCancelClosures) {
+    const auto generation = body.cancel_closures().generation();
+    if (const auto count = cancel(generation)) {
+      log::info("cancelled {} running closure(s) of generation {}: an earlier closure failed", count, generation);
+    }
+    co_return response;
+  }
   if (body.body_case() != wire::Request::kRunFunction) {
     wire::set_status(*out->mutable_status(), make_error_code(errc::failed_precondition),
                      fmt::format("{} is a worker and holds no variables", task_), task_);
     co_return response;
   }
-  const auto& call = body.run_function();
+  co_return co_await run_function(std::move(request));
+}
+
+asio::awaitable<wire::frame> worker_service::run_function(wire::frame request) {
+  const auto& call = request.message.request().run_function();
+  auto closure = std::make_shared<running_closure>();
+  closure->generation = call.generation();
+  running_.push_back(closure);
   std::error_code code;
   std::string message;
   std::string origin = task_;
+  wire::frame response;
   try {
-    const value result = co_await run(request, call);
-    encode_value(response, *out->mutable_result(), result);
+    // Its own thread of execution, cancelled through closure->signal. Named: g++ 12 (temporaries).
+    auto body = run_cancellable(this, request, call);
+    const value result = co_await asio::co_spawn(
+        executor_, std::move(body), asio::bind_cancellation_slot(closure->signal.slot(), asio::use_awaitable));
+    std::erase(running_, closure);
+    encode_value(response, *response.message.mutable_response()->mutable_result(), result);
     co_return response;
   } catch (const remote_error& e) {
     // A failure of a ps this function talked to keeps its origin (the coordinator classifies it).
@@ -176,9 +212,28 @@ asio::awaitable<wire::frame> worker_service::handle(wire::frame request) {
     code = make_error_code(errc::unknown);
     message = fmt::format("worker function '{}' raised: {}", call.name(), e.what());
   }
+  std::erase(running_, closure);
+  if (closure->cancelled) {
+    // Whatever it threw on the way out (its own reaction to errc::cancelled, say), it ended
+    // because it was cancelled.
+    code = make_error_code(errc::cancelled);
+    origin = task_;
+    message = fmt::format("worker function '{}' was cancelled on {}: {}", call.name(), task_, message);
+  }
   response = wire::frame{};
   wire::set_status(*response.message.mutable_response()->mutable_status(), code, message, origin);
   co_return response;
+}
+
+std::size_t worker_service::cancel(std::optional<std::uint64_t> generation) {
+  std::size_t count = 0;
+  for (const auto& closure : std::vector(running_)) {  // a copy: emit() may resume what it cancels
+    if (closure->cancelled || (generation && closure->generation != *generation)) continue;
+    closure->cancelled = true;
+    closure->signal.emit(asio::cancellation_type::terminal);
+    ++count;
+  }
+  return count;
 }
 
 }  // namespace pscoro::runtime

@@ -12,10 +12,13 @@
 
 #include <asio/any_io_executor.hpp>
 #include <asio/awaitable.hpp>
+#include <asio/cancellation_signal.hpp>
 
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
+#include <vector>
 
 namespace pscoro::runtime {
 
@@ -38,7 +41,8 @@ class worker_service {
   /// Closes this worker's connections to the ps (the server stops).
   void close_connections();
 
-  /// Runs a RunFunction request; failures come back as an error status.
+  /// Serves a request of the chief (RunFunction, CreateIterator, CancelClosures); failures come
+  /// back as an error status.
   asio::awaitable<wire::frame> handle(wire::frame request);
 
  private:
@@ -47,7 +51,21 @@ class worker_service {
     detail::erased_worker_function fn;
   };
 
+  // A closure running here: each runs as its own asio thread of execution, whose cancellation
+  // slot is `signal`'s, so that the chief can cancel it.
+  struct running_closure {
+    std::uint64_t generation = 0;
+    asio::cancellation_signal signal;
+    bool cancelled = false;
+  };
+
+  asio::awaitable<wire::frame> run_function(wire::frame request);
+  /// The body of a closure's own thread of execution: run(), with asio's own cancellation throw off.
+  static asio::awaitable<value> run_cancellable(worker_service* self, const wire::frame& request,
+                                                const wire::RunFunction& call);
   asio::awaitable<value> run(const wire::frame& request, const wire::RunFunction& call);
+  /// Cancels the running closures of `generation` (every one when it is empty); returns how many.
+  std::size_t cancel(std::optional<std::uint64_t> generation);
   void create_iterator(const wire::CreateIterator& create);
 
   asio::any_io_executor executor_;
@@ -59,6 +77,7 @@ class worker_service {
   std::map<std::string, detail::erased_dataset_function, std::less<>> datasets_;
   detail::iterator_table iterators_;
   std::shared_ptr<ps_client> ps_;
+  std::vector<std::shared_ptr<running_closure>> running_;
 };
 
 }  // namespace pscoro::runtime

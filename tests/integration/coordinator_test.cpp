@@ -37,6 +37,15 @@ const worker_function<double(variable<float>)> read_sum{"test.read_sum"};
 
 std::atomic<bool> release_holds{false};
 
+// Run until cancelled, or for spin_backstop (so that a failure of cancellation fails the test
+// instead of hanging it): one computes, one reads a variable over and over.
+const worker_function<std::string()> spin{"test.spin"};
+const worker_function<std::string(variable<float>)> spin_reads{"test.spin_reads"};
+constexpr auto spin_backstop = std::chrono::seconds(60);
+std::atomic<int> spins_started{0};
+std::atomic<int> spins_ended{0};
+std::atomic<int> spins_cancelled{0};  // ended with errc::cancelled
+
 // Polls `condition` every millisecond on the awaiting coroutine's executor until it holds.
 asio::awaitable<void> poll_until(bool (*condition)()) {
   asio::steady_timer timer(co_await asio::this_coro::executor);
@@ -90,6 +99,36 @@ void bind_test_functions(server& s) {
       throw remote_error(make_error_code(errc::unavailable), "ps:0", "connection to ps:0 at 127.0.0.1:1 lost: reset");
     }
     co_return 7;
+  });
+  s.bind(spin, []() -> asio::awaitable<std::string> {
+    ++spins_started;
+    const auto end = std::chrono::steady_clock::now() + spin_backstop;
+    try {
+      volatile double x = 0;
+      while (std::chrono::steady_clock::now() < end) {
+        co_await this_closure::check_cancelled();
+        for (int i = 0; i < 10000; ++i) x = x + 1;
+      }
+    } catch (const error& e) {
+      if (e.code() == errc::cancelled) ++spins_cancelled;
+      ++spins_ended;
+      throw;
+    }
+    ++spins_ended;
+    co_return "ran to its end";
+  });
+  s.bind(spin_reads, [](variable<float> v) -> asio::awaitable<std::string> {
+    ++spins_started;
+    const auto end = std::chrono::steady_clock::now() + spin_backstop;
+    try {
+      while (std::chrono::steady_clock::now() < end) (void)co_await v.read();
+    } catch (const error& e) {
+      if (e.code() == errc::cancelled) ++spins_cancelled;
+      ++spins_ended;
+      throw;
+    }
+    ++spins_ended;
+    co_return "ran to its end";
   });
   s.bind(whoami, [task = s.task()]() -> asio::awaitable<std::string> { co_return task; });
   s.bind(read_sum, [](variable<float> v) -> asio::awaitable<double> {
@@ -196,7 +235,7 @@ TEST_CASE("the pending error is raised by the next schedule, which queues nothin
   });
 }
 
-TEST_CASE("closures still queued when an error is raised are cancelled and say so") {
+TEST_CASE("closures still queued or running when an error is raised are cancelled and say so") {
   release_holds = false;
   local_cluster cluster(1, 2, bind_test_functions);
   coordinator_options options;
@@ -210,11 +249,11 @@ TEST_CASE("closures still queued when an error is raised are cancelled and say s
         std::vector<remote_value<std::int64_t>> queued;
         for (int i = 0; i < 20; ++i) queued.push_back(coordinator.schedule(add_one, i));
         (void)co_await failure_of(failed.get());
-        release_holds = true;
         auto joined = co_await failure_of(coordinator.join());
+        release_holds = true;  // they ignore cancellation: they run to their end, unawaited
         REQUIRE(joined);
         CHECK(code_of(joined) == errc::unknown);
-        for (auto& h : held) CHECK(h.status() == remote_status::ready);  // join waited for them
+        for (auto& h : held) CHECK(h.status() == remote_status::cancelled);  // join did not wait for them
         for (auto& q : queued) {
           CHECK(q.status() == remote_status::cancelled);
           auto e = co_await failure_of(q.get());
@@ -222,6 +261,45 @@ TEST_CASE("closures still queued when an error is raised are cancelled and say s
         }
         // Nothing of the cancelled closures is reported again.
         CHECK(coordinator.done());
+        co_await coordinator.join();
+      },
+      options);
+}
+
+TEST_CASE("an error cancels the closures still running: join raises at once, their worker stops them and runs the next") {
+  spins_started = 0;
+  spins_ended = 0;
+  spins_cancelled = 0;
+  local_cluster cluster(1, 1, bind_test_functions);
+  coordinator_options options;
+  options.closures_per_worker = 3;
+  cluster.run_chief(
+      [](parameter_server_strategy& strategy, cluster_coordinator& coordinator) -> asio::awaitable<void> {
+        const xt::xarray<float> zeros = xt::zeros<float>({4});
+        auto v = co_await strategy.scope().create_variable("v", zeros);
+        auto computing = coordinator.schedule(spin);
+        auto reading = coordinator.schedule(spin_reads, v);
+        co_await poll_until([] { return spins_started == 2; });
+        const auto start = std::chrono::steady_clock::now();
+        (void)coordinator.schedule(fail, std::string("boom"));
+        auto joined = co_await failure_of(coordinator.join());
+        const auto waited = std::chrono::steady_clock::now() - start;
+        REQUIRE(joined);
+        CHECK_MESSAGE(contains(message_of(joined), "boom"), message_of(joined));
+        // Far below what the running functions would take: join did not wait for them.
+        CHECK(waited < spin_backstop / 2);
+        for (const auto* value : {&computing, &reading}) {
+          CHECK(value->status() == remote_status::cancelled);
+          auto e = co_await failure_of(value->get());
+          CHECK(code_of(e) == errc::cancelled);
+          CHECK_MESSAGE(contains(message_of(e), "is cancelled"), message_of(e));
+          CHECK_MESSAGE(contains(message_of(e), "boom"), message_of(e));
+        }
+        // On the worker, both stopped at their next pscoro operation, with errc::cancelled.
+        co_await poll_until([] { return spins_ended == 2; });
+        CHECK(spins_cancelled == 2);
+        // The next generation is untouched: the worker runs the next closure normally.
+        CHECK(co_await coordinator.schedule(add_one, 41).get() == 42);
         co_await coordinator.join();
       },
       options);
@@ -433,6 +511,13 @@ TEST_CASE("the strategy validates its cluster like TF") {
   asio::io_context io;
   CHECK_THROWS_WITH_AS(parameter_server_strategy(io.get_executor(), simple_cluster_resolver(cluster_spec{{"worker", {"w:1"}}})),
                        "There must be at least one ps.", error);
+  // The cluster is checked first, whoever runs the strategy (TF's order).
+  CHECK_THROWS_WITH_AS(parameter_server_strategy(io.get_executor(),
+                                                 simple_cluster_resolver(cluster_spec{{"worker", {"w:1"}}}, "worker", 0)),
+                       "There must be at least one ps.", error);
+  CHECK_THROWS_WITH_AS(parameter_server_strategy(io.get_executor(),
+                                                 simple_cluster_resolver(cluster_spec{{"ps", {"p:1"}}}, "ps", 0)),
+                       "There must be at least one worker.", error);
   CHECK_THROWS_WITH_AS(parameter_server_strategy(io.get_executor(),
                                                  simple_cluster_resolver(cluster_spec{{"ps", {"p:1"}}, {"worker", {"w:1"}}}, "worker", 0)),
                        doctest::Contains("coordinator runs as the 'chief' task"), error);
@@ -442,6 +527,44 @@ TEST_CASE("the strategy validates its cluster like TF") {
                        doctest::Contains("the coordinator runs as the 'chief' task, not 'evaluator': an evaluator is a "
                                          "side job"),
                        error);
+}
+
+TEST_CASE("a second cluster_coordinator takes the first one's options; different ones are refused, naming both") {
+  release_holds = false;
+  local_cluster cluster(1, 1, bind_test_functions);
+  coordinator_options options;
+  options.closures_per_worker = 1;
+  options.max_queued_closures = 1;
+  cluster.run_chief(
+      [options](parameter_server_strategy& strategy, cluster_coordinator&) -> asio::awaitable<void> {
+        cluster_coordinator second(strategy);  // shares the first one's: one slot, one place in the queue
+        auto held = second.schedule(hold);
+        auto queued = second.schedule(add_one, 1);
+        std::error_code full;
+        try {
+          (void)second.schedule(add_one, 2);
+        } catch (const error& e) {
+          full = e.code();
+        }
+        CHECK_MESSAGE(full == errc::resource_exhausted, "the second coordinator reset the options to the defaults");
+        cluster_coordinator same(strategy, options);  // the same options: fine
+        coordinator_options other = options;
+        other.watchdog_timeout = std::chrono::seconds(5);
+        std::string refusal;
+        try {
+          cluster_coordinator different(strategy, other);
+        } catch (const error& e) {
+          CHECK(e.code() == errc::invalid_argument);
+          refusal = e.what();
+        }
+        CHECK_MESSAGE(contains(refusal, "already has a cluster_coordinator"), refusal);
+        CHECK_MESSAGE(contains(refusal, "watchdog_timeout 0ms"), refusal);     // the shared ones
+        CHECK_MESSAGE(contains(refusal, "watchdog_timeout 5000ms"), refusal);  // the ones given
+        release_holds = true;
+        co_await second.join();
+        CHECK(co_await queued.get() == 2);
+      },
+      options);
 }
 
 TEST_CASE("closures of a lost worker run again on the other worker") {
@@ -532,9 +655,9 @@ TEST_CASE("a producer waiting for room gets the pending error") {
         CHECK(failing.status() == remote_status::error);
         CHECK(first.status() == remote_status::cancelled);
         CHECK(second.status() == remote_status::cancelled);
-        release_holds = true;
+        CHECK(held.status() == remote_status::cancelled);  // running when the error came
         co_await coordinator.join();  // reported once: nothing left to report
-        CHECK(held.status() == remote_status::ready);
+        release_holds = true;
       },
       options);
 }
@@ -700,7 +823,8 @@ TEST_CASE("a restarted chief starts a new session: the old one's variables are g
     CHECK(co_await coordinator.schedule(bump, v, 2.0).get() == 8.0);
     release_holds = true;  // the old closure goes on now, with the new session's "v" in place
     co_await poll_until([] { return held_bump_outcome != -1; });
-    CHECK(held_bump_outcome == static_cast<int>(errc::aborted));
+    // Its session ended, which cancelled it: its next operation throws (and the ps would refuse it).
+    CHECK(held_bump_outcome == static_cast<int>(errc::cancelled));
     CHECK(co_await v.read() == xt::xarray<float>(zeros + 2.0f));
   });
 }

@@ -29,8 +29,9 @@ struct fake_cluster {
   explicit fake_cluster(std::size_t workers, coordinator_options options = {}) {
     std::vector<std::string> names;
     for (std::size_t i = 0; i < workers; ++i) names.push_back("worker:" + std::to_string(i));
-    queue = std::make_shared<closure_queue>(io.get_executor(), std::move(names),
-                                            [this](std::size_t w, const auto& c) { started.push_back({w, c}); });
+    queue = std::make_shared<closure_queue>(
+        io.get_executor(), std::move(names), [this](std::size_t w, const auto& c) { started.push_back({w, c}); },
+        [this](std::size_t w, std::uint64_t generation) { cancels.push_back({w, generation}); });
     queue->set_options(options);
   }
 
@@ -49,6 +50,7 @@ struct fake_cluster {
 
   asio::io_context io;
   std::vector<handed> started;
+  std::vector<std::pair<std::size_t, std::uint64_t>> cancels;  // (worker, generation) told to cancel
   std::shared_ptr<closure_queue> queue;
 };
 
@@ -168,19 +170,49 @@ TEST_CASE("closures queued when an error comes are cancelled with TF's message a
   CHECK_MESSAGE(contains(message, "the cause"), message);
 }
 
-TEST_CASE("an error of a closure from before the last report is not reported again") {
+TEST_CASE("an error cancels the running closures of its generation at once and tells their workers; a newer one's run on") {
+  fake_cluster cluster(2, coordinator_options{.closures_per_worker = 2});
+  const auto failing = cluster.schedule();  // worker 0
+  const auto on_1 = cluster.schedule();     // worker 1
+  const auto on_0 = cluster.schedule();     // worker 0
+  REQUIRE(cluster.take_started().size() == 3);
+  int joined = 0;
+  cluster.queue->join(closure_queue::join_handler([&](std::exception_ptr) { ++joined; }, cluster.io.get_executor()));
+  cluster.queue->failed(0, failing, failure("boom"));
+  CHECK(on_0->result->status() == remote_status::cancelled);
+  CHECK(on_1->result->status() == remote_status::cancelled);
+  CHECK_MESSAGE(contains(what_of(on_1->result->error()), "boom"), what_of(on_1->result->error()));
+  CHECK(cluster.queue->in_flight() == 0);
+  CHECK(cluster.cancels == std::vector<std::pair<std::size_t, std::uint64_t>>{{0, 0}, {1, 0}});
+  cluster.io.poll();
+  CHECK(joined == 1);  // it did not wait for them
+  cluster.queue->succeeded(1, on_1, std::int64_t{1});  // their late outcomes are ignored
+  CHECK(on_1->result->status() == remote_status::cancelled);
+
+  // Generation 1 now; an error of generation 0 that comes late cancels nothing of it.
+  const auto newer = cluster.schedule();
+  REQUIRE(cluster.take_started().size() == 1);
+  CHECK(newer->generation == 1);
+  cluster.cancels.clear();
+  cluster.queue->failed(0, on_0, failure("late, old generation"));  // ignored: already resolved
+  CHECK(newer->result->status() == remote_status::not_ready);
+  CHECK(cluster.cancels.empty());
+}
+
+TEST_CASE("the late failure of a closure cancelled by an earlier error is not reported") {
   fake_cluster cluster(1, coordinator_options{.closures_per_worker = 2});
   const auto first = cluster.schedule();
-  const auto old = cluster.schedule();
+  const auto other = cluster.schedule();
   cluster.take_started();
   cluster.queue->failed(0, first, failure("reported"));
+  CHECK(other->result->status() == remote_status::cancelled);
   CHECK(schedule_error(cluster) != nullptr);  // reported: a new generation starts
-  cluster.queue->failed(0, old, failure("old generation"));
-  CHECK(old->result->status() == remote_status::error);  // its own value says so
+  cluster.queue->failed(0, other, failure("its worker's late answer"));
+  CHECK(other->result->status() == remote_status::cancelled);  // resolved once
   CHECK(schedule_error(cluster) == nullptr);
 }
 
-TEST_CASE("a closure whose worker is lost while an error waits is cancelled, not run again") {
+TEST_CASE("a closure cancelled by an error does not run again when its worker is lost afterwards") {
   fake_cluster cluster(1, coordinator_options{.closures_per_worker = 2});
   const auto failing = cluster.schedule();
   const auto other = cluster.schedule();
