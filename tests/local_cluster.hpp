@@ -10,8 +10,12 @@
 #include <asio/io_context.hpp>
 #include <asio/use_future.hpp>
 
+#include <exception>
 #include <functional>
 #include <memory>
+#include <stdexcept>
+#include <string>
+#include <system_error>
 #include <thread>
 #include <vector>
 
@@ -182,8 +186,10 @@ class threaded_chief {
   std::thread thread_;
 };
 
-/// The code of the exception in `e`.
+/// The code of the exception in `e`. A null `e` throws std::logic_error (rethrowing null is
+/// undefined), so a check of it fails saying nothing was thrown instead of crashing.
 inline std::error_code code_of(std::exception_ptr e) {
+  if (!e) throw std::logic_error("code_of: no exception was thrown");
   try {
     std::rethrow_exception(e);
   } catch (const std::system_error& s) {
@@ -202,8 +208,9 @@ asio::awaitable<std::exception_ptr> failure_of(Awaitable a) {
   co_return nullptr;
 }
 
-/// The message of the exception in `e`.
+/// The message of the exception in `e`; a null `e` throws std::logic_error, as in code_of.
 inline std::string message_of(std::exception_ptr e) {
+  if (!e) throw std::logic_error("message_of: no exception was thrown");
   try {
     std::rethrow_exception(e);
   } catch (const std::exception& x) {

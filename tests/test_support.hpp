@@ -1,13 +1,114 @@
 // What every pscoro test includes: doctest (with real iostreams, so std::error_code prints) and
-// small helpers.
+// small helpers that make a failing check say why.
+//
+// `contains(text, part)` and `starts_with(text, prefix)` return a text_match, which converts to
+// bool and which doctest prints whole: a failing `CHECK(contains(m, "bad magic"))` reports
+//   values: CHECK( "unknown frame kind 77" does not contain "bad magic" )
+// instead of `CHECK( false )`. `!contains(m, part)` negates it and still prints both strings.
+// An exception_ptr prints as what it holds (type, pscoro code and origin task, message), so
+// `CHECK(e == nullptr)` and `REQUIRE(e)` say what was or was not thrown (as Boost.Cobalt's tests do).
+// CHECK_THROWS* keep doctest's own report, the what(): CHECK_THROWS_WITH matches that exact string.
 #pragma once
 
+#include <pscoro/error.hpp>
+
+#include <cstdlib>
+#include <exception>
 #include <ostream>
+#include <sstream>
 #include <string>
 #include <string_view>
+#include <system_error>
+#include <typeinfo>
+#include <utility>
+
+#include <cxxabi.h>
 
 #include <doctest/doctest.h>
 
-inline bool contains(const std::string& text, std::string_view part) {
-  return text.find(part) != std::string::npos;
+namespace pscoro::testing {
+
+/// Whether a text contains (or starts with) a part, kept with both strings so doctest can print
+/// them when a check fails.
+class text_match {
+ public:
+  text_match(std::string text, std::string part, bool holds, std::string_view holds_as,
+             std::string_view fails_as)
+      : text_(std::move(text)), part_(std::move(part)), holds_(holds), holds_as_(holds_as), fails_as_(fails_as) {}
+
+  explicit operator bool() const noexcept { return holds_ != negated_; }
+
+  /// The opposite claim ("does not contain"); it prints the same two strings.
+  friend text_match operator!(text_match m) {
+    m.negated_ = !m.negated_;
+    return m;
+  }
+
+  /// `"<text>" contains "<part>"` or `"<text>" does not contain "<part>"`: what is true of the
+  /// text, whichever of the two the check expected.
+  friend std::ostream& operator<<(std::ostream& out, const text_match& m) {
+    return out << '"' << m.text_ << "\" " << (m.holds_ ? m.holds_as_ : m.fails_as_) << " \"" << m.part_ << '"';
+  }
+
+ private:
+  std::string text_;
+  std::string part_;
+  bool holds_;
+  bool negated_ = false;
+  std::string_view holds_as_;
+  std::string_view fails_as_;
+};
+
+/// The dynamic type of `x`, demangled ("std::out_of_range").
+inline std::string type_name_of(const std::exception& x) {
+  const char* mangled = typeid(x).name();
+  int status = 0;
+  char* demangled = abi::__cxa_demangle(mangled, nullptr, nullptr, &status);
+  std::string name = status == 0 && demangled != nullptr ? demangled : mangled;
+  std::free(demangled);
+  return name;
 }
+
+/// What `e` holds, for a failure message, written like a value: its type, its code (and origin
+/// task for a remote_error) and its message, e.g. `pscoro::error{pscoro:9 failed precondition,
+/// "..."}`; "no exception" when null.
+inline std::string describe_exception(const std::exception_ptr& e) {
+  if (!e) return "no exception";
+  std::ostringstream out;
+  try {
+    std::rethrow_exception(e);
+  } catch (const remote_error& x) {
+    out << "pscoro::remote_error{" << x.code() << " " << x.code().message() << ", from "
+        << (x.origin_task().empty() ? "an unnamed task" : x.origin_task()) << ", \"" << x.remote_message() << "\"}";
+  } catch (const std::system_error& x) {
+    // pscoro::error and std::system_error: the code says which failure class it is.
+    out << type_name_of(x) << "{" << x.code() << " " << x.code().message() << ", \"" << x.what() << "\"}";
+  } catch (const std::exception& x) {
+    out << type_name_of(x) << "{\"" << x.what() << "\"}";
+  } catch (...) {
+    out << "{an exception that is not a std::exception}";
+  }
+  return out.str();
+}
+
+}  // namespace pscoro::testing
+
+/// True of `text` when it contains `part`; prints both when a check of it fails.
+inline pscoro::testing::text_match contains(std::string text, std::string_view part) {
+  const bool holds = text.find(part) != std::string::npos;
+  return {std::move(text), std::string(part), holds, "contains", "does not contain"};
+}
+
+/// True of `text` when it starts with `prefix`; prints both when a check of it fails.
+inline pscoro::testing::text_match starts_with(std::string text, std::string_view prefix) {
+  const bool holds = text.starts_with(prefix);
+  return {std::move(text), std::string(prefix), holds, "starts with", "does not start with"};
+}
+
+template <>
+struct doctest::StringMaker<std::exception_ptr> {
+  static doctest::String convert(const std::exception_ptr& e) {
+    const std::string text = pscoro::testing::describe_exception(e);
+    return {text.c_str(), static_cast<doctest::String::size_type>(text.size())};
+  }
+};

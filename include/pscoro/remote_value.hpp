@@ -6,6 +6,7 @@
 #pragma once
 
 #include <pscoro/detail/completion.hpp>
+#include <pscoro/error.hpp>
 #include <pscoro/value.hpp>
 
 #include <asio/awaitable.hpp>
@@ -79,21 +80,26 @@ class remote_state : public std::enable_shared_from_this<remote_state> {
 
 }  // namespace detail
 
+/// The result of one scheduled closure. A default-constructed remote_value (a placeholder, e.g. in
+/// a vector resized before scheduling) is empty: every accessor throws errc::failed_precondition.
 template <class R>
 class remote_value {
  public:
   remote_value() = default;
   explicit remote_value(std::shared_ptr<detail::remote_state> state) : state_(std::move(state)) {}
 
-  remote_status status() const noexcept { return state_->status(); }
+  remote_status status() const { return state().status(); }
 
   /// Waits for the result from a coroutine; throws the function's error, or errc::cancelled.
-  [[nodiscard]] asio::awaitable<R> get() const { return get_from(state_); }
+  [[nodiscard]] asio::awaitable<R> get() const {
+    (void)state();  // an empty remote_value throws here, at the call
+    return get_from(state_);
+  }
 
   /// Blocks the calling thread until the result is there; same results as get(). Must not be
   /// called on the coordinator's executor (that thread would wait on itself).
   [[nodiscard]] R fetch() const {
-    if (detail::running_in_this_thread(state_->get_executor())) {
+    if (detail::running_in_this_thread(state().get_executor())) {
       throw error(errc::failed_precondition,
                   "remote_value::fetch() blocks; on the coordinator's executor use co_await get()");
     }
@@ -102,6 +108,14 @@ class remote_value {
   }
 
  private:
+  const detail::remote_state& state() const {
+    if (!state_) {
+      throw error(errc::failed_precondition,
+                  "this remote_value is empty: it was default-constructed and never returned by schedule()");
+    }
+    return *state_;
+  }
+
   static asio::awaitable<R> get_from(std::shared_ptr<detail::remote_state> state) {
     co_await state->async_wait(asio::use_awaitable);
     co_return state->template result<R>();

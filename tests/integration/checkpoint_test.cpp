@@ -269,8 +269,8 @@ TEST_CASE("a bad checkpoint is refused before anything changes") {
       auto e = co_await failure_of(ckpt.restore(path));
       REQUIRE(e);
       CHECK(code_of(e) == code);
-      CHECK_MESSAGE(contains(message_of(e), says), message_of(e));
-      CHECK_MESSAGE(contains(message_of(e), path.filename().string()), message_of(e));
+      CHECK(contains(message_of(e), says));
+      CHECK(contains(message_of(e), path.filename().string()));
       check_same(co_await m.read(), current);
     };
     co_await refused(s.dir / "missing.safetensors", errc::not_found, "cannot open");
@@ -332,7 +332,7 @@ TEST_CASE("a variable the checkpoint holds with another dtype or shape is refuse
       auto e = co_await failure_of(ckpt.restore(path));
       REQUIRE(e);
       CHECK(code_of(e) == errc::invalid_argument);
-      CHECK_MESSAGE(contains(message_of(e), says), message_of(e));
+      CHECK(contains(message_of(e), says));
     });
   }
 }
@@ -412,8 +412,8 @@ TEST_CASE("a handmade file: other safetensors files read, malformed ones are ref
                            const std::string& says) {
     CAPTURE(name);
     const auto failure = reader_failure(handmade(s.dir, name, header, data_bytes));
-    CHECK_MESSAGE(contains(failure, says), failure);
-    CHECK_MESSAGE(contains(failure, name), failure);
+    CHECK(contains(failure, says));
+    CHECK(contains(failure, name));
   };
   refused("bf16.safetensors", R"({"a":{"dtype":"BF16","shape":[2],"data_offsets":[0,4]}})", 4,
           "data_loss: checkpoint " + (s.dir / "bf16.safetensors").string() +
@@ -451,13 +451,13 @@ TEST_CASE("a checkpoint whose slot records are malformed, or a save into a missi
     auto e = co_await failure_of(ckpt.restore(path));
     REQUIRE(e);
     CHECK(code_of(e) == errc::data_loss);
-    CHECK_MESSAGE(contains(message_of(e), "the slot record of \"model/weights/adam/m\" is malformed"), message_of(e));
+    CHECK(contains(message_of(e), "the slot record of \"model/weights/adam/m\" is malformed"));
 
     const auto nowhere = s.dir / "no-such-dir" / "ckpt.safetensors";
     e = co_await failure_of(ckpt.save(nowhere));
     REQUIRE(e);
     CHECK(code_of(e) == errc::not_found);
-    CHECK_MESSAGE(contains(message_of(e), "no-such-dir"), message_of(e));
+    CHECK(contains(message_of(e), "no-such-dir"));
     CHECK_FALSE(fs::exists(s.dir / "no-such-dir"));
   });
 }

@@ -318,14 +318,14 @@ TEST_CASE("awaiting a queued closure after an earlier one failed ends at once, n
         auto e = co_await failure_of(queued.back().get());
         REQUIRE(e);
         CHECK(code_of(e) == errc::cancelled);
-        CHECK(message_of(e).find("is cancelled") != std::string::npos);
-        CHECK(message_of(e).find("bad record at offset 5000") != std::string::npos);
+        CHECK(contains(message_of(e), "is cancelled"));
+        CHECK(contains(message_of(e), "bad record at offset 5000"));
         for (auto& q : queued) CHECK(q.status() == remote_status::cancelled);
         CHECK(failed.status() == remote_status::error);
         // The error itself is still reported once.
         auto joined = co_await failure_of(coordinator.join());
         REQUIRE(joined);
-        CHECK(message_of(joined).find("bad record at offset 5000") != std::string::npos);
+        CHECK(contains(message_of(joined), "bad record at offset 5000"));
         CHECK(coordinator.done());
       },
       options);
@@ -601,7 +601,7 @@ TEST_CASE("losing every worker for the recovery timeout is reported as unavailab
           release_holds = true;
           REQUIRE(e);
           CHECK(code_of(e) == errc::unavailable);
-          CHECK_MESSAGE(contains(message_of(e), "every worker is lost and none came back within"), message_of(e));
+          CHECK(contains(message_of(e), "every worker is lost and none came back within"));
           CHECK(held.status() == remote_status::cancelled);
         },
         options);
@@ -781,7 +781,7 @@ TEST_CASE("a lost ps is raised by done, join and every later schedule, naming th
           auto e = co_await until_done_raises(coordinator);
           REQUIRE(e);
           CHECK(code_of(e) == errc::unavailable);
-          CHECK_MESSAGE(contains(message_of(e), "parameter server ps:1 is unavailable"), message_of(e));
+          CHECK(contains(message_of(e), "parameter server ps:1 is unavailable"));
           try {
             std::rethrow_exception(e);
           } catch (const remote_error& r) {
@@ -915,11 +915,10 @@ TEST_CASE("the watchdog logs what every worker runs when no closure finishes for
         },
         options);
     ::unsetenv("TF_CLUSTER_COORDINATOR_WATCH_DOG_TIMEOUT");
-    CHECK_MESSAGE(contains(text, "watchdog: no closure finished for 200ms (coordinator_options::watchdog_timeout): "
-                                 "1 queued, 2 running"),
-                  text);
-    CHECK_MESSAGE(contains(text, "watchdog: worker:0 (alive): 'test.hold' for "), text);
-    CHECK_MESSAGE(contains(text, "watchdog: worker:1 (alive): 'test.hold' for "), text);
+    CHECK(contains(text, "watchdog: no closure finished for 200ms (coordinator_options::watchdog_timeout): "
+                         "1 queued, 2 running"));
+    CHECK(contains(text, "watchdog: worker:0 (alive): 'test.hold' for "));
+    CHECK(contains(text, "watchdog: worker:1 (alive): 'test.hold' for "));
   }
 }
 
@@ -940,7 +939,7 @@ TEST_CASE("the watchdog stays quiet while the coordinator is idle") {
         idle_text = log.text().substr(before);
       },
       options);
-  CHECK_MESSAGE(!contains(idle_text, "watchdog"), idle_text);
+  CHECK(!contains(idle_text, "watchdog"));
 }
 
 TEST_CASE("a worker that comes back at another address announces itself, and takes closures there") {
@@ -951,7 +950,7 @@ TEST_CASE("a worker that comes back at another address announces itself, and tak
   cluster.run_chief(
       [&](parameter_server_strategy& strategy, cluster_coordinator& coordinator) -> asio::awaitable<void> {
         const auto chief = strategy.address();
-        REQUIRE(chief.starts_with("127.0.0.1:"));
+        REQUIRE(starts_with(chief, "127.0.0.1:"));
         const auto old_address = cluster.spec.task_address("worker", 1);
         cluster.restart_elsewhere("worker", 1, chief);
         // Until it is back, closures run on worker 0; then on both. The old address has nothing
@@ -1058,5 +1057,5 @@ TEST_CASE("an environment override that is not a number is ignored, and the log 
   });
   ::unsetenv("TF_CLUSTER_COORDINATOR_WATCH_DOG_TIMEOUT");
   const auto text = log.text();
-  CHECK_MESSAGE(contains(text, "TF_CLUSTER_COORDINATOR_WATCH_DOG_TIMEOUT='soon' is not a number; ignored"), text);
+  CHECK(contains(text, "TF_CLUSTER_COORDINATOR_WATCH_DOG_TIMEOUT='soon' is not a number; ignored"));
 }

@@ -6,6 +6,8 @@
 #include <asio/detached.hpp>
 #include <asio/io_context.hpp>
 
+#include <cstdint>
+#include <exception>
 #include <optional>
 #include <thread>
 
@@ -93,4 +95,56 @@ TEST_CASE("a result of the wrong type is an invalid_argument naming both types")
   }
   guard.reset();
   executor.join();
+}
+
+namespace {
+
+/// The pscoro::error `f` throws; an errc::internal error saying so when it throws none.
+template <class F>
+error error_thrown_by(F f) {
+  try {
+    f();
+  } catch (const error& e) {
+    return e;
+  }
+  return error(errc::internal, "it threw nothing");
+}
+
+template <class R>
+asio::awaitable<void> await_result(remote_value<R> value) {
+  (void)co_await value.get();
+}
+
+/// What awaiting `value.get()` in a coroutine throws, as error_thrown_by does.
+template <class R>
+error error_awaiting(const remote_value<R>& value) {
+  asio::io_context io;
+  std::exception_ptr thrown;
+  asio::co_spawn(io, await_result(value), [&thrown](std::exception_ptr e) { thrown = e; });
+  io.run();
+  return error_thrown_by([&thrown] {
+    if (thrown) std::rethrow_exception(thrown);
+  });
+}
+
+}  // namespace
+
+TEST_CASE_TEMPLATE("an empty remote_value throws failed_precondition from every accessor", R, std::int64_t, void) {
+  const remote_value<R> empty;  // a placeholder, never returned by schedule()
+  struct thrown_by {
+    const char* accessor;
+    error e;
+  };
+  const thrown_by failures[] = {
+      {"status()", error_thrown_by([&] { (void)empty.status(); })},
+      {"fetch()", error_thrown_by([&] { (void)empty.fetch(); })},
+      {"get()", error_thrown_by([&] { (void)empty.get(); })},
+      {"co_await get()", error_awaiting(empty)},
+  };
+  for (const auto& failure : failures) {
+    INFO("from ", failure.accessor);
+    CHECK(failure.e.code() == errc::failed_precondition);
+    CHECK(contains(failure.e.what(), "this remote_value is empty: it was default-constructed and never returned by "
+                                     "schedule()"));
+  }
 }
