@@ -265,7 +265,8 @@ template <class T>
 dataset<T> dataset<T>::repeat(std::int64_t count) const {
   if (count < -1) throw error(errc::invalid_argument, "repeat: count must be >= -1, got " + std::to_string(count));
   return dataset([make = make_, count]() {
-    return detail::make_source<T>([make, count, done = std::int64_t{0}, upstream = std::unique_ptr<detail::dataset_source<T>>(),
+    return detail::make_source<T>([make, count, done = std::int64_t{0},
+                                   upstream = std::unique_ptr<detail::dataset_source<T>>(),
                                    yielded = false]() mutable -> std::optional<T> {
       while (count == -1 || done < count) {
         if (!upstream) {
