@@ -2,6 +2,7 @@
 # The one entry point of the README's quick start:
 #   scripts/run.sh example    install what is missing, build, run the Fashion-MNIST cluster
 #   scripts/run.sh example ctr   the same for the CTR example (sharded embedding tables)
+#   scripts/run.sh example hello_cluster   the smallest example: a variable, a worker function
 #   scripts/run.sh test       install what is missing, build, run the whole test suite
 #   scripts/run.sh sanitize   the test suite under AddressSanitizer + UndefinedBehaviorSanitizer
 #   scripts/run.sh bench      the cluster, variable, checkpoint and TLS benchmarks (print tables of ratios)
@@ -54,7 +55,7 @@ case "${1:-}" in
     install_missing
     configure build
     example=fashion_mnist
-    if [ "${2:-}" = ctr ] || [ "${2:-}" = fashion_mnist ]; then example=$2; shift; fi
+    case "${2:-}" in ctr | fashion_mnist | hello_cluster) example=$2; shift ;; esac
     meson compile -C build pscoro-launch "$example"
     extra=()
     [ "$example" = ctr ] && extra=(--data-dir build/ctr-data)  # its generated training data (~1.2 GB)

@@ -1,0 +1,401 @@
+// The template bodies of <pscoro/dataset.hpp>: the sources behind each transformation, batching,
+// the prefetch thread and its queue. Include <pscoro/dataset.hpp>, which includes this at its end.
+#pragma once
+
+#include <pscoro/dataset.hpp>  // the declarations, when this header is included first
+
+#include <xtensor/xview.hpp>
+
+#include <algorithm>
+#include <atomic>
+#include <condition_variable>
+#include <cstddef>
+#include <deque>
+#include <exception>
+#include <mutex>
+#include <random>
+#include <string>
+#include <thread>
+#include <type_traits>
+
+namespace pscoro {
+
+namespace detail {
+
+template <class T, class F>
+class function_source final : public dataset_source<T> {
+ public:
+  explicit function_source(F f) : f_(std::move(f)) {}
+  std::optional<T> next() override { return f_(); }
+
+ private:
+  F f_;
+};
+
+/// A source from a callable returning std::optional<T>.
+template <class T, class F>
+std::unique_ptr<dataset_source<T>> make_source(F f) {
+  return std::make_unique<function_source<T, F>>(std::move(f));
+}
+
+template <class T>
+struct is_xarray : std::false_type {};
+template <class V>
+struct is_xarray<xt::xarray<V>> : std::true_type {};
+
+template <class T>
+struct is_tuple_of_xarrays : std::false_type {};
+template <class... V>
+struct is_tuple_of_xarrays<std::tuple<xt::xarray<V>...>> : std::true_type {};
+
+/// Stacks arrays of one shape along a new first axis; throws errc::invalid_argument naming the
+/// first element whose shape differs.
+template <class V>
+xt::xarray<V> stack(const std::vector<xt::xarray<V>>& items) {
+  std::vector<std::size_t> shape{items.size()};
+  if (!items.empty()) shape.insert(shape.end(), items.front().shape().begin(), items.front().shape().end());
+  xt::xarray<V> out = xt::xarray<V>::from_shape(shape);
+  const std::size_t each = items.empty() ? 0 : items.front().size();
+  for (std::size_t i = 0; i < items.size(); ++i) {
+    if (!std::equal(items[i].shape().begin(), items[i].shape().end(), items.front().shape().begin(),
+                    items.front().shape().end())) {
+      throw error(errc::invalid_argument, "batch: element " + std::to_string(i) +
+                                              " has another shape than element 0 (use map to make them equal)");
+    }
+    std::copy(items[i].begin(), items[i].end(), out.begin() + static_cast<std::ptrdiff_t>(i * each));
+  }
+  return out;
+}
+
+template <class T>
+struct batch_traits {
+  using type = std::vector<T>;
+  static type make(std::vector<T> items) { return items; }
+};
+template <class V>
+struct batch_traits<xt::xarray<V>> {
+  using type = xt::xarray<V>;
+  static type make(std::vector<xt::xarray<V>> items) { return stack(items); }
+};
+template <class... V>
+struct batch_traits<std::tuple<xt::xarray<V>...>> {
+  using type = std::tuple<xt::xarray<V>...>;
+  static type make(std::vector<std::tuple<xt::xarray<V>...>> items) {
+    return make(items, std::index_sequence_for<V...>{});
+  }
+  template <std::size_t... I>
+  static type make(const std::vector<std::tuple<xt::xarray<V>...>>& items, std::index_sequence<I...>) {
+    auto column = [&](auto index) {
+      using element = std::tuple_element_t<decltype(index)::value, type>;
+      std::vector<element> values;
+      values.reserve(items.size());
+      for (const auto& item : items) values.push_back(std::get<decltype(index)::value>(item));
+      return stack(values);
+    };
+    return type{column(std::integral_constant<std::size_t, I>{})...};
+  }
+};
+
+/// The bounded queue between a prefetching thread and its consumer.
+template <class T>
+struct prefetch_state {
+  std::mutex mutex;
+  std::condition_variable changed;
+  std::deque<T> ready;
+  std::exception_ptr failure;
+  bool finished = false;
+  bool stopping = false;
+};
+
+template <class T>
+class prefetch_source final : public dataset_source<T> {
+ public:
+  prefetch_source(std::unique_ptr<dataset_source<T>> upstream, std::size_t capacity)
+      : state_(std::make_shared<prefetch_state<T>>()) {
+    thread_ = std::thread([state = state_, upstream = std::move(upstream), capacity]() mutable {
+      try {
+        while (true) {
+          std::optional<T> item = upstream->next();
+          std::unique_lock lock(state->mutex);
+          if (!item) break;
+          state->changed.wait(lock, [&] { return state->stopping || state->ready.size() < capacity; });
+          if (state->stopping) return;
+          state->ready.push_back(std::move(*item));
+          state->changed.notify_all();
+        }
+      } catch (...) {
+        std::lock_guard lock(state->mutex);
+        state->failure = std::current_exception();
+      }
+      std::lock_guard lock(state->mutex);
+      state->finished = true;
+      state->changed.notify_all();
+    });
+  }
+
+  ~prefetch_source() override {
+    {
+      std::lock_guard lock(state_->mutex);
+      state_->stopping = true;
+    }
+    state_->changed.notify_all();
+    thread_.join();  // after the element it is producing, if any
+  }
+
+  std::optional<T> next() override {
+    std::unique_lock lock(state_->mutex);
+    state_->changed.wait(lock, [&] { return !state_->ready.empty() || state_->finished; });
+    if (!state_->ready.empty()) {
+      T item = std::move(state_->ready.front());
+      state_->ready.pop_front();
+      state_->changed.notify_all();
+      return item;
+    }
+    if (state_->failure) std::rethrow_exception(std::exchange(state_->failure, nullptr));
+    return std::nullopt;
+  }
+
+ private:
+  std::shared_ptr<prefetch_state<T>> state_;
+  std::thread thread_;
+};
+
+}  // namespace detail
+
+template <class T>
+template <class F>
+auto dataset<T>::map(F f) const {
+  using U = std::decay_t<std::invoke_result_t<F&, T>>;
+  return dataset<U>([make = make_, f]() {
+    return detail::make_source<U>([upstream = make(), f]() mutable -> std::optional<U> {
+      auto item = upstream->next();
+      if (!item) return std::nullopt;
+      return f(std::move(*item));
+    });
+  });
+}
+
+template <class T>
+template <class Predicate>
+dataset<T> dataset<T>::filter(Predicate keep) const {
+  return dataset([make = make_, keep]() {
+    return detail::make_source<T>([upstream = make(), keep]() mutable -> std::optional<T> {
+      while (auto item = upstream->next()) {
+        if (keep(std::as_const(*item))) return item;
+      }
+      return std::nullopt;
+    });
+  });
+}
+
+template <class T>
+template <class F>
+auto dataset<T>::flat_map(F f) const {
+  using inner = std::decay_t<std::invoke_result_t<F&, T>>;
+  using U = typename inner::element_type;
+  return dataset<U>([make = make_, f]() {
+    return detail::make_source<U>(
+        [upstream = make(), f, current = std::optional<dataset_iterator<U>>()]() mutable -> std::optional<U> {
+          while (true) {
+            if (current) {
+              if (auto item = current->next()) return item;
+              current.reset();
+            }
+            auto outer = upstream->next();
+            if (!outer) return std::nullopt;
+            current.emplace(f(std::move(*outer)).make_iterator());
+          }
+        });
+  });
+}
+
+template <class T>
+dataset<T> dataset<T>::shard(std::int64_t num_shards, std::int64_t index) const {
+  if (num_shards < 1) {
+    throw error(errc::invalid_argument, "shard: num_shards must be >= 1, got " + std::to_string(num_shards));
+  }
+  if (index < 0 || index >= num_shards) {
+    throw error(errc::invalid_argument, "shard: index must be in [0, " + std::to_string(num_shards) + "), got " +
+                                            std::to_string(index));
+  }
+  return dataset([make = make_, n = num_shards, index]() {
+    return detail::make_source<T>([upstream = make(), n, index, position = std::int64_t{0}]() mutable {
+      while (auto item = upstream->next()) {
+        if (position++ % n == index) return item;
+      }
+      return std::optional<T>();
+    });
+  });
+}
+
+template <class T>
+dataset<T> dataset<T>::shuffle(std::size_t buffer_size, std::uint64_t seed) const {
+  if (buffer_size == 0) throw error(errc::invalid_argument, "shuffle: buffer_size must be >= 1");
+  auto passes = std::make_shared<std::atomic<std::uint64_t>>(0);
+  return dataset([make = make_, buffer_size, seed, passes]() {
+    const std::uint64_t pass = passes->fetch_add(1);
+    std::seed_seq sequence{static_cast<std::uint32_t>(seed), static_cast<std::uint32_t>(seed >> 32),
+                           static_cast<std::uint32_t>(pass), static_cast<std::uint32_t>(pass >> 32)};
+    return detail::make_source<T>([upstream = make(), buffer_size, random = std::mt19937_64(sequence),
+                                   buffer = std::vector<T>(), filled = false]() mutable -> std::optional<T> {
+      if (!filled) {
+        while (buffer.size() < buffer_size) {
+          auto item = upstream->next();
+          if (!item) break;
+          buffer.push_back(std::move(*item));
+        }
+        filled = true;
+      }
+      if (buffer.empty()) return std::nullopt;
+      std::uniform_int_distribution<std::size_t> pick(0, buffer.size() - 1);
+      const std::size_t i = pick(random);
+      std::optional<T> out(std::move(buffer[i]));
+      if (auto item = upstream->next()) {
+        buffer[i] = std::move(*item);
+      } else {
+        buffer[i] = std::move(buffer.back());
+        buffer.pop_back();
+      }
+      return out;
+    });
+  });
+}
+
+template <class T>
+dataset<T> dataset<T>::repeat(std::int64_t count) const {
+  if (count < -1) throw error(errc::invalid_argument, "repeat: count must be >= -1, got " + std::to_string(count));
+  return dataset([make = make_, count]() {
+    return detail::make_source<T>([make, count, done = std::int64_t{0},
+                                   upstream = std::unique_ptr<detail::dataset_source<T>>(),
+                                   yielded = false]() mutable -> std::optional<T> {
+      while (count == -1 || done < count) {
+        if (!upstream) {
+          upstream = make();
+          yielded = false;
+        }
+        if (auto item = upstream->next()) {
+          yielded = true;
+          return item;
+        }
+        upstream.reset();
+        ++done;
+        if (!yielded) break;  // an empty pass: forever would never yield
+      }
+      return std::nullopt;
+    });
+  });
+}
+
+template <class T>
+auto dataset<T>::batch(std::size_t size, bool drop_remainder) const {
+  if (size == 0) throw error(errc::invalid_argument, "batch: size must be >= 1");
+  using traits = detail::batch_traits<T>;
+  using U = typename traits::type;
+  return dataset<U>([make = make_, size, drop_remainder]() {
+    return detail::make_source<U>([upstream = make(), size, drop_remainder]() mutable -> std::optional<U> {
+      std::vector<T> items;
+      items.reserve(size);
+      while (items.size() < size) {
+        auto item = upstream->next();
+        if (!item) break;
+        items.push_back(std::move(*item));
+      }
+      if (items.empty() || (drop_remainder && items.size() < size)) return std::nullopt;
+      return traits::make(std::move(items));
+    });
+  });
+}
+
+template <class T>
+dataset<T> dataset<T>::take(std::int64_t count) const {
+  return dataset([make = make_, count]() {
+    return detail::make_source<T>([upstream = make(), left = count]() mutable -> std::optional<T> {
+      if (left <= 0) return std::nullopt;
+      --left;
+      return upstream->next();
+    });
+  });
+}
+
+template <class T>
+dataset<T> dataset<T>::prefetch(std::size_t buffer_size) const {
+  if (buffer_size == 0) throw error(errc::invalid_argument, "prefetch: buffer_size must be >= 1");
+  return dataset([make = make_, buffer_size]() -> std::unique_ptr<detail::dataset_source<T>> {
+    return std::make_unique<detail::prefetch_source<T>>(make(), buffer_size);
+  });
+}
+
+template <class A, class B>
+dataset<std::tuple<A, B>> zip(const dataset<A>& a, const dataset<B>& b) {
+  return dataset<std::tuple<A, B>>([a, b]() {
+    return detail::make_source<std::tuple<A, B>>(
+        [left = a.make_iterator(), right = b.make_iterator(),
+         count = std::uint64_t{0}]() mutable -> std::optional<std::tuple<A, B>> {
+          auto x = left.next();
+          auto y = right.next();  // also when x is missing: both must end together
+          if (!x && !y) return std::nullopt;
+          if (!x || !y) {
+            throw error(errc::invalid_argument,
+                        "zip: the " + std::string(x ? "second" : "first") + " dataset ended after " +
+                            std::to_string(count) + " elements but the " + (x ? "first" : "second") +
+                            " has more (zip_shortest stops at the shorter)");
+          }
+          ++count;
+          return std::tuple<A, B>(std::move(*x), std::move(*y));
+        });
+  });
+}
+
+template <class A, class B>
+dataset<std::tuple<A, B>> zip_shortest(const dataset<A>& a, const dataset<B>& b) {
+  return dataset<std::tuple<A, B>>([a, b]() {
+    return detail::make_source<std::tuple<A, B>>(
+        [left = a.make_iterator(), right = b.make_iterator()]() mutable -> std::optional<std::tuple<A, B>> {
+          auto x = left.next();
+          if (!x) return std::nullopt;
+          auto y = right.next();
+          if (!y) return std::nullopt;
+          return std::tuple<A, B>(std::move(*x), std::move(*y));
+        });
+  });
+}
+
+template <class T>
+dataset<T> from_values(std::vector<T> values) {
+  auto shared = std::make_shared<const std::vector<T>>(std::move(values));
+  return dataset<T>([shared]() {
+    return detail::make_source<T>([shared, i = std::size_t{0}]() mutable -> std::optional<T> {
+      if (i == shared->size()) return std::nullopt;
+      return (*shared)[i++];
+    });
+  });
+}
+
+template <class V>
+dataset<xt::xarray<V>> from_tensor_slices(xt::xarray<V> values) {
+  if (values.dimension() == 0) throw error(errc::invalid_argument, "from_tensor_slices: a scalar has no slices");
+  auto shared = std::make_shared<const xt::xarray<V>>(std::move(values));
+  return dataset<xt::xarray<V>>([shared]() {
+    return detail::make_source<xt::xarray<V>>([shared, row = std::size_t{0}]() mutable -> std::optional<xt::xarray<V>> {
+      if (row >= shared->shape()[0]) return std::nullopt;
+      return xt::xarray<V>(xt::view(*shared, row++));
+    });
+  });
+}
+
+template <class A, class B>
+dataset<std::tuple<xt::xarray<A>, xt::xarray<B>>> from_tensor_slices(xt::xarray<A> a, xt::xarray<B> b) {
+  if (a.dimension() == 0 || b.dimension() == 0 || a.shape()[0] != b.shape()[0]) {
+    throw error(errc::invalid_argument, "from_tensor_slices: both arrays need the same number of rows");
+  }
+  return zip(from_tensor_slices(std::move(a)), from_tensor_slices(std::move(b)));
+}
+
+template <class MakeGenerator>
+auto from_generator(MakeGenerator make_generator) {
+  using generator = std::decay_t<std::invoke_result_t<MakeGenerator&>>;
+  using T = typename std::decay_t<std::invoke_result_t<generator&>>::value_type;
+  return dataset<T>([make_generator]() { return detail::make_source<T>(make_generator()); });
+}
+
+}  // namespace pscoro
