@@ -6,6 +6,7 @@
 #include "runtime/security.hpp"
 #include "runtime/worker_service.hpp"
 #include "wire/connection.hpp"
+#include "wire/status.hpp"
 
 #include <asio/co_spawn.hpp>
 #include <asio/detached.hpp>

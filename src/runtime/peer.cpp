@@ -5,6 +5,7 @@
 
 #include "runtime/log.hpp"
 #include "runtime/security.hpp"
+#include "wire/status.hpp"
 
 #include <asio/connect.hpp>
 #include <asio/experimental/as_tuple.hpp>

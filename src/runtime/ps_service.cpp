@@ -6,7 +6,7 @@
 #include "runtime/ps_kernels.hpp"
 #include "runtime/rows.hpp"
 #include "runtime/values.hpp"
-#include "wire/connection.hpp"
+#include "wire/status.hpp"
 
 #include <fmt/format.h>
 
@@ -188,6 +188,7 @@ ps_service::stored_variable& ps_service::hold(const std::string& name, stored_va
 wire::frame ps_service::handle(const wire::frame& request) {
   wire::frame response;
   response.message.mutable_response();
+  std::exception_ptr failure;
   try {
     const auto& body = request.message.request();
     switch (body.body_case()) {
@@ -209,18 +210,19 @@ wire::frame ps_service::handle(const wire::frame& request) {
         throw error(errc::failed_precondition, fmt::format("{} is a parameter server and runs no closures", task_));
       case wire::Request::BODY_NOT_SET: throw error(errc::invalid_argument, "empty request");
     }
-  } catch (const error& e) {
-    response = wire::frame{};
-    wire::set_status(*response.message.mutable_response()->mutable_status(), e.code(), e.what(), task_);
   } catch (const std::bad_alloc&) {
     // The limits stop a request from asking for more than the ps may hold, but the machine may
-    // have less free than the limits assume.
+    // have less free than the limits assume: the caller learns how much the ps holds.
+    failure = std::make_exception_ptr(
+        error(errc::resource_exhausted, fmt::format("{} ran out of memory serving the request (it holds {} of "
+                                                    "variables and slots)",
+                                                    task_, bytes_text(held_bytes_))));
+  } catch (...) {
+    failure = std::current_exception();
+  }
+  if (failure) {
     response = wire::frame{};
-    wire::set_status(*response.message.mutable_response()->mutable_status(),
-                     make_error_code(errc::resource_exhausted),
-                     fmt::format("{} ran out of memory serving the request (it holds {} of variables and slots)",
-                                 task_, bytes_text(held_bytes_)),
-                     task_);
+    *response.message.mutable_response()->mutable_status() = wire::status_of(failure, task_);
   }
   return response;
 }

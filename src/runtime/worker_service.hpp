@@ -66,7 +66,9 @@ class worker_service {
   asio::awaitable<value> run(const wire::frame& request, const wire::RunFunction& call);
   /// Cancels the running closures of `generation` (every one when it is empty); returns how many.
   std::size_t cancel(std::optional<std::uint64_t> generation);
-  void create_iterator(const wire::CreateIterator& create);
+  /// Builds the iterator; the failure of the user's dataset function comes back as a status, naming
+  /// the function; a request that is not valid here throws.
+  wire::Status create_iterator(const wire::CreateIterator& create);
 
   asio::any_io_executor executor_;
   std::string task_;
