@@ -31,12 +31,11 @@ asio::awaitable<void> connect_early(std::shared_ptr<peer> ps) {
 
 }  // namespace
 
-worker_service::worker_service(asio::any_io_executor executor, std::string task, int task_index,
-                               std::uint64_t incarnation, transport_options options)
+worker_service::worker_service(asio::any_io_executor executor, std::string task, task_identity self,
+                               transport_options options)
     : executor_(std::move(executor)),
       task_(std::move(task)),
-      task_index_(task_index),
-      incarnation_(incarnation),
+      self_(std::move(self)),
       options_(options),
       ps_(std::make_shared<ps_client>(std::vector<std::shared_ptr<peer>>{})) {}
 
@@ -75,12 +74,7 @@ void worker_service::set_cluster(const wire::Hello& hello) {
   for (const auto& job : hello.cluster()) {
     if (job.name() == "ps") ps_addresses.insert(job.tasks().begin(), job.tasks().end());
   }
-  wire::Hello ours;
-  ours.set_protocol_version(wire::protocol_version);
-  ours.set_job("worker");
-  ours.set_task_index(task_index_);
-  ours.set_incarnation(incarnation_);
-  ours.set_session(hello.session());
+  const auto ours = make_hello(self_, hello.session());
   // Keep open connections to ps that did not move; index i of the list is ps task i.
   const auto& old = ps_->peers();
   std::vector<std::shared_ptr<peer>> peers;
