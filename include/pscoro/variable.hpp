@@ -105,11 +105,7 @@ struct codec<variable<T>> {
   static variable<T> decode(value&& v, const decode_context& context) {
     auto* ref = std::get_if<variable_ref>(&v);
     if (!ref) detail::throw_decode_mismatch("variable", v);
-    if (ref->type != dtype_of<T>) {
-      throw error(errc::invalid_argument, "expected a " + std::string(name_of(dtype_of<T>)) +
-                                              " variable, got '" + ref->name + "' of " +
-                                              std::string(name_of(ref->type)));
-    }
+    if (ref->type != dtype_of<T>) detail::throw_dtype_mismatch(dtype_of<T>, "variable", ref->type, ref->name);
     return variable<T>(std::move(*ref), context.variables);
   }
 };
