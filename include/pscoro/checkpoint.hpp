@@ -50,7 +50,7 @@ class checkpoint {
   /// Throws errc::already_exists when a variable of that name is tracked already.
   template <class T>
   checkpoint& track(const variable<T>& v) {
-    return track_ref(sharded_variable_ref{v.name(), v.dtype(), v.shape(), {v.ref()}}, v.row_io());
+    return track_ref(v.row_layout()->ref, v.row_io());  // a dense variable is one shard
   }
   template <class T>
   checkpoint& track(const sharded_variable<T>& v) {
