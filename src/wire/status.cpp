@@ -12,6 +12,11 @@ Status status_of(std::exception_ptr failure, const std::string& origin, std::str
     return what.empty() ? std::string(text) : fmt::format("{} {}: {}", what, verb, text);
   };
   Status status;
+  if (!failure) {
+    // Rethrowing nothing is undefined behaviour; reporting nothing as success would hide the bug.
+    set_status(status, make_error_code(errc::internal), message("failed", "no exception to report"), origin);
+    return status;
+  }
   try {
     std::rethrow_exception(std::move(failure));
   } catch (const remote_error& e) {

@@ -18,8 +18,9 @@ namespace pscoro::wire {
 /// empty: the request itself failed). The code: a remote_error keeps its code and its origin task
 /// (a worker forwarding a ps failure names the ps); a pscoro::error keeps its code;
 /// std::bad_alloc is resource_exhausted; std::invalid_argument is invalid_argument; anything else is
-/// unknown. The message is the failure's own, after "<what> failed: " for a pscoro error ("<what>
-/// on <origin> failed: " for a remote one) or "<what> raised: " for any other exception.
+/// unknown; no exception at all (a null `failure`) is internal. The message is the failure's own,
+/// after "<what> failed: " for a pscoro error ("<what> on <origin> failed: " for a remote one) or
+/// "<what> raised: " for any other exception.
 ///
 ///   catch (...) { *response.mutable_status() = status_of(std::current_exception(), "worker:0"); }
 Status status_of(std::exception_ptr failure, const std::string& origin, std::string_view what = {});

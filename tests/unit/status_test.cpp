@@ -49,6 +49,7 @@ TEST_CASE("exceptions that are not pscoro errors are classified by their type") 
   CHECK(code_of(status_of(std::out_of_range("vector::at"))) == errc::unknown);
   CHECK(code_of(status_of(std::runtime_error("boom"))) == errc::unknown);
   CHECK(code_of(status_of(42)) == errc::unknown);
+  CHECK(code_of(wire::status_of(nullptr, "worker:1")) == errc::internal);
   const auto status = status_of(std::runtime_error("boom"));
   CHECK(status.message() == "boom");
   CHECK(status.origin_task() == "worker:1");
