@@ -54,13 +54,13 @@ TEST_CASE("exceptions that are not pscoro errors are classified by their type") 
   CHECK(status.message() == "boom");
   CHECK(status.origin_task() == "worker:1");
   const auto foreign = status_of(42);
-  CHECK_MESSAGE(contains(foreign.message(), "not a std::exception"), foreign.message());
+  CHECK(contains(foreign.message(), "not a std::exception"));
 }
 
 TEST_CASE("a system error of another category is unknown, with its text") {
   const auto status = status_of(std::system_error(std::make_error_code(std::errc::no_such_file_or_directory), "open"));
   CHECK(code_of(status) == errc::unknown);
-  CHECK_MESSAGE(contains(status.message(), "open"), status.message());
+  CHECK(contains(status.message(), "open"));
 }
 
 TEST_CASE("what was running starts the message: failed for pscoro errors, raised for others") {
@@ -70,7 +70,7 @@ TEST_CASE("what was running starts the message: failed for pscoro errors, raised
   CHECK(status_of(remote_error(make_error_code(errc::unavailable), "ps:0", "lost"), what).message() ==
         "worker function 'f' on worker:1 failed: lost");
   const auto out_of_memory = status_of(std::bad_alloc(), what).message();
-  CHECK_MESSAGE(contains(out_of_memory, "worker function 'f' raised: out of memory"), out_of_memory);
+  CHECK(contains(out_of_memory, "worker function 'f' raised: out of memory"));
 }
 
 TEST_CASE("a status read back is the remote error it describes") {
