@@ -6,6 +6,7 @@
 #include "runtime/security.hpp"
 #include "runtime/worker_service.hpp"
 #include "wire/connection.hpp"
+#include "wire/status.hpp"
 
 #include <asio/co_spawn.hpp>
 #include <asio/detached.hpp>
@@ -18,9 +19,8 @@
 
 #include <fmt/chrono.h>
 
-#include <cstdio>
-#include <random>
 #include <algorithm>
+#include <cstdio>
 #include <deque>
 #include <map>
 
@@ -28,15 +28,6 @@ namespace pscoro {
 
 using asio::experimental::as_tuple;
 using asio::use_awaitable;
-
-namespace {
-
-std::uint64_t new_incarnation() {
-  std::random_device device;
-  return (std::uint64_t{device()} << 32) ^ device();
-}
-
-}  // namespace
 
 struct server::impl : std::enable_shared_from_this<impl> {
   asio::any_io_executor executor;
@@ -49,7 +40,7 @@ struct server::impl : std::enable_shared_from_this<impl> {
   std::string chief_task;     // the chief's task name, as its Welcome gives it ("chief:0")
   bool chief_connected = false;
   transport_options transport;
-  std::uint64_t incarnation = new_incarnation();
+  std::uint64_t incarnation = runtime::new_incarnation();
   asio::ip::tcp::acceptor acceptor;
   std::optional<runtime::ps_service> ps;
   std::optional<runtime::worker_service> worker;
@@ -93,7 +84,7 @@ struct server::impl : std::enable_shared_from_this<impl> {
     if (job == "ps") {
       ps.emplace(task, options);
     } else {
-      worker.emplace(executor, task, index, incarnation, transport);
+      worker.emplace(executor, task, identity(), transport);
     }
   }
 
@@ -106,19 +97,13 @@ struct server::impl : std::enable_shared_from_this<impl> {
   // Where others reach this task: its spec address, with the port it got if the spec said 0.
   std::string reachable_address() const {
     const auto [host, port] = runtime::split_address(spec_address, task);
-    const bool v6 = host.find(':') != std::string::npos;
-    const auto bound = std::to_string(acceptor.local_endpoint().port());
-    return (v6 ? "[" + host + "]" : host) + ":" + (port == "0" ? bound : port);
+    return runtime::format_address(host, port == "0" ? std::to_string(acceptor.local_endpoint().port()) : port);
   }
 
   // Tells the chief where this worker is, until it has heard it or the chief has connected: a
   // worker that comes back at another address than the one the chief knows is found that way.
   static asio::awaitable<void> announce(std::shared_ptr<impl> self) {
-    wire::Hello hello;
-    hello.set_protocol_version(wire::protocol_version);
-    hello.set_job(self->job);
-    hello.set_task_index(self->index);
-    hello.set_incarnation(self->incarnation);
+    auto hello = runtime::make_hello(self->identity(), 0);
     hello.set_address(self->reachable_address());
     runtime::peer chief(self->executor, self->chief_task, self->chief_address, hello, self->transport);
     asio::steady_timer timer(self->executor);
@@ -207,7 +192,7 @@ struct server::impl : std::enable_shared_from_this<impl> {
     const auto remote = socket.remote_endpoint(ignored);
     auto connection = std::make_shared<wire::connection>(
         std::move(socket), runtime::limits_of(self->transport),
-        fmt::format("{}:{}", remote.address().to_string(), remote.port()));
+        runtime::format_address(remote));
     if (self->connections.size() + self->handshakes >= self->transport.max_connections) {
       runtime::refuse_early(connection, self->transport, make_error_code(errc::resource_exhausted),
                             fmt::format("{} holds {} connections, its limit (transport_options::max_connections)",
@@ -298,8 +283,7 @@ void server::start() { impl_->start(); }
 void server::stop() { impl_->stop(); }
 std::uint16_t server::port() const { return impl_->acceptor.local_endpoint().port(); }
 std::string server::address() const {
-  const auto endpoint = impl_->acceptor.local_endpoint();
-  return fmt::format("{}:{}", endpoint.address().to_string(), endpoint.port());
+  return runtime::format_address(impl_->acceptor.local_endpoint());
 }
 const std::string& server::task() const noexcept { return impl_->task; }
 

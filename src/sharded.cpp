@@ -62,10 +62,11 @@ std::shared_ptr<const sharded_layout> make_layout(sharded_variable_ref ref) {
   return std::make_shared<const sharded_layout>(sharded_layout{std::move(ref), std::move(offsets)});
 }
 
-std::shared_ptr<const sharded_layout> single_layout(const variable_ref& ref) {
+std::shared_ptr<const sharded_layout> single_layout(variable_ref ref) {
   const std::size_t rows = ref.shape.empty() ? 1 : ref.shape[0];
-  return std::make_shared<const sharded_layout>(
-      sharded_layout{sharded_variable_ref{ref.name, ref.type, ref.shape, {ref}}, {0, rows}});
+  sharded_variable_ref whole{ref.name, ref.type, ref.shape, {}};
+  whole.shards.push_back(std::move(ref));
+  return std::make_shared<const sharded_layout>(sharded_layout{std::move(whole), {0, rows}});
 }
 
 void check_one_dimensional(const id_list& ids, std::string_view operation) {

@@ -103,12 +103,7 @@ inline std::string refusal(const std::string& received) {
 
 /// A Hello of `job` in coordinator session `session` (also its incarnation).
 inline wire::Hello hello_of(const std::string& job, std::uint64_t session) {
-  wire::Hello hello;
-  hello.set_protocol_version(wire::protocol_version);
-  hello.set_job(job);
-  hello.set_session(session);
-  hello.set_incarnation(session);
-  return hello;
+  return runtime::make_hello({job, 0, session}, session);
 }
 
 /// How a connection attempt ended: its error code and what it said (nothing: it connected).

@@ -42,6 +42,17 @@ inline constexpr std::string_view checkpoint_format = "pscoro.checkpoint";
 /// Its version (`__metadata__["format_version"]`); a reader refuses a newer one.
 inline constexpr int checkpoint_format_version = 1;
 
+namespace detail {
+
+/// A variable a checkpoint saves and restores: its shards (one for a dense variable) and the
+/// connections that reach them.
+struct checkpoint_variable {
+  sharded_variable_ref ref;
+  std::shared_ptr<variable_io> io;
+};
+
+}  // namespace detail
+
 class checkpoint {
  public:
   checkpoint() = default;
@@ -50,7 +61,7 @@ class checkpoint {
   /// Throws errc::already_exists when a variable of that name is tracked already.
   template <class T>
   checkpoint& track(const variable<T>& v) {
-    return track_ref(sharded_variable_ref{v.name(), v.dtype(), v.shape(), {v.ref()}}, v.row_io());
+    return track_ref(v.row_layout()->ref, v.row_io());  // a dense variable is one shard
   }
   template <class T>
   checkpoint& track(const sharded_variable<T>& v) {
@@ -80,13 +91,9 @@ class checkpoint {
   void set_chunk_bytes(std::size_t bytes) noexcept { chunk_bytes_ = bytes ? bytes : 1; }
 
  private:
-  struct tracked {
-    sharded_variable_ref ref;
-    std::shared_ptr<detail::variable_io> io;
-  };
   checkpoint& track_ref(sharded_variable_ref ref, std::shared_ptr<detail::variable_io> io);
 
-  std::vector<tracked> variables_;
+  std::vector<detail::checkpoint_variable> variables_;
   std::int64_t step_ = 0;
   std::map<std::string, double, std::less<>> scalars_;
   std::size_t chunk_bytes_ = 32 << 20;

@@ -41,6 +41,14 @@ constexpr std::string_view name_of(dtype t) noexcept {
 /// True for the values the enum names; wire input must pass this before use.
 constexpr bool is_valid(dtype t) noexcept { return size_of(t) != 0; }
 
+namespace detail {
+
+/// Throws errc::invalid_argument: a `what` ("tensor", "variable") of dtype `got`, named `name` when
+/// it has one, where one of `expected` was needed ("expected a float32 variable, got 'w' of int32").
+[[noreturn]] void throw_dtype_mismatch(dtype expected, std::string_view what, dtype got, std::string_view name = {});
+
+}  // namespace detail
+
 template <class T>
 inline constexpr bool is_element_type_v =
     std::is_same_v<T, float> || std::is_same_v<T, double> || std::is_same_v<T, std::int32_t> ||

@@ -86,11 +86,7 @@ class sharded_variable : public detail::row_operations<sharded_variable<T>, T> {
   using ops = detail::sharded_ops<T>;
 
   static sharded_variable_ref checked(sharded_variable_ref ref) {
-    if (ref.type != dtype_of<T>) {
-      throw error(errc::invalid_argument, "expected a " + std::string(name_of(dtype_of<T>)) +
-                                              " variable, got '" + ref.name + "' of " +
-                                              std::string(name_of(ref.type)));
-    }
+    if (ref.type != dtype_of<T>) detail::throw_dtype_mismatch(dtype_of<T>, "variable", ref.type, ref.name);
     return ref;
   }
 

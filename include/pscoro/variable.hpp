@@ -31,48 +31,48 @@ class variable : public detail::row_operations<variable<T>, T> {
 
   variable() = default;
   variable(variable_ref ref, std::shared_ptr<detail::variable_io> io)
-      : ref_(std::move(ref)), io_(std::move(io)) {}
+      : layout_(detail::single_layout(std::move(ref))), io_(std::move(io)) {}
 
-  const std::string& name() const noexcept { return ref_.name; }
-  const shape_type& shape() const noexcept { return ref_.shape; }
+  const std::string& name() const noexcept { return ref().name; }
+  const shape_type& shape() const noexcept { return ref().shape; }
   static constexpr pscoro::dtype dtype() noexcept { return dtype_of<T>; }
   /// The index of the ps task that holds the variable.
-  int ps_task() const noexcept { return ref_.ps_task; }
-  const variable_ref& ref() const noexcept { return ref_; }
+  int ps_task() const noexcept { return ref().ps_task; }
+  const variable_ref& ref() const noexcept { return layout_->ref.shards.front(); }
 
   /// The optimizer slot `slot` of `optimizer` ("adagrad", "accumulator"), on this variable's ps;
   /// it exists once that optimizer has updated the variable (before: not_found).
   variable slot(std::string_view optimizer, std::string_view slot) const {
-    variable_ref out = ref_;
+    variable_ref out = ref();
     out.name += "/" + std::string(optimizer) + "/" + std::string(slot);
     return variable(std::move(out), io_);
   }
 
   /// Reads the current value (received straight into the result's storage).
-  asio::awaitable<xt::xarray<T>> read() const { return detail::sharded_ops<T>::read(io_, row_layout()); }
+  asio::awaitable<xt::xarray<T>> read() const { return detail::sharded_ops<T>::read(io_, layout_); }
   /// Reads into `out` (resized to shape() if it has another shape), reusing its storage: a loop that
   /// reads into the same array allocates nothing. `out` must live until the read completes.
-  asio::awaitable<void> read(xt::xarray<T>& out) const { return detail::sharded_ops<T>::read_to(io_, row_layout(), out); }
+  asio::awaitable<void> read(xt::xarray<T>& out) const { return detail::sharded_ops<T>::read_to(io_, layout_, out); }
   /// Reads the current value as a tensor (no conversion).
-  asio::awaitable<tensor> read_tensor() const { return read_as_tensor(io_, ref_); }
+  asio::awaitable<tensor> read_tensor() const { return read_as_tensor(io_, ref()); }
 
   /// Replaces the value; `value` must have the variable's shape.
   template <class E>
   asio::awaitable<void> assign(const xt::xexpression<E>& value) const {
-    return apply(io_, ref_, update_op::assign, to_tensor(value));
+    return apply(io_, ref(), update_op::assign, to_tensor(value));
   }
   /// Adds `delta` element-wise.
   template <class E>
   asio::awaitable<void> assign_add(const xt::xexpression<E>& delta) const {
-    return apply(io_, ref_, update_op::add, to_tensor(delta));
+    return apply(io_, ref(), update_op::add, to_tensor(delta));
   }
   /// Subtracts `delta` element-wise.
   template <class E>
   asio::awaitable<void> assign_sub(const xt::xexpression<E>& delta) const {
-    return apply(io_, ref_, update_op::sub, to_tensor(delta));
+    return apply(io_, ref(), update_op::sub, to_tensor(delta));
   }
   /// Applies `op` with a tensor already in wire form (no conversion).
-  asio::awaitable<void> update(update_op op, tensor value) const { return apply(io_, ref_, op, std::move(value)); }
+  asio::awaitable<void> update(update_op op, tensor value) const { return apply(io_, ref(), op, std::move(value)); }
 
  private:
   // Static and by value: an awaitable must not depend on the handle staying alive, and every
@@ -91,10 +91,12 @@ class variable : public detail::row_operations<variable<T>, T> {
 
   friend class detail::row_operations<variable, T>;
   friend class pscoro::checkpoint;
-  std::shared_ptr<const detail::sharded_layout> row_layout() const { return detail::single_layout(ref_); }
+  const std::shared_ptr<const detail::sharded_layout>& row_layout() const noexcept { return layout_; }
   const std::shared_ptr<detail::variable_io>& row_io() const noexcept { return io_; }
 
-  variable_ref ref_;
+  // A dense variable is a sharded one of one shard: its layout, made once, serves every read and
+  // row operation (and holds its ref, shards[0]).
+  std::shared_ptr<const detail::sharded_layout> layout_ = detail::single_layout({});
   std::shared_ptr<detail::variable_io> io_;
 };
 
@@ -105,11 +107,7 @@ struct codec<variable<T>> {
   static variable<T> decode(value&& v, const decode_context& context) {
     auto* ref = std::get_if<variable_ref>(&v);
     if (!ref) detail::throw_decode_mismatch("variable", v);
-    if (ref->type != dtype_of<T>) {
-      throw error(errc::invalid_argument, "expected a " + std::string(name_of(dtype_of<T>)) +
-                                              " variable, got '" + ref->name + "' of " +
-                                              std::string(name_of(ref->type)));
-    }
+    if (ref->type != dtype_of<T>) detail::throw_dtype_mismatch(dtype_of<T>, "variable", ref->type, ref->name);
     return variable<T>(std::move(*ref), context.variables);
   }
 };

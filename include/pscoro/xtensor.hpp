@@ -2,11 +2,10 @@
 #pragma once
 
 #include <pscoro/detail/xtensor.hpp>
-#include <pscoro/error.hpp>
+#include <pscoro/dtype.hpp>
 #include <pscoro/tensor.hpp>
 
 #include <algorithm>
-#include <string>
 
 namespace pscoro {
 
@@ -25,10 +24,7 @@ tensor to_tensor(const xt::xexpression<E>& expr) {
 /// Copies `t` into an xarray of T; throws errc::invalid_argument when its dtype is not T's.
 template <class T>
 xt::xarray<T> to_xarray(const tensor& t) {
-  if (t.type() != dtype_of<T>) {
-    throw error(errc::invalid_argument, "expected a " + std::string(name_of(dtype_of<T>)) +
-                                            " tensor, got " + std::string(name_of(t.type())));
-  }
+  if (t.type() != dtype_of<T>) detail::throw_dtype_mismatch(dtype_of<T>, "tensor", t.type());
   xt::xarray<T> out(t.shape());
   std::copy_n(t.data<T>(), t.size(), out.data());
   return out;

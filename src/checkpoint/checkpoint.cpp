@@ -19,10 +19,14 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <cerrno>
 #include <charconv>
 #include <cstring>
+#include <map>
+#include <optional>
 #include <regex>
+#include <vector>
 
 #ifndef PSCORO_VERSION
 #error "PSCORO_VERSION comes from meson (src/meson.build)"
@@ -182,29 +186,160 @@ std::vector<slot_record> decode_slots(const json& slots, std::string_view path) 
 // Save: pieces of the file in order, each a run of rows of one shard (or a fill, for a slot a
 // shard does not have yet), fetched from the network while the previous one is written.
 
+using io_ptr = std::shared_ptr<detail::variable_io>;
+
 struct save_piece {
   std::size_t entry = 0;  // index of the tensor in the file
   dtype type = dtype::float32;
-  std::shared_ptr<detail::variable_io> io;
+  io_ptr io;
   variable_ref source;  // the shard (or slot) to read; unset name: a fill
   bool rows = true;     // rows [begin, end) of source, else the whole source
-  std::uint64_t begin = 0, end = 0;
+  std::uint64_t begin = 0;
+  std::uint64_t end = 0;
   std::uint64_t bytes = 0;
   double fill = 0;
 };
 
-// Rows of at most `chunk_bytes` (at least one row) of `source`, rows [0, rows).
-void add_row_pieces(std::vector<save_piece>& out, std::size_t entry, dtype type,
-                    const std::shared_ptr<detail::variable_io>& io,
-                    const variable_ref& source, std::size_t row_bytes, std::uint64_t rows, std::size_t chunk_bytes,
-                    std::optional<double> fill) {
+// The file's tensors in order, the pieces that fill them, and the slots its metadata describes.
+struct save_plan {
+  std::vector<safetensors::entry> entries;
+  std::vector<save_piece> pieces;
+  std::vector<slot_record> slots;
+};
+
+// Rows [0, rows) of `source` into the last tensor of `plan`, in pieces of at most `chunk_bytes`
+// (at least one row); an unnamed source gives pieces of `fill` instead.
+void add_row_pieces(save_plan& plan, dtype type, const io_ptr& io, const variable_ref& source, std::size_t row_bytes,
+                    std::uint64_t rows, std::size_t chunk_bytes, double fill = 0) {
   const std::uint64_t per_piece = rows_per_piece(chunk_bytes, row_bytes);
   for (std::uint64_t begin = 0; begin < rows; begin += per_piece) {
     const std::uint64_t end = std::min(rows, begin + per_piece);
-    save_piece p{entry, type, io, source, true, begin, end, (end - begin) * row_bytes, fill.value_or(0)};
-    if (fill) p.source.name.clear();
-    out.push_back(std::move(p));
+    plan.pieces.push_back({.entry = plan.entries.size() - 1,
+                           .type = type,
+                           .io = io,
+                           .source = source,
+                           .rows = true,
+                           .begin = begin,
+                           .end = end,
+                           .bytes = (end - begin) * row_bytes,
+                           .fill = fill});
   }
+}
+
+// All of `source` (`bytes` of it) into the last tensor of `plan` as one piece; an unnamed source
+// gives a piece of `fill` instead.
+void add_whole_piece(save_plan& plan, dtype type, const io_ptr& io, const variable_ref& source, std::uint64_t bytes,
+                     double fill = 0) {
+  plan.pieces.push_back({.entry = plan.entries.size() - 1,
+                         .type = type,
+                         .io = io,
+                         .source = source,
+                         .rows = false,
+                         .bytes = bytes,
+                         .fill = fill});
+}
+
+// Variable `v` as one tensor of its whole shape, filled shard after shard.
+void plan_variable(save_plan& plan, const detail::checkpoint_variable& v, std::size_t chunk_bytes) {
+  const auto& ref = v.ref;
+  plan.entries.push_back({.name = ref.name, .type = ref.type, .shape = ref.shape});
+  for (const auto& shard : ref.shards) {
+    if (ref.shape.empty()) {
+      add_whole_piece(plan, ref.type, v.io, shard, size_of(ref.type));
+    } else {
+      add_row_pieces(plan, ref.type, v.io, shard, row_bytes_of(ref.shape, ref.type), shard.shape[0], chunk_bytes);
+    }
+  }
+}
+
+// Per "<optimizer>/<slot>", the slot on each shard (none where that shard has not been updated yet).
+using slots_by_shard = std::map<std::string, std::vector<std::optional<detail::variable_io::slot_info>>>;
+
+asio::awaitable<slots_by_shard> find_slots(const detail::checkpoint_variable& v) {
+  const auto& shards = v.ref.shards;
+  slots_by_shard found;
+  for (std::size_t i = 0; i < shards.size(); ++i) {
+    for (auto& info : co_await v.io->list_slots(shards[i])) {
+      auto& per_shard = found[info.slot.name.substr(shards[i].name.size() + 1)];
+      per_shard.resize(shards.size());
+      per_shard[i] = std::move(info);
+    }
+  }
+  co_return found;
+}
+
+// Slot `suffix` of `v` as one tensor: of the variable's whole shape when every shard's slot has
+// its shard's shape, else ([shards] + the slot's shape) one value per shard. A shard without the
+// slot contributes the slot's starting value.
+void plan_slot(save_plan& plan, const detail::checkpoint_variable& v, const std::string& suffix,
+               const std::vector<std::optional<detail::variable_io::slot_info>>& per_shard, std::size_t chunk_bytes) {
+  const auto& ref = v.ref;
+  const auto& any = *std::find_if(per_shard.begin(), per_shard.end(), [](const auto& s) { return s.has_value(); });
+  const dtype type = any->slot.type;
+  const shape_type& slot_shape = any->slot.shape;
+  bool row_sharded = true;
+  bool same_shape = true;
+  for (std::size_t i = 0; i < ref.shards.size(); ++i) {
+    if (!per_shard[i]) continue;
+    row_sharded = row_sharded && per_shard[i]->slot.shape == ref.shards[i].shape;
+    same_shape = same_shape && per_shard[i]->slot.shape == slot_shape;
+    if (per_shard[i]->slot.type != type) {
+      throw error(errc::failed_precondition,
+                  fmt::format("checkpoint: slot '{}' of '{}' has different dtypes on different shards", suffix,
+                              ref.name));
+    }
+  }
+  if (!row_sharded && !same_shape) {
+    throw error(errc::failed_precondition,
+                fmt::format("checkpoint: slot '{}' of '{}' has different shapes on different shards", suffix,
+                            ref.name));
+  }
+  slot_record record{.tensor = ref.name + "/" + suffix,
+                     .variable = ref.name,
+                     .suffix = suffix,
+                     .initial_value = any->initial_value,
+                     .per_shard = !row_sharded};
+  shape_type full = ref.shape;
+  if (record.per_shard) {
+    full = shape_type{ref.shards.size()};
+    full.insert(full.end(), slot_shape.begin(), slot_shape.end());
+  }
+  plan.entries.push_back({.name = record.tensor, .type = type, .shape = full});
+  for (std::size_t i = 0; i < ref.shards.size(); ++i) {
+    const variable_ref source = per_shard[i] ? per_shard[i]->slot : variable_ref{};
+    if (record.per_shard || ref.shape.empty()) {
+      add_whole_piece(plan, type, v.io, source, num_elements(slot_shape) * size_of(type), record.initial_value);
+    } else {
+      add_row_pieces(plan, type, v.io, source, row_bytes_of(ref.shape, type), ref.shards[i].shape[0], chunk_bytes,
+                     record.initial_value);
+    }
+  }
+  plan.slots.push_back(std::move(record));
+}
+
+// The file's `__metadata__`, with `crcs` as the tensors' checksums (zeros at first: a placeholder
+// of the final length, rewritten once the tensors are written).
+safetensors::metadata_map metadata_of(const save_plan& plan, std::int64_t step,
+                                      const std::map<std::string, double, std::less<>>& scalars,
+                                      const std::vector<std::uint32_t>& crcs) {
+  json scalar_values = json::object();
+  for (const auto& [name, value] : scalars) scalar_values[name] = value;
+  json checksums = json::object();
+  for (std::size_t i = 0; i < plan.entries.size(); ++i) checksums[plan.entries[i].name] = hex32(crcs[i]);
+  return {{"format", std::string(checkpoint_format)},
+          {"format_version", std::to_string(checkpoint_format_version)},
+          {"pscoro_version", PSCORO_VERSION},
+          {"step", std::to_string(step)},
+          {"scalars", scalar_values.dump()},
+          {"slots", encode_slots(plan.slots).dump()},
+          {"crc32c", checksums.dump()}};
+}
+
+// Two buffers of a piece's size (at most 64 MiB), reused: one in a network transfer while the
+// other is in a disk transfer.
+std::array<byte_buffer, 2> piece_buffers(std::size_t chunk_bytes) {
+  const std::size_t size = std::min(chunk_bytes, std::size_t{64} << 20);
+  return {byte_buffer(size), byte_buffer(size)};
 }
 
 // The bytes of `piece`, received into `buffer` when it is large enough.
@@ -246,6 +381,30 @@ asio::awaitable<void> save_step(std::size_t task, asio::thread_pool& io_thread, 
   }
 }
 
+// Writes `pieces` to `file` from `offset` on, each fetched while the one before is written, and
+// adds each to its tensor's checksum in `crcs`.
+asio::awaitable<void> write_pieces(asio::thread_pool& io_thread, const posix_file& file,
+                                   const std::vector<save_piece>& pieces, std::size_t chunk_bytes,
+                                   std::uint64_t offset, std::vector<std::uint32_t>& crcs) {
+  const auto buffers = piece_buffers(chunk_bytes);
+  std::array<byte_buffer, 2> fetched;  // piece k's bytes in fetched[k % 2]
+  if (!pieces.empty()) co_await fetch_piece(pieces[0], buffers[0], fetched[0]);
+  for (std::size_t k = 0; k < pieces.size(); ++k) {
+    const save_piece* next = k + 1 < pieces.size() ? &pieces[k + 1] : nullptr;
+    auto& crc = crcs[pieces[k].entry];
+    co_await detail::run_all(2, [&](std::size_t task) {
+      return save_step(task, io_thread, file, next, buffers[(k + 1) % 2], fetched[(k + 1) % 2], fetched[k % 2],
+                       offset, crc);
+    });
+    offset += pieces[k].bytes;
+    fetched[k % 2] = {};
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Restore: every tensor checked first, then rows [begin, ...) of a shard (or slot) from `offset`
+// in the file, read on the I/O thread while the piece before is sent.
+
 // Blocking, on the I/O thread: the CRC-32C of `size` bytes of `file` from `offset`.
 asio::awaitable<void> checksum_range(const posix_file& file, std::uint64_t offset, std::uint64_t size,
                                      std::uint32_t& crc) {
@@ -268,9 +427,16 @@ asio::awaitable<void> read_piece(const posix_file& file, std::uint64_t offset, b
   co_return;
 }
 
-// Restore: rows [begin, ...) of a shard (or slot) from `offset` in the file.
+// A tensor of `type` and `shape` read from `offset` of `file` on the I/O thread.
+asio::awaitable<tensor> read_tensor_at(asio::thread_pool& io_thread, const posix_file& file, std::uint64_t offset,
+                                       dtype type, shape_type shape) {
+  tensor value = tensor::uninitialized(type, std::move(shape));
+  co_await asio::co_spawn(io_thread, read_piece(file, offset, value.bytes()), asio::use_awaitable);
+  co_return value;
+}
+
 struct restore_piece {
-  std::shared_ptr<detail::variable_io> io;
+  io_ptr io;
   variable_ref destination;
   std::uint64_t begin = 0;
   std::uint64_t offset = 0;
@@ -294,6 +460,24 @@ asio::awaitable<void> restore_step(std::size_t task, asio::thread_pool& io_threa
     co_await current.io->update_rows(current.destination, update_op::assign, current.begin, current_value);
   } else if (next) {
     next_value = co_await load_piece(io_thread, file, *next, next_buffer);
+  }
+}
+
+// Sends `pieces` to their shards, the file read of one overlapping the send of the one before,
+// through two reusable buffers (piece k in buffers[k % 2]; its send has completed before k + 2 is
+// read).
+asio::awaitable<void> send_pieces(asio::thread_pool& io_thread, const posix_file& file,
+                                  const std::vector<restore_piece>& pieces, std::size_t chunk_bytes) {
+  const auto buffers = piece_buffers(chunk_bytes);
+  std::array<tensor, 2> in_flight;
+  if (!pieces.empty()) in_flight[0] = co_await load_piece(io_thread, file, pieces[0], buffers[0]);
+  for (std::size_t k = 0; k < pieces.size(); ++k) {
+    const restore_piece* next = k + 1 < pieces.size() ? &pieces[k + 1] : nullptr;
+    co_await detail::run_all(2, [&](std::size_t task) {
+      return restore_step(task, io_thread, file, pieces[k], in_flight[k % 2], next, buffers[(k + 1) % 2],
+                          in_flight[(k + 1) % 2]);
+    });
+    in_flight[k % 2] = tensor();
   }
 }
 
@@ -410,6 +594,179 @@ tensor checkpoint_reader::read_tensor(std::string_view name) const {
 }
 
 // ---------------------------------------------------------------------------------------------
+// Restore planning: what of the file goes where, checked before anything changes.
+
+namespace {
+
+// A tensor of the file and what it restores: a tracked variable, or one of its slots.
+struct restore_target {
+  const safetensors::entry* entry;
+  const detail::checkpoint_variable* variable;
+  const slot_record* slot;  // null for the variable itself
+};
+
+// Where target `t` goes on `shard`: the shard itself, or its slot (of `shape`) beside it.
+variable_ref destination_of(const restore_target& t, const variable_ref& shard, shape_type shape) {
+  if (!t.slot) return shard;
+  return {shard.name + "/" + t.slot->suffix, t.entry->type, std::move(shape), shard.ps_task};
+}
+
+// The file's tensor of every tracked variable and of each of its slots; throws when one is
+// missing or does not fit.
+std::vector<restore_target> match_targets(const checkpoint_reader::state& state,
+                                          const std::vector<detail::checkpoint_variable>& variables,
+                                          const std::vector<slot_record>& slots, const std::string& where) {
+  std::vector<restore_target> targets;
+  for (const auto& v : variables) {
+    if (!state.index.contains(v.ref.name)) {
+      throw error(errc::not_found, fmt::format("checkpoint {}: no tensor for variable '{}'", where, v.ref.name));
+    }
+    const auto& e = state.find(v.ref.name);
+    if (e.type != v.ref.type || e.shape != v.ref.shape) {
+      throw error(errc::invalid_argument,
+                  fmt::format("checkpoint {}: '{}' is {} {} in the file but {} {} here", where, v.ref.name,
+                              name_of(e.type), to_string(e.shape), name_of(v.ref.type), to_string(v.ref.shape)));
+    }
+    targets.push_back({.entry = &e, .variable = &v, .slot = nullptr});
+    for (const auto& s : slots) {
+      if (s.variable != v.ref.name) continue;
+      const auto& se = state.find(s.tensor);
+      const bool fits = s.per_shard ? !se.shape.empty() : se.shape == v.ref.shape;
+      if (!fits) {
+        throw error(errc::data_loss, fmt::format("checkpoint {}: slot \"{}\" has shape {}, which does not fit '{}' {}",
+                                                 where, s.tensor, to_string(se.shape), v.ref.name,
+                                                 to_string(v.ref.shape)));
+      }
+      targets.push_back({.entry = &se, .variable = &v, .slot = &s});
+    }
+  }
+  return targets;
+}
+
+struct slot_creation {
+  const detail::checkpoint_variable* variable;
+  variable_ref shard;
+  variable_ref slot;
+  double initial_value;
+};
+
+// The slots of `targets` that their shards do not hold yet; throws when one they hold has another
+// dtype or shape than the file's.
+asio::awaitable<std::vector<slot_creation>> missing_slots(const std::vector<restore_target>& targets,
+                                                          const std::string& where) {
+  std::vector<slot_creation> creations;
+  for (const auto& t : targets) {
+    if (!t.slot) continue;
+    for (const auto& shard : t.variable->ref.shards) {
+      shape_type shape = shard.shape;
+      if (t.slot->per_shard) shape.assign(t.entry->shape.begin() + 1, t.entry->shape.end());
+      variable_ref slot = destination_of(t, shard, std::move(shape));
+      bool exists = false;
+      for (const auto& info : co_await t.variable->io->list_slots(shard)) {
+        if (info.slot.name != slot.name) continue;
+        if (info.slot.type != slot.type || info.slot.shape != slot.shape) {
+          throw error(errc::invalid_argument,
+                      fmt::format("checkpoint {}: slot '{}' exists as {} {} but the checkpoint holds {} {}", where,
+                                  slot.name, name_of(info.slot.type), to_string(info.slot.shape),
+                                  name_of(slot.type), to_string(slot.shape)));
+        }
+        exists = true;
+      }
+      if (!exists) {
+        creations.push_back(
+            {.variable = t.variable, .shard = shard, .slot = std::move(slot), .initial_value = t.slot->initial_value});
+      }
+    }
+  }
+  co_return creations;
+}
+
+// Every tensor of `targets` matches its checksum (read on the I/O thread).
+asio::awaitable<void> verify_checksums(asio::thread_pool& io_thread, const checkpoint_reader::state& state,
+                                       const std::vector<restore_target>& targets, const std::string& where) {
+  for (const auto& t : targets) {
+    const auto crc = state.crcs.find(t.entry->name);
+    if (crc == state.crcs.end()) continue;
+    std::uint32_t actual = 0;
+    const std::uint64_t offset = state.header.data_start + t.entry->begin;
+    co_await asio::co_spawn(io_thread, checksum_range(*state.file, offset, t.entry->size(), actual),
+                            asio::use_awaitable);
+    if (actual != crc->second) {
+      throw error(errc::data_loss, fmt::format("checkpoint {}: tensor \"{}\" is corrupt (CRC-32C {} where the "
+                                               "header says {}); nothing was restored",
+                                               where, t.entry->name, hex32(actual), hex32(crc->second)));
+    }
+  }
+}
+
+// A slot stored per shard ([shards] + its shape): one to one when the shard count is the same, else
+// the largest value for every shard (for a step count: the bias correction of the most advanced).
+asio::awaitable<void> restore_per_shard_slot(asio::thread_pool& io_thread, const checkpoint_reader::state& state,
+                                             const restore_target& t) {
+  const auto& ref = t.variable->ref;
+  const std::size_t sources = t.entry->shape[0];
+  const shape_type one(t.entry->shape.begin() + 1, t.entry->shape.end());
+  const std::uint64_t offset = state.header.data_start + t.entry->begin;
+  const tensor all = co_await read_tensor_at(io_thread, *state.file, offset, t.entry->type, t.entry->shape);
+  const std::size_t bytes = num_elements(one) * size_of(t.entry->type);
+  for (std::size_t i = 0; i < ref.shards.size(); ++i) {
+    tensor value = tensor::uninitialized(t.entry->type, one);
+    if (sources == ref.shards.size()) {
+      std::memcpy(value.bytes().data(), all.bytes().data() + i * bytes, bytes);
+    } else {
+      visit_dtype(t.entry->type, [&](auto zero) {
+        using T = decltype(zero);
+        const std::size_t n = num_elements(one);
+        T* out = value.mutable_data<T>();
+        const T* in = all.data<T>();
+        for (std::size_t k = 0; k < n; ++k) {
+          out[k] = in[k];
+          for (std::size_t s = 1; s < sources; ++s) out[k] = std::max(out[k], in[s * n + k]);
+        }
+      });
+    }
+    const variable_ref slot = destination_of(t, ref.shards[i], one);
+    co_await t.variable->io->update(slot, update_op::assign, value);
+  }
+}
+
+// A scalar variable, or a slot of one: one element, to its one shard.
+asio::awaitable<void> restore_scalar(asio::thread_pool& io_thread, const checkpoint_reader::state& state,
+                                     const restore_target& t) {
+  const std::uint64_t offset = state.header.data_start + t.entry->begin;
+  const shape_type scalar;
+  const tensor value = co_await read_tensor_at(io_thread, *state.file, offset, t.entry->type, scalar);
+  const variable_ref destination = destination_of(t, t.variable->ref.shards[0], scalar);
+  co_await t.variable->io->update(destination, update_op::assign, value);
+}
+
+// Every shard's rows of target `t`, in pieces of at most `chunk_bytes` (at least one row).
+void add_restore_pieces(std::vector<restore_piece>& pieces, const checkpoint_reader::state& state,
+                        const restore_target& t, std::size_t chunk_bytes) {
+  const auto& ref = t.variable->ref;
+  const std::uint64_t start = state.header.data_start + t.entry->begin;
+  const std::size_t row_bytes = row_bytes_of(ref.shape, t.entry->type);
+  const std::uint64_t per_piece = rows_per_piece(chunk_bytes, row_bytes);
+  std::uint64_t first_row = 0;
+  for (const auto& shard : ref.shards) {
+    const variable_ref destination = destination_of(t, shard, shard.shape);
+    for (std::uint64_t begin = 0; begin < shard.shape[0]; begin += per_piece) {
+      const std::uint64_t end = std::min<std::uint64_t>(shard.shape[0], begin + per_piece);
+      shape_type rows = shard.shape;
+      rows[0] = end - begin;
+      pieces.push_back({.io = t.variable->io,
+                        .destination = destination,
+                        .begin = begin,
+                        .offset = start + (first_row + begin) * row_bytes,
+                        .rows = std::move(rows)});
+    }
+    first_row += shard.shape[0];
+  }
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------------
 // checkpoint
 
 checkpoint& checkpoint::track_ref(sharded_variable_ref ref, std::shared_ptr<detail::variable_io> io) {
@@ -433,94 +790,14 @@ double checkpoint::scalar(std::string_view name) const {
 
 asio::awaitable<void> checkpoint::save(fs::path path) const {
   // Plan the file: every variable, then its slots (found on each shard's ps), as pieces in order.
-  std::vector<safetensors::entry> entries;
-  std::vector<save_piece> pieces;
-  std::vector<slot_record> slots;
+  save_plan plan;
   for (const auto& v : variables_) {
-    const auto& ref = v.ref;
-    const std::size_t row_bytes = row_bytes_of(ref.shape, ref.type);
-    entries.push_back({ref.name, ref.type, ref.shape, 0, 0});
-    for (const auto& shard : ref.shards) {
-      if (ref.shape.empty()) {
-        pieces.push_back({entries.size() - 1, ref.type, v.io, shard, false, 0, 0, size_of(ref.type), 0});
-      } else {
-        add_row_pieces(pieces, entries.size() - 1, ref.type, v.io, shard, row_bytes, shard.shape[0], chunk_bytes_,
-                       std::nullopt);
-      }
-    }
-    // The slots of every shard, grouped by "<optimizer>/<slot>".
-    std::map<std::string, std::vector<std::optional<detail::variable_io::slot_info>>> found;
-    for (std::size_t i = 0; i < ref.shards.size(); ++i) {
-      const auto& shard = ref.shards[i];
-      for (auto& info : co_await v.io->list_slots(shard)) {
-        auto suffix = info.slot.name.substr(shard.name.size() + 1);
-        auto& per_shard = found[std::move(suffix)];
-        per_shard.resize(ref.shards.size());
-        per_shard[i] = std::move(info);
-      }
-    }
-    for (const auto& [suffix, per_shard] : found) {
-      const auto& any = *std::find_if(per_shard.begin(), per_shard.end(), [](const auto& s) { return s.has_value(); });
-      const dtype type = any->slot.type;
-      const shape_type& slot_shape = any->slot.shape;
-      bool row_sharded = true, same_shape = true;
-      for (std::size_t i = 0; i < ref.shards.size(); ++i) {
-        if (!per_shard[i]) continue;
-        row_sharded = row_sharded && per_shard[i]->slot.shape == ref.shards[i].shape;
-        same_shape = same_shape && per_shard[i]->slot.shape == slot_shape;
-        if (per_shard[i]->slot.type != type) {
-          throw error(errc::failed_precondition, fmt::format("checkpoint: slot '{}' of '{}' has different dtypes on "
-                                                             "different shards",
-                                                             suffix, ref.name));
-        }
-      }
-      slot_record record{ref.name + "/" + suffix, ref.name, suffix, any->initial_value, !row_sharded};
-      if (!row_sharded && !same_shape) {
-        throw error(errc::failed_precondition,
-                    fmt::format("checkpoint: slot '{}' of '{}' has different shapes on different shards", suffix,
-                                ref.name));
-      }
-      shape_type full = ref.shape;
-      if (record.per_shard) {
-        full = shape_type{ref.shards.size()};
-        full.insert(full.end(), slot_shape.begin(), slot_shape.end());
-      }
-      entries.push_back({record.tensor, type, full, 0, 0});
-      for (std::size_t i = 0; i < ref.shards.size(); ++i) {
-        // A shard without the slot (not updated yet) contributes the slot's starting value.
-        const std::optional<double> fill = per_shard[i] ? std::nullopt : std::optional(record.initial_value);
-        variable_ref source = per_shard[i] ? per_shard[i]->slot : variable_ref{};
-        if (record.per_shard || ref.shape.empty()) {
-          save_piece p{entries.size() - 1, type, v.io, source, false, 0, 0, num_elements(slot_shape) * size_of(type),
-                       fill.value_or(0)};
-          pieces.push_back(std::move(p));
-        } else {
-          source.shape = ref.shards[i].shape;
-          add_row_pieces(pieces, entries.size() - 1, type, v.io, source, row_bytes_of(ref.shape, type),
-                         ref.shards[i].shape[0], chunk_bytes_, fill);
-        }
-      }
-      slots.push_back(std::move(record));
-    }
+    plan_variable(plan, v, chunk_bytes_);
+    const auto found = co_await find_slots(v);
+    for (const auto& [suffix, per_shard] : found) plan_slot(plan, v, suffix, per_shard, chunk_bytes_);
   }
-
-  // The header, with placeholder checksums of the final length (rewritten at the end).
-  safetensors::metadata_map metadata{{"format", std::string(checkpoint_format)},
-                                {"format_version", std::to_string(checkpoint_format_version)},
-                                {"pscoro_version", PSCORO_VERSION},
-                                {"step", std::to_string(step_)}};
-  json scalars = json::object();
-  for (const auto& [name, value] : scalars_) scalars[name] = value;
-  metadata["scalars"] = scalars.dump();
-  metadata["slots"] = encode_slots(slots).dump();
-  std::vector<std::uint32_t> crcs(entries.size(), 0);
-  const auto encode_crcs = [&] {
-    json out = json::object();
-    for (std::size_t i = 0; i < entries.size(); ++i) out[entries[i].name] = hex32(crcs[i]);
-    return out.dump();
-  };
-  metadata["crc32c"] = encode_crcs();
-  const std::string placeholder = safetensors::encode_header(entries, metadata);
+  std::vector<std::uint32_t> crcs(plan.entries.size(), 0);
+  const std::string placeholder = safetensors::encode_header(plan.entries, metadata_of(plan, step_, scalars_, crcs));
 
   // Write a temporary file beside the target, then rename it into place.
   const fs::path temporary = path.string() + fmt::format(".tmp-{}", ::getpid());
@@ -533,28 +810,11 @@ asio::awaitable<void> checkpoint::save(fs::path path) const {
     }
   } cleanup{temporary};
   posix_file file(temporary, O_WRONLY | O_CREAT | O_TRUNC);
-  asio::thread_pool io_thread(1);
   file.write_at(placeholder.data(), placeholder.size(), 0);
   const std::uint64_t data_start = placeholder.size();
-
-  // Two buffers of a piece's size: one being written, one being fetched.
-  std::array<byte_buffer, 2> buffers{byte_buffer(std::min(chunk_bytes_, std::size_t{64} << 20)),
-                                     byte_buffer(std::min(chunk_bytes_, std::size_t{64} << 20))};
-  std::array<byte_buffer, 2> fetched;  // piece k's bytes in fetched[k % 2]
-  if (!pieces.empty()) co_await fetch_piece(pieces[0], buffers[0], fetched[0]);
-  std::uint64_t offset = data_start;
-  for (std::size_t k = 0; k < pieces.size(); ++k) {
-    const save_piece* next = k + 1 < pieces.size() ? &pieces[k + 1] : nullptr;
-    auto& crc = crcs[pieces[k].entry];
-    co_await detail::run_all(2, [&](std::size_t task) {
-      return save_step(task, io_thread, file, next, buffers[(k + 1) % 2], fetched[(k + 1) % 2], fetched[k % 2],
-                       offset, crc);
-    });
-    offset += pieces[k].bytes;
-    fetched[k % 2] = {};
-  }
-  metadata["crc32c"] = encode_crcs();
-  const std::string header = safetensors::encode_header(entries, metadata);
+  asio::thread_pool io_thread(1);
+  co_await write_pieces(io_thread, file, plan.pieces, chunk_bytes_, data_start, crcs);
+  const std::string header = safetensors::encode_header(plan.entries, metadata_of(plan, step_, scalars_, crcs));
   if (header.size() != placeholder.size()) {
     throw error(errc::internal, "checkpoint: the header changed size when its checksums were filled in");
   }
@@ -573,154 +833,25 @@ asio::awaitable<void> checkpoint::restore(fs::path path) {
   const auto slots = decode_slots(metadata_json(state.header.metadata, "slots", where), where);
 
   // Check everything before anything changes.
-  struct target {
-    const safetensors::entry* entry;
-    const tracked* variable;
-    const slot_record* slot;  // null for the variable itself
-  };
-  std::vector<target> targets;
-  for (const auto& v : variables_) {
-    if (!reader.contains(v.ref.name)) {
-      throw error(errc::not_found, fmt::format("checkpoint {}: no tensor for variable '{}'", where, v.ref.name));
-    }
-    const auto& e = state.find(v.ref.name);
-    if (e.type != v.ref.type || e.shape != v.ref.shape) {
-      throw error(errc::invalid_argument,
-                  fmt::format("checkpoint {}: '{}' is {} {} in the file but {} {} here", where, v.ref.name,
-                              name_of(e.type), to_string(e.shape), name_of(v.ref.type), to_string(v.ref.shape)));
-    }
-    targets.push_back({&e, &v, nullptr});
-    for (const auto& s : slots) {
-      if (s.variable != v.ref.name) continue;
-      const auto& se = state.find(s.tensor);
-      const bool fits = s.per_shard ? !se.shape.empty() : se.shape == v.ref.shape;
-      if (!fits) {
-        throw error(errc::data_loss, fmt::format("checkpoint {}: slot \"{}\" has shape {}, which does not fit '{}' {}",
-                                                 where, s.tensor, to_string(se.shape), v.ref.name,
-                                                 to_string(v.ref.shape)));
-      }
-      targets.push_back({&se, &v, &s});
-    }
-  }
-  // The slots that exist already must have the slot's dtype and shape; the others are created.
-  struct slot_creation {
-    const tracked* variable;
-    variable_ref shard, slot;
-    double initial_value;
-  };
-  std::vector<slot_creation> creations;
-  for (const auto& t : targets) {
-    if (!t.slot) continue;
-    for (const auto& shard : t.variable->ref.shards) {
-      shape_type shape = shard.shape;
-      if (t.slot->per_shard) shape.assign(t.entry->shape.begin() + 1, t.entry->shape.end());
-      variable_ref slot{shard.name + "/" + t.slot->suffix, t.entry->type, shape, shard.ps_task};
-      bool exists = false;
-      for (const auto& info : co_await t.variable->io->list_slots(shard)) {
-        if (info.slot.name != slot.name) continue;
-        if (info.slot.type != slot.type || info.slot.shape != slot.shape) {
-          throw error(errc::invalid_argument,
-                      fmt::format("checkpoint {}: slot '{}' exists as {} {} but the checkpoint holds {} {}", where,
-                                  slot.name, name_of(info.slot.type), to_string(info.slot.shape),
-                                  name_of(slot.type), to_string(slot.shape)));
-        }
-        exists = true;
-      }
-      if (!exists) creations.push_back({t.variable, shard, std::move(slot), t.slot->initial_value});
-    }
-  }
-  {
-    // Every tensor that will be loaded matches its checksum.
-    asio::thread_pool io_thread(1);
-    for (const auto& t : targets) {
-      const auto crc = state.crcs.find(t.entry->name);
-      if (crc == state.crcs.end()) continue;
-      std::uint32_t actual = 0;
-      co_await asio::co_spawn(io_thread,
-                              checksum_range(*state.file, state.header.data_start + t.entry->begin, t.entry->size(),
-                                             actual),
-                              asio::use_awaitable);
-      if (actual != crc->second) {
-        throw error(errc::data_loss, fmt::format("checkpoint {}: tensor \"{}\" is corrupt (CRC-32C {} where the "
-                                                 "header says {}); nothing was restored",
-                                                 where, t.entry->name, hex32(actual), hex32(crc->second)));
-      }
-    }
-  }
+  const auto targets = match_targets(state, variables_, slots, where);
+  const auto creations = co_await missing_slots(targets, where);
+  // One I/O thread reads the file for the whole restore: the executor never waits on the disk.
+  asio::thread_pool io_thread(1);
+  co_await verify_checksums(io_thread, state, targets, where);
 
   // Apply: create the missing slots, then move every shard's rows from the file, a piece at a time.
   for (const auto& c : creations) co_await c.variable->io->create_slot(c.shard, c.slot, c.initial_value);
-  asio::thread_pool io_thread(1);
   std::vector<restore_piece> pieces;
   for (const auto& t : targets) {
-    const auto& ref = t.variable->ref;
-    const auto& io = t.variable->io;
-    const std::uint64_t start = state.header.data_start + t.entry->begin;
     if (t.slot && t.slot->per_shard) {
-      // Per-shard values: one to one when the shard count is the same, else the largest (for a
-      // step count: the bias correction of the most advanced shard).
-      const std::size_t sources = t.entry->shape[0];
-      const shape_type one(t.entry->shape.begin() + 1, t.entry->shape.end());
-      const tensor all = reader.read_tensor(t.entry->name);
-      const std::size_t bytes = num_elements(one) * size_of(t.entry->type);
-      for (std::size_t i = 0; i < ref.shards.size(); ++i) {
-        tensor value = tensor::uninitialized(t.entry->type, one);
-        if (sources == ref.shards.size()) {
-          std::memcpy(value.bytes().data(), all.bytes().data() + i * bytes, bytes);
-        } else {
-          visit_dtype(t.entry->type, [&](auto zero) {
-            using T = decltype(zero);
-            const std::size_t n = num_elements(one);
-            T* out = value.mutable_data<T>();
-            const T* in = all.data<T>();
-            for (std::size_t k = 0; k < n; ++k) {
-              out[k] = in[k];
-              for (std::size_t s = 1; s < sources; ++s) out[k] = std::max(out[k], in[s * n + k]);
-            }
-          });
-        }
-        variable_ref slot{ref.shards[i].name + "/" + t.slot->suffix, t.entry->type, one, ref.shards[i].ps_task};
-        co_await io->update(slot, update_op::assign, value);
-      }
-      continue;
-    }
-    if (ref.shape.empty()) {
-      tensor value = tensor::uninitialized(t.entry->type, {});
-      co_await asio::co_spawn(io_thread, read_piece(*state.file, start, value.bytes()), asio::use_awaitable);
-      variable_ref destination = ref.shards[0];
-      if (t.slot) destination = {destination.name + "/" + t.slot->suffix, t.entry->type, {}, destination.ps_task};
-      co_await io->update(destination, update_op::assign, value);
-      continue;
-    }
-    const std::size_t row_bytes = row_bytes_of(ref.shape, t.entry->type);
-    const std::uint64_t per_piece = rows_per_piece(chunk_bytes_, row_bytes);
-    std::uint64_t first_row = 0;
-    for (const auto& shard : ref.shards) {
-      variable_ref destination = shard;
-      if (t.slot) destination = {shard.name + "/" + t.slot->suffix, t.entry->type, shard.shape, shard.ps_task};
-      for (std::uint64_t begin = 0; begin < shard.shape[0]; begin += per_piece) {
-        const std::uint64_t end = std::min<std::uint64_t>(shard.shape[0], begin + per_piece);
-        shape_type rows = shard.shape;
-        rows[0] = end - begin;
-        pieces.push_back({io, destination, begin, start + (first_row + begin) * row_bytes, std::move(rows)});
-      }
-      first_row += shard.shape[0];
+      co_await restore_per_shard_slot(io_thread, state, t);
+    } else if (t.variable->ref.shape.empty()) {
+      co_await restore_scalar(io_thread, state, t);
+    } else {
+      add_restore_pieces(pieces, state, t, chunk_bytes_);
     }
   }
-  // The row pieces, the file read of one overlapping the send of the one before, through two
-  // reusable buffers (piece k in buffers[k % 2]; its send has completed before k + 2 is read).
-  const std::array<byte_buffer, 2> buffers{byte_buffer(std::min(chunk_bytes_, std::size_t{64} << 20)),
-                                           byte_buffer(std::min(chunk_bytes_, std::size_t{64} << 20))};
-  std::array<tensor, 2> in_flight;
-  if (!pieces.empty()) in_flight[0] = co_await load_piece(io_thread, *state.file, pieces[0], buffers[0]);
-  for (std::size_t k = 0; k < pieces.size(); ++k) {
-    const restore_piece* next = k + 1 < pieces.size() ? &pieces[k + 1] : nullptr;
-    co_await detail::run_all(2, [&](std::size_t task) {
-      return restore_step(task, io_thread, *state.file, pieces[k], in_flight[k % 2], next, buffers[(k + 1) % 2],
-                          in_flight[(k + 1) % 2]);
-    });
-    in_flight[k % 2] = tensor();
-  }
+  co_await send_pieces(io_thread, *state.file, pieces, chunk_bytes_);
   step_ = reader.step();
   scalars_ = reader.scalars();
 }

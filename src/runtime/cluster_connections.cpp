@@ -24,14 +24,9 @@ cluster_connections::cluster_connections(asio::any_io_executor executor, const c
       task_(task_name(self_.job, self_.index)),
       spec_address_(std::move(spec_address)),
       transport_(std::move(transport)) {
-  wire::Hello hello;
-  hello.set_protocol_version(wire::protocol_version);
-  hello.set_job(self_.job);
-  hello.set_task_index(self_.index);
   // The chief's incarnation is its session on every server: a restarted chief starts a new one,
   // which makes the servers drop the old session's variables and iterators.
-  hello.set_incarnation(self_.incarnation);
-  hello.set_session(self_.incarnation);
+  auto hello = make_hello(self_, self_.incarnation);
   for (const auto& job : {"ps", "worker"}) {
     auto* entry = hello.add_cluster();
     entry->set_name(job);
@@ -106,8 +101,7 @@ void cluster_connections::worker_failed(std::size_t index, const std::string& re
 
 std::string cluster_connections::address() const {
   if (!acceptor_ || !acceptor_->is_open()) return {};
-  const auto endpoint = acceptor_->local_endpoint();
-  return fmt::format("{}:{}", endpoint.address().to_string(), endpoint.port());
+  return format_address(acceptor_->local_endpoint());
 }
 
 asio::awaitable<void> cluster_connections::watch_workers(std::weak_ptr<cluster_connections> weak) {
@@ -166,8 +160,7 @@ asio::awaitable<void> cluster_connections::hear_announcement(std::weak_ptr<clust
   task_identity identity;
   std::error_code ignored;
   const auto remote = socket.remote_endpoint(ignored);
-  auto connection = std::make_shared<wire::connection>(std::move(socket), limits_of(transport),
-                                                       fmt::format("{}:{}", remote.address().to_string(), remote.port()));
+  auto connection = std::make_shared<wire::connection>(std::move(socket), limits_of(transport), format_address(remote));
   {
     auto self = weak.lock();
     if (!self) co_return;

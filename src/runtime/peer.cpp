@@ -5,6 +5,7 @@
 
 #include "runtime/log.hpp"
 #include "runtime/security.hpp"
+#include "wire/status.hpp"
 
 #include <asio/connect.hpp>
 #include <asio/experimental/as_tuple.hpp>
@@ -19,6 +20,7 @@
 #include <algorithm>
 #include <cctype>
 #include <charconv>
+#include <random>
 
 namespace pscoro::runtime {
 
@@ -54,6 +56,31 @@ std::pair<std::string, std::string> split_address(const std::string& address, co
     throw error(errc::invalid_argument, fmt::format("address '{}' of {} has an invalid port", address, task));
   }
   return {host, port};
+}
+
+std::string format_address(std::string_view host, std::string_view port) {
+  return host.find(':') == std::string_view::npos ? fmt::format("{}:{}", host, port)
+                                                  : fmt::format("[{}]:{}", host, port);
+}
+
+std::string format_address(const asio::ip::tcp::endpoint& endpoint) {
+  return format_address(endpoint.address().to_string(), std::to_string(endpoint.port()));
+}
+
+std::uint64_t new_incarnation() {
+  std::random_device device;
+  const std::uint64_t incarnation = (std::uint64_t{device()} << 32) ^ device();
+  return incarnation == 0 ? 1 : incarnation;
+}
+
+wire::Hello make_hello(const task_identity& self, std::uint64_t session) {
+  wire::Hello hello;
+  hello.set_protocol_version(wire::protocol_version);
+  hello.set_job(self.job);
+  hello.set_task_index(self.index);
+  hello.set_incarnation(self.incarnation);
+  hello.set_session(session);
+  return hello;
 }
 
 std::string listen_address_for(const std::string& spec_address, const std::string& task) {
@@ -322,7 +349,7 @@ asio::awaitable<std::shared_ptr<wire::connection>> try_connect(const std::string
     why = connect_error.message();
     co_return nullptr;
   }
-  const auto address = fmt::format("{}:{}", endpoint.address().to_string(), endpoint.port());
+  const auto address = format_address(endpoint);
   auto connection = std::make_shared<wire::connection>(std::move(socket), handshake_limits_of(options),
                                                        fmt::format("{} at {}", task, address));
 
@@ -371,20 +398,20 @@ asio::awaitable<std::shared_ptr<wire::connection>> try_connect(const std::string
       // Whatever answers there speaks something else: retrying will not change that.
       if (e.code() == errc::protocol_error && !deadline.expired()) {
         throw error(errc::protocol_error,
-                    fmt::format("{} at {}:{} does not answer in pscoro's protocol: {}", task, host, port, e.what()));
+                    fmt::format("{} at {} does not answer in pscoro's protocol: {}", task, address, e.what()));
       }
       // In TLS 1.3 the task checks our certificate after our side of the TLS handshake is done:
       // its refusal arrives as an alert on the first read.
       if (e.code().category() == asio::error::get_ssl_category()) {
-        throw error(errc::unauthenticated, fmt::format("TLS handshake with {} at {}:{} failed: it refused this "
+        throw error(errc::unauthenticated, fmt::format("TLS handshake with {} at {} failed: it refused this "
                                                        "task's certificate: {}",
-                                                       task, host, port, e.code().message()));
+                                                       task, address, e.code().message()));
       }
     }
     if (deadline.expired()) {
       throw error(errc::deadline_exceeded,
-                  fmt::format("{} at {}:{} accepted the connection but did not finish the handshake within {}", task,
-                              host, port, options.handshake_timeout));
+                  fmt::format("{} at {} accepted the connection but did not finish the handshake within {}", task,
+                              address, options.handshake_timeout));
     }
     if (!f && why.empty()) {
       why = connection->close_reason().empty() ? "closed during the handshake" : connection->close_reason();

@@ -13,6 +13,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <string_view>
 
 namespace pscoro::runtime {
 
@@ -23,6 +24,10 @@ wire::frame_limits handshake_limits_of(const transport_options& options);
 
 /// Splits "host:port"; throws errc::invalid_argument naming `task` when it is malformed.
 std::pair<std::string, std::string> split_address(const std::string& address, const std::string& task);
+/// "host:port", an IPv6 host in brackets ("[::1]:4567"): what split_address takes apart.
+std::string format_address(std::string_view host, std::string_view port);
+/// The address of `endpoint` in the same form ("127.0.0.1:4567").
+std::string format_address(const asio::ip::tcp::endpoint& endpoint);
 
 /// Where a task listens given its cluster-spec address: a loopback host is kept (local clusters);
 /// any other host becomes the wildcard with the same port, as TF's server does (under Kubernetes
@@ -40,6 +45,14 @@ struct task_identity {
   int index = 0;
   std::uint64_t incarnation = 0;
 };
+
+/// A random incarnation for a process starting now; never 0, which a Hello's session reserves for
+/// "none" (a chief's incarnation is its session).
+std::uint64_t new_incarnation();
+
+/// The Hello with which `self` opens connections in coordinator session `session` (0: none, as a
+/// worker announcing itself to the chief). The chief adds the cluster; an announcement, the address.
+wire::Hello make_hello(const task_identity& self, std::uint64_t session);
 
 /// The accepting side of a handshake on a fresh connection to `self`: reads the Hello and checks
 /// that it is one and speaks our protocol version; with a cluster secret, proves it in a Challenge

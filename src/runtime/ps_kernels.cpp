@@ -12,6 +12,7 @@
 #include <numbers>
 #include <numeric>
 #include <type_traits>
+#include <variant>
 
 namespace pscoro::runtime::kernels {
 
@@ -59,7 +60,7 @@ double truncated_standard_normal(std::uint64_t seed, std::uint64_t element) noex
 }
 
 // Keras's fans (initializers._compute_fans).
-std::pair<double, double> fans(std::span<const std::uint64_t> shape) {
+std::pair<double, double> fans(const shape_type& shape) {
   if (shape.empty()) return {1, 1};
   if (shape.size() == 1) return {double(shape[0]), double(shape[0])};
   if (shape.size() == 2) return {double(shape[0]), double(shape[1])};
@@ -68,17 +69,9 @@ std::pair<double, double> fans(std::span<const std::uint64_t> shape) {
   return {double(shape[shape.size() - 2]) * receptive, double(shape.back()) * receptive};
 }
 
-std::string_view kind_name(wire::Initializer::Kind kind) {
-  switch (kind) {
-    case wire::Initializer::ZEROS: return "zeros";
-    case wire::Initializer::ONES: return "ones";
-    case wire::Initializer::CONSTANT: return "constant";
-    case wire::Initializer::RANDOM_UNIFORM: return "random_uniform";
-    case wire::Initializer::RANDOM_NORMAL: return "random_normal";
-    case wire::Initializer::TRUNCATED_NORMAL: return "truncated_normal";
-    case wire::Initializer::GLOROT_UNIFORM: return "glorot_uniform";
-    default: return "unknown";
-  }
+bool is_random(const initializer& init) {
+  return !std::holds_alternative<initializers::zeros>(init) && !std::holds_alternative<initializers::ones>(init) &&
+         !std::holds_alternative<initializers::constant>(init);
 }
 
 template <class T>
@@ -91,6 +84,48 @@ T cast_constant(double value) {
   }
   return static_cast<T>(value);
 }
+
+// The parameter checks of each kind; `refuse` throws.
+template <class Refuse>
+struct parameter_check {
+  dtype type;
+  Refuse refuse;
+
+  void operator()(const initializers::zeros&) const {}
+  void operator()(const initializers::ones&) const {}
+  void operator()(const initializers::glorot_uniform&) const {}
+  void operator()(const initializers::constant& c) const {
+    if (!std::isfinite(c.value)) {
+      refuse(fmt::format("constant initializer: the value must be finite (got {})", c.value));
+    }
+    visit_dtype(type, [&](auto zero) {
+      try {
+        (void)cast_constant<decltype(zero)>(c.value);
+      } catch (const error& e) {
+        refuse(e.what());
+      }
+    });
+  }
+  void operator()(const initializers::random_uniform& r) const {
+    if (!std::isfinite(r.minval) || !std::isfinite(r.maxval)) {
+      refuse(fmt::format("random_uniform initializer: minval and maxval must be finite (got {} and {})", r.minval,
+                         r.maxval));
+    }
+    if (r.minval > r.maxval) {
+      refuse(fmt::format("random_uniform initializer: minval {} is above maxval {}", r.minval, r.maxval));
+    }
+  }
+  void operator()(const initializers::random_normal& r) const { check_normal("random_normal", r.mean, r.stddev); }
+  void operator()(const initializers::truncated_normal& r) const {
+    check_normal("truncated_normal", r.mean, r.stddev);
+  }
+  void check_normal(std::string_view name, double mean, double stddev) const {
+    if (!std::isfinite(mean) || !std::isfinite(stddev)) {
+      refuse(fmt::format("{} initializer: mean and stddev must be finite (got {} and {})", name, mean, stddev));
+    }
+    if (stddev < 0) refuse(fmt::format("{} initializer: stddev must not be negative (got {})", name, stddev));
+  }
+};
 
 // ---- Element-wise operations ----------------------------------------------------------------------
 
@@ -121,93 +156,95 @@ struct ops {
 
 // Calls f(binary operation) for `op`, so each loop is compiled per operation.
 template <class T, class F>
-void with_op(wire::UpdateVariable::Op op, F&& f) {
+void with_op(update_op op, F&& f) {
   switch (op) {
-    case wire::UpdateVariable::ASSIGN: return f([](T, T b) { return b; });
-    case wire::UpdateVariable::ADD: return f(&ops<T>::add);
-    case wire::UpdateVariable::SUB: return f(&ops<T>::sub);
-    case wire::UpdateVariable::MUL: return f(&ops<T>::mul);
-    case wire::UpdateVariable::DIV: return f(&ops<T>::div);
-    case wire::UpdateVariable::MIN: return f([](T a, T b) { return std::min(a, b); });
-    case wire::UpdateVariable::MAX: return f([](T a, T b) { return std::max(a, b); });
-    default: invalid(fmt::format("unknown update operation {}", static_cast<int>(op)));
+    case update_op::assign: return f([](T, T b) { return b; });
+    case update_op::add: return f(&ops<T>::add);
+    case update_op::sub: return f(&ops<T>::sub);
+    case update_op::mul: return f(&ops<T>::mul);
+    case update_op::div: return f(&ops<T>::div);
+    case update_op::min: return f([](T a, T b) { return std::min(a, b); });
+    case update_op::max: return f([](T a, T b) { return std::max(a, b); });
   }
+  invalid(fmt::format("unknown update operation {}", static_cast<int>(op)));
 }
 
 // ---- Optimizers ---------------------------------------------------------------------------------
 
-// One optimizer's update of n elements; slot pointers are offset like the variable's.
+// One optimizer's update of n elements from `offset`; slot pointers are offset like the variable's.
+// What depends only on the step (adam's bias correction) is computed once per request.
 template <class T>
-struct step_math {
-  const wire::Optimizer& opt;
-  T lr;
-  T adam_alpha;  // lr * sqrt(1 - beta_2^t) / (1 - beta_1^t)
-
-  step_math(const wire::Optimizer& o, std::int64_t step) : opt(o), lr(static_cast<T>(o.learning_rate())), adam_alpha(0) {
-    if (o.kind() == wire::Optimizer::ADAM) {
+class step_math {
+ public:
+  step_math(const optimizer& opt, std::int64_t step) : opt_(opt) {
+    if (const auto* adam = std::get_if<optimizers::adam>(&opt)) {
       const double t = static_cast<double>(step);
-      adam_alpha = static_cast<T>(o.learning_rate() * std::sqrt(1 - std::pow(o.beta_2(), t)) /
-                                  (1 - std::pow(o.beta_1(), t)));
+      adam_alpha_ = static_cast<T>(adam->learning_rate * std::sqrt(1 - std::pow(adam->beta_2, t)) /
+                                   (1 - std::pow(adam->beta_1, t)));
     }
   }
 
   void operator()(T* var, T* const* slots, std::size_t offset, const T* g, std::size_t n) const {
-    var += offset;
-    switch (opt.kind()) {
-      case wire::Optimizer::SGD:
-        for (std::size_t i = 0; i < n; ++i) var[i] -= lr * g[i];
-        return;
-      case wire::Optimizer::MOMENTUM: {
-        T* velocity = slots[0] + offset;
-        const T momentum = static_cast<T>(opt.momentum());
-        for (std::size_t i = 0; i < n; ++i) {
-          velocity[i] = momentum * velocity[i] - lr * g[i];
-          var[i] += opt.nesterov() ? momentum * velocity[i] - lr * g[i] : velocity[i];
-        }
-        return;
-      }
-      case wire::Optimizer::ADAGRAD: {
-        T* accumulator = slots[0] + offset;
-        const T epsilon = static_cast<T>(opt.epsilon());
-        for (std::size_t i = 0; i < n; ++i) {
-          accumulator[i] += g[i] * g[i];
-          var[i] -= lr * g[i] / (std::sqrt(accumulator[i]) + epsilon);
-        }
-        return;
-      }
-      case wire::Optimizer::ADAM: {
-        T* m = slots[0] + offset;
-        T* v = slots[1] + offset;
-        const T one_minus_beta_1 = static_cast<T>(1 - opt.beta_1());
-        const T one_minus_beta_2 = static_cast<T>(1 - opt.beta_2());
-        const T epsilon = static_cast<T>(opt.epsilon());
-        for (std::size_t i = 0; i < n; ++i) {
-          m[i] += (g[i] - m[i]) * one_minus_beta_1;
-          v[i] += (g[i] * g[i] - v[i]) * one_minus_beta_2;
-          var[i] -= m[i] * adam_alpha / (std::sqrt(v[i]) + epsilon);
-        }
-        return;
-      }
-      case wire::Optimizer::FTRL: {
-        T* accumulator = slots[0] + offset;
-        T* linear = slots[1] + offset;
-        const T power = static_cast<T>(-opt.learning_rate_power());
-        const T l1 = static_cast<T>(opt.l1());
-        // Keras folds beta into l2: l2 + beta / (2 lr).
-        const T l2 = static_cast<T>(opt.l2() + opt.beta() / (2 * opt.learning_rate()));
-        for (std::size_t i = 0; i < n; ++i) {
-          const T accumulated = accumulator[i] + g[i] * g[i];
-          const T new_power = std::pow(accumulated, power);
-          linear[i] += g[i] - (new_power - std::pow(accumulator[i], power)) / lr * var[i];
-          const T quadratic = new_power / lr + 2 * l2;
-          var[i] = std::abs(linear[i]) > l1 ? (std::copysign(l1, linear[i]) - linear[i]) / quadratic : T(0);
-          accumulator[i] = accumulated;
-        }
-        return;
-      }
-      default: invalid(fmt::format("unknown optimizer {}", static_cast<int>(opt.kind())));
+    std::visit([&](const auto& o) { step(o, var + offset, slots, offset, g, n); }, opt_);
+  }
+
+ private:
+  void step(const optimizers::sgd& o, T* var, T* const*, std::size_t, const T* g, std::size_t n) const {
+    const T lr = static_cast<T>(o.learning_rate);
+    for (std::size_t i = 0; i < n; ++i) var[i] -= lr * g[i];
+  }
+  void step(const optimizers::momentum& o, T* var, T* const* slots, std::size_t offset, const T* g,
+            std::size_t n) const {
+    T* velocity = slots[0] + offset;
+    const T lr = static_cast<T>(o.learning_rate);
+    const T momentum = static_cast<T>(o.momentum);
+    for (std::size_t i = 0; i < n; ++i) {
+      velocity[i] = momentum * velocity[i] - lr * g[i];
+      var[i] += o.nesterov ? momentum * velocity[i] - lr * g[i] : velocity[i];
     }
   }
+  void step(const optimizers::adagrad& o, T* var, T* const* slots, std::size_t offset, const T* g,
+            std::size_t n) const {
+    T* accumulator = slots[0] + offset;
+    const T lr = static_cast<T>(o.learning_rate);
+    const T epsilon = static_cast<T>(o.epsilon);
+    for (std::size_t i = 0; i < n; ++i) {
+      accumulator[i] += g[i] * g[i];
+      var[i] -= lr * g[i] / (std::sqrt(accumulator[i]) + epsilon);
+    }
+  }
+  void step(const optimizers::adam& o, T* var, T* const* slots, std::size_t offset, const T* g, std::size_t n) const {
+    T* m = slots[0] + offset;
+    T* v = slots[1] + offset;
+    const T one_minus_beta_1 = static_cast<T>(1 - o.beta_1);
+    const T one_minus_beta_2 = static_cast<T>(1 - o.beta_2);
+    const T epsilon = static_cast<T>(o.epsilon);
+    for (std::size_t i = 0; i < n; ++i) {
+      m[i] += (g[i] - m[i]) * one_minus_beta_1;
+      v[i] += (g[i] * g[i] - v[i]) * one_minus_beta_2;
+      var[i] -= m[i] * adam_alpha_ / (std::sqrt(v[i]) + epsilon);
+    }
+  }
+  void step(const optimizers::ftrl& o, T* var, T* const* slots, std::size_t offset, const T* g, std::size_t n) const {
+    T* accumulator = slots[0] + offset;
+    T* linear = slots[1] + offset;
+    const T lr = static_cast<T>(o.learning_rate);
+    const T power = static_cast<T>(-o.learning_rate_power);
+    const T l1 = static_cast<T>(o.l1);
+    // Keras folds beta into l2: l2 + beta / (2 lr).
+    const T l2 = static_cast<T>(o.l2 + o.beta / (2 * o.learning_rate));
+    for (std::size_t i = 0; i < n; ++i) {
+      const T accumulated = accumulator[i] + g[i] * g[i];
+      const T new_power = std::pow(accumulated, power);
+      linear[i] += g[i] - (new_power - std::pow(accumulator[i], power)) / lr * var[i];
+      const T quadratic = new_power / lr + 2 * l2;
+      var[i] = std::abs(linear[i]) > l1 ? (std::copysign(l1, linear[i]) - linear[i]) / quadratic : T(0);
+      accumulator[i] = accumulated;
+    }
+  }
+
+  const optimizer& opt_;
+  T adam_alpha_ = 0;  // lr * sqrt(1 - beta_2^t) / (1 - beta_1^t)
 };
 
 template <class T>
@@ -217,105 +254,130 @@ std::vector<T*> typed(std::span<std::byte* const> slots) {
   return out;
 }
 
-void require(bool condition, const wire::Optimizer& opt, std::string_view what, double value) {
-  if (!condition) invalid(fmt::format("{}: {} (got {})", optimizer_name(opt), what, value));
-}
+// The hyper-parameter checks of each optimizer (TF's and Keras's conditions).
+struct hyper_parameter_check {
+  std::string_view name;
+
+  void require(bool condition, std::string_view what, double value) const {
+    if (!condition) invalid(fmt::format("{}: {} (got {})", name, what, value));
+  }
+  void operator()(const optimizers::sgd&) const {}
+  void operator()(const optimizers::momentum& o) const {
+    require(o.momentum >= 0 && o.momentum <= 1, "momentum must be in [0, 1]", o.momentum);
+  }
+  void operator()(const optimizers::adagrad& o) const {
+    require(o.initial_accumulator_value >= 0 && std::isfinite(o.initial_accumulator_value),
+            "initial_accumulator_value must not be negative", o.initial_accumulator_value);
+    require(o.epsilon >= 0 && std::isfinite(o.epsilon), "epsilon must not be negative", o.epsilon);
+  }
+  void operator()(const optimizers::adam& o) const {
+    require(o.beta_1 >= 0 && o.beta_1 < 1, "beta_1 must be in [0, 1)", o.beta_1);
+    require(o.beta_2 >= 0 && o.beta_2 < 1, "beta_2 must be in [0, 1)", o.beta_2);
+    require(o.epsilon >= 0 && std::isfinite(o.epsilon), "epsilon must not be negative", o.epsilon);
+  }
+  void operator()(const optimizers::ftrl& o) const {
+    // TF's conditions (ftrl.py): "needs to be negative or zero", "positive or zero".
+    require(o.learning_rate_power <= 0, "learning_rate_power needs to be negative or zero", o.learning_rate_power);
+    require(o.initial_accumulator_value >= 0 && std::isfinite(o.initial_accumulator_value),
+            "initial_accumulator_value needs to be positive or zero", o.initial_accumulator_value);
+    require(o.l1 >= 0, "l1 needs to be positive or zero", o.l1);
+    require(o.l2 >= 0, "l2 needs to be positive or zero", o.l2);
+    require(o.beta >= 0, "beta needs to be positive or zero", o.beta);
+    // With power 0 and an empty accumulator, accum^0 = 1; with power < 0, 0^(-p) = 0: both fine.
+  }
+};
 
 }  // namespace
 
-void check_initializer(const wire::Initializer& init, dtype type, const shape_type& shard_shape,
+std::string_view initializer_name(const initializer& init) {
+  struct namer {
+    std::string_view operator()(const initializers::zeros&) const { return "zeros"; }
+    std::string_view operator()(const initializers::ones&) const { return "ones"; }
+    std::string_view operator()(const initializers::constant&) const { return "constant"; }
+    std::string_view operator()(const initializers::random_uniform&) const { return "random_uniform"; }
+    std::string_view operator()(const initializers::random_normal&) const { return "random_normal"; }
+    std::string_view operator()(const initializers::truncated_normal&) const { return "truncated_normal"; }
+    std::string_view operator()(const initializers::glorot_uniform&) const { return "glorot_uniform"; }
+  };
+  return std::visit(namer{}, init);
+}
+
+void check_initializer(const shard_initializer& fill, dtype type, const shape_type& shard_shape,
                        std::string_view variable) {
-  const auto name = kind_name(init.kind());
+  const auto name = initializer_name(fill.init);
   auto refuse = [&](std::string_view what) { invalid(fmt::format("create of '{}': {}", variable, what)); };
-  if (name == "unknown") refuse(fmt::format("unknown initializer {}", static_cast<int>(init.kind())));
-  const auto& full = init.full_shape();
-  const shape_type full_shape(full.begin(), full.end());
-  const bool same_rank = full_shape.size() == shard_shape.size();
+  const auto& full = fill.full_shape;
+  const bool same_rank = full.size() == shard_shape.size();
   if (!same_rank || !std::equal(shard_shape.begin() + (shard_shape.empty() ? 0 : 1), shard_shape.end(),
-                                full_shape.begin() + (full_shape.empty() ? 0 : 1))) {
+                                full.begin() + (full.empty() ? 0 : 1))) {
     refuse(fmt::format("{} initializer: a shard of shape {} cannot belong to a variable of shape {}", name,
-                       to_string(shard_shape), to_string(full_shape)));
+                       to_string(shard_shape), to_string(full)));
   }
   // Element i of the shard is element row_offset * row size + i of the whole variable: a whole
   // shape whose size fits in 64 bits keeps that index exact.
-  if (!checked_size_bytes(type, full_shape)) {
+  if (!checked_size_bytes(type, full)) {
     refuse(fmt::format("{} initializer: the whole variable's shape {} is too large (its size in bytes does not fit "
                        "in 64 bits)",
-                       name, to_string(full_shape)));
+                       name, to_string(full)));
   }
-  if (!shard_shape.empty() && (init.row_offset() > full[0] || shard_shape[0] > full[0] - init.row_offset())) {
+  if (!shard_shape.empty() && (fill.row_offset > full[0] || shard_shape[0] > full[0] - fill.row_offset)) {
     refuse(fmt::format("{} initializer: {} rows from row {} are outside the variable's {} rows", name,
-                       shard_shape[0], init.row_offset(), full[0]));
+                       shard_shape[0], fill.row_offset, full[0]));
   }
-  if (shard_shape.empty() && init.row_offset() != 0) refuse(fmt::format("{} initializer: a scalar has no rows", name));
-  const bool random = init.kind() >= wire::Initializer::RANDOM_UNIFORM;
-  if (random && !is_float(type)) {
+  if (shard_shape.empty() && fill.row_offset != 0) refuse(fmt::format("{} initializer: a scalar has no rows", name));
+  if (is_random(fill.init) && !is_float(type)) {
     refuse(fmt::format("{} initializer needs a float32 or float64 variable, not {}", name, name_of(type)));
   }
-  if (!std::isfinite(init.a()) || !std::isfinite(init.b())) {
-    refuse(fmt::format("{} initializer: parameters must be finite (got {} and {})", name, init.a(), init.b()));
-  }
-  if (init.kind() == wire::Initializer::RANDOM_UNIFORM && init.a() > init.b()) {
-    refuse(fmt::format("random_uniform initializer: minval {} is above maxval {}", init.a(), init.b()));
-  }
-  if ((init.kind() == wire::Initializer::RANDOM_NORMAL || init.kind() == wire::Initializer::TRUNCATED_NORMAL) &&
-      init.b() < 0) {
-    refuse(fmt::format("{} initializer: stddev must not be negative (got {})", name, init.b()));
-  }
-  if (init.kind() == wire::Initializer::CONSTANT) {
-    visit_dtype(type, [&](auto zero) {
-      try {
-        (void)cast_constant<decltype(zero)>(init.a());
-      } catch (const error& e) {
-        refuse(e.what());
-      }
-    });
-  }
+  std::visit(parameter_check<decltype(refuse)>{type, refuse}, fill.init);
 }
 
-void initialize(const wire::Initializer& init, dtype type, const shape_type& shard_shape, std::byte* out) {
+void initialize(const shard_initializer& fill, dtype type, const shape_type& shard_shape, std::byte* out) {
   const std::size_t n = num_elements(shard_shape);
   const std::size_t row = shard_shape.empty() ? 1 : num_elements(std::span(shard_shape).subspan(1));
-  const std::uint64_t first = init.row_offset() * row;
-  const std::uint64_t seed = init.seed();
+  const std::uint64_t first = fill.row_offset * row;
   visit_dtype(type, [&](auto zero) {
     using T = decltype(zero);
     T* values = reinterpret_cast<T*>(out);
-    switch (init.kind()) {
-      case wire::Initializer::ZEROS: std::fill_n(values, n, T(0)); return;
-      case wire::Initializer::ONES: std::fill_n(values, n, T(1)); return;
-      case wire::Initializer::CONSTANT: std::fill_n(values, n, cast_constant<T>(init.a())); return;
-      default: break;
-    }
-    if constexpr (std::is_floating_point_v<T>) {
-      const double a = init.a();
-      const double b = init.b();
-      switch (init.kind()) {
-        case wire::Initializer::RANDOM_UNIFORM:
-          for (std::size_t i = 0; i < n; ++i) values[i] = T(a + (b - a) * uniform01(random_bits(seed, first + i, 0)));
-          return;
-        case wire::Initializer::RANDOM_NORMAL:
-          for (std::size_t i = 0; i < n; ++i) values[i] = T(a + b * standard_normal(seed, first + i, 0));
-          return;
-        case wire::Initializer::TRUNCATED_NORMAL:
-          for (std::size_t i = 0; i < n; ++i) values[i] = T(a + b * truncated_standard_normal(seed, first + i));
-          return;
-        case wire::Initializer::GLOROT_UNIFORM: {
-          const auto [fan_in, fan_out] = fans({init.full_shape().data(), static_cast<std::size_t>(init.full_shape().size())});
-          const double limit = std::sqrt(6.0 / std::max(1.0, fan_in + fan_out));
-          for (std::size_t i = 0; i < n; ++i) {
-            values[i] = T(limit * (2 * uniform01(random_bits(seed, first + i, 0)) - 1));
+    std::visit(
+        [&](const auto& kind) {
+          using kind_type = std::decay_t<decltype(kind)>;
+          if constexpr (std::is_same_v<kind_type, initializers::zeros>) {
+            std::fill_n(values, n, T(0));
+          } else if constexpr (std::is_same_v<kind_type, initializers::ones>) {
+            std::fill_n(values, n, T(1));
+          } else if constexpr (std::is_same_v<kind_type, initializers::constant>) {
+            std::fill_n(values, n, cast_constant<T>(kind.value));
+          } else if constexpr (!std::is_floating_point_v<T>) {
+            invalid(fmt::format("initializer {} cannot fill a {} variable", initializer_name(fill.init),
+                                name_of(type)));
+          } else if constexpr (std::is_same_v<kind_type, initializers::random_uniform>) {
+            const double a = kind.minval;
+            const double b = kind.maxval;
+            for (std::size_t i = 0; i < n; ++i) {
+              values[i] = T(a + (b - a) * uniform01(random_bits(kind.seed, first + i, 0)));
+            }
+          } else if constexpr (std::is_same_v<kind_type, initializers::random_normal>) {
+            for (std::size_t i = 0; i < n; ++i) {
+              values[i] = T(kind.mean + kind.stddev * standard_normal(kind.seed, first + i, 0));
+            }
+          } else if constexpr (std::is_same_v<kind_type, initializers::truncated_normal>) {
+            for (std::size_t i = 0; i < n; ++i) {
+              values[i] = T(kind.mean + kind.stddev * truncated_standard_normal(kind.seed, first + i));
+            }
+          } else {
+            static_assert(std::is_same_v<kind_type, initializers::glorot_uniform>);
+            const auto [fan_in, fan_out] = fans(fill.full_shape);
+            const double limit = std::sqrt(6.0 / std::max(1.0, fan_in + fan_out));
+            for (std::size_t i = 0; i < n; ++i) {
+              values[i] = T(limit * (2 * uniform01(random_bits(kind.seed, first + i, 0)) - 1));
+            }
           }
-          return;
-        }
-        default: break;
-      }
-    }
-    invalid(fmt::format("initializer {} cannot fill a {} variable", kind_name(init.kind()), name_of(type)));
+        },
+        fill.init);
   });
 }
 
-void combine(wire::UpdateVariable::Op op, dtype type, std::byte* destination, const std::byte* source, std::size_t n) {
+void combine(update_op op, dtype type, std::byte* destination, const std::byte* source, std::size_t n) {
   visit_dtype(type, [&](auto zero) {
     using T = decltype(zero);
     T* d = reinterpret_cast<T*>(destination);
@@ -326,7 +388,7 @@ void combine(wire::UpdateVariable::Op op, dtype type, std::byte* destination, co
   });
 }
 
-void scatter(wire::UpdateVariable::Op op, dtype type, std::byte* destination, std::span<const std::int64_t> ids,
+void scatter(update_op op, dtype type, std::byte* destination, std::span<const std::int64_t> ids,
              const std::byte* rows, std::size_t row_elements) {
   visit_dtype(type, [&](auto zero) {
     using T = decltype(zero);
@@ -342,8 +404,8 @@ void scatter(wire::UpdateVariable::Op op, dtype type, std::byte* destination, st
   });
 }
 
-void check_divisors(wire::UpdateVariable::Op op, dtype type, const std::byte* source, std::size_t n) {
-  if (op != wire::UpdateVariable::DIV || is_float(type)) return;
+void check_divisors(update_op op, dtype type, const std::byte* source, std::size_t n) {
+  if (op != update_op::div || is_float(type)) return;
   visit_dtype(type, [&](auto zero) {
     using T = decltype(zero);
     const T* s = reinterpret_cast<const T*>(source);
@@ -366,63 +428,42 @@ std::size_t first_non_finite(dtype type, const std::byte* values, std::size_t n)
   });
 }
 
-std::string optimizer_name(const wire::Optimizer& opt) {
-  switch (opt.kind()) {
-    case wire::Optimizer::SGD: return "sgd";
-    case wire::Optimizer::MOMENTUM: return "momentum";
-    case wire::Optimizer::ADAGRAD: return "adagrad";
-    case wire::Optimizer::ADAM: return "adam";
-    case wire::Optimizer::FTRL: return "ftrl";
-    default: return fmt::format("optimizer {}", static_cast<int>(opt.kind()));
-  }
+std::string_view optimizer_name(const optimizer& opt) {
+  struct namer {
+    std::string_view operator()(const optimizers::sgd&) const { return "sgd"; }
+    std::string_view operator()(const optimizers::momentum&) const { return "momentum"; }
+    std::string_view operator()(const optimizers::adagrad&) const { return "adagrad"; }
+    std::string_view operator()(const optimizers::adam&) const { return "adam"; }
+    std::string_view operator()(const optimizers::ftrl&) const { return "ftrl"; }
+  };
+  return std::visit(namer{}, opt);
 }
 
-std::vector<slot_spec> slots_of(const wire::Optimizer& opt) {
-  switch (opt.kind()) {
-    case wire::Optimizer::MOMENTUM: return {{"momentum", 0}};
-    case wire::Optimizer::ADAGRAD: return {{"accumulator", opt.initial_accumulator_value()}};
-    case wire::Optimizer::ADAM: return {{"m", 0}, {"v", 0}};
-    case wire::Optimizer::FTRL: return {{"accumulator", opt.initial_accumulator_value()}, {"linear", 0}};
-    default: return {};
-  }
+std::vector<slot_spec> slots_of(const optimizer& opt) {
+  struct visitor {
+    std::vector<slot_spec> operator()(const optimizers::sgd&) const { return {}; }
+    std::vector<slot_spec> operator()(const optimizers::momentum&) const { return {{"momentum", 0}}; }
+    std::vector<slot_spec> operator()(const optimizers::adagrad& o) const {
+      return {{"accumulator", o.initial_accumulator_value}};
+    }
+    std::vector<slot_spec> operator()(const optimizers::adam&) const { return {{"m", 0}, {"v", 0}}; }
+    std::vector<slot_spec> operator()(const optimizers::ftrl& o) const {
+      return {{"accumulator", o.initial_accumulator_value}, {"linear", 0}};
+    }
+  };
+  return std::visit(visitor{}, opt);
 }
 
-bool counts_steps(const wire::Optimizer& opt) { return opt.kind() == wire::Optimizer::ADAM; }
+bool counts_steps(const optimizer& opt) { return std::holds_alternative<optimizers::adam>(opt); }
 
-void check_optimizer(const wire::Optimizer& opt) {
-  if (optimizer_name(opt).starts_with("optimizer ")) invalid(fmt::format("unknown optimizer {}", int(opt.kind())));
-  const double lr = opt.learning_rate();
-  require(std::isfinite(lr) && lr > 0, opt, "learning_rate must be positive", lr);
-  switch (opt.kind()) {
-    case wire::Optimizer::MOMENTUM:
-      require(opt.momentum() >= 0 && opt.momentum() <= 1, opt, "momentum must be in [0, 1]", opt.momentum());
-      break;
-    case wire::Optimizer::ADAGRAD:
-      require(opt.initial_accumulator_value() >= 0 && std::isfinite(opt.initial_accumulator_value()), opt,
-              "initial_accumulator_value must not be negative", opt.initial_accumulator_value());
-      require(opt.epsilon() >= 0 && std::isfinite(opt.epsilon()), opt, "epsilon must not be negative", opt.epsilon());
-      break;
-    case wire::Optimizer::ADAM:
-      require(opt.beta_1() >= 0 && opt.beta_1() < 1, opt, "beta_1 must be in [0, 1)", opt.beta_1());
-      require(opt.beta_2() >= 0 && opt.beta_2() < 1, opt, "beta_2 must be in [0, 1)", opt.beta_2());
-      require(opt.epsilon() >= 0 && std::isfinite(opt.epsilon()), opt, "epsilon must not be negative", opt.epsilon());
-      break;
-    case wire::Optimizer::FTRL:
-      // TF's conditions (ftrl.py): "needs to be negative or zero", "positive or zero".
-      require(opt.learning_rate_power() <= 0, opt, "learning_rate_power needs to be negative or zero",
-              opt.learning_rate_power());
-      require(opt.initial_accumulator_value() >= 0 && std::isfinite(opt.initial_accumulator_value()), opt,
-              "initial_accumulator_value needs to be positive or zero", opt.initial_accumulator_value());
-      require(opt.l1() >= 0, opt, "l1 needs to be positive or zero", opt.l1());
-      require(opt.l2() >= 0, opt, "l2 needs to be positive or zero", opt.l2());
-      require(opt.beta() >= 0, opt, "beta needs to be positive or zero", opt.beta());
-      // With power 0 and an empty accumulator, accum^0 = 1; with power < 0, 0^(-p) = 0: both fine.
-      break;
-    default: break;
-  }
+void check_optimizer(const optimizer& opt) {
+  const hyper_parameter_check check{optimizer_name(opt)};
+  const double lr = std::visit([](const auto& o) { return o.learning_rate; }, opt);
+  check.require(std::isfinite(lr) && lr > 0, "learning_rate must be positive", lr);
+  std::visit(check, opt);
 }
 
-void apply_dense(const wire::Optimizer& opt, dtype type, std::byte* variable, std::span<std::byte* const> slots,
+void apply_dense(const optimizer& opt, dtype type, std::byte* variable, std::span<std::byte* const> slots,
                  std::int64_t step, const std::byte* gradient, std::size_t n) {
   visit_dtype(type, [&](auto zero) {
     using T = decltype(zero);
@@ -436,7 +477,7 @@ void apply_dense(const wire::Optimizer& opt, dtype type, std::byte* variable, st
   });
 }
 
-void apply_sparse(const wire::Optimizer& opt, dtype type, std::byte* variable, std::span<std::byte* const> slots,
+void apply_sparse(const optimizer& opt, dtype type, std::byte* variable, std::span<std::byte* const> slots,
                   std::int64_t step, std::span<const std::int64_t> ids, const std::byte* rows,
                   std::size_t row_elements) {
   visit_dtype(type, [&](auto zero) {

@@ -6,7 +6,7 @@
 #include "runtime/ps_kernels.hpp"
 #include "runtime/rows.hpp"
 #include "runtime/values.hpp"
-#include "wire/connection.hpp"
+#include "wire/status.hpp"
 
 #include <fmt/format.h>
 
@@ -19,6 +19,7 @@
 #include <fstream>
 #include <limits>
 #include <new>
+#include <optional>
 
 namespace pscoro::runtime {
 
@@ -26,17 +27,85 @@ namespace {
 
 [[noreturn]] void invalid(std::string message) { throw error(errc::invalid_argument, std::move(message)); }
 
-std::string_view op_name(wire::UpdateVariable::Op op, bool scatter) {
+// ---- From the wire to the kernels' domain types: once, here, before any check --------------------
+
+update_op decode_op(wire::UpdateVariable::Op op) {
   switch (op) {
-    case wire::UpdateVariable::ASSIGN: return scatter ? "scatter_update" : "assign";
-    case wire::UpdateVariable::ADD: return scatter ? "scatter_add" : "assign_add";
-    case wire::UpdateVariable::SUB: return scatter ? "scatter_sub" : "assign_sub";
-    case wire::UpdateVariable::MUL: return scatter ? "scatter_mul" : "assign_mul";
-    case wire::UpdateVariable::DIV: return scatter ? "scatter_div" : "assign_div";
-    case wire::UpdateVariable::MIN: return scatter ? "scatter_min" : "assign_min";
-    case wire::UpdateVariable::MAX: return scatter ? "scatter_max" : "assign_max";
+    case wire::UpdateVariable::ASSIGN: return update_op::assign;
+    case wire::UpdateVariable::ADD: return update_op::add;
+    case wire::UpdateVariable::SUB: return update_op::sub;
+    case wire::UpdateVariable::MUL: return update_op::mul;
+    case wire::UpdateVariable::DIV: return update_op::div;
+    case wire::UpdateVariable::MIN: return update_op::min;
+    case wire::UpdateVariable::MAX: return update_op::max;
     default: invalid(fmt::format("unknown update operation {}", static_cast<int>(op)));
   }
+}
+
+// The fields a kind does not use are ignored (docs/protocol.md).
+optimizer decode_optimizer(const wire::Optimizer& opt) {
+  switch (opt.kind()) {
+    case wire::Optimizer::SGD: return optimizers::sgd{.learning_rate = opt.learning_rate()};
+    case wire::Optimizer::MOMENTUM:
+      return optimizers::momentum{.learning_rate = opt.learning_rate(),
+                                  .momentum = opt.momentum(),
+                                  .nesterov = opt.nesterov()};
+    case wire::Optimizer::ADAGRAD:
+      return optimizers::adagrad{.learning_rate = opt.learning_rate(),
+                                 .initial_accumulator_value = opt.initial_accumulator_value(),
+                                 .epsilon = opt.epsilon()};
+    case wire::Optimizer::ADAM:
+      return optimizers::adam{.learning_rate = opt.learning_rate(),
+                              .beta_1 = opt.beta_1(),
+                              .beta_2 = opt.beta_2(),
+                              .epsilon = opt.epsilon()};
+    case wire::Optimizer::FTRL:
+      return optimizers::ftrl{.learning_rate = opt.learning_rate(),
+                              .learning_rate_power = opt.learning_rate_power(),
+                              .initial_accumulator_value = opt.initial_accumulator_value(),
+                              .l1 = opt.l1(),
+                              .l2 = opt.l2(),
+                              .beta = opt.beta()};
+    default: invalid(fmt::format("unknown optimizer {}", static_cast<int>(opt.kind())));
+  }
+}
+
+// The seed on the wire is the one to draw from: the chief mixed the variable's name into it.
+kernels::shard_initializer decode_initializer(const wire::Initializer& init, std::string_view variable) {
+  kernels::shard_initializer out{.init = {},
+                                 .full_shape = shape_type(init.full_shape().begin(), init.full_shape().end()),
+                                 .row_offset = init.row_offset()};
+  switch (init.kind()) {
+    case wire::Initializer::ZEROS: out.init = initializers::zeros{}; break;
+    case wire::Initializer::ONES: out.init = initializers::ones{}; break;
+    case wire::Initializer::CONSTANT: out.init = initializers::constant{.value = init.a()}; break;
+    case wire::Initializer::RANDOM_UNIFORM:
+      out.init = initializers::random_uniform{.minval = init.a(), .maxval = init.b(), .seed = init.seed()};
+      break;
+    case wire::Initializer::RANDOM_NORMAL:
+      out.init = initializers::random_normal{.mean = init.a(), .stddev = init.b(), .seed = init.seed()};
+      break;
+    case wire::Initializer::TRUNCATED_NORMAL:
+      out.init = initializers::truncated_normal{.mean = init.a(), .stddev = init.b(), .seed = init.seed()};
+      break;
+    case wire::Initializer::GLOROT_UNIFORM: out.init = initializers::glorot_uniform{.seed = init.seed()}; break;
+    default:
+      invalid(fmt::format("create of '{}': unknown initializer {}", variable, static_cast<int>(init.kind())));
+  }
+  return out;
+}
+
+std::string_view op_name(update_op op, bool scatter) {
+  switch (op) {
+    case update_op::assign: return scatter ? "scatter_update" : "assign";
+    case update_op::add: return scatter ? "scatter_add" : "assign_add";
+    case update_op::sub: return scatter ? "scatter_sub" : "assign_sub";
+    case update_op::mul: return scatter ? "scatter_mul" : "assign_mul";
+    case update_op::div: return scatter ? "scatter_div" : "assign_div";
+    case update_op::min: return scatter ? "scatter_min" : "assign_min";
+    case update_op::max: return scatter ? "scatter_max" : "assign_max";
+  }
+  return "update";
 }
 
 // Elements per row (axis 0) of a variable of `shape`; rank 0 has no rows.
@@ -188,6 +257,7 @@ ps_service::stored_variable& ps_service::hold(const std::string& name, stored_va
 wire::frame ps_service::handle(const wire::frame& request) {
   wire::frame response;
   response.message.mutable_response();
+  std::exception_ptr failure;
   try {
     const auto& body = request.message.request();
     switch (body.body_case()) {
@@ -209,18 +279,19 @@ wire::frame ps_service::handle(const wire::frame& request) {
         throw error(errc::failed_precondition, fmt::format("{} is a parameter server and runs no closures", task_));
       case wire::Request::BODY_NOT_SET: throw error(errc::invalid_argument, "empty request");
     }
-  } catch (const error& e) {
-    response = wire::frame{};
-    wire::set_status(*response.message.mutable_response()->mutable_status(), e.code(), e.what(), task_);
   } catch (const std::bad_alloc&) {
     // The limits stop a request from asking for more than the ps may hold, but the machine may
-    // have less free than the limits assume.
+    // have less free than the limits assume: the caller learns how much the ps holds.
+    failure = std::make_exception_ptr(
+        error(errc::resource_exhausted, fmt::format("{} ran out of memory serving the request (it holds {} of "
+                                                    "variables and slots)",
+                                                    task_, bytes_text(held_bytes_))));
+  } catch (...) {
+    failure = std::current_exception();
+  }
+  if (failure) {
     response = wire::frame{};
-    wire::set_status(*response.message.mutable_response()->mutable_status(),
-                     make_error_code(errc::resource_exhausted),
-                     fmt::format("{} ran out of memory serving the request (it holds {} of variables and slots)",
-                                 task_, bytes_text(held_bytes_)),
-                     task_);
+    *response.message.mutable_response()->mutable_status() = wire::status_of(failure, task_);
   }
   return response;
 }
@@ -231,8 +302,10 @@ void ps_service::create(const wire::frame& request, const wire::CreateVariable& 
   const std::string context = fmt::format("create of '{}'", ref.name);
   const std::uint64_t size = checked_bytes(context, ref.type, ref.shape);
   tensor initial;
+  std::optional<kernels::shard_initializer> fill;
   if (create.has_initializer()) {
-    kernels::check_initializer(create.initializer(), ref.type, ref.shape, ref.name);
+    fill = decode_initializer(create.initializer(), ref.name);
+    kernels::check_initializer(*fill, ref.type, ref.shape, ref.name);
   } else {
     initial = wire::get_tensor(request, create.initial_value());
     if (initial.type() != ref.type || initial.shape() != ref.shape) {
@@ -256,9 +329,12 @@ void ps_service::create(const wire::frame& request, const wire::CreateVariable& 
   }
   check_room(context, "", ref.name, ref.type, ref.shape, 0);
   // The frame's segment becomes the variable's storage: no copy.
-  stored_variable stored{ref.type, ref.shape, create.has_initializer() ? byte_buffer(size) : initial.bytes(),
-                         std::move(owner), create.has_slot_of() ? create.slot_of().initial_value() : 0.0};
-  if (create.has_initializer()) kernels::initialize(create.initializer(), ref.type, ref.shape, stored.bytes.data());
+  stored_variable stored{.type = ref.type,
+                         .shape = ref.shape,
+                         .bytes = fill ? byte_buffer(size) : initial.bytes(),
+                         .slot_of = std::move(owner),
+                         .slot_initial_value = create.has_slot_of() ? create.slot_of().initial_value() : 0.0};
+  if (fill) kernels::initialize(*fill, ref.type, ref.shape, stored.bytes.data());
   hold(ref.name, std::move(stored));
 }
 
@@ -350,7 +426,7 @@ void ps_service::read(const wire::frame& request, const wire::ReadVariable& read
 }
 
 void ps_service::update(const wire::frame& request, const wire::UpdateVariable& update) {
-  const auto op = update.op();
+  const auto op = decode_op(update.op());
   const bool scatter = update.has_indices();
   const auto name = op_name(op, scatter);
   auto& stored = find(update.variable(), name);
@@ -375,7 +451,7 @@ void ps_service::update(const wire::frame& request, const wire::UpdateVariable& 
     make_writable(stored.bytes);
     std::byte* first =
         stored.bytes.data() + update.rows().begin() * row_elements(stored.shape) * size_of(stored.type);
-    if (op == wire::UpdateVariable::ASSIGN) {
+    if (op == update_op::assign) {
       if (value.bytes().size()) std::memcpy(first, value.bytes().data(), value.bytes().size());
     } else {
       kernels::combine(op, stored.type, first, value.bytes().data(), value.size());
@@ -389,7 +465,7 @@ void ps_service::update(const wire::frame& request, const wire::UpdateVariable& 
     }
     check_finite(context, "value", value);
     kernels::check_divisors(op, stored.type, value.bytes().data(), value.size());
-    if (op == wire::UpdateVariable::ASSIGN) {
+    if (op == update_op::assign) {
       stored.bytes = value.bytes();  // adopt the received segment
       return;
     }
@@ -428,10 +504,8 @@ void ps_service::check_slots(std::string_view context, const std::string& variab
 ps_service::stored_variable& ps_service::slot(const std::string& variable, const slot_plan& plan) {
   auto it = variables_.find(plan.name);
   if (it == variables_.end()) {
-    wire::Initializer fill;
-    fill.set_kind(wire::Initializer::CONSTANT);
-    fill.set_a(plan.initial_value);
-    for (const auto d : plan.shape) fill.add_full_shape(d);
+    const kernels::shard_initializer fill{.init = initializers::constant{.value = plan.initial_value},
+                                          .full_shape = plan.shape};
     byte_buffer bytes(num_elements(plan.shape) * size_of(plan.type));
     kernels::initialize(fill, plan.type, plan.shape, bytes.data());
     return hold(plan.name, stored_variable{plan.type, plan.shape, std::move(bytes), variable, plan.initial_value});
@@ -441,8 +515,8 @@ ps_service::stored_variable& ps_service::slot(const std::string& variable, const
 }
 
 void ps_service::apply_gradient(const wire::frame& request, const wire::ApplyGradient& apply) {
-  const auto& opt = apply.optimizer();
-  const std::string optimizer = kernels::optimizer_name(opt);
+  const auto opt = decode_optimizer(apply.optimizer());
+  const std::string optimizer(kernels::optimizer_name(opt));
   const bool sparse = apply.has_indices();
   const std::string operation = fmt::format("{} {}", optimizer, sparse ? "sparse update" : "update");
   auto& stored = find(apply.variable(), operation);

@@ -1,6 +1,7 @@
 #include "runtime/security.hpp"
 
 #include "runtime/log.hpp"
+#include "runtime/peer.hpp"
 
 #include <pscoro/error.hpp>
 
@@ -153,7 +154,7 @@ std::shared_ptr<asio::ssl::context> tls_context_for(const transport_options& opt
 void check_exposure(const asio::ip::tcp::endpoint& endpoint, const transport_options& options,
                     const std::string& task) {
   if (!options.auth_secret.empty() || uses_tls(options) || endpoint.address().is_loopback()) return;
-  const auto address = fmt::format("{}:{}", endpoint.address().to_string(), endpoint.port());
+  const auto address = format_address(endpoint);
   if (!options.allow_insecure) {
     throw error(errc::invalid_argument,
                 fmt::format("{} will not listen on {} without a cluster secret: anyone who can reach that port could "

@@ -3,7 +3,7 @@
 #include "runtime/log.hpp"
 #include "runtime/text.hpp"
 #include "runtime/values.hpp"
-#include "wire/connection.hpp"
+#include "wire/status.hpp"
 
 #include <asio/bind_cancellation_slot.hpp>
 #include <asio/cancellation_state.hpp>
@@ -31,12 +31,11 @@ asio::awaitable<void> connect_early(std::shared_ptr<peer> ps) {
 
 }  // namespace
 
-worker_service::worker_service(asio::any_io_executor executor, std::string task, int task_index,
-                               std::uint64_t incarnation, transport_options options)
+worker_service::worker_service(asio::any_io_executor executor, std::string task, task_identity self,
+                               transport_options options)
     : executor_(std::move(executor)),
       task_(std::move(task)),
-      task_index_(task_index),
-      incarnation_(incarnation),
+      self_(std::move(self)),
       options_(options),
       ps_(std::make_shared<ps_client>(std::vector<std::shared_ptr<peer>>{})) {}
 
@@ -48,7 +47,7 @@ void worker_service::bind_dataset(std::string name, detail::erased_dataset_funct
   datasets_[std::move(name)] = std::move(fn);
 }
 
-void worker_service::create_iterator(const wire::CreateIterator& create) {
+wire::Status worker_service::create_iterator(const wire::CreateIterator& create) {
   auto it = datasets_.find(create.function());
   if (it == datasets_.end()) {
     std::vector<std::string_view> known;
@@ -61,8 +60,13 @@ void worker_service::create_iterator(const wire::CreateIterator& create) {
                                                     create.function(), create.worker_index(), create.num_workers()));
   }
   // The user's function builds the pipeline here; its failure becomes the request's error.
-  auto iterator = it->second.make_iterator(input_context{create.worker_index(), create.num_workers()});
-  iterators_.put(create.id(), {create.function(), it->second.element_type, std::move(iterator)});
+  try {
+    auto iterator = it->second.make_iterator(input_context{create.worker_index(), create.num_workers()});
+    iterators_.put(create.id(), {create.function(), it->second.element_type, std::move(iterator)});
+  } catch (...) {
+    return wire::status_of(std::current_exception(), task_, fmt::format("dataset function '{}'", create.function()));
+  }
+  return {};
 }
 
 void worker_service::set_cluster(const wire::Hello& hello) {
@@ -70,12 +74,7 @@ void worker_service::set_cluster(const wire::Hello& hello) {
   for (const auto& job : hello.cluster()) {
     if (job.name() == "ps") ps_addresses.insert(job.tasks().begin(), job.tasks().end());
   }
-  wire::Hello ours;
-  ours.set_protocol_version(wire::protocol_version);
-  ours.set_job("worker");
-  ours.set_task_index(task_index_);
-  ours.set_incarnation(incarnation_);
-  ours.set_session(hello.session());
+  const auto ours = make_hello(self_, hello.session());
   // Keep open connections to ps that did not move; index i of the list is ps task i.
   const auto& old = ps_->peers();
   std::vector<std::shared_ptr<peer>> peers;
@@ -158,13 +157,9 @@ asio::awaitable<wire::frame> worker_service::handle(wire::frame request) {
   auto* out = response.message.mutable_response();
   if (body.body_case() == wire::Request::kCreateIterator) {
     try {
-      create_iterator(body.create_iterator());
-    } catch (const error& e) {
-      wire::set_status(*out->mutable_status(), e.code(), e.what(), task_);
-    } catch (const std::exception& e) {
-      wire::set_status(*out->mutable_status(), make_error_code(errc::unknown),
-                       fmt::format("dataset function '{}' raised: {}", body.create_iterator().function(), e.what()),
-                       task_);
+      *out->mutable_status() = create_iterator(body.create_iterator());
+    } catch (...) {
+      *out->mutable_status() = wire::status_of(std::current_exception(), task_);
     }
     co_return response;
   }
@@ -188,10 +183,8 @@ asio::awaitable<wire::frame> worker_service::run_function(wire::frame request) {
   auto closure = std::make_shared<running_closure>();
   closure->generation = call.generation();
   running_.push_back(closure);
-  std::error_code code;
-  std::string message;
-  std::string origin = task_;
   wire::frame response;
+  std::exception_ptr failure;
   try {
     // Its own thread of execution, cancelled through closure->signal. Named: g++ 12 (temporaries).
     auto body = run_cancellable(this, request, call);
@@ -200,28 +193,21 @@ asio::awaitable<wire::frame> worker_service::run_function(wire::frame request) {
     std::erase(running_, closure);
     encode_value(response, *response.message.mutable_response()->mutable_result(), result);
     co_return response;
-  } catch (const remote_error& e) {
-    // A failure of a ps this function talked to keeps its origin (the coordinator classifies it).
-    code = e.code();
-    origin = e.origin_task();
-    message = fmt::format("worker function '{}' on {} failed: {}", call.name(), task_, e.remote_message());
-  } catch (const error& e) {
-    code = e.code();
-    message = fmt::format("worker function '{}' failed: {}", call.name(), e.what());
-  } catch (const std::exception& e) {
-    code = make_error_code(errc::unknown);
-    message = fmt::format("worker function '{}' raised: {}", call.name(), e.what());
+  } catch (...) {
+    failure = std::current_exception();
   }
   std::erase(running_, closure);
+  // A failure of a ps this function talked to keeps the ps as origin: the coordinator classifies it.
+  auto status = wire::status_of(failure, task_, fmt::format("worker function '{}'", call.name()));
   if (closure->cancelled) {
     // Whatever it threw on the way out (its own reaction to errc::cancelled, say), it ended
     // because it was cancelled.
-    code = make_error_code(errc::cancelled);
-    origin = task_;
-    message = fmt::format("worker function '{}' was cancelled on {}: {}", call.name(), task_, message);
+    wire::set_status(status, make_error_code(errc::cancelled),
+                     fmt::format("worker function '{}' was cancelled on {}: {}", call.name(), task_, status.message()),
+                     task_);
   }
   response = wire::frame{};
-  wire::set_status(*response.message.mutable_response()->mutable_status(), code, message, origin);
+  *response.message.mutable_response()->mutable_status() = std::move(status);
   co_return response;
 }
 

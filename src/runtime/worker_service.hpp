@@ -7,6 +7,7 @@
 #include <pscoro/transport_options.hpp>
 #include <pscoro/worker_function.hpp>
 
+#include "runtime/peer.hpp"
 #include "runtime/ps_client.hpp"
 #include "wire/frame.hpp"
 
@@ -24,8 +25,8 @@ namespace pscoro::runtime {
 
 class worker_service {
  public:
-  worker_service(asio::any_io_executor executor, std::string task, int task_index, std::uint64_t incarnation,
-                 transport_options options);
+  /// The worker `task` ("worker:1"), which is `self` in its handshakes with the ps.
+  worker_service(asio::any_io_executor executor, std::string task, task_identity self, transport_options options);
 
   /// Registers `fn` under `name`; binding a name twice replaces the first binding.
   void bind(std::string name, std::string signature, detail::erased_worker_function fn);
@@ -66,12 +67,13 @@ class worker_service {
   asio::awaitable<value> run(const wire::frame& request, const wire::RunFunction& call);
   /// Cancels the running closures of `generation` (every one when it is empty); returns how many.
   std::size_t cancel(std::optional<std::uint64_t> generation);
-  void create_iterator(const wire::CreateIterator& create);
+  /// Builds the iterator; the failure of the user's dataset function comes back as a status, naming
+  /// the function; a request that is not valid here throws.
+  wire::Status create_iterator(const wire::CreateIterator& create);
 
   asio::any_io_executor executor_;
   std::string task_;
-  int task_index_;
-  std::uint64_t incarnation_;
+  task_identity self_;
   transport_options options_;
   std::map<std::string, bound_function, std::less<>> functions_;
   std::map<std::string, detail::erased_dataset_function, std::less<>> datasets_;

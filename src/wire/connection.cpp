@@ -143,10 +143,10 @@ asio::awaitable<void> connection::serve(std::shared_ptr<connection> self, frame 
   frame response;
   try {
     response = co_await self->on_request_(std::move(request));
-  } catch (const std::exception& e) {
+  } catch (...) {
     response = frame{};
-    set_status(*response.message.mutable_response()->mutable_status(), make_error_code(errc::unknown),
-               e.what(), "");
+    // No origin: the connection does not know its task's name; the caller fills in whom it asked.
+    *response.message.mutable_response()->mutable_status() = status_of(std::current_exception(), "");
   }
   response.kind = frame_kind::response;
   response.request_id = id;
@@ -255,18 +255,6 @@ void connection::close(const std::string& reason) {
   for (auto& [id, call] : pending) call.handler(make_error_code(errc::unavailable), frame{});
   if (auto on_close = std::move(on_close_)) on_close(reason);
   on_request_ = nullptr;  // breaks the cycle handler -> service -> connection
-}
-
-void set_status(Status& status, std::error_code code, const std::string& message, const std::string& origin) {
-  status.set_code(code.category() == error_category() ? code.value() : static_cast<int>(errc::unknown));
-  status.set_message(message);
-  status.set_origin_task(origin);
-}
-
-void throw_if_error(const Status& status, const std::string& origin) {
-  if (status.code() == 0) return;
-  throw remote_error(make_error_code(static_cast<errc>(status.code())),
-                     status.origin_task().empty() ? origin : status.origin_task(), status.message());
 }
 
 }  // namespace pscoro::wire

@@ -5,6 +5,7 @@
 #pragma once
 
 #include "wire/frame.hpp"
+#include "wire/status.hpp"
 
 #include <pscoro/detail/completion.hpp>
 
@@ -23,7 +24,8 @@ namespace pscoro::wire {
 
 class connection : public std::enable_shared_from_this<connection> {
  public:
-  /// Serves one request; returns the response (status set). Exceptions become error responses.
+  /// Serves one request; returns the response (status set). An exception becomes an error response
+  /// (status_of, with no origin: the caller names the task it asked).
   using request_handler = std::function<asio::awaitable<frame>(frame request)>;
   using close_handler = std::function<void(const std::string& reason)>;
 
@@ -160,10 +162,5 @@ class handshake_deadline {
   std::shared_ptr<bool> cancelled_ = std::make_shared<bool>(false);
   asio::steady_timer timer_;
 };
-
-/// A status message for `code` and `message`, and the error it describes.
-void set_status(Status& status, std::error_code code, const std::string& message, const std::string& origin);
-/// Throws a remote_error for a non-ok status; `origin` is used when the status names none.
-void throw_if_error(const Status& status, const std::string& origin);
 
 }  // namespace pscoro::wire

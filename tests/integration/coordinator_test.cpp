@@ -973,10 +973,7 @@ TEST_CASE("the chief refuses announcements it cannot use, naming why") {
   cluster.chief_address = "127.0.0.1:0";
   cluster.run_chief([&](parameter_server_strategy& strategy, cluster_coordinator&) -> asio::awaitable<void> {
     auto refusal = [&](std::string job, int index, std::string address) -> asio::awaitable<std::string> {
-      wire::Hello hello;
-      hello.set_protocol_version(wire::protocol_version);
-      hello.set_job(std::move(job));
-      hello.set_task_index(index);
+      auto hello = runtime::make_hello({std::move(job), index, 0}, 0);
       hello.set_address(std::move(address));
       const transport_options options;  // named: g++ 12 destroys a co_await's temporaries early
       try {

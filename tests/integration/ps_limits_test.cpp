@@ -31,10 +31,7 @@ struct reply {
 // Sends `request` to ps:0 of `cluster` as the chief of coordinator session `session` and returns
 // the status and the result tensor.
 reply call(local_cluster& cluster, wire::frame request, std::uint64_t session = 1) {
-  wire::Hello hello;
-  hello.set_protocol_version(wire::protocol_version);
-  hello.set_job("chief");
-  hello.set_session(session);
+  const auto hello = runtime::make_hello({"chief", 0, 0}, session);
   asio::io_context io;
   auto response = asio::co_spawn(
       io,
@@ -159,11 +156,8 @@ wire::frame list_slots(const variable_ref& ref) {
 
 std::size_t num_slots(local_cluster& cluster, const variable_ref& ref) {
   wire::frame f = list_slots(ref);
-  wire::Hello hello;
   // ListSlots answers in Response.slots, which `call` does not return: count them here.
-  hello.set_protocol_version(wire::protocol_version);
-  hello.set_job("chief");
-  hello.set_session(1);
+  const auto hello = runtime::make_hello({"chief", 0, 0}, 1);
   asio::io_context io;
   auto response = asio::co_spawn(
       io,

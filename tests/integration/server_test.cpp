@@ -13,13 +13,7 @@ namespace {
 
 const cluster_spec spec{{"ps", {"127.0.0.1:0"}}, {"worker", {"127.0.0.1:0"}}};
 
-wire::Hello chief_hello(std::uint64_t session) {
-  wire::Hello hello;
-  hello.set_protocol_version(wire::protocol_version);
-  hello.set_job("chief");
-  hello.set_session(session);
-  return hello;
-}
+wire::Hello chief_hello(std::uint64_t session) { return runtime::make_hello({"chief", 0, 0}, session); }
 
 // Sends `request` to `job`:0 of `cluster` as the chief of coordinator session `session` would and
 // returns the response status.

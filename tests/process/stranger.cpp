@@ -17,7 +17,6 @@
 #include <asio/use_future.hpp>
 
 #include <cstdio>
-#include <random>
 #include <string>
 
 using namespace pscoro;
@@ -25,12 +24,8 @@ using namespace pscoro;
 namespace {
 
 asio::awaitable<int> intrude(std::string address, std::string task, std::string job, transport_options transport) {
-  std::random_device device;
-  wire::Hello hello;
-  hello.set_protocol_version(wire::protocol_version);
-  hello.set_job(job);
-  hello.set_incarnation((std::uint64_t{device()} << 32) | device() | 1);
-  hello.set_session(hello.incarnation());
+  const auto incarnation = runtime::new_incarnation();
+  const auto hello = runtime::make_hello({job, 0, incarnation}, incarnation);
   transport.connect_timeout = std::chrono::seconds(5);
   std::shared_ptr<wire::connection> connection;
   try {

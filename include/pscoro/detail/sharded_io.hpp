@@ -38,7 +38,7 @@ struct sharded_layout {
 /// 0, rows adding up) plus the "div" layout the id mapping needs; throws errc::invalid_argument.
 std::shared_ptr<const sharded_layout> make_layout(sharded_variable_ref ref);
 /// The layout of a dense variable: one shard.
-std::shared_ptr<const sharded_layout> single_layout(const variable_ref& ref);
+std::shared_ptr<const sharded_layout> single_layout(variable_ref ref);
 
 /// Row ids as they travel: int64, with the shape they came in (embedding_lookup keeps it).
 struct id_list {
