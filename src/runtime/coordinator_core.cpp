@@ -19,7 +19,6 @@
 #include <cmath>
 #include <cstdlib>
 #include <optional>
-#include <random>
 
 namespace pscoro::detail {
 
@@ -64,9 +63,7 @@ std::shared_ptr<coordinator_core> coordinator_core::make(asio::any_io_executor e
       spec_address = cluster.task_address(task_type, index);
     }
   }
-  std::random_device device;
-  const std::uint64_t incarnation = (std::uint64_t{device()} << 32) ^ device();
-  runtime::task_identity self{"chief", index, incarnation == 0 ? 1 : incarnation};
+  runtime::task_identity self{"chief", index, runtime::new_incarnation()};
   options.transport = runtime::with_environment(options.transport);
   auto core = std::shared_ptr<coordinator_core>(
       new coordinator_core(std::move(executor), cluster, std::move(options), std::move(self), std::move(spec_address)));
