@@ -89,8 +89,11 @@ case "${1:-}" in
     ;;
   sanitize)
     install_missing
-    configure build-sanitize -Db_sanitize=address,undefined -Db_lundef=false -Doptimization=1 -Ddebug=true \
-      -Dbenchmarks=false  # -O1: ASan's advice; at -O0 the process tests take minutes of pure xtensor
+    # -O1 (ASan's advice; at -O0 the process tests take minutes of pure xtensor) for the library,
+    # tools and examples; the test programs at -O0, a third of the compile time under ASan + UBSan
+    # (docs/design.md, Build). -g1: line tables, all a sanitizer's stack trace needs.
+    configure build-sanitize -Db_sanitize=address,undefined -Db_lundef=false -Doptimization=1 \
+      -Ddebug=false -Dcpp_args=-g1 -Dtests_optimization=0 -Dbenchmarks=false
     build build-sanitize
     ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 run_tests build-sanitize
     ;;
