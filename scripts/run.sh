@@ -41,11 +41,31 @@ configure() {
   fi
 }
 
+# The one build of example, test and bench: release (-O3, what users run and benchmark) with the
+# tests in it, so CI compiles the library once and still sees every -O3 warning. Failures are chased
+# in build-sanitize (scripts/run.sh sanitize: ASan + UBSan, line tables). A `build` set up otherwise
+# (by hand, or by an older run.sh as debugoptimized) is switched over.
+configure_build() {
+  configure build -Dbuildtype=release
+  local buildtype
+  buildtype=$(meson introspect build --buildoptions |
+    /usr/bin/python3 -c 'import json, sys; print(next(o["value"] for o in json.load(sys.stdin) if o["name"] == "buildtype"))')
+  [ "$buildtype" = release ] || meson configure build -Dbuildtype=release >/dev/null
+}
+
+# build DIR: compiles everything in DIR and says how long it took.
+build() {
+  local start=$SECONDS
+  meson compile -C "$1"
+  echo "scripts/run.sh: $1 built in $((SECONDS - start)) s"
+}
+
 # run_tests DIR: runs the suite and prints "N passed, N failed" over the test cases of every test
 # executable; fails if anything failed. (Debian's python3 comes with meson.)
 run_tests() {
-  local dir=$1 status=0
+  local dir=$1 status=0 start=$SECONDS
   meson test -C "$dir" --print-errorlogs --num-processes 2 || status=$?
+  echo "scripts/run.sh: $dir tests ran in $((SECONDS - start)) s"
   /usr/bin/python3 scripts/count_tests.py "$dir/meson-logs/testlog.json" || status=1
   return "$status"
 }
@@ -53,7 +73,7 @@ run_tests() {
 case "${1:-}" in
   example)
     install_missing
-    configure build
+    configure_build
     example=fashion_mnist
     case "${2:-}" in ctr | fashion_mnist | hello_cluster) example=$2; shift ;; esac
     meson compile -C build pscoro-launch "$example"
@@ -63,25 +83,28 @@ case "${1:-}" in
     ;;
   test)
     install_missing
-    configure build
-    meson compile -C build
+    configure_build
+    build build
     run_tests build
     ;;
   sanitize)
     install_missing
-    configure build-sanitize -Db_sanitize=address,undefined -Db_lundef=false -Doptimization=1 -Ddebug=true \
-      -Dbenchmarks=false  # -O1: ASan's advice; at -O0 the process tests take minutes of pure xtensor
-    meson compile -C build-sanitize
+    # -O1 (ASan's advice; at -O0 the process tests take minutes of pure xtensor) for the library,
+    # tools and examples; the test programs at -O0, a third of the compile time under ASan + UBSan
+    # (docs/design.md, Build). -g1: line tables, all a sanitizer's stack trace needs.
+    configure build-sanitize -Db_sanitize=address,undefined -Db_lundef=false -Doptimization=1 \
+      -Ddebug=false -Dcpp_args=-g1 -Dtests_optimization=0 -Dbenchmarks=false
+    build build-sanitize
     ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 run_tests build-sanitize
     ;;
   bench)
     install_missing
-    configure build-release -Dbuildtype=release -Dtests=false
-    meson compile -C build-release cluster_bench variable_bench checkpoint_bench tls_bench
-    build-release/benchmarks/cluster_bench
-    build-release/benchmarks/variable_bench
-    build-release/benchmarks/checkpoint_bench
-    build-release/benchmarks/tls_bench
+    configure_build
+    meson compile -C build cluster_bench variable_bench checkpoint_bench tls_bench
+    build/benchmarks/cluster_bench
+    build/benchmarks/variable_bench
+    build/benchmarks/checkpoint_bench
+    build/benchmarks/tls_bench
     ;;
   fuzz)
     seconds=${2:-60}

@@ -1,5 +1,7 @@
 #include <pscoro/detail/sharded_io.hpp>
 
+#include <pscoro/detail/parallel.hpp>
+
 #include <fmt/format.h>
 
 #include "runtime/id_map.hpp"
@@ -193,5 +195,113 @@ void place_rows(std::byte* out, const tensor& reply, const shard_rows& plan, std
     for (const auto& [position, row] : plan.places) std::memcpy(out + position * size, from + row * size, size);
   });
 }
+
+// The coroutines of sharded_ops<T>, compiled once per element type (the header declares them and
+// says `extern template`).
+
+template <class T>
+variable_io& sharded_ops<T>::bound(const io_ptr& io, const sharded_layout& layout) {
+  if (!io) throw error(errc::failed_precondition, "variable handle '" + layout.ref.name + "' is not bound");
+  return *io;
+}
+
+// The shard's bytes are received straight into `out`; a copy is only needed if the transport could
+// not use it.
+template <class T>
+asio::awaitable<void> sharded_ops<T>::read_into(variable_io& io, variable_ref shard, std::byte* out) {
+  const std::size_t bytes = num_elements(shard.shape) * sizeof(T);
+  const tensor t = co_await io.read(shard, byte_buffer::borrow(out, bytes));
+  check_reply(shard, t);
+  if (t.size_bytes() && t.bytes().data() != out) std::memcpy(out, t.bytes().data(), t.size_bytes());
+}
+
+template <class T>
+asio::awaitable<void> sharded_ops<T>::read_to(io_ptr io, layout_ptr layout, xt::xarray<T>& out) {
+  auto& channel = bound(io, *layout);
+  const auto& shape = layout->ref.shape;
+  if (!std::equal(out.shape().begin(), out.shape().end(), shape.begin(), shape.end())) out.resize(shape);
+  auto* bytes = reinterpret_cast<std::byte*>(out.data());
+  const std::size_t row_bytes = layout->row_elements() * sizeof(T);
+  co_await run_all(layout->num_shards(), [&](std::size_t i) {
+    return read_into(channel, layout->ref.shards[i], bytes + layout->offsets[i] * row_bytes);
+  });
+}
+
+template <class T>
+asio::awaitable<xt::xarray<T>> sharded_ops<T>::read(io_ptr io, layout_ptr layout) {
+  xt::xarray<T> out(layout->ref.shape);
+  co_await read_to(std::move(io), std::move(layout), out);
+  co_return out;
+}
+
+template <class T>
+asio::awaitable<void> sharded_ops<T>::update(io_ptr io, layout_ptr layout, update_op op, tensor value,
+                                             const char* operation) {
+  auto& channel = bound(io, *layout);
+  const auto parts = split_dense(*layout, value, operation);
+  co_await run_all(parts.size(), [&](std::size_t i) { return channel.update(layout->ref.shards[i], op, parts[i]); });
+}
+
+template <class T>
+asio::awaitable<void> sharded_ops<T>::lookup_shard(variable_io& io, variable_ref shard, const shard_rows& plan,
+                                                   std::byte* out, std::size_t row_bytes) {
+  const tensor reply = co_await io.gather(std::move(shard), plan.ids);
+  place_rows(out, reply, plan, row_bytes);
+}
+
+template <class T>
+asio::awaitable<xt::xarray<T>> sharded_ops<T>::gather(io_ptr io, layout_ptr layout, id_list ids, bool flat,
+                                                      const char* operation) {
+  auto& channel = bound(io, *layout);
+  if (flat) check_one_dimensional(ids, operation);
+  const auto plan = plan_lookup(*layout, ids.ids, operation);
+  shape_type shape = std::move(ids.shape);
+  shape.insert(shape.end(), layout->ref.shape.begin() + 1, layout->ref.shape.end());
+  xt::xarray<T> out(shape);
+  auto* bytes = reinterpret_cast<std::byte*>(out.data());
+  const std::size_t row_bytes = layout->row_elements() * sizeof(T);
+  co_await run_all(plan.size(), [&](std::size_t i) {
+    return lookup_shard(channel, layout->ref.shards[plan[i].shard], plan[i], bytes, row_bytes);
+  });
+  co_return out;
+}
+
+template <class T>
+asio::awaitable<void> sharded_ops<T>::failed(std::exception_ptr e) {
+  std::rethrow_exception(e);
+  co_return;
+}
+
+template <class T>
+asio::awaitable<void> sharded_ops<T>::scatter(io_ptr io, layout_ptr layout, update_op op,
+                                              std::vector<shard_rows> parts) {
+  auto& channel = bound(io, *layout);
+  co_await run_all(parts.size(), [&](std::size_t i) {
+    return channel.scatter(layout->ref.shards[parts[i].shard], op, parts[i].ids, parts[i].rows);
+  });
+}
+
+template <class T>
+asio::awaitable<void> sharded_ops<T>::apply_dense(io_ptr io, layout_ptr layout, optimizer opt, tensor gradient) {
+  auto& channel = bound(io, *layout);
+  const auto parts = split_dense(*layout, gradient, "apply_gradient");
+  co_await run_all(parts.size(), [&](std::size_t i) {
+    return channel.apply_gradient(layout->ref.shards[i], opt, parts[i], std::nullopt);
+  });
+}
+
+template <class T>
+asio::awaitable<void> sharded_ops<T>::apply_sparse(io_ptr io, layout_ptr layout, optimizer opt,
+                                                   std::vector<shard_rows> parts) {
+  auto& channel = bound(io, *layout);
+  co_await run_all(parts.size(), [&](std::size_t i) {
+    return channel.apply_gradient(layout->ref.shards[parts[i].shard], opt, parts[i].rows, parts[i].ids);
+  });
+}
+
+template struct sharded_ops<float>;
+template struct sharded_ops<double>;
+template struct sharded_ops<std::int32_t>;
+template struct sharded_ops<std::int64_t>;
 
 }  // namespace pscoro::detail

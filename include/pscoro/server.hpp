@@ -13,7 +13,6 @@
 #pragma once
 
 #include <pscoro/cluster_spec.hpp>
-#include <pscoro/per_worker.hpp>
 #include <pscoro/transport_options.hpp>
 #include <pscoro/worker_function.hpp>
 
@@ -25,6 +24,16 @@
 #include <string>
 
 namespace pscoro {
+
+// Defined in <pscoro/per_worker.hpp>, which whoever binds a dataset function has included (it
+// declares the function); a server that binds none does not parse datasets and xtensor.
+template <class T>
+class dataset_function;
+namespace detail {
+struct erased_dataset_function;
+template <class T, class F>
+erased_dataset_function erase_dataset_function(F&& make);
+}  // namespace detail
 
 struct server_options {
   /// Where to listen; empty means this task's address in the cluster spec. Port 0 picks a free

@@ -1,8 +1,11 @@
 // The row arithmetic and the per-shard fan-out behind sharded_variable<T> (and the row operations
-// of variable<T>, which is a sharded variable of one shard). Type-independent parts are compiled
-// (src/sharded.cpp); what needs T is here.
+// of variable<T>, which is a sharded variable of one shard). The row arithmetic and the coroutines,
+// for each element type, are compiled (src/sharded.cpp); what depends on the caller's expression
+// types is here.
 #pragma once
 
+// Not used here since sharded_ops moved to src/; src/runtime/coordinator_core.cpp still finds
+// run_all through it. (To drop once that file includes <pscoro/detail/parallel.hpp> itself.)
 #include <pscoro/detail/parallel.hpp>
 #include <pscoro/detail/variable_io.hpp>
 #include <pscoro/detail/xtensor.hpp>
@@ -12,7 +15,7 @@
 #include <asio/awaitable.hpp>
 
 #include <cstdint>
-#include <cstring>
+#include <exception>
 #include <limits>
 #include <memory>
 #include <optional>
@@ -123,99 +126,36 @@ void check_rows(const sharded_layout& layout, std::size_t n, const tensor& rows,
 
 /// The coroutines behind the handles. Static and by value: an awaitable must not depend on the
 /// handle staying alive, and every failure (an unbound handle too) surfaces where it is awaited.
+/// Compiled once for each element type in src/sharded.cpp (as fmt compiles its common
+/// instantiations), so a program that reads variables does not compile these coroutines again.
 template <class T>
 struct sharded_ops {
   using layout_ptr = std::shared_ptr<const sharded_layout>;
   using io_ptr = std::shared_ptr<variable_io>;
 
-  static variable_io& bound(const io_ptr& io, const sharded_layout& layout) {
-    if (!io) throw error(errc::failed_precondition, "variable handle '" + layout.ref.name + "' is not bound");
-    return *io;
-  }
-
-  // The shard's bytes are received straight into `out`; a copy is only needed if the transport
-  // could not use it.
-  static asio::awaitable<void> read_into(variable_io& io, variable_ref shard, std::byte* out) {
-    const std::size_t bytes = num_elements(shard.shape) * sizeof(T);
-    const tensor t = co_await io.read(shard, byte_buffer::borrow(out, bytes));
-    check_reply(shard, t);
-    if (t.size_bytes() && t.bytes().data() != out) std::memcpy(out, t.bytes().data(), t.size_bytes());
-  }
-
-  static asio::awaitable<void> read_to(io_ptr io, layout_ptr layout, xt::xarray<T>& out) {
-    auto& channel = bound(io, *layout);
-    const auto& shape = layout->ref.shape;
-    if (!std::equal(out.shape().begin(), out.shape().end(), shape.begin(), shape.end())) out.resize(shape);
-    auto* bytes = reinterpret_cast<std::byte*>(out.data());
-    const std::size_t row_bytes = layout->row_elements() * sizeof(T);
-    co_await run_all(layout->num_shards(), [&](std::size_t i) {
-      return read_into(channel, layout->ref.shards[i], bytes + layout->offsets[i] * row_bytes);
-    });
-  }
-
-  static asio::awaitable<xt::xarray<T>> read(io_ptr io, layout_ptr layout) {
-    xt::xarray<T> out(layout->ref.shape);
-    co_await read_to(std::move(io), std::move(layout), out);
-    co_return out;
-  }
-
-  static asio::awaitable<void> update(io_ptr io, layout_ptr layout, update_op op, tensor value, const char* operation) {
-    auto& channel = bound(io, *layout);
-    const auto parts = split_dense(*layout, value, operation);
-    co_await run_all(parts.size(), [&](std::size_t i) { return channel.update(layout->ref.shards[i], op, parts[i]); });
-  }
-
-  static asio::awaitable<void> lookup_shard(variable_io& io, variable_ref shard, const shard_rows& plan,
-                                            std::byte* out, std::size_t row_bytes) {
-    const tensor reply = co_await io.gather(std::move(shard), plan.ids);
-    place_rows(out, reply, plan, row_bytes);
-  }
-
+  static asio::awaitable<void> read_to(io_ptr io, layout_ptr layout, xt::xarray<T>& out);
+  static asio::awaitable<xt::xarray<T>> read(io_ptr io, layout_ptr layout);
+  static asio::awaitable<void> update(io_ptr io, layout_ptr layout, update_op op, tensor value, const char* operation);
   static asio::awaitable<xt::xarray<T>> gather(io_ptr io, layout_ptr layout, id_list ids, bool flat,
-                                               const char* operation) {
-    auto& channel = bound(io, *layout);
-    if (flat) check_one_dimensional(ids, operation);
-    const auto plan = plan_lookup(*layout, ids.ids, operation);
-    shape_type shape = std::move(ids.shape);
-    shape.insert(shape.end(), layout->ref.shape.begin() + 1, layout->ref.shape.end());
-    xt::xarray<T> out(shape);
-    auto* bytes = reinterpret_cast<std::byte*>(out.data());
-    const std::size_t row_bytes = layout->row_elements() * sizeof(T);
-    co_await run_all(plan.size(), [&](std::size_t i) {
-      return lookup_shard(channel, layout->ref.shards[plan[i].shard], plan[i], bytes, row_bytes);
-    });
-    co_return out;
-  }
-
+                                               const char* operation);
   /// An awaitable that fails with `e` where it is awaited (for checks done at call time).
-  static asio::awaitable<void> failed(std::exception_ptr e) {
-    std::rethrow_exception(e);
-    co_return;
-  }
-
-  static asio::awaitable<void> scatter(io_ptr io, layout_ptr layout, update_op op, std::vector<shard_rows> parts) {
-    auto& channel = bound(io, *layout);
-    co_await run_all(parts.size(), [&](std::size_t i) {
-      return channel.scatter(layout->ref.shards[parts[i].shard], op, parts[i].ids, parts[i].rows);
-    });
-  }
-
-  static asio::awaitable<void> apply_dense(io_ptr io, layout_ptr layout, optimizer opt, tensor gradient) {
-    auto& channel = bound(io, *layout);
-    const auto parts = split_dense(*layout, gradient, "apply_gradient");
-    co_await run_all(parts.size(), [&](std::size_t i) {
-      return channel.apply_gradient(layout->ref.shards[i], opt, parts[i], std::nullopt);
-    });
-  }
-
+  static asio::awaitable<void> failed(std::exception_ptr e);
+  static asio::awaitable<void> scatter(io_ptr io, layout_ptr layout, update_op op, std::vector<shard_rows> parts);
+  static asio::awaitable<void> apply_dense(io_ptr io, layout_ptr layout, optimizer opt, tensor gradient);
   static asio::awaitable<void> apply_sparse(io_ptr io, layout_ptr layout, optimizer opt,
-                                            std::vector<shard_rows> parts) {
-    auto& channel = bound(io, *layout);
-    co_await run_all(parts.size(), [&](std::size_t i) {
-      return channel.apply_gradient(layout->ref.shards[parts[i].shard], opt, parts[i].rows, parts[i].ids);
-    });
-  }
+                                            std::vector<shard_rows> parts);
+
+ private:
+  static variable_io& bound(const io_ptr& io, const sharded_layout& layout);
+  static asio::awaitable<void> read_into(variable_io& io, variable_ref shard, std::byte* out);
+  static asio::awaitable<void> lookup_shard(variable_io& io, variable_ref shard, const shard_rows& plan,
+                                            std::byte* out, std::size_t row_bytes);
 };
+
+extern template struct sharded_ops<float>;
+extern template struct sharded_ops<double>;
+extern template struct sharded_ops<std::int32_t>;
+extern template struct sharded_ops<std::int64_t>;
 
 /// The row and optimizer operations of variable<T> and sharded_variable<T>, written once. Derived
 /// provides `row_layout()` and `row_io()`.
