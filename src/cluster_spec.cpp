@@ -565,6 +565,16 @@ std::string slurm_cluster_resolver::master(std::string_view task_type, int task_
                            rpc_layer.empty() ? std::string_view(this->rpc_layer()) : rpc_layer);
 }
 
+simple_cluster_resolver auto_cluster_resolver() {
+  if (const char* tf_config = std::getenv("TF_CONFIG"); tf_config != nullptr && !is_blank(tf_config)) {
+    return tf_config_cluster_resolver::from_json(tf_config, "TF_CONFIG");
+  }
+  if (std::getenv(std::string(slurm_procid).c_str()) != nullptr) return slurm_cluster_resolver::from_environment();
+  invalid(fmt::format("No cluster configuration: neither TF_CONFIG nor {} is set (pscoro-launch and Kubeflow set "
+                      "TF_CONFIG, srun sets {})",
+                      slurm_procid, slurm_procid));
+}
+
 void validate_parameter_server_cluster(const cluster_spec& spec, std::string_view task_type,
                                        std::optional<int> task_id) {
   static constexpr std::string_view allowed[] = {"chief", "worker", "evaluator", "ps"};

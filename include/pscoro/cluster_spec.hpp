@@ -4,7 +4,8 @@
 // "host:port" address; tasks may be dense (0..n-1) or sparse (any indices), as in TF_CONFIG.
 // tf_config_cluster_resolver reads TF_CONFIG exactly as TensorFlow does, so Kubernetes TFJob
 // deployments keep their configuration; slurm_cluster_resolver lays a Slurm job step out as TF's
-// SlurmClusterResolver does.
+// SlurmClusterResolver does; auto_cluster_resolver() picks whichever of the two the environment
+// configures, so one binary runs under pscoro-launch, Kubernetes and srun.
 #pragma once
 
 #include <initializer_list>
@@ -157,6 +158,15 @@ class slurm_cluster_resolver : public simple_cluster_resolver {
         rank_(rank) {}
   int rank_;
 };
+
+/// The resolver the environment configures: TF_CONFIG's when TF_CONFIG is set (and not blank),
+/// else Slurm's (with default slurm_options) when SLURM_PROCID is set; errc::invalid_argument
+/// naming both variables when neither is. It is sliced to what every resolver has (cluster,
+/// task, rpc layer): make the specific resolver for master() or environment().
+///
+///   const auto resolver = pscoro::auto_cluster_resolver();
+///   if (resolver.task_type() == "ps") return pscoro::run_server(resolver);
+[[nodiscard]] simple_cluster_resolver auto_cluster_resolver();
 
 /// TF's checks for a parameter-server cluster (multi_worker_util._validate_cluster_spec plus
 /// ParameterServerStrategy's): allowed job names, the task type and index, at most one chief and

@@ -170,7 +170,7 @@ TEST_CASE("parameter-server validation applies TF's rules with TF's messages") {
 }
 
 // Slurm: TF's slurm_cluster_resolver_test.py, then pscoro's default jobs, PSCORO_SLURM_JOBS,
-// every error.
+// auto_cluster_resolver and every error.
 
 namespace {
 
@@ -540,4 +540,34 @@ TEST_CASE("slurm_cluster_resolver::from_environment reads the Slurm variables of
   CHECK(resolver.master() == "grpc://t02n43:8888");
   const scoped_environment jobs{{"PSCORO_SLURM_JOBS", "ps:1,worker:2"}};
   CHECK(slurm_cluster_resolver::from_environment().cluster_spec().num_tasks("worker") == 2);
+}
+
+TEST_CASE("auto_cluster_resolver prefers TF_CONFIG, then Slurm, and names both when neither is set") {
+  const scoped_environment slurm{{"SLURM_PROCID", "0"},
+                                 {"SLURM_STEP_NUM_TASKS", "3"},
+                                 {"SLURM_STEP_TASKS_PER_NODE", "1(x3)"},
+                                 {"SLURM_STEP_NODELIST", "a,b,c"},
+                                 {"PSCORO_SLURM_JOBS", std::nullopt}};
+  {
+    const scoped_environment tf_config{{"TF_CONFIG", pss_docstring_config}};
+    const auto resolver = pscoro::auto_cluster_resolver();
+    CHECK(resolver.task_type() == "ps");
+    CHECK(resolver.task_id() == 1);
+    CHECK(resolver.cluster_spec().task_address("chief", 0) == "chief.example.com:2222");
+  }
+  {
+    const scoped_environment blank_tf_config{{"TF_CONFIG", " "}};
+    const auto resolver = pscoro::auto_cluster_resolver();
+    CHECK(resolver.task_type() == "chief");
+    CHECK(resolver.cluster_spec().to_string() == "ClusterSpec({'chief': ['a:8888'], 'ps': ['b:8888'], 'worker': ['c:8888']})");
+    CHECK(resolver.rpc_layer() == "grpc");
+  }
+  {
+    const scoped_environment broken{{"TF_CONFIG", std::nullopt}, {"SLURM_STEP_NODELIST", "a,b,c]"}};
+    CHECK(contains(invalid_argument_message([] { (void)pscoro::auto_cluster_resolver(); }),
+                   "SLURM_STEP_NODELIST=\"a,b,c]\" is not a Slurm hostlist"));
+  }
+  const scoped_environment neither{{"TF_CONFIG", std::nullopt}, {"SLURM_PROCID", std::nullopt}};
+  const auto message = invalid_argument_message([] { (void)pscoro::auto_cluster_resolver(); });
+  CHECK(contains(message, "neither TF_CONFIG nor SLURM_PROCID is set"));
 }
