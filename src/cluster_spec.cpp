@@ -346,8 +346,9 @@ void expand_hostlist_entry(std::string_view entry, std::string_view name, std::s
     if (*last - *first >= max_slurm_tasks - hosts.size()) {
       return fail(fmt::format("it names more than {} hosts", max_slurm_tasks));
     }
-    for (auto number = *first; number <= *last; ++number) {
-      hosts.push_back(fmt::format("{}{:0{}}{}", prefix, number, first_text.size(), suffix));
+    // Counted from 0: `number <= *last` would never fail for a last of 2^64 - 1.
+    for (std::uint64_t offset = 0; offset <= *last - *first; ++offset) {
+      hosts.push_back(fmt::format("{}{:0{}}{}", prefix, *first + offset, first_text.size(), suffix));
     }
   }
 }

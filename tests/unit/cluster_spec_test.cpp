@@ -275,6 +275,9 @@ TEST_CASE("Slurm hostlists expand as TF expands them, zero padding kept") {
   CHECK(expand_nodelist("n[8-10]", 3) == std::vector<std::string>{"n8", "n9", "n10"});
   // Beyond TF: a suffix after the range, as Slurm writes "n1-ib,n2-ib".
   CHECK(expand_nodelist("n[1-2]-ib", 2) == std::vector<std::string>{"n1-ib", "n2-ib"});
+  // The largest number there is ends the expansion (a loop to it that wraps would never end).
+  CHECK(expand_nodelist("n[18446744073709551614-18446744073709551615]", 2) ==
+        std::vector<std::string>{"n18446744073709551614", "n18446744073709551615"});
 }
 
 TEST_CASE("Slurm tasks-per-node lists expand as TF expands them") {
