@@ -288,7 +288,8 @@ asio::awaitable<int> run_chief(pscoro::parameter_server_strategy& strategy, cons
 }  // namespace
 
 int main(int argc, char** argv) {
-  CLI::App app{"A factorization machine on generated Criteo-format data with a pscoro cluster (roles from TF_CONFIG or Slurm)."};
+  CLI::App app{
+      "A factorization machine on generated Criteo-format data with a pscoro cluster (roles from TF_CONFIG or Slurm)."};
   options o;
   app.add_option("--data-dir", o.data_dir, "where the chief writes the training data (once per seed and size)")
       ->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);  // scripts/run.sh sets one; yours wins

@@ -419,7 +419,9 @@ std::optional<std::string> job_problem(std::string_view job, std::optional<int> 
   if (job.empty() || !is_alpha(job.front()) || !std::all_of(job.begin(), job.end(), is_name_char)) {
     return fmt::format("'{}' is not a job name (a letter, then letters, digits or '_')", job);
   }
-  if (!count || *count <= 0) return fmt::format("task count '{}' of job '{}' is not a positive integer", count_text, job);
+  if (!count || *count <= 0) {
+    return fmt::format("task count '{}' of job '{}' is not a positive integer", count_text, job);
+  }
   return std::nullopt;
 }
 

@@ -488,7 +488,8 @@ TEST_CASE("tasks whose ports would pass 65535 are refused") {
 }
 
 TEST_CASE("jobs that do not add up to the step's tasks are refused with TF's message and both sources") {
-  const slurm_variables step{{"SLURM_PROCID", "0"}, {"SLURM_STEP_NODELIST", "a,b"}, {"SLURM_STEP_TASKS_PER_NODE", "2(x2)"}};
+  const slurm_variables step{
+      {"SLURM_PROCID", "0"}, {"SLURM_STEP_NODELIST", "a,b"}, {"SLURM_STEP_TASKS_PER_NODE", "2(x2)"}};
   CHECK(slurm_error(with(step, "PSCORO_SLURM_JOBS", "chief:1,ps:2,worker:2")) ==
         "Requested 5 tasks but only 4 were assigned: PSCORO_SLURM_JOBS=\"chief:1,ps:2,worker:2\" asks for 5, "
         "SLURM_STEP_NODELIST=\"a,b\" with SLURM_STEP_TASKS_PER_NODE=\"2(x2)\" places 4");
@@ -562,7 +563,8 @@ TEST_CASE("auto_cluster_resolver prefers TF_CONFIG, then Slurm, and names both w
     const scoped_environment blank_tf_config{{"TF_CONFIG", " "}};
     const auto resolver = pscoro::auto_cluster_resolver();
     CHECK(resolver.task_type() == "chief");
-    CHECK(resolver.cluster_spec().to_string() == "ClusterSpec({'chief': ['a:8888'], 'ps': ['b:8888'], 'worker': ['c:8888']})");
+    CHECK(resolver.cluster_spec().to_string() ==
+          "ClusterSpec({'chief': ['a:8888'], 'ps': ['b:8888'], 'worker': ['c:8888']})");
     CHECK(resolver.rpc_layer() == "grpc");
   }
   {
