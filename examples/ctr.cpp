@@ -288,7 +288,8 @@ asio::awaitable<int> run_chief(pscoro::parameter_server_strategy& strategy, cons
 }  // namespace
 
 int main(int argc, char** argv) {
-  CLI::App app{"A factorization machine on generated Criteo-format data with a pscoro cluster (roles from TF_CONFIG)."};
+  CLI::App app{
+      "A factorization machine on generated Criteo-format data with a pscoro cluster (roles from TF_CONFIG or Slurm)."};
   options o;
   app.add_option("--data-dir", o.data_dir, "where the chief writes the training data (once per seed and size)")
       ->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);  // scripts/run.sh sets one; yours wins
@@ -323,7 +324,7 @@ int main(int argc, char** argv) {
       write_data(o.gzip ? criteo::file_format::tfrecord_gzip : criteo::file_format::tfrecord);
       return 0;
     }
-    const auto resolver = pscoro::tf_config_cluster_resolver::from_environment();
+    const auto resolver = pscoro::auto_cluster_resolver();
     if (resolver.task_type() == "ps") return pscoro::run_server(resolver);
     if (resolver.task_type() == "worker") {
       return pscoro::run_server(resolver, [&o](pscoro::server& s) {

@@ -6,7 +6,7 @@
 // gradient with xtensor and pushes the update. The chief schedules the steps, prints progress and
 // the test-set accuracy; with --checkpoint-dir it saves checkpoints as it goes and resumes from the
 // newest at the start (fashion_mnist_evaluator evaluates them on the side). One binary plays every
-// role, chosen by TF_CONFIG:
+// role, chosen by TF_CONFIG (or by Slurm's variables under srun):
 //
 //   pscoro-launch --ps 2 --workers 2 -- fashion_mnist --steps 3000 --checkpoint-dir ckpts
 #include <pscoro/pscoro.hpp>
@@ -199,7 +199,7 @@ asio::awaitable<int> run_chief(pscoro::parameter_server_strategy& strategy, cons
 }  // namespace
 
 int main(int argc, char** argv) {
-  CLI::App app{"Softmax regression on Fashion-MNIST with a pscoro cluster (roles from TF_CONFIG)."};
+  CLI::App app{"Softmax regression on Fashion-MNIST with a pscoro cluster (roles from TF_CONFIG or Slurm)."};
   options o;
   app.add_option("--data-dir", o.data_dir, "directory of the gzipped IDX files");
   app.add_option("--steps", o.steps, "training steps")->check(CLI::PositiveNumber);
@@ -218,7 +218,7 @@ int main(int argc, char** argv) {
   CLI11_PARSE(app, argc, argv);
 
   try {
-    const auto resolver = pscoro::tf_config_cluster_resolver::from_environment();
+    const auto resolver = pscoro::auto_cluster_resolver();
     if (resolver.task_type() == "ps") return pscoro::run_server(resolver);
     // TF's evaluator (a Kubeflow TFJob Evaluator replica) is a side job, never a second chief: it
     // evaluates the chief's checkpoints as they appear, until the last step's.

@@ -1,8 +1,10 @@
-// Hello, cluster: the smallest pscoro program. One binary plays every role, chosen by TF_CONFIG:
-// the chief puts two variables on the parameter servers, schedules a worker function that reads
-// one and adds to the other, and prints the results; ps and workers serve until the chief ends.
+// Hello, cluster: the smallest pscoro program. One binary plays every role, chosen by TF_CONFIG
+// (or by Slurm's variables under srun): the chief puts two variables on the parameter servers,
+// schedules a worker function that reads one and adds to the other, and prints the results; ps
+// and workers serve until the chief ends.
 //
 //   pscoro-launch --ps 2 --workers 2 -- hello_cluster [STEPS]
+//   PSCORO_AUTH_SECRET_FILE=~/.pscoro-secret srun -N 2 --ntasks-per-node 2 hello_cluster [STEPS]
 #include <pscoro/pscoro.hpp>
 
 #include <asio/co_spawn.hpp>
@@ -51,7 +53,7 @@ asio::awaitable<int> run_chief(pscoro::parameter_server_strategy& strategy, int 
 int main(int argc, char** argv) {
   const int steps = argc > 1 ? std::atoi(argv[1]) : 10;
   try {
-    const auto resolver = pscoro::tf_config_cluster_resolver::from_environment();
+    const auto resolver = pscoro::auto_cluster_resolver();
     if (resolver.task_type() == "ps") return pscoro::run_server(resolver);
     if (resolver.task_type() == "worker") {
       return pscoro::run_server(resolver, [](pscoro::server& s) { s.bind(add_scaled, add_scaled_sum); });

@@ -2,8 +2,10 @@
 //
 // A cluster_spec maps job names ("chief", "ps", "worker", "evaluator") to tasks, each an index and a
 // "host:port" address; tasks may be dense (0..n-1) or sparse (any indices), as in TF_CONFIG.
-// tf_config_cluster_resolver reads TF_CONFIG exactly as TensorFlow does, so Kubernetes TFJob and
-// Slurm deployments keep their configuration.
+// tf_config_cluster_resolver reads TF_CONFIG exactly as TensorFlow does, so Kubernetes TFJob
+// deployments keep their configuration; slurm_cluster_resolver lays a Slurm job step out as TF's
+// SlurmClusterResolver does; auto_cluster_resolver() picks whichever of the two the environment
+// configures, so one binary runs under pscoro-launch, Kubernetes and srun.
 #pragma once
 
 #include <initializer_list>
@@ -11,6 +13,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 namespace pscoro {
@@ -100,6 +103,70 @@ class tf_config_cluster_resolver : public simple_cluster_resolver {
   std::string environment_;
   std::string session_master_;
 };
+
+/// How slurm_cluster_resolver lays out a Slurm job step: TF's SlurmClusterResolver arguments
+/// (without its GPU ones: pscoro places no work on GPUs). Every member has an initializer, so a
+/// designated initializer may leave any out (g++ 12 warns about a member without one).
+struct slurm_options {
+  /// Job names and their task counts. SLURM_PROCIDs are dealt to the jobs in name order, as TF
+  /// sorts them: {{"chief", 1}, {"ps", 2}, {"worker", 4}} makes rank 0 the chief, 1 and 2 the ps
+  /// tasks, 3 to 6 the workers. Empty: PSCORO_SLURM_JOBS ("chief:1,ps:2,worker:4") when set, else
+  /// chief 1, ps 1 and the other SLURM_STEP_NUM_TASKS - 2 tasks workers.
+  std::map<std::string, int> jobs{};
+  /// The port of the first task on each node; a node's next tasks listen on the next ports.
+  int port_base = 8888;
+  /// Tasks on every node of SLURM_STEP_NODELIST; unset: as SLURM_STEP_TASKS_PER_NODE says.
+  std::optional<int> tasks_per_node{};
+  /// Only reported (rpc_layer(), master()): pscoro speaks its own protocol. TF's default.
+  std::string rpc_layer = "grpc";
+};
+
+/// A resolver over a Slurm job step (TF's SlurmClusterResolver): every task of `srun` runs the same
+/// program, and each finds the whole cluster and its own task from Slurm's variables. Nodes are
+/// taken in SLURM_STEP_NODELIST order with SLURM_STEP_TASKS_PER_NODE tasks each, ranks filling a
+/// node before the next (srun's default block distribution); the task at index i on its node
+/// listens on port_base + i. Variables are read once, when the resolver is made; a malformed or
+/// inconsistent one is errc::invalid_argument naming the variable and its value.
+///
+///   srun -N 3 --ntasks-per-node 2 env PSCORO_SLURM_JOBS=chief:1,ps:1,worker:4 ./train
+///   auto resolver = pscoro::slurm_cluster_resolver::from_environment();  // rank 3: worker:1
+class slurm_cluster_resolver : public simple_cluster_resolver {
+ public:
+  /// Environment variables by name, standing in for the environment.
+  using variables = std::map<std::string, std::string, std::less<>>;
+
+  /// Reads SLURM_PROCID, SLURM_STEP_NODELIST, SLURM_STEP_TASKS_PER_NODE (unless
+  /// `options.tasks_per_node`), SLURM_STEP_NUM_TASKS (only for the default jobs) and
+  /// PSCORO_SLURM_JOBS (unless `options.jobs`).
+  [[nodiscard]] static slurm_cluster_resolver from_environment(const slurm_options& options = {});
+  /// The same, from `environment` instead of the process's environment.
+  [[nodiscard]] static slurm_cluster_resolver from_variables(const variables& environment,
+                                                             const slurm_options& options = {});
+
+  /// This task's rank in the step (SLURM_PROCID).
+  int rank() const noexcept { return rank_; }
+  /// TF's master(): "<rpc_layer>://<address of this task>".
+  std::string master() const;
+  /// TF's master(task_type, task_id, rpc_layer): the address of that task, with `rpc_layer` (or
+  /// the resolver's when empty) in front; errc::invalid_argument for a task not in the cluster.
+  std::string master(std::string_view task_type, int task_id, std::string_view rpc_layer = {}) const;
+
+ private:
+  slurm_cluster_resolver(pscoro::cluster_spec spec, std::string task_type, int task_id,
+                         std::string rpc_layer, int rank)
+      : simple_cluster_resolver(std::move(spec), std::move(task_type), task_id, std::move(rpc_layer)),
+        rank_(rank) {}
+  int rank_;
+};
+
+/// The resolver the environment configures: TF_CONFIG's when TF_CONFIG is set (and not blank),
+/// else Slurm's (with default slurm_options) when SLURM_PROCID is set; errc::invalid_argument
+/// naming both variables when neither is. It is sliced to what every resolver has (cluster,
+/// task, rpc layer): make the specific resolver for master() or environment().
+///
+///   const auto resolver = pscoro::auto_cluster_resolver();
+///   if (resolver.task_type() == "ps") return pscoro::run_server(resolver);
+[[nodiscard]] simple_cluster_resolver auto_cluster_resolver();
 
 /// TF's checks for a parameter-server cluster (multi_worker_util._validate_cluster_spec plus
 /// ParameterServerStrategy's): allowed job names, the task type and index, at most one chief and
