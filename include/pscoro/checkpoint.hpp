@@ -18,6 +18,8 @@
 // it changes anything. docs/design.md ("Checkpoints") has the details.
 #pragma once
 
+#include <pscoro/config.hpp>
+
 #include <pscoro/detail/variable_io.hpp>
 #include <pscoro/sharded_variable.hpp>
 #include <pscoro/value.hpp>
@@ -53,7 +55,7 @@ struct checkpoint_variable {
 
 }  // namespace detail
 
-class checkpoint {
+class PSCORO_API checkpoint {
  public:
   checkpoint() = default;
 
@@ -102,7 +104,7 @@ class checkpoint {
 /// Numbered checkpoints in a directory: `<directory>/ckpt-<n>.safetensors`, the newest `max_to_keep`
 /// kept (0 keeps all). The directory is the state: the newest complete file is the latest
 /// checkpoint (an interrupted save leaves only a temporary file, removed by the next manager).
-class checkpoint_manager {
+class PSCORO_API checkpoint_manager {
  public:
   checkpoint_manager(checkpoint& ckpt, std::filesystem::path directory, std::size_t max_to_keep = 5);
 
@@ -128,13 +130,13 @@ class checkpoint_manager {
 
 /// The checkpoints a checkpoint_manager saved in `directory` ("ckpt-<n>.safetensors"), oldest
 /// first; none when the directory does not exist. For watchers that do not save (an evaluator).
-std::vector<std::filesystem::path> checkpoints_in(const std::filesystem::path& directory);
+PSCORO_API std::vector<std::filesystem::path> checkpoints_in(const std::filesystem::path& directory);
 /// The newest of them (TF's tf.train.latest_checkpoint).
-std::optional<std::filesystem::path> latest_checkpoint(const std::filesystem::path& directory);
+PSCORO_API std::optional<std::filesystem::path> latest_checkpoint(const std::filesystem::path& directory);
 
 /// Reads a checkpoint (or any safetensors file of float32/float64/int32/int64 tensors) without a
 /// cluster: an evaluator, a converter, a test. The header is parsed and checked on construction.
-class checkpoint_reader {
+class PSCORO_API checkpoint_reader {
  public:
   /// Throws errc::not_found (no file) or errc::data_loss (not safetensors, truncated, bad header).
   explicit checkpoint_reader(std::filesystem::path path);

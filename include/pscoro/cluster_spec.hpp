@@ -8,6 +8,8 @@
 // configures, so one binary runs under pscoro-launch, Kubernetes and srun.
 #pragma once
 
+#include <pscoro/config.hpp>
+
 #include <initializer_list>
 #include <map>
 #include <optional>
@@ -18,7 +20,7 @@
 
 namespace pscoro {
 
-class cluster_spec {
+class PSCORO_API cluster_spec {
  public:
   cluster_spec() = default;
   /// The dense form: task i of each job listens at `jobs[job][i]`.
@@ -59,10 +61,10 @@ class cluster_spec {
 };
 
 /// "worker:1": how pscoro names a task in messages and logs.
-std::string task_name(std::string_view job, int index);
+PSCORO_API std::string task_name(std::string_view job, int index);
 
 /// A resolver over values given in code (TF's SimpleClusterResolver).
-class simple_cluster_resolver {
+class PSCORO_API simple_cluster_resolver {
  public:
   simple_cluster_resolver(pscoro::cluster_spec spec, std::string task_type = {},
                           std::optional<int> task_id = std::nullopt, std::string rpc_layer = {})
@@ -85,7 +87,7 @@ class simple_cluster_resolver {
 
 /// A resolver over TF_CONFIG (TF's TFConfigClusterResolver). The JSON is read once, when the
 /// resolver is made; unknown keys (Kubeflow's "environment") are ignored.
-class tf_config_cluster_resolver : public simple_cluster_resolver {
+class PSCORO_API tf_config_cluster_resolver : public simple_cluster_resolver {
  public:
   /// Reads the TF_CONFIG environment variable; unset or empty means an empty configuration.
   static tf_config_cluster_resolver from_environment();
@@ -130,7 +132,7 @@ struct slurm_options {
 ///
 ///   srun -N 3 --ntasks-per-node 2 env PSCORO_SLURM_JOBS=chief:1,ps:1,worker:4 ./train
 ///   auto resolver = pscoro::slurm_cluster_resolver::from_environment();  // rank 3: worker:1
-class slurm_cluster_resolver : public simple_cluster_resolver {
+class PSCORO_API slurm_cluster_resolver : public simple_cluster_resolver {
  public:
   /// Environment variables by name, standing in for the environment.
   using variables = std::map<std::string, std::string, std::less<>>;
@@ -166,12 +168,12 @@ class slurm_cluster_resolver : public simple_cluster_resolver {
 ///
 ///   const auto resolver = pscoro::auto_cluster_resolver();
 ///   if (resolver.task_type() == "ps") return pscoro::run_server(resolver);
-[[nodiscard]] simple_cluster_resolver auto_cluster_resolver();
+[[nodiscard]] PSCORO_API simple_cluster_resolver auto_cluster_resolver();
 
 /// TF's checks for a parameter-server cluster (multi_worker_util._validate_cluster_spec plus
 /// ParameterServerStrategy's): allowed job names, the task type and index, at most one chief and
 /// evaluator, at least one ps and one worker. Throws errc::invalid_argument with TF's message.
-void validate_parameter_server_cluster(const cluster_spec& spec, std::string_view task_type,
+PSCORO_API void validate_parameter_server_cluster(const cluster_spec& spec, std::string_view task_type,
                                        std::optional<int> task_id);
 
 }  // namespace pscoro

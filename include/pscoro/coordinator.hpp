@@ -10,6 +10,8 @@
 // schedule, join or done, then cleared; closures still queued then are cancelled.
 #pragma once
 
+#include <pscoro/config.hpp>
+
 #include <pscoro/detail/completion.hpp>
 #include <pscoro/per_worker.hpp>
 #include <pscoro/remote_value.hpp>
@@ -55,7 +57,7 @@ struct coordinator_options {
 namespace detail {
 /// Builds a fresh iterator of `function` on every worker, concurrently; completes when all exist
 /// (throws the first failure, naming the worker).
-asio::awaitable<per_worker_ref> create_per_worker_iterators(std::shared_ptr<coordinator_core> core,
+PSCORO_API asio::awaitable<per_worker_ref> create_per_worker_iterators(std::shared_ptr<coordinator_core> core,
                                                             std::string function);
 }  // namespace detail
 
@@ -83,7 +85,7 @@ class per_worker_dataset {
   std::string function_;
 };
 
-class cluster_coordinator {
+class PSCORO_API cluster_coordinator {
  public:
   /// The coordinator of `strategy`; the strategy must outlive it. Like TF, there is one per
   /// strategy: a second coordinator shares the first one's queue and options, so this one takes

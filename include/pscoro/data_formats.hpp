@@ -13,6 +13,8 @@
 // element.
 #pragma once
 
+#include <pscoro/config.hpp>
+
 #include <pscoro/dataset.hpp>
 
 #include <array>
@@ -27,7 +29,7 @@
 namespace pscoro {
 
 /// The lines of `paths`, file after file, without their line ends ("\n" or "\r\n").
-dataset<std::string> text_lines(std::vector<std::string> paths);
+PSCORO_API dataset<std::string> text_lines(std::vector<std::string> paths);
 
 struct csv_options {
   char delimiter = ',';
@@ -42,10 +44,10 @@ struct csv_row {
   const std::string* file;
   std::uint64_t line;
 };
-dataset<csv_row> csv_rows(std::vector<std::string> paths, csv_options options);
+PSCORO_API dataset<csv_row> csv_rows(std::vector<std::string> paths, csv_options options);
 /// Parses `field` (column `column` of `row`) as a number; throws errc::invalid_argument naming the
 /// file, line and column.
-double csv_number(const csv_row& row, std::size_t column, const csv_options& options);
+PSCORO_API double csv_number(const csv_row& row, std::size_t column, const csv_options& options);
 }  // namespace detail
 
 /// Rows of numeric CSV files as 1-D arrays of T. Every row must have as many columns as the first.
@@ -65,7 +67,7 @@ struct libsvm_example {
   std::vector<std::int64_t> indices;
   std::vector<float> values;
 };
-dataset<libsvm_example> libsvm(std::vector<std::string> paths);
+PSCORO_API dataset<libsvm_example> libsvm(std::vector<std::string> paths);
 
 /// One line of Criteo's click logs: label, 13 integer features, 26 categorical features (8 hex
 /// digits), tab-separated; an empty field is missing.
@@ -76,14 +78,14 @@ struct criteo_example {
   std::array<std::optional<std::int64_t>, integer_features> integers;
   std::array<std::optional<std::uint32_t>, categorical_features> categories;
 };
-dataset<criteo_example> criteo_tsv(std::vector<std::string> paths);
+PSCORO_API dataset<criteo_example> criteo_tsv(std::vector<std::string> paths);
 /// Parses one Criteo TSV line; throws errc::invalid_argument naming the field (1-based) and why.
-criteo_example parse_criteo_line(std::string_view line);
+PSCORO_API criteo_example parse_criteo_line(std::string_view line);
 
 namespace detail {
 /// An IDX file's rows, streamed: element type code (0x08 ubyte ... 0x0E double), dimensions, and the
 /// raw big-endian bytes of one row (a slice along axis 0) at a time.
-class idx_reader {
+class PSCORO_API idx_reader {
  public:
   explicit idx_reader(std::string path);
   ~idx_reader();
@@ -134,13 +136,13 @@ dataset<xt::xarray<T>> idx(std::string path) {
 /// The records of TFRecord files, GZIP-compressed or not (detected per file). Each record's length
 /// and data are checked against their masked CRC-32C: a mismatch or a record cut short is
 /// errc::data_loss naming the file and the record's byte offset (in the uncompressed stream).
-dataset<std::string> tfrecord(std::vector<std::string> paths);
+PSCORO_API dataset<std::string> tfrecord(std::vector<std::string> paths);
 
 enum class tfrecord_compression { none, gzip };
 
 /// Writes TFRecord files that TF (and tfrecord()) read. Throws errc::unavailable when the file
 /// cannot be written. close() flushes and reports a failed write; the destructor closes quietly.
-class tfrecord_writer {
+class PSCORO_API tfrecord_writer {
  public:
   explicit tfrecord_writer(std::string path, tfrecord_compression compression = tfrecord_compression::none);
   ~tfrecord_writer();
@@ -157,7 +159,7 @@ class tfrecord_writer {
 };
 
 /// A tf.train.Example: named features, each a list of byte strings, floats or int64s.
-struct tf_example {
+struct PSCORO_API tf_example {
   using feature = std::variant<std::vector<std::string>, std::vector<float>, std::vector<std::int64_t>>;
   std::map<std::string, feature, std::less<>> features;
 
@@ -169,8 +171,8 @@ struct tf_example {
 };
 
 /// Parses a serialized tf.train.Example; throws errc::invalid_argument when it is not one.
-tf_example parse_tf_example(std::string_view serialized);
+PSCORO_API tf_example parse_tf_example(std::string_view serialized);
 /// Serializes `example` as TF does (keys in order).
-std::string serialize_tf_example(const tf_example& example);
+PSCORO_API std::string serialize_tf_example(const tf_example& example);
 
 }  // namespace pscoro

@@ -20,6 +20,8 @@
 // This header declares; the template bodies are in <pscoro/impl/dataset.hpp>, included at the end.
 #pragma once
 
+#include <pscoro/config.hpp>
+
 #include <pscoro/detail/xtensor.hpp>
 #include <pscoro/error.hpp>
 
@@ -37,7 +39,7 @@ namespace detail {
 
 /// One pass over a dataset: next() until it returns nothing.
 template <class T>
-class dataset_source {
+class PSCORO_API dataset_source {
  public:
   virtual ~dataset_source() = default;
   virtual std::optional<T> next() = 0;

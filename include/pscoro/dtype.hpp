@@ -1,6 +1,8 @@
 // Element types of tensors and variables, and their mapping to C++ types.
 #pragma once
 
+#include <pscoro/config.hpp>
+
 #include <cstddef>
 #include <cstdint>
 #include <string_view>
@@ -45,7 +47,8 @@ namespace detail {
 
 /// Throws errc::invalid_argument: a `what` ("tensor", "variable") of dtype `got`, named `name` when
 /// it has one, where one of `expected` was needed ("expected a float32 variable, got 'w' of int32").
-[[noreturn]] void throw_dtype_mismatch(dtype expected, std::string_view what, dtype got, std::string_view name = {});
+[[noreturn]] PSCORO_API void throw_dtype_mismatch(dtype expected, std::string_view what, dtype got,
+                                                 std::string_view name = {});
 
 }  // namespace detail
 

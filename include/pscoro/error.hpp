@@ -5,6 +5,8 @@
 // process arrives as a remote_error, which also names the task it came from.
 #pragma once
 
+#include <pscoro/config.hpp>
+
 #include <string>
 #include <system_error>
 
@@ -31,14 +33,14 @@ enum class errc {
 };
 
 /// The category of errc values; its name is "pscoro".
-const std::error_category& error_category() noexcept;
+PSCORO_API const std::error_category& error_category() noexcept;
 
 inline std::error_code make_error_code(errc e) noexcept {
   return {static_cast<int>(e), error_category()};
 }
 
 /// A pscoro failure raised in this process. what() is exactly the message (no code suffix).
-class error : public std::system_error {
+class PSCORO_API error : public std::system_error {
  public:
   error(errc code, const std::string& what) : error(make_error_code(code), what) {}
   error(std::error_code code, const std::string& what) : std::system_error(code), what_(what) {}
@@ -50,7 +52,7 @@ class error : public std::system_error {
 };
 
 /// A failure that happened in another task: the code, the task ("worker:1") and its message.
-class remote_error : public error {
+class PSCORO_API remote_error : public error {
  public:
   remote_error(std::error_code code, std::string origin_task, std::string message)
       : error(code, origin_task.empty() ? message : message + " [on " + origin_task + "]"),

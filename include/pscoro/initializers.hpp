@@ -10,6 +10,8 @@
 // not TF's: the same seed does not give TF's numbers.
 #pragma once
 
+#include <pscoro/config.hpp>
+
 #include <cstdint>
 #include <variant>
 

@@ -12,6 +12,8 @@
 // "lazy" Adam: moments of other rows do not decay). Variables must be float32 or float64.
 #pragma once
 
+#include <pscoro/config.hpp>
+
 #include <variant>
 
 namespace pscoro {

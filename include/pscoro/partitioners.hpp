@@ -9,6 +9,8 @@
 // splits a rank-0 variable.
 #pragma once
 
+#include <pscoro/config.hpp>
+
 #include <pscoro/dtype.hpp>
 #include <pscoro/error.hpp>
 

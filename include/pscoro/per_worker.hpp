@@ -23,6 +23,8 @@
 // worker binds. The iterators live on the workers; the chief holds a reference.
 #pragma once
 
+#include <pscoro/config.hpp>
+
 #include <pscoro/dataset.hpp>
 #include <pscoro/value.hpp>
 

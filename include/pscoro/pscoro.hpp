@@ -1,6 +1,8 @@
 // Everything pscoro offers, in one include.
 #pragma once
 
+#include <pscoro/config.hpp>
+
 #include <pscoro/checkpoint.hpp>
 #include <pscoro/cluster_spec.hpp>
 #include <pscoro/coordinator.hpp>

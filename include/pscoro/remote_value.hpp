@@ -5,6 +5,8 @@
 // coordinator's executor awaits `get()`; a plain thread calls `fetch()`, which blocks.
 #pragma once
 
+#include <pscoro/config.hpp>
+
 #include <pscoro/detail/completion.hpp>
 #include <pscoro/error.hpp>
 #include <pscoro/value.hpp>
@@ -26,7 +28,7 @@ namespace detail {
 
 /// The shared state of a remote_value. Written on the coordinator's executor only; waited on from
 /// anywhere (waits hop to the executor first).
-class remote_state : public std::enable_shared_from_this<remote_state> {
+class PSCORO_API remote_state : public std::enable_shared_from_this<remote_state> {
  public:
   remote_state(asio::any_io_executor executor, decode_context context)
       : ready_(std::move(executor)), context_(std::move(context)) {}

@@ -12,6 +12,8 @@
 //   }
 #pragma once
 
+#include <pscoro/config.hpp>
+
 #include <pscoro/cluster_spec.hpp>
 #include <pscoro/transport_options.hpp>
 #include <pscoro/worker_function.hpp>
@@ -54,7 +56,7 @@ struct server_options {
   bool check_numerics = false;
 };
 
-class server {
+class PSCORO_API server {
  public:
   /// A server for task `resolver.task_type():task_id()`, which must be "ps" or "worker" and
   /// listed in the cluster spec. Throws errc::invalid_argument otherwise.
@@ -101,7 +103,7 @@ class server {
 /// io_context, lets `configure` bind worker functions, starts the server and prints
 /// "pscoro: <task> listening on <host:port>" on stdout (the launcher reads the port from it).
 /// Returns the process exit code.
-int run_server(const simple_cluster_resolver& resolver, const std::function<void(server&)>& configure = {},
+PSCORO_API int run_server(const simple_cluster_resolver& resolver, const std::function<void(server&)>& configure = {},
                server_options options = {});
 
 }  // namespace pscoro

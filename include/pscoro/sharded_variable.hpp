@@ -14,6 +14,8 @@
 // variable.
 #pragma once
 
+#include <pscoro/config.hpp>
+
 #include <pscoro/detail/sharded_io.hpp>
 #include <pscoro/variable.hpp>
 
@@ -52,13 +54,14 @@ class sharded_variable : public detail::row_operations<sharded_variable<T>, T> {
     return out;
   }
 
-  /// The optimizer slot `slot` of `optimizer` ("adagrad", "accumulator"), sharded like this
-  /// variable; it exists on the ps once that optimizer has updated the variable (before: not_found).
-  sharded_variable slot(std::string_view optimizer, std::string_view slot) const {
+  /// The optimizer slot `slot_name` of `optimizer_name` ("adagrad", "accumulator"), sharded like
+  /// this variable; it exists on the ps once that optimizer has updated the variable (before:
+  /// not_found).
+  sharded_variable slot(std::string_view optimizer_name, std::string_view slot_name) const {
     sharded_variable_ref out = ref();
-    const std::string suffix = "/" + std::string(optimizer) + "/" + std::string(slot);
+    const std::string suffix = "/" + std::string(optimizer_name) + "/" + std::string(slot_name);
     out.name += suffix;
-    for (auto& shard : out.shards) shard.name += suffix;
+    for (auto& part : out.shards) part.name += suffix;
     return sharded_variable(std::move(out), io_);
   }
 
@@ -68,10 +71,10 @@ class sharded_variable : public detail::row_operations<sharded_variable<T>, T> {
   /// reads into the same array allocates nothing. `out` must live until the read completes.
   asio::awaitable<void> read(xt::xarray<T>& out) const { return ops::read_to(io_, layout_, out); }
 
-  /// Replaces the value; `value` must have shape() (checked before anything is sent).
+  /// Replaces the value; `new_value` must have shape() (checked before anything is sent).
   template <class E>
-  asio::awaitable<void> assign(const xt::xexpression<E>& value) const {
-    return ops::update(io_, layout_, update_op::assign, to_tensor(value), "assign");
+  asio::awaitable<void> assign(const xt::xexpression<E>& new_value) const {
+    return ops::update(io_, layout_, update_op::assign, to_tensor(new_value), "assign");
   }
   template <class E>
   asio::awaitable<void> assign_add(const xt::xexpression<E>& delta) const {

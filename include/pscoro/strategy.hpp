@@ -14,6 +14,8 @@
 // the partitioner to every variable; C++ needs the two result types told apart).
 #pragma once
 
+#include <pscoro/config.hpp>
+
 #include <pscoro/cluster_spec.hpp>
 #include <pscoro/initializers.hpp>
 #include <pscoro/partitioners.hpp>
@@ -39,7 +41,7 @@ struct strategy_options {
   transport_options transport;
 };
 
-class parameter_server_strategy {
+class PSCORO_API parameter_server_strategy {
  public:
   /// Validates the cluster as TF does (errc::invalid_argument with TF's message); connects nothing.
   parameter_server_strategy(asio::any_io_executor executor, const simple_cluster_resolver& resolver,
@@ -70,9 +72,9 @@ class parameter_server_strategy {
     template <class E>
     [[nodiscard]] asio::awaitable<variable<typename E::value_type>> create_variable(
         std::string name, const xt::xexpression<E>& initial_value) const {
-      auto value = to_tensor(initial_value);
-      auto shape = value.shape();
-      return create_dense<typename E::value_type>(core_, std::move(name), std::move(shape), std::move(value));
+      auto initial = to_tensor(initial_value);
+      auto shape = initial.shape();
+      return create_dense<typename E::value_type>(core_, std::move(name), std::move(shape), std::move(initial));
     }
     /// Creates dense variable `name` of `shape`, filled by its ps with `init`.
     template <class T>
@@ -88,9 +90,9 @@ class parameter_server_strategy {
     template <class E>
     [[nodiscard]] asio::awaitable<sharded_variable<typename E::value_type>> create_sharded_variable(
         std::string name, const xt::xexpression<E>& initial_value) const {
-      auto value = to_tensor(initial_value);
-      auto shape = value.shape();
-      return create_sharded<typename E::value_type>(core_, std::move(name), std::move(shape), std::move(value));
+      auto initial = to_tensor(initial_value);
+      auto shape = initial.shape();
+      return create_sharded<typename E::value_type>(core_, std::move(name), std::move(shape), std::move(initial));
     }
     /// The same with each shard filled by its ps with `init`: the values do not depend on the
     /// number of shards, and no full tensor is built here.

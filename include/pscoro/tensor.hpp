@@ -5,6 +5,8 @@
 // <pscoro/xtensor.hpp>.
 #pragma once
 
+#include <pscoro/config.hpp>
+
 #include <pscoro/dtype.hpp>
 
 #include <cstddef>
@@ -48,10 +50,10 @@ inline std::optional<std::uint64_t> checked_size_bytes(dtype type, std::span<con
 }
 
 /// "[784, 10]".
-std::string to_string(std::span<const std::size_t> shape);
+PSCORO_API std::string to_string(std::span<const std::size_t> shape);
 
 /// A byte buffer aligned for every dtype; shared so that frames and variables can hold it.
-class byte_buffer {
+class PSCORO_API byte_buffer {
  public:
   byte_buffer() = default;
   /// Allocates `size` uninitialised bytes.
@@ -85,7 +87,7 @@ class byte_buffer {
   std::size_t size_ = 0;
 };
 
-class tensor {
+class PSCORO_API tensor {
  public:
   tensor() = default;
 

@@ -1,6 +1,8 @@
 // Limits, deadlines and credentials of pscoro connections, shared by servers and the coordinator.
 #pragma once
 
+#include <pscoro/config.hpp>
+
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
@@ -8,7 +10,7 @@
 
 namespace pscoro {
 
-struct transport_options {
+struct PSCORO_API transport_options {
   /// Largest protobuf part of a frame; a larger frame closes the connection.
   std::uint32_t max_header_bytes = 16u << 20;
   /// Largest tensor payload of one frame (all segments).

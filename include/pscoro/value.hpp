@@ -4,6 +4,8 @@
 // and from a value and names it in function signatures; specialise it for a type of your own.
 #pragma once
 
+#include <pscoro/config.hpp>
+
 #include <pscoro/dtype.hpp>
 #include <pscoro/error.hpp>
 #include <pscoro/tensor.hpp>
@@ -20,7 +22,7 @@
 namespace pscoro {
 
 /// Where a dense variable lives: its name, element type, shape and ps task.
-struct variable_ref {
+struct PSCORO_API variable_ref {
   std::string name;
   dtype type = dtype::float32;
   shape_type shape;
@@ -30,7 +32,7 @@ struct variable_ref {
 
 /// Where a sharded variable lives: its name, element type, whole shape, and its shards in row order
 /// (each a dense variable holding consecutive rows).
-struct sharded_variable_ref {
+struct PSCORO_API sharded_variable_ref {
   std::string name;
   dtype type = dtype::float32;
   shape_type shape;
@@ -63,7 +65,7 @@ struct decode_context {
 };
 
 /// The name of the alternative `v` holds, for messages: "int64", "tensor<float32>".
-std::string describe(const value& v);
+PSCORO_API std::string describe(const value& v);
 
 /// codec<T>: `static constexpr name` (for signatures), `encode(const T&) -> value`,
 /// `decode(value&&, const decode_context&) -> T` (throws errc::invalid_argument on a mismatch).
@@ -71,7 +73,7 @@ template <class T, class Enable = void>
 struct codec;
 
 namespace detail {
-[[noreturn]] void throw_decode_mismatch(std::string_view expected, const value& got);
+[[noreturn]] PSCORO_API void throw_decode_mismatch(std::string_view expected, const value& got);
 }
 
 template <>

@@ -7,6 +7,8 @@
 // apply_sparse_gradient) are those of sharded_variable<T>: a dense variable is one shard.
 #pragma once
 
+#include <pscoro/config.hpp>
+
 #include <pscoro/detail/sharded_io.hpp>
 #include <pscoro/detail/variable_io.hpp>
 #include <pscoro/detail/xtensor.hpp>
@@ -40,11 +42,11 @@ class variable : public detail::row_operations<variable<T>, T> {
   int ps_task() const noexcept { return ref().ps_task; }
   const variable_ref& ref() const noexcept { return layout_->ref.shards.front(); }
 
-  /// The optimizer slot `slot` of `optimizer` ("adagrad", "accumulator"), on this variable's ps;
-  /// it exists once that optimizer has updated the variable (before: not_found).
-  variable slot(std::string_view optimizer, std::string_view slot) const {
+  /// The optimizer slot `slot_name` of `optimizer_name` ("adagrad", "accumulator"), on this
+  /// variable's ps; it exists once that optimizer has updated the variable (before: not_found).
+  variable slot(std::string_view optimizer_name, std::string_view slot_name) const {
     variable_ref out = ref();
-    out.name += "/" + std::string(optimizer) + "/" + std::string(slot);
+    out.name += "/" + std::string(optimizer_name) + "/" + std::string(slot_name);
     return variable(std::move(out), io_);
   }
 
@@ -56,10 +58,10 @@ class variable : public detail::row_operations<variable<T>, T> {
   /// Reads the current value as a tensor (no conversion).
   asio::awaitable<tensor> read_tensor() const { return read_as_tensor(io_, ref()); }
 
-  /// Replaces the value; `value` must have the variable's shape.
+  /// Replaces the value; `new_value` must have the variable's shape.
   template <class E>
-  asio::awaitable<void> assign(const xt::xexpression<E>& value) const {
-    return apply(io_, ref(), update_op::assign, to_tensor(value));
+  asio::awaitable<void> assign(const xt::xexpression<E>& new_value) const {
+    return apply(io_, ref(), update_op::assign, to_tensor(new_value));
   }
   /// Adds `delta` element-wise.
   template <class E>
@@ -72,7 +74,7 @@ class variable : public detail::row_operations<variable<T>, T> {
     return apply(io_, ref(), update_op::sub, to_tensor(delta));
   }
   /// Applies `op` with a tensor already in wire form (no conversion).
-  asio::awaitable<void> update(update_op op, tensor value) const { return apply(io_, ref(), op, std::move(value)); }
+  asio::awaitable<void> update(update_op op, tensor operand) const { return apply(io_, ref(), op, std::move(operand)); }
 
  private:
   // Static and by value: an awaitable must not depend on the handle staying alive, and every
@@ -85,8 +87,8 @@ class variable : public detail::row_operations<variable<T>, T> {
     co_return co_await bound(io, ref).read(std::move(ref), {});
   }
   static asio::awaitable<void> apply(std::shared_ptr<detail::variable_io> io, variable_ref ref, update_op op,
-                                     tensor value) {
-    co_await bound(io, ref).update(std::move(ref), op, std::move(value));
+                                     tensor operand) {
+    co_await bound(io, ref).update(std::move(ref), op, std::move(operand));
   }
 
   friend class detail::row_operations<variable, T>;

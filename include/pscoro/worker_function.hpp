@@ -10,6 +10,8 @@
 // codec<T>; the signature travels too, so two binaries that disagree about it fail clearly.
 #pragma once
 
+#include <pscoro/config.hpp>
+
 #include <pscoro/value.hpp>
 
 #include <asio/awaitable.hpp>

@@ -1,6 +1,8 @@
 // Conversions between pscoro::tensor and xtensor containers (one copy each way).
 #pragma once
 
+#include <pscoro/config.hpp>
+
 #include <pscoro/detail/xtensor.hpp>
 #include <pscoro/dtype.hpp>
 #include <pscoro/tensor.hpp>

@@ -28,10 +28,6 @@
 #include <regex>
 #include <vector>
 
-#ifndef PSCORO_VERSION
-#error "PSCORO_VERSION comes from meson (src/meson.build)"
-#endif
-
 namespace pscoro {
 
 namespace fs = std::filesystem;
@@ -328,7 +324,7 @@ safetensors::metadata_map metadata_of(const save_plan& plan, std::int64_t step,
   for (std::size_t i = 0; i < plan.entries.size(); ++i) checksums[plan.entries[i].name] = hex32(crcs[i]);
   return {{"format", std::string(checkpoint_format)},
           {"format_version", std::to_string(checkpoint_format_version)},
-          {"pscoro_version", PSCORO_VERSION},
+          {"pscoro_version", PSCORO_VERSION_STRING},
           {"step", std::to_string(step)},
           {"scalars", scalar_values.dump()},
           {"slots", encode_slots(plan.slots).dump()},

@@ -5,6 +5,8 @@
 // outstanding work, so a plain thread waiting on a std::future keeps the io_context alive.
 #pragma once
 
+#include <pscoro/config.hpp>
+
 #include <asio/any_io_executor.hpp>
 #include <asio/associated_executor.hpp>
 #include <asio/async_result.hpp>
@@ -97,7 +99,7 @@ auto run_on(const asio::any_io_executor& executor, F&& f) -> decltype(f()) {
 
 /// A one-shot event on a single executor: waiters complete (posted) once `set()` is called.
 /// Not thread-safe: use it from its executor only.
-class async_event {
+class PSCORO_API async_event {
  public:
   explicit async_event(asio::any_io_executor executor) : executor_(std::move(executor)) {}
 

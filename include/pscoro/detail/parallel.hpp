@@ -2,6 +2,8 @@
 // has no ranged parallel_group).
 #pragma once
 
+#include <pscoro/config.hpp>
+
 #include <pscoro/detail/completion.hpp>
 
 #include <asio/awaitable.hpp>

@@ -4,6 +4,8 @@
 // types is here.
 #pragma once
 
+#include <pscoro/config.hpp>
+
 // Not used here since sharded_ops moved to src/; src/runtime/coordinator_core.cpp still finds
 // run_all through it. (To drop once that file includes <pscoro/detail/parallel.hpp> itself.)
 #include <pscoro/detail/parallel.hpp>
@@ -27,7 +29,7 @@
 namespace pscoro::detail {
 
 /// A sharded variable's shards and where their rows start.
-struct sharded_layout {
+struct PSCORO_API sharded_layout {
   sharded_variable_ref ref;
   std::vector<std::size_t> offsets;  // shards + 1 row offsets; the last is the row count
 
@@ -39,9 +41,9 @@ struct sharded_layout {
 
 /// Checks `ref` as TF checks a ShardedVariable (shards present, one dtype, equal dims besides axis
 /// 0, rows adding up) plus the "div" layout the id mapping needs; throws errc::invalid_argument.
-std::shared_ptr<const sharded_layout> make_layout(sharded_variable_ref ref);
+PSCORO_API std::shared_ptr<const sharded_layout> make_layout(sharded_variable_ref ref);
 /// The layout of a dense variable: one shard.
-std::shared_ptr<const sharded_layout> single_layout(variable_ref ref);
+PSCORO_API std::shared_ptr<const sharded_layout> single_layout(variable_ref ref);
 
 /// Row ids as they travel: int64, with the shape they came in (embedding_lookup keeps it).
 struct id_list {
@@ -105,31 +107,32 @@ row_source rows_of(const xt::xexpression<E>& e) {
 /// once into per-shard buffers (not at all for one shard when `rows.owned`), so the result never
 /// refers to the caller's storage. Throws errc::invalid_argument naming the operation, the
 /// variable, and the bad id with its position and the row count: a bad id sends nothing.
-std::vector<shard_rows> split_by_shard(const sharded_layout& layout, const id_list& ids, row_source rows,
+PSCORO_API std::vector<shard_rows> split_by_shard(const sharded_layout& layout, const id_list& ids, row_source rows,
                                        std::string_view operation);
 /// The same for a lookup: each shard is asked for each of its rows once (duplicates are answered
 /// from one reply row), with `places` saying where reply rows go.
-std::vector<shard_rows> plan_lookup(const sharded_layout& layout, std::span<const std::int64_t> ids,
+PSCORO_API std::vector<shard_rows> plan_lookup(const sharded_layout& layout, std::span<const std::int64_t> ids,
                                     std::string_view operation);
 /// Copies reply rows to their places in `out` (rows of `row_bytes`); a reply of the wrong size is
 /// errc::protocol_error.
-void place_rows(std::byte* out, const tensor& reply, const shard_rows& plan, std::size_t row_bytes);
+PSCORO_API void place_rows(std::byte* out, const tensor& reply, const shard_rows& plan, std::size_t row_bytes);
 /// Splits a dense value of the whole variable's shape into per-shard views (no copy); throws
 /// errc::invalid_argument when its dtype or shape is not the variable's.
-std::vector<tensor> split_dense(const sharded_layout& layout, const tensor& value, std::string_view operation);
+PSCORO_API std::vector<tensor> split_dense(const sharded_layout& layout, const tensor& value,
+                                           std::string_view operation);
 /// TF's check for sparse operations: ids must be 1-D (errc::invalid_argument).
-void check_one_dimensional(const id_list& ids, std::string_view operation);
+PSCORO_API void check_one_dimensional(const id_list& ids, std::string_view operation);
 /// Checks that a ps answered a read of `shard` with its dtype and shape (errc::protocol_error).
-void check_reply(const variable_ref& shard, const tensor& reply);
+PSCORO_API void check_reply(const variable_ref& shard, const tensor& reply);
 /// Checks `rows` against `ids` for a scatter: shape [n] + the row shape, the variable's dtype.
-void check_rows(const sharded_layout& layout, std::size_t n, const tensor& rows, std::string_view operation);
+PSCORO_API void check_rows(const sharded_layout& layout, std::size_t n, const tensor& rows, std::string_view operation);
 
 /// The coroutines behind the handles. Static and by value: an awaitable must not depend on the
 /// handle staying alive, and every failure (an unbound handle too) surfaces where it is awaited.
 /// Compiled once for each element type in src/sharded.cpp (as fmt compiles its common
 /// instantiations), so a program that reads variables does not compile these coroutines again.
 template <class T>
-struct sharded_ops {
+struct PSCORO_API sharded_ops {
   using layout_ptr = std::shared_ptr<const sharded_layout>;
   using io_ptr = std::shared_ptr<variable_io>;
 

@@ -2,6 +2,8 @@
 // and by the worker runtime, each over its own connections to the parameter servers.
 #pragma once
 
+#include <pscoro/config.hpp>
+
 #include <pscoro/optimizers.hpp>
 #include <pscoro/value.hpp>
 
@@ -19,7 +21,7 @@ enum class update_op { assign, add, sub, mul, div, min, max };
 
 namespace detail {
 
-class variable_io {
+class PSCORO_API variable_io {
  public:
   virtual ~variable_io() = default;
   /// The whole variable, received straight into `into` when that has the variable's size (then the

@@ -2,6 +2,8 @@
 // the prefetch thread and its queue. Include <pscoro/dataset.hpp>, which includes this at its end.
 #pragma once
 
+#include <pscoro/config.hpp>
+
 #include <pscoro/dataset.hpp>  // the declarations, when this header is included first
 
 #include <xtensor/xview.hpp>
