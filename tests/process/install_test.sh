@@ -58,22 +58,20 @@ runs() {
   [ "$code" -eq 0 ] || tail -n 20 "$work/run.log"
 }
 
-for compiler in g++ clang++; do
-  echo "--- $compiler, pkg-config"
-  out="$work/pkg-config-$compiler"
-  # shellcheck disable=SC2046  # pkg-config's flags are words
-  if $compiler -std=c++20 -O0 "${warnings[@]}" "$work/hello_cluster.cpp" $(pkg-config --cflags --libs pscoro) \
-      -o "$out" > "$work/build.log" 2>&1; then
-    check "$compiler builds the program with pkg-config's flags only" true
-    runs "$compiler, pkg-config" "$out"
-  else
-    head -n 40 "$work/build.log"
-    check "$compiler builds the program with pkg-config's flags only" false
-  fi
-
-  echo "--- $compiler, CMake find_package"
-  mkdir -p "$work/cmake-$compiler"
-  cat > "$work/cmake-$compiler/CMakeLists.txt" << EOF
+# build_with COMPILER WAY: builds the program with COMPILER the WAY way (pkg-config, cmake, meson)
+# in $work/WAY-COMPILER; prints the binary's path, or fails with the build's log in build.log there.
+build_with() {
+  local compiler=$1 way=$2 dir="$work/$2-$1"
+  mkdir -p "$dir"
+  case $way in
+    pkg-config)
+      # shellcheck disable=SC2046  # pkg-config's flags are words
+      $compiler -std=c++20 -O0 "${warnings[@]}" "$work/hello_cluster.cpp" $(pkg-config --cflags --libs pscoro) \
+        -o "$dir/hello_cluster" > "$dir/build.log" 2>&1 || return 1
+      echo "$dir/hello_cluster"
+      ;;
+    cmake)
+      cat > "$dir/CMakeLists.txt" << EOF
 cmake_minimum_required(VERSION 3.16)
 project(hello_consumer CXX)
 find_package(pscoro $major.$minor CONFIG REQUIRED)
@@ -81,31 +79,48 @@ add_executable(hello_cluster ../hello_cluster.cpp)
 target_compile_options(hello_cluster PRIVATE ${warnings[*]})
 target_link_libraries(hello_cluster PRIVATE pscoro::pscoro)
 EOF
-  if cmake -S "$work/cmake-$compiler" -B "$work/cmake-$compiler/build" -G Ninja -DCMAKE_CXX_COMPILER="$compiler" \
-      -DCMAKE_BUILD_TYPE=Debug -DCMAKE_CXX_FLAGS=-g0 -DCMAKE_PREFIX_PATH="$prefix" > "$work/build.log" 2>&1 &&
-     cmake --build "$work/cmake-$compiler/build" >> "$work/build.log" 2>&1; then
-    check "$compiler builds the program with find_package(pscoro) and pscoro::pscoro" true
-    runs "$compiler, CMake" "$work/cmake-$compiler/build/hello_cluster"
-  else
-    tail -n 40 "$work/build.log"
-    check "$compiler builds the program with find_package(pscoro) and pscoro::pscoro" false
-  fi
-
-  echo "--- $compiler, meson dependency()"
-  mkdir -p "$work/meson-$compiler"
-  cat > "$work/meson-$compiler/meson.build" << EOF
+      { cmake -S "$dir" -B "$dir/build" -G Ninja -DCMAKE_CXX_COMPILER="$compiler" -DCMAKE_BUILD_TYPE=Debug \
+          -DCMAKE_CXX_FLAGS=-g0 -DCMAKE_PREFIX_PATH="$prefix" && cmake --build "$dir/build"; } > "$dir/build.log" 2>&1 ||
+        return 1
+      echo "$dir/build/hello_cluster"
+      ;;
+    meson)
+      cat > "$dir/meson.build" << EOF
 project('hello_consumer', 'cpp', default_options: ['cpp_std=c++20', 'warning_level=3', 'werror=true', 'debug=false'])
 executable('hello_cluster', '../hello_cluster.cpp', dependencies: dependency('pscoro', version: '>=$major.$minor'),
   cpp_args: ['-Wshadow', '-Wconversion'])
 EOF
-  if CXX=$compiler meson setup "$work/meson-$compiler/build" "$work/meson-$compiler" > "$work/build.log" 2>&1 &&
-     meson compile -C "$work/meson-$compiler/build" >> "$work/build.log" 2>&1; then
-    check "$compiler builds the program with dependency('pscoro')" true
-    runs "$compiler, meson" "$work/meson-$compiler/build/hello_cluster"
-  else
-    tail -n 40 "$work/build.log"
-    check "$compiler builds the program with dependency('pscoro')" false
-  fi
+      { CXX=$compiler meson setup "$dir/build" "$dir" && meson compile -C "$dir/build"; } > "$dir/build.log" 2>&1 ||
+        return 1
+      echo "$dir/build/hello_cluster"
+      ;;
+  esac
+}
+
+# The six builds are most of this test's time and share nothing: they run at once, the checks after.
+ways=(pkg-config cmake meson)
+declare -A how=([pkg-config]="with pkg-config's flags only" [cmake]="with find_package(pscoro) and pscoro::pscoro"
+                [meson]="with dependency('pscoro')")
+declare -A builder
+for compiler in g++ clang++; do
+  for way in "${ways[@]}"; do
+    build_with "$compiler" "$way" > "$work/$way-$compiler.path" &
+    builder[$way-$compiler]=$!
+  done
+done
+
+for compiler in g++ clang++; do
+  for way in "${ways[@]}"; do
+    echo "--- $compiler, $way"
+    wait "${builder[$way-$compiler]}"
+    built=$?
+    check "$compiler builds the program ${how[$way]} (exit $built)" test "$built" -eq 0
+    if [ "$built" -eq 0 ]; then
+      runs "$compiler, $way" "$(cat "$work/$way-$compiler.path")"
+    else
+      tail -n 40 "$work/$way-$compiler/build.log"
+    fi
+  done
 
   echo "--- $compiler, Asio included before pscoro with other settings"
   printf '#include <string>\n#include <asio/io_context.hpp>\n#include <pscoro/error.hpp>\nint main() {}\n' > "$work/asio_first.cpp"
