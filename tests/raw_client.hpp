@@ -94,7 +94,7 @@ inline std::string refusal(const std::string& received) {
       std::span<const std::byte, wire::fixed_header_size>(reinterpret_cast<const std::byte*>(received.data()),
                                                           wire::fixed_header_size),
       {});
-  wire::Frame message;
+  wire::FrameHeader message;
   REQUIRE(message.ParseFromArray(received.data() + wire::fixed_header_size, static_cast<int>(header.header_bytes)));
   REQUIRE(message.has_welcome());
   CHECK(message.welcome().status().code() != 0);

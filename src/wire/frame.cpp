@@ -38,14 +38,14 @@ std::string_view kind_name(frame_kind kind) {
   return "unknown";
 }
 
-bool body_matches(Frame::BodyCase body, frame_kind kind) {
+bool body_matches(FrameHeader::BodyCase body, frame_kind kind) {
   switch (kind) {
-    case frame_kind::hello: return body == Frame::kHello;
-    case frame_kind::welcome: return body == Frame::kWelcome;
-    case frame_kind::request: return body == Frame::kRequest;
-    case frame_kind::response: return body == Frame::kResponse;
-    case frame_kind::challenge: return body == Frame::kChallenge;
-    case frame_kind::proof: return body == Frame::kProof;
+    case frame_kind::hello: return body == FrameHeader::kHello;
+    case frame_kind::welcome: return body == FrameHeader::kWelcome;
+    case frame_kind::request: return body == FrameHeader::kRequest;
+    case frame_kind::response: return body == FrameHeader::kResponse;
+    case frame_kind::challenge: return body == FrameHeader::kChallenge;
+    case frame_kind::proof: return body == FrameHeader::kProof;
   }
   return false;
 }
@@ -99,7 +99,7 @@ std::array<std::byte, fixed_header_size> encode_fixed_header(const fixed_header&
   return bytes;
 }
 
-void check_body(const Frame& message, const fixed_header& header, const frame_limits& limits) {
+void check_body(const FrameHeader& message, const fixed_header& header, const frame_limits& limits) {
   if (!body_matches(message.body_case(), header.kind)) {
     protocol_violation(fmt::format("a {} frame carries a message of another kind (body case {})",
                                    kind_name(header.kind), static_cast<int>(message.body_case())));
@@ -218,7 +218,7 @@ asio::awaitable<std::optional<frame>> frame_reader::read(Stream& socket, const s
   f.request_id = header.request_id;
   f.wire_bytes = fixed_header_size + header.header_bytes + header.payload_bytes;
   if (!f.message.ParseFromArray(buffer_.data() + begin_, static_cast<int>(header.header_bytes))) {
-    protocol_violation(fmt::format("unparsable {}-byte frame header (not a pscoro.wire.Frame)", header.header_bytes));
+    protocol_violation(fmt::format("unparsable {}-byte frame header (not a pscoro.wire.FrameHeader)", header.header_bytes));
   }
   begin_ += header.header_bytes;
   check_body(f.message, header, limits_);

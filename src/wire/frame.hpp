@@ -1,4 +1,4 @@
-// Frames as docs/protocol.md specifies them: a 32-byte fixed header, a protobuf wire::Frame, then
+// Frames as docs/protocol.md specifies them: a 32-byte fixed header, a protobuf wire::FrameHeader, then
 // raw tensor segments. Reading checks every limit before allocating; bad input throws
 // error(errc::protocol_error) naming what was wrong.
 #pragma once
@@ -54,14 +54,14 @@ std::array<std::byte, fixed_header_size> encode_fixed_header(const fixed_header&
 struct frame {
   frame_kind kind = frame_kind::request;
   std::uint64_t request_id = 0;
-  Frame message;
+  FrameHeader message;  ///< the protobuf part (the body and the segment sizes)
   std::vector<byte_buffer> segments;
   std::uint64_t wire_bytes = 0;  ///< of a frame read: its size on the wire, headers included
 };
 
 /// Checks that `message` fits `header`: its body matches the kind and its segment sizes add up to
 /// the payload; throws errc::protocol_error.
-void check_body(const Frame& message, const fixed_header& header, const frame_limits& limits);
+void check_body(const FrameHeader& message, const fixed_header& header, const frame_limits& limits);
 
 /// The bytes of a frame ready for one gather write: fixed header + protobuf, then the segments.
 struct encoded_frame {

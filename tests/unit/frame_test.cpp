@@ -102,7 +102,7 @@ TEST_CASE("every bad fixed header is refused with its reason") {
 }
 
 TEST_CASE("a frame body must match its kind and its payload") {
-  Frame message;
+  FrameHeader message;
   message.mutable_request();
   message.add_segment_sizes(8);
   message.add_segment_sizes(8);
