@@ -17,6 +17,7 @@
 #include <algorithm>
 #include <cstddef>
 #include <exception>
+#include <functional>
 #include <optional>
 #include <stdexcept>
 #include <string>
@@ -140,6 +141,16 @@ TEST_CASE("an erased handler is empty after it is called, after a move and when 
   CHECK_FALSE(static_cast<bool>(erased_handler<void()>{}));
   io.poll();
   CHECK(calls == 1);
+}
+
+TEST_CASE("calling an empty erased handler throws bad_function_call, as std::function does") {
+  asio::io_context io;
+  erased_handler<void(int)> empty;
+  CHECK_THROWS_AS(empty(1), std::bad_function_call);
+  erased_handler<void(int)> once([](int) {}, io.get_executor());
+  once(1);
+  CHECK_THROWS_AS(once(2), std::bad_function_call);  // called once already: empty now
+  CHECK(io.poll() == 1);
 }
 
 // --- async_event ------------------------------------------------------------------------------

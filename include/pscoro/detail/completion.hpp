@@ -11,14 +11,13 @@
 #include <asio/associated_executor.hpp>
 #include <asio/async_result.hpp>
 #include <asio/execution.hpp>
-#include <asio/post.hpp>
 #include <asio/io_context.hpp>
 #include <asio/post.hpp>
 #include <asio/prefer.hpp>
 #include <asio/strand.hpp>
 
+#include <functional>
 #include <future>
-
 #include <memory>
 #include <utility>
 #include <vector>
@@ -67,8 +66,10 @@ class erased_handler<void(Args...)> {
 
   explicit operator bool() const noexcept { return impl_ != nullptr; }
 
-  /// Posts the handler with `args`; the erased_handler is empty afterwards.
+  /// Posts the handler with `args`; the erased_handler is empty afterwards. Calling an empty one
+  /// throws std::bad_function_call, as std::function does.
   void operator()(Args... args) {
+    if (!impl_) throw std::bad_function_call();
     auto stored = std::move(impl_);
     stored->post(std::move(args)...);
   }
