@@ -204,17 +204,6 @@ class threaded_chief {
   std::thread thread_;
 };
 
-/// The code of the exception in `e`. A null `e` throws std::logic_error (rethrowing null is
-/// undefined), so a check of it fails saying nothing was thrown instead of crashing.
-inline std::error_code code_of(std::exception_ptr e) {
-  if (!e) throw std::logic_error("code_of: no exception was thrown");
-  try {
-    std::rethrow_exception(e);
-  } catch (const std::system_error& s) {
-    return s.code();
-  }
-}
-
 /// Awaits `a` and returns what it threw, or null.
 template <class Awaitable>
 asio::awaitable<std::exception_ptr> failure_of(Awaitable a) {
@@ -224,16 +213,6 @@ asio::awaitable<std::exception_ptr> failure_of(Awaitable a) {
     co_return std::current_exception();
   }
   co_return nullptr;
-}
-
-/// The message of the exception in `e`; a null `e` throws std::logic_error, as in code_of.
-inline std::string message_of(std::exception_ptr e) {
-  if (!e) throw std::logic_error("message_of: no exception was thrown");
-  try {
-    std::rethrow_exception(e);
-  } catch (const std::exception& x) {
-    return x.what();
-  }
 }
 
 /// Connects a chief to `spec` and returns the pscoro::error that connecting throws; fails the

@@ -16,6 +16,7 @@
 #include <exception>
 #include <ostream>
 #include <sstream>
+#include <stdexcept>
 #include <string>
 #include <string_view>
 #include <system_error>
@@ -89,6 +90,27 @@ inline std::string describe_exception(const std::exception_ptr& e) {
     out << "{an exception that is not a std::exception}";
   }
   return out.str();
+}
+
+/// The code of the exception in `e`. A null `e` throws std::logic_error (rethrowing null is
+/// undefined), so a check of it fails saying nothing was thrown instead of crashing.
+inline std::error_code code_of(std::exception_ptr e) {
+  if (!e) throw std::logic_error("code_of: no exception was thrown");
+  try {
+    std::rethrow_exception(e);
+  } catch (const std::system_error& s) {
+    return s.code();
+  }
+}
+
+/// The message of the exception in `e`; a null `e` throws std::logic_error, as in code_of.
+inline std::string message_of(std::exception_ptr e) {
+  if (!e) throw std::logic_error("message_of: no exception was thrown");
+  try {
+    std::rethrow_exception(e);
+  } catch (const std::exception& x) {
+    return x.what();
+  }
 }
 
 }  // namespace pscoro::testing

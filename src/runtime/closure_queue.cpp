@@ -161,11 +161,11 @@ void closure_queue::retry(std::size_t worker, const closure_ptr& c) {
 }
 
 void closure_queue::lost(std::size_t worker, const closure_ptr& c) {
+  // Still running means no error is pending: recording one stops every running closure of its
+  // generation, and a newer generation starts only once it is reported (take_error).
   if (!take_running(worker, c)) return;
   if (closed_) {
     c->result->set_error(closed_error(), remote_status::cancelled);
-  } else if (pending_error_) {
-    cancel(*c);  // it would be cancelled with the queue anyway (TF's put_back)
   } else {
     queue_.push_back(c);  // at least once: it runs again elsewhere (TF: at the tail)
   }

@@ -79,7 +79,7 @@ class closure_queue : public std::enable_shared_from_this<closure_queue> {
   /// Runs `c` again, from the tail of the queue (a transient failure: at least once).
   void retry(std::size_t worker, const closure_ptr& c);
   /// `worker` was lost while running `c`: it runs again elsewhere (TF: at the tail), or is cancelled
-  /// when an error waits to be reported (the queue is cancelled then anyway) or the queue closed.
+  /// if the queue is closed. (Were an error waiting to be reported, `c` would not be running.)
   void lost(std::size_t worker, const closure_ptr& c);
 
   // Faults.

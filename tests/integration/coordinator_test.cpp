@@ -61,6 +61,23 @@ asio::awaitable<void> poll_until(bool (*condition)()) {
   }
 }
 
+// Awaits `step()` over and over until it throws or spin_backstop has passed, counting how the spin
+// ended. (`step` lives in this coroutine's frame, so a capturing lambda coroutine is safe.)
+template <class Step>
+asio::awaitable<std::string> spin_with(Step step) {
+  ++spins_started;
+  const auto end = std::chrono::steady_clock::now() + spin_backstop;
+  try {
+    while (std::chrono::steady_clock::now() < end) co_await step();
+  } catch (const error& e) {
+    if (e.code() == errc::cancelled) ++spins_cancelled;
+    ++spins_ended;
+    throw;
+  }
+  ++spins_ended;
+  co_return "ran to its end";
+}
+
 // Fails as a worker function does when it cannot reach ps:0, while failures_left > 0.
 const worker_function<std::int64_t()> reach_ps{"test.reach_ps"};
 std::atomic<int> failures_left{0};
@@ -106,35 +123,15 @@ void bind_test_functions(server& s) {
     }
     co_return 7;
   });
-  s.bind(spin, []() -> asio::awaitable<std::string> {
-    ++spins_started;
-    const auto end = std::chrono::steady_clock::now() + spin_backstop;
-    try {
+  s.bind(spin, []() {
+    return spin_with([]() -> asio::awaitable<void> {
+      co_await this_closure::check_cancelled();
       volatile double x = 0;
-      while (std::chrono::steady_clock::now() < end) {
-        co_await this_closure::check_cancelled();
-        for (int i = 0; i < 10000; ++i) x = x + 1;
-      }
-    } catch (const error& e) {
-      if (e.code() == errc::cancelled) ++spins_cancelled;
-      ++spins_ended;
-      throw;
-    }
-    ++spins_ended;
-    co_return "ran to its end";
+      for (int i = 0; i < 10000; ++i) x = x + 1;
+    });
   });
-  s.bind(spin_reads, [](variable<float> v) -> asio::awaitable<std::string> {
-    ++spins_started;
-    const auto end = std::chrono::steady_clock::now() + spin_backstop;
-    try {
-      while (std::chrono::steady_clock::now() < end) (void)co_await v.read();
-    } catch (const error& e) {
-      if (e.code() == errc::cancelled) ++spins_cancelled;
-      ++spins_ended;
-      throw;
-    }
-    ++spins_ended;
-    co_return "ran to its end";
+  s.bind(spin_reads, [](variable<float> v) {
+    return spin_with([v]() -> asio::awaitable<void> { (void)co_await v.read(); });
   });
   s.bind(whoami, [task = s.task()]() -> asio::awaitable<std::string> { co_return task; });
   s.bind(read_sum, [](variable<float> v) -> asio::awaitable<double> {

@@ -16,6 +16,8 @@
 using namespace pscoro;
 using detail::closure;
 using detail::closure_queue;
+using testing::code_of;
+using testing::message_of;
 
 namespace {
 
@@ -53,26 +55,6 @@ struct fake_cluster {
   std::vector<std::pair<std::size_t, std::uint64_t>> cancels;  // (worker, generation) told to cancel
   std::shared_ptr<closure_queue> queue;
 };
-
-std::error_code code_of(const std::exception_ptr& e) {
-  try {
-    std::rethrow_exception(e);
-  } catch (const std::system_error& error) {
-    return error.code();
-  } catch (...) {
-    return {};
-  }
-}
-
-std::string what_of(const std::exception_ptr& e) {
-  try {
-    std::rethrow_exception(e);
-  } catch (const std::exception& error) {
-    return error.what();
-  } catch (...) {
-    return "(not a std::exception)";
-  }
-}
 
 std::exception_ptr failure(std::string what) {
   return std::make_exception_ptr(error(errc::internal, std::move(what)));
@@ -152,7 +134,7 @@ TEST_CASE("the first error is reported once, by the next schedule, and what was 
 
   const auto reported = schedule_error(cluster);
   REQUIRE(reported != nullptr);
-  CHECK_MESSAGE(what_of(reported) == "first", what_of(reported));
+  CHECK_MESSAGE(message_of(reported) == "first", message_of(reported));
   CHECK(schedule_error(cluster) == nullptr);  // once, then cleared: this closure runs
   CHECK(cluster.take_started().size() == 1);
 }
@@ -164,7 +146,7 @@ TEST_CASE("closures queued when an error comes are cancelled with TF's message a
   cluster.take_started();
   cluster.queue->failed(0, running, failure("the cause"));
   REQUIRE(queued->result->status() == remote_status::cancelled);
-  const auto message = what_of(queued->result->error());
+  const auto message = message_of(queued->result->error());
   CHECK(code_of(queued->result->error()) == errc::cancelled);
   CHECK_MESSAGE(contains(message, "The corresponding function 'later' is cancelled"), message);
   CHECK_MESSAGE(contains(message, "the cause"), message);
@@ -181,7 +163,7 @@ TEST_CASE("an error cancels the running closures of its generation at once and t
   cluster.queue->failed(0, failing, failure("boom"));
   CHECK(on_0->result->status() == remote_status::cancelled);
   CHECK(on_1->result->status() == remote_status::cancelled);
-  CHECK_MESSAGE(contains(what_of(on_1->result->error()), "boom"), what_of(on_1->result->error()));
+  CHECK_MESSAGE(contains(message_of(on_1->result->error()), "boom"), message_of(on_1->result->error()));
   CHECK(cluster.queue->in_flight() == 0);
   CHECK(cluster.cancels == std::vector<std::pair<std::size_t, std::uint64_t>>{{0, 0}, {1, 0}});
   cluster.io.poll();
@@ -256,7 +238,7 @@ TEST_CASE("join completes only when nothing runs, with the pending error, once")
   cluster.queue->failed(0, c, failure("boom"));
   cluster.io.poll();
   CHECK(joined == 1);
-  CHECK_MESSAGE(what_of(joined_with) == "boom", what_of(joined_with));
+  CHECK_MESSAGE(message_of(joined_with) == "boom", message_of(joined_with));
   CHECK(cluster.queue->done());  // reported by join: not again
 }
 
@@ -268,7 +250,7 @@ TEST_CASE("a full queue refuses schedule with resource_exhausted; waiting produc
   const auto full = schedule_error(cluster);
   REQUIRE(full != nullptr);
   CHECK(code_of(full) == errc::resource_exhausted);
-  CHECK_MESSAGE(contains(what_of(full), "max_queued_closures"), what_of(full));
+  CHECK_MESSAGE(contains(message_of(full), "max_queued_closures"), message_of(full));
 
   std::vector<std::string> admitted;
   for (const auto* name : {"w1", "w2"}) {
@@ -327,7 +309,7 @@ TEST_CASE("with every worker lost past worker_recovery_timeout, queued closures 
   const auto reported = schedule_error(cluster);
   REQUIRE(reported != nullptr);
   CHECK(code_of(reported) == errc::unavailable);
-  CHECK_MESSAGE(contains(what_of(reported), "worker_recovery_timeout"), what_of(reported));
+  CHECK_MESSAGE(contains(message_of(reported), "worker_recovery_timeout"), message_of(reported));
 }
 
 TEST_CASE("close cancels what is queued and what waits for room, and what its lost workers ran") {
@@ -348,7 +330,7 @@ TEST_CASE("close cancels what is queued and what waits for room, and what its lo
   cluster.queue->worker_lost(0);
   cluster.queue->lost(0, running);
   CHECK(running->result->status() == remote_status::cancelled);
-  CHECK_MESSAGE(contains(what_of(running->result->error()), "the coordinator closed"), what_of(running->result->error()));
+  CHECK_MESSAGE(contains(message_of(running->result->error()), "the coordinator closed"), message_of(running->result->error()));
 }
 
 TEST_CASE("done is true only with nothing queued or running, and throws the pending error once") {
