@@ -2,6 +2,7 @@
 
 #include <pscoro/server.hpp>
 
+#include "runtime/environment.hpp"
 #include "runtime/log.hpp"
 #include "runtime/ps_kernels.hpp"
 #include "runtime/rows.hpp"
@@ -172,16 +173,6 @@ std::uint64_t default_max_ps_bytes() {
   return limit;
 }
 
-// PSCORO_CHECK_NUMERICS: "1" turns the check on, "0" off; unset keeps the program's choice.
-bool check_numerics_from_environment(bool fallback) {
-  const char* text = std::getenv("PSCORO_CHECK_NUMERICS");
-  if (!text || !*text) return fallback;
-  const std::string_view value = text;
-  if (value == "1" || value == "0") return value == "1";
-  log::warning("PSCORO_CHECK_NUMERICS='{}' is not 0 or 1; ignored", value);
-  return fallback;
-}
-
 // Element `flat` of a tensor of `shape` (which has it) as "[1, 2]".
 std::string index_text(std::size_t flat, const shape_type& shape) {
   shape_type index(shape.size());
@@ -200,7 +191,9 @@ ps_service::ps_service(std::string task, const server_options& options)
     : task_(std::move(task)),
       max_ps_bytes_(options.max_ps_bytes ? options.max_ps_bytes : default_max_ps_bytes()),
       max_variable_bytes_(options.max_variable_bytes ? options.max_variable_bytes : max_ps_bytes_),
-      check_numerics_(check_numerics_from_environment(options.check_numerics)) {}
+      // PSCORO_CHECK_NUMERICS, when set, overrides the program's choice; a bad value stops the ps.
+      check_numerics_(flag_from_environment("PSCORO_CHECK_NUMERICS", "refuse NaN and Inf in float values")
+                          .value_or(options.check_numerics)) {}
 
 std::uint64_t ps_service::checked_bytes(std::string_view context, dtype type, const shape_type& shape) const {
   const auto bytes = checked_size_bytes(type, shape);

@@ -444,4 +444,19 @@ TEST_CASE("with check_numerics a ps refuses NaN and Inf, naming variable and ele
                   invalid, "assign_sub to 'w': element [0, 0] of the value is NaN");
     CHECK(value_of<float>(cluster, w) == initial);
   }
+  SUBCASE("PSCORO_CHECK_NUMERICS=0 turns the program's choice off; a bad value stops the ps") {
+    server_options options;
+    options.check_numerics = true;
+    ::setenv("PSCORO_CHECK_NUMERICS", "0", 1);
+    {
+      local_cluster cluster(1, 0, {}, options);
+      REQUIRE(call(cluster, create_from(w, values<float>({2, 3}, initial))).status.code() == 0);
+      CHECK(call(cluster, update(w, wire::UpdateVariable::ASSIGN, values<float>({2, 3}, {nan, 0, 0, 0, 0, 0})))
+                .status.code() == 0);
+    }
+    ::setenv("PSCORO_CHECK_NUMERICS", "on", 1);
+    CHECK_THROWS_WITH_AS(local_cluster(1, 0),
+                         "PSCORO_CHECK_NUMERICS is 'on': use 1 (refuse NaN and Inf in float values) or 0", error);
+    ::unsetenv("PSCORO_CHECK_NUMERICS");
+  }
 }
