@@ -112,8 +112,12 @@ void coordinator_core::wire_events() {
   events.worker_back = [weak](std::size_t worker) {
     auto self = weak.lock();
     if (!self) return;
-    log::info("{} is back; {} per-worker value(s) (iterators, variables, resources) rebuilt before it takes closures",
-              self->connections_->worker(worker)->task(), self->per_worker_.size());
+    std::size_t counts[3] = {0, 0, 0};  // iterators, variables, resources
+    for (const auto& entry : self->per_worker_) ++counts[static_cast<std::size_t>(entry.what)];
+    // "is back; N iterator(s) rebuilt before it takes closures" is what the process tests look for.
+    log::info("{} is back; {} iterator(s) rebuilt before it takes closures (and {} per-worker variable(s), {} "
+              "resource(s))",
+              self->connections_->worker(worker)->task(), counts[0], counts[1], counts[2]);
     self->queue_->worker_up(worker);
   };
   events.tick = [weak] {

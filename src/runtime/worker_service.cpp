@@ -14,6 +14,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cstring>
 
 namespace pscoro::runtime {
 
@@ -96,10 +97,13 @@ void worker_service::create_variable(const wire::frame& request, const wire::Cre
   }
   ref.ps_task = 0;
   const auto name = ref.name;
-  // The value adopts the received bytes (no copy); updates copy first while a frame shares them.
+  // Copied once: the received bytes may be a slice of a frame's buffer that holds more, which a
+  // kept slice would keep alive for as long as the variable lives.
+  auto own = tensor::uninitialized(value.type(), value.shape());
+  if (value.size_bytes() != 0) std::memcpy(own.bytes().data(), value.bytes().data(), value.size_bytes());
   per_worker_.put(create.id(), {detail::per_worker_table::kind::variable, name, nullptr,
                                 std::make_shared<detail::local_variable>(
-                                    detail::local_variable{std::move(ref), std::move(value)})});
+                                    detail::local_variable{std::move(ref), std::move(own)})});
 }
 
 void worker_service::read_variable(const wire::ReadPerWorkerVariable& read, wire::frame& response) const {
