@@ -75,6 +75,27 @@ asio::awaitable<per_worker_ref> detail::create_per_worker_iterators(std::shared_
   co_return co_await core->create_iterators(std::move(function));
 }
 
+asio::awaitable<per_worker_ref> detail::create_per_worker_variables(std::shared_ptr<coordinator_core> core,
+                                                                    variable_ref variable, tensor initial_value) {
+  co_return co_await core->create_per_worker_variables(std::move(variable), std::move(initial_value));
+}
+
+asio::awaitable<per_worker_ref> detail::create_per_worker_resources(std::shared_ptr<coordinator_core> core,
+                                                                    std::string function) {
+  co_return co_await core->create_resources(std::move(function));
+}
+
+asio::awaitable<std::vector<tensor>> detail::read_per_worker_variable(std::weak_ptr<coordinator_core> core,
+                                                                      per_worker_ref ref, variable_ref variable) {
+  auto chief = core.lock();
+  if (!chief) {
+    throw error(errc::failed_precondition,
+                "per-worker variable '" + variable.name +
+                    "' has no coordinator to read it with (a handle decoded from a result, or the strategy is gone)");
+  }
+  co_return co_await chief->read_per_worker_variable(std::move(ref), std::move(variable));
+}
+
 bool cluster_coordinator::done() {
   return detail::on_chief(core_, [](detail::coordinator_core& core) { return core.queue().done(); }).get();
 }

@@ -370,6 +370,13 @@ void server::bind_dataset_erased(std::string name, detail::erased_dataset_functi
   impl_->worker->bind_dataset(std::move(name), std::move(fn));
 }
 
+void server::bind_resource_erased(std::string name, detail::erased_resource_function fn) {
+  if (!impl_->worker) {
+    throw error(errc::failed_precondition, fmt::format("{} is not a worker: it cannot bind '{}'", impl_->task, name));
+  }
+  impl_->worker->bind_resource(std::move(name), std::move(fn));
+}
+
 int run_server(const simple_cluster_resolver& resolver, const std::function<void(server&)>& configure,
                server_options options) {
   try {

@@ -60,6 +60,12 @@ namespace detail {
 /// (throws the first failure, naming the worker).
 PSCORO_API asio::awaitable<per_worker_ref> create_per_worker_iterators(std::shared_ptr<coordinator_core> core,
                                                             std::string function);
+/// Makes per-worker variable `variable` holding `initial_value` on every worker, as above.
+PSCORO_API asio::awaitable<per_worker_ref> create_per_worker_variables(std::shared_ptr<coordinator_core> core,
+                                                                       variable_ref variable, tensor initial_value);
+/// Builds a resource of resource function `function` on every worker, as above.
+PSCORO_API asio::awaitable<per_worker_ref> create_per_worker_resources(std::shared_ptr<coordinator_core> core,
+                                                                       std::string function);
 }  // namespace detail
 
 /// A dataset that every worker builds for itself (TF's per-worker dataset); iter() makes iterators.
@@ -131,6 +137,33 @@ class PSCORO_API cluster_coordinator {
     return per_worker_dataset<T>(core_, function.name());
   }
 
+  /// A variable with one copy on every worker, each starting as `initial_value` (TF's
+  /// `tf.Variable(initial_value, per_worker_variable=True)`): completes when every live worker holds
+  /// its copy (a worker lost meanwhile gets it when it comes back). Pass it to schedule(); a worker
+  /// function reads and updates its own worker's copy; read_all() reads them all. Throws the first
+  /// worker's failure. From a coroutine on the coordinator's executor.
+  template <class E>
+  [[nodiscard]] asio::awaitable<per_worker_variable<typename E::value_type>> create_per_worker_variable(
+      std::string name, const xt::xexpression<E>& initial_value) const {
+    using T = typename E::value_type;
+    static_assert(is_element_type_v<T>, "a per-worker variable holds float, double, int32 or int64");
+    // Converted before the coroutine starts: it must not hold a reference to the caller's expression.
+    auto initial = to_tensor(initial_value);
+    variable_ref variable{std::move(name), dtype_of<T>, initial.shape(), 0};
+    return make_per_worker_variable<T>(core_, std::move(variable), std::move(initial));
+  }
+
+  /// A resource built on every worker by its bound `function` (TF's _create_per_worker_resources):
+  /// completes when every live worker has built its own (a worker lost meanwhile builds it when it
+  /// comes back, and so does a worker that comes back after a failure). Pass it to schedule(); a
+  /// worker function gets its own worker's instance. Throws the first worker's failure (an unbound
+  /// function is errc::not_found naming it). From a coroutine on the coordinator's executor.
+  template <class T>
+  [[nodiscard]] asio::awaitable<per_worker_resource<T>> create_per_worker_resource(
+      const resource_function<T>& function) const {
+    return make_per_worker_resource<T>(core_, function.name());
+  }
+
   /// Waits for every scheduled closure; throws the first error (then clears it).
   [[nodiscard]] asio::awaitable<void> join() { return async_join(asio::use_awaitable); }
 
@@ -162,6 +195,21 @@ class PSCORO_API cluster_coordinator {
       std::get<I>(results) = co_await std::get<I>(values).get();
       co_await fetch_into<I + 1>(values, results);
     }
+  }
+
+  template <class T>
+  static asio::awaitable<per_worker_variable<T>> make_per_worker_variable(std::shared_ptr<detail::coordinator_core> core,
+                                                                          variable_ref variable, tensor initial) {
+    std::weak_ptr<detail::coordinator_core> weak = core;
+    auto created = detail::create_per_worker_variables(std::move(core), variable, std::move(initial));  // named: g++ 12
+    auto ref = co_await std::move(created);
+    co_return per_worker_variable<T>(std::move(ref), std::move(variable), std::move(weak));
+  }
+  template <class T>
+  static asio::awaitable<per_worker_resource<T>> make_per_worker_resource(std::shared_ptr<detail::coordinator_core> core,
+                                                                          std::string function) {
+    auto created = detail::create_per_worker_resources(std::move(core), std::move(function));  // named: g++ 12
+    co_return per_worker_resource<T>(co_await std::move(created));
   }
 
   template <class... Params, class... Args>

@@ -1,5 +1,9 @@
-// Per-worker datasets (TF's create_per_worker_dataset): every worker builds its own input pipeline,
-// and a scheduled function reads the iterator of the worker it runs on.
+// Values that exist once on every worker (TF's PerWorkerValues): per-worker datasets (TF's
+// create_per_worker_dataset), per-worker variables (TF's `tf.Variable(..., per_worker_variable=True)`)
+// and per-worker resources (TF's _create_per_worker_resources). A scheduled function that takes one
+// gets the copy of the worker it runs on; a worker that comes back after a failure gets each of them
+// rebuilt (fresh iterators, variables from their initial value, resources by their function) before
+// it takes a closure.
 //
 //   // Shared by chief and workers:
 //   const pscoro::dataset_function<xt::xarray<float>> train_data{"model.train_data"};
@@ -21,12 +25,28 @@
 //
 // C++ cannot ship the dataset function, so like a worker function it is a named, typed handle the
 // worker binds. The iterators live on the workers; the chief holds a reference.
+//
+// Per-worker variables and resources:
+//
+//   const pscoro::resource_function<lookup_table> table{"model.table"};     // shared by both sides
+//   const pscoro::worker_function<double(pscoro::per_worker_variable<float>,
+//                                        pscoro::per_worker_resource<lookup_table>)> step{"model.step"};
+//   s.bind(table, [](pscoro::input_context) { return lookup_table(...); });  // worker
+//   s.bind(step, [](auto seen, auto t) -> asio::awaitable<double> {
+//     seen.assign_add(ones);               // this worker's own copy, in its memory: no network
+//     co_return t->size();
+//   });
+//   auto seen = co_await coordinator.create_per_worker_variable("seen", zeros);   // chief
+//   auto tables = co_await coordinator.create_per_worker_resource(table);
+//   coordinator.schedule(step, seen, tables);
+//   const auto each = co_await seen.read_all();   // one value per worker, in worker order
 #pragma once
 
 #include <pscoro/config.hpp>
 
 #include <pscoro/dataset.hpp>
 #include <pscoro/value.hpp>
+#include <pscoro/xtensor.hpp>
 
 #include <asio/any_io_executor.hpp>
 #include <asio/awaitable.hpp>
@@ -42,6 +62,7 @@
 #include <string>
 #include <type_traits>
 #include <typeinfo>
+#include <vector>
 
 namespace pscoro {
 
@@ -65,7 +86,29 @@ class dataset_function {
   std::string name_;
 };
 
+/// A named handle to a function that builds a worker's per-worker resource of type T (a lookup
+/// table, a cache, a client): bound on workers with server::bind, used on the chief with
+/// cluster_coordinator::create_per_worker_resource. T needs no codec: it never leaves its worker.
+template <class T>
+class resource_function {
+ public:
+  using resource_type = T;
+  explicit resource_function(std::string name) : name_(std::move(name)) {}
+  const std::string& name() const noexcept { return name_; }
+
+ private:
+  std::string name_;
+};
+
 namespace detail {
+
+class coordinator_core;
+
+/// The value of per-worker variable `variable` (`ref`) on every worker, in worker order: the chief
+/// asks every worker at once. Throws remote_error(errc::unavailable) naming a worker the chief has
+/// lost (TF raises too), errc::failed_precondition when the strategy is gone. On the chief's executor.
+PSCORO_API asio::awaitable<std::vector<tensor>> read_per_worker_variable(std::weak_ptr<coordinator_core> core,
+                                                                         per_worker_ref ref, variable_ref variable);
 
 /// A worker's input thread: where next_async() runs pipelines, off the worker's executor. Made on
 /// first use; owned by the worker, whose stop() stops it while the worker's executor still exists
@@ -114,37 +157,69 @@ asio::awaitable<std::optional<T>> next_of(std::shared_ptr<shared_iterator<T>> it
   co_return it->next();
 }
 
-/// A worker's live iterators, by id. Used on the worker's executor only.
-class iterator_table {
+/// A worker's per-worker variable: the chief's description (name, dtype, shape; no ps) and its
+/// value, in this worker's memory. Used on the worker's executor only.
+struct local_variable {
+  variable_ref ref;
+  tensor value;
+};
+
+/// A worker's per-worker values (iterators, variables, resources), by the id the chief chose. Used on
+/// the worker's executor only.
+class per_worker_table {
  public:
+  enum class kind { iterator, variable, resource };
   struct entry {
-    std::string function;
-    const std::type_info* element_type;
-    std::shared_ptr<void> iterator;  // a shared_iterator<T>
+    kind what = kind::iterator;
+    std::string function;  // the dataset or resource function that made it, or the variable's name
+    const std::type_info* element_type = nullptr;  // iterators' elements, resources' type
+    std::shared_ptr<void> object;  // a shared_iterator<T>, a local_variable or a T
   };
 
+  /// Keeps `e` under `id`, replacing what was there (a worker that comes back gets it rebuilt).
   void put(std::uint64_t id, entry e) { entries_[id] = std::move(e); }
-  /// Drops iterator `id`, if there is one (a closure still reading it keeps it until it is done).
+  /// Drops value `id`, if there is one (a closure still using it keeps it until it is done).
   void erase(std::uint64_t id) noexcept { entries_.erase(id); }
   std::size_t size() const noexcept { return entries_.size(); }
-  /// Drops every iterator (a closure still reading one keeps it alive until it is done).
+  /// Drops every value (a closure still using one keeps it alive until it is done).
   void clear() noexcept { entries_.clear(); }
+
   /// The iterator `id` as a dataset_iterator<T>; throws errc::not_found or errc::invalid_argument.
   template <class T>
   std::shared_ptr<shared_iterator<T>> get(std::uint64_t id, const std::string& function) const {
-    const auto it = entries_.find(id);
-    if (it == entries_.end()) {
-      throw error(errc::not_found, "iterator " + std::to_string(id) + " of '" + function +
-                                       "' does not exist on this worker (it was not created here)");
-    }
-    if (*it->second.element_type != typeid(T)) {
+    const auto& e = find(id, kind::iterator, "iterator " + std::to_string(id) + " of '" + function + "'");
+    if (*e.element_type != typeid(T)) {
       throw error(errc::invalid_argument, "iterator of '" + function +
                                               "' is read with another element type than its dataset function makes");
     }
-    return std::static_pointer_cast<shared_iterator<T>>(it->second.iterator);
+    return std::static_pointer_cast<shared_iterator<T>>(e.object);
+  }
+  /// The per-worker variable `id` (`name` for messages); throws errc::not_found.
+  std::shared_ptr<local_variable> variable(std::uint64_t id, const std::string& name) const {
+    const auto& e = find(id, kind::variable, "per-worker variable " + std::to_string(id) + " ('" + name + "')");
+    return std::static_pointer_cast<local_variable>(e.object);
+  }
+  /// The per-worker resource `id` of `function`, a T; throws errc::not_found or errc::invalid_argument.
+  template <class T>
+  std::shared_ptr<T> resource(std::uint64_t id, const std::string& function) const {
+    const auto& e = find(id, kind::resource, "per-worker resource " + std::to_string(id) + " of '" + function + "'");
+    if (*e.element_type != typeid(T)) {
+      throw error(errc::invalid_argument, "per-worker resource of '" + function +
+                                              "' is used as another type than its resource function makes");
+    }
+    return std::static_pointer_cast<T>(e.object);
   }
 
  private:
+  const entry& find(std::uint64_t id, kind what, const std::string& described) const {
+    const auto it = entries_.find(id);
+    if (it == entries_.end() || it->second.what != what) {
+      throw error(errc::not_found, described + " does not exist on this worker (it was not created here, or it "
+                                               "was released)");
+    }
+    return it->second;
+  }
+
   std::map<std::uint64_t, entry> entries_;
 };
 
@@ -227,10 +302,193 @@ struct codec<per_worker_iterator<T>> {
   static per_worker_iterator<T> decode(value&& v, const decode_context& context) {
     auto* ref = std::get_if<per_worker_ref>(&v);
     if (!ref) detail::throw_decode_mismatch(name, v);
-    if (!context.iterators) return per_worker_iterator<T>(std::move(*ref));  // on the chief: a reference
-    auto local = context.iterators->template get<T>(ref->id, ref->function);
+    if (!context.per_worker) return per_worker_iterator<T>(std::move(*ref));  // on the chief: a reference
+    auto local = context.per_worker->template get<T>(ref->id, ref->function);
     return per_worker_iterator<T>(std::move(*ref), std::move(local));
   }
 };
+
+/// A variable with one copy on every worker (TF's `tf.Variable(..., per_worker_variable=True)`): on
+/// the chief a handle to pass to schedule() and to read every worker's copy with read_all(); in a
+/// worker function, that worker's own copy, read and updated in its memory (no network). Every copy
+/// starts from the initial value, and so does the copy of a worker that comes back after a failure.
+/// When the last copy of the handle on the chief is gone (and no closure that takes it waits to
+/// run), the workers drop theirs.
+template <class T>
+  requires is_element_type_v<T>
+class per_worker_variable {
+ public:
+  using value_type = T;
+
+  per_worker_variable() = default;
+  /// The chief's handle.
+  per_worker_variable(per_worker_ref ref, variable_ref variable, std::weak_ptr<detail::coordinator_core> core = {})
+      : ref_(std::move(ref)), variable_(std::move(variable)), core_(std::move(core)) {}
+  /// A worker's handle to its own copy.
+  per_worker_variable(per_worker_ref ref, std::shared_ptr<detail::local_variable> local)
+      : ref_(std::move(ref)), variable_(local->ref), local_(std::move(local)) {}
+
+  const std::string& name() const noexcept { return variable_.name; }
+  const shape_type& shape() const noexcept { return variable_.shape; }
+  static constexpr pscoro::dtype dtype() noexcept { return dtype_of<T>; }
+  const per_worker_ref& ref() const noexcept { return ref_; }
+
+  /// This worker's value. Only in a worker function (errc::failed_precondition on the chief).
+  xt::xarray<T> read() const { return to_xarray<T>(local().value); }
+  /// Replaces this worker's value; `new_value` must have the variable's shape (else
+  /// errc::invalid_argument naming both). Only in a worker function.
+  template <class E>
+  void assign(const xt::xexpression<E>& new_value) const {
+    update("assign", new_value, [](T& x, T y) { x = y; });
+  }
+  /// Adds `delta` element-wise to this worker's value. Only in a worker function.
+  template <class E>
+  void assign_add(const xt::xexpression<E>& delta) const {
+    update("assign_add", delta, [](T& x, T y) { x = static_cast<T>(x + y); });
+  }
+  /// Subtracts `delta` element-wise from this worker's value. Only in a worker function.
+  template <class E>
+  void assign_sub(const xt::xexpression<E>& delta) const {
+    update("assign_sub", delta, [](T& x, T y) { x = static_cast<T>(x - y); });
+  }
+
+  /// Every worker's value, in worker order (TF's read_all()), asked of all workers at once. A
+  /// worker the chief has lost makes it throw remote_error(errc::unavailable) naming that worker
+  /// (TF raises too). Only on the chief, from a coroutine on the coordinator's executor.
+  [[nodiscard]] asio::awaitable<std::vector<xt::xarray<T>>> read_all() const {
+    return read_all_of(core_, ref_, variable_, static_cast<bool>(local_));
+  }
+
+ private:
+  detail::local_variable& local() const {
+    if (!local_) {
+      throw error(errc::failed_precondition, "per-worker variable '" + variable_.name +
+                                                 "' is read or updated inside a worker function, not on the chief "
+                                                 "(read_all() reads every worker's copy)");
+    }
+    return *local_;
+  }
+  template <class E, class Op>
+  void update(const char* what, const xt::xexpression<E>& operand, Op op) const {
+    auto& target = local();
+    const xt::xarray<T> given = operand.derived_cast();
+    const shape_type value_shape(given.shape().begin(), given.shape().end());
+    if (value_shape != target.ref.shape) {
+      throw error(errc::invalid_argument, std::string(what) + " to per-worker variable '" + target.ref.name +
+                                              "': the value has shape " + to_string(value_shape) +
+                                              ", the variable " + to_string(target.ref.shape));
+    }
+    // Copy on write: a reply to read_all() may still be sending these bytes.
+    if (!target.value.bytes().unique()) {
+      tensor copy = tensor::uninitialized(target.value.type(), target.value.shape());
+      std::copy_n(target.value.template data<T>(), target.value.size(), copy.template mutable_data<T>());
+      target.value = std::move(copy);
+    }
+    T* data = target.value.template mutable_data<T>();
+    const T* in = given.data();
+    for (std::size_t i = 0, n = given.size(); i < n; ++i) op(data[i], in[i]);
+  }
+  static asio::awaitable<std::vector<xt::xarray<T>>> read_all_of(std::weak_ptr<detail::coordinator_core> core,
+                                                                 per_worker_ref ref, variable_ref variable,
+                                                                 bool on_worker) {
+    if (on_worker) {
+      throw error(errc::failed_precondition, "read_all() of per-worker variable '" + variable.name +
+                                                 "' is called in a worker function: read() reads this worker's copy");
+    }
+    auto read = detail::read_per_worker_variable(std::move(core), std::move(ref), std::move(variable));  // named: g++ 12
+    const auto tensors = co_await std::move(read);
+    std::vector<xt::xarray<T>> out;
+    out.reserve(tensors.size());
+    for (const auto& t : tensors) out.push_back(to_xarray<T>(t));
+    co_return out;
+  }
+
+  per_worker_ref ref_;
+  variable_ref variable_;
+  std::weak_ptr<detail::coordinator_core> core_;
+  std::shared_ptr<detail::local_variable> local_;
+};
+
+template <class T>
+struct codec<per_worker_variable<T>> {
+  static constexpr std::string_view name = "per_worker_variable";
+  static value encode(const per_worker_variable<T>& v) { return v.ref(); }
+  static per_worker_variable<T> decode(value&& v, const decode_context& context) {
+    auto* ref = std::get_if<per_worker_ref>(&v);
+    if (!ref) detail::throw_decode_mismatch(name, v);
+    if (!context.per_worker) {  // on the chief: a reference
+      return per_worker_variable<T>(*ref, variable_ref{ref->function, dtype_of<T>, {}, 0});
+    }
+    auto local = context.per_worker->variable(ref->id, ref->function);
+    if (local->ref.type != dtype_of<T>) {
+      detail::throw_dtype_mismatch(dtype_of<T>, "per-worker variable", local->ref.type, local->ref.name);
+    }
+    return per_worker_variable<T>(std::move(*ref), std::move(local));
+  }
+};
+
+/// A resource with one instance on every worker, built there by a bound resource_function<T> (TF's
+/// _create_per_worker_resources): on the chief a handle to pass to schedule(); in a worker function,
+/// that worker's instance (get(), *, ->). A worker that comes back after a failure gets it built
+/// again by the function. When the last copy of the handle on the chief is gone (and no closure
+/// that takes it waits to run), the workers drop theirs.
+template <class T>
+class per_worker_resource {
+ public:
+  using resource_type = T;
+
+  per_worker_resource() = default;
+  explicit per_worker_resource(per_worker_ref ref, std::shared_ptr<T> local = {})
+      : ref_(std::move(ref)), local_(std::move(local)) {}
+
+  /// This worker's instance. Only in a worker function (errc::failed_precondition on the chief).
+  T& get() const {
+    if (!local_) {
+      throw error(errc::failed_precondition,
+                  "a per-worker resource of '" + ref_.function + "' is used inside a worker function, not on the chief");
+    }
+    return *local_;
+  }
+  T& operator*() const { return get(); }
+  T* operator->() const { return &get(); }
+
+  const per_worker_ref& ref() const noexcept { return ref_; }
+
+ private:
+  per_worker_ref ref_;
+  std::shared_ptr<T> local_;
+};
+
+template <class T>
+struct codec<per_worker_resource<T>> {
+  static constexpr std::string_view name = "per_worker_resource";
+  static value encode(const per_worker_resource<T>& r) { return r.ref(); }
+  static per_worker_resource<T> decode(value&& v, const decode_context& context) {
+    auto* ref = std::get_if<per_worker_ref>(&v);
+    if (!ref) detail::throw_decode_mismatch(name, v);
+    if (!context.per_worker) return per_worker_resource<T>(std::move(*ref));  // on the chief: a reference
+    auto local = context.per_worker->template resource<T>(ref->id, ref->function);
+    return per_worker_resource<T>(std::move(*ref), std::move(local));
+  }
+};
+
+namespace detail {
+
+/// A bound resource function, type-erased: builds the resource for an input context.
+struct erased_resource_function {
+  const std::type_info* type;
+  std::function<std::shared_ptr<void>(const input_context&)> make;
+};
+
+template <class T, class F>
+erased_resource_function erase_resource_function(F&& f) {
+  static_assert(std::is_convertible_v<std::invoke_result_t<std::decay_t<F>&, const input_context&>, T>,
+                "a resource function must be callable as T(pscoro::input_context)");
+  return {&typeid(T), [f = std::forward<F>(f)](const input_context& context) -> std::shared_ptr<void> {
+            return std::make_shared<T>(f(context));
+          }};
+}
+
+}  // namespace detail
 
 }  // namespace pscoro

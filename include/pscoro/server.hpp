@@ -30,14 +30,19 @@
 
 namespace pscoro {
 
-// Defined in <pscoro/per_worker.hpp>, which whoever binds a dataset function has included (it
-// declares the function); a server that binds none does not parse datasets and xtensor.
+// Defined in <pscoro/per_worker.hpp>, which whoever binds a dataset or resource function has
+// included (it declares the function); a server that binds none does not parse datasets and xtensor.
 template <class T>
 class dataset_function;
+template <class T>
+class resource_function;
 namespace detail {
 struct erased_dataset_function;
 template <class T, class F>
 erased_dataset_function erase_dataset_function(F&& make);
+struct erased_resource_function;
+template <class T, class F>
+erased_resource_function erase_resource_function(F&& make);
 }  // namespace detail
 
 struct server_options {
@@ -86,6 +91,14 @@ class PSCORO_API server {
     bind_dataset_erased(function.name(), detail::erase_dataset_function<T>(std::forward<F>(make)));
   }
 
+  /// Binds `make` (callable as `T(pscoro::input_context)`) to `function` on a worker: the chief's
+  /// create_per_worker_resource(function) calls it for this worker's instance, and again when the
+  /// worker comes back after a failure.
+  template <class T, class F>
+  void bind(const resource_function<T>& function, F&& make) {
+    bind_resource_erased(function.name(), detail::erase_resource_function<T>(std::forward<F>(make)));
+  }
+
   /// Listens and starts accepting on the executor. Throws if the address cannot be bound.
   void start();
   /// Stops accepting and closes every connection.
@@ -101,6 +114,7 @@ class PSCORO_API server {
  private:
   void bind_erased(std::string name, std::string signature, detail::erased_worker_function fn);
   void bind_dataset_erased(std::string name, detail::erased_dataset_function fn);
+  void bind_resource_erased(std::string name, detail::erased_resource_function fn);
 
   struct impl;
   std::shared_ptr<impl> impl_;

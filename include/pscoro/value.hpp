@@ -56,13 +56,14 @@ struct PSCORO_API sharded_variable_ref {
   friend bool operator==(const sharded_variable_ref&, const sharded_variable_ref&) = default;
 };
 
-/// A resource that exists on every worker (a per-worker iterator): its id and the dataset function
-/// that made it.
+/// A value that exists on every worker (a per-worker iterator, variable or resource): its id and the
+/// dataset or resource function that made it (a variable's name).
 struct per_worker_ref {
   std::uint64_t id = 0;
   std::string function;
-  /// On the chief: keeps the workers' iterators while any copy exists (a per_worker_iterator, the
-  /// argument of a closure not yet run); the last copy gone releases them. Never sent.
+  /// On the chief: keeps the workers' values while any copy exists (a per_worker_iterator,
+  /// per_worker_variable or per_worker_resource, the argument of a closure not yet run); the last
+  /// copy gone releases them. Never sent.
   std::shared_ptr<const void> lease{};
   /// The same resource (leases aside).
   friend bool operator==(const per_worker_ref& a, const per_worker_ref& b) noexcept {
@@ -72,7 +73,7 @@ struct per_worker_ref {
 
 namespace detail {
 class variable_io;
-class iterator_table;
+class per_worker_table;
 }
 
 struct value_list;
@@ -97,8 +98,9 @@ inline constexpr std::size_t max_value_items = std::size_t{1} << 16;
 /// What decoding a value may need besides the value: the side's variable I/O.
 struct decode_context {
   std::shared_ptr<detail::variable_io> variables;
-  /// The worker's iterators (null on the chief, where per-worker values stay references).
-  const detail::iterator_table* iterators = nullptr;
+  /// The worker's per-worker values: iterators, variables, resources (null on the chief, where
+  /// per-worker values stay references).
+  const detail::per_worker_table* per_worker = nullptr;
 };
 
 /// The name of the alternative `v` holds, for messages: "int64", "tensor<float32>".

@@ -112,8 +112,12 @@ void coordinator_core::wire_events() {
   events.worker_back = [weak](std::size_t worker) {
     auto self = weak.lock();
     if (!self) return;
-    log::info("{} is back; {} iterator(s) rebuilt before it takes closures", self->connections_->worker(worker)->task(),
-              self->iterators_.size());
+    std::size_t counts[3] = {0, 0, 0};  // iterators, variables, resources
+    for (const auto& entry : self->per_worker_) ++counts[static_cast<std::size_t>(entry.what)];
+    // "is back; N iterator(s) rebuilt before it takes closures" is what the process tests look for.
+    log::info("{} is back; {} iterator(s) rebuilt before it takes closures (and {} per-worker variable(s), {} "
+              "resource(s))",
+              self->connections_->worker(worker)->task(), counts[0], counts[1], counts[2]);
     self->queue_->worker_up(worker);
   };
   events.tick = [weak] {
@@ -183,21 +187,74 @@ std::optional<coordinator_options> coordinator_core::claim_options(const std::op
   return std::nullopt;
 }
 
-wire::frame coordinator_core::iterator_request(const per_worker_ref& ref, std::size_t worker) const {
+wire::frame coordinator_core::create_request(const per_worker_entry& entry, std::size_t worker) const {
   wire::frame request;
-  auto* create = request.message.mutable_request()->mutable_create_iterator();
-  create->set_function(ref.function);
-  create->set_id(ref.id);
-  create->set_worker_index(static_cast<std::int64_t>(worker));
-  create->set_num_workers(static_cast<std::int64_t>(connections_->num_workers()));
+  auto& body = *request.message.mutable_request();
+  switch (entry.what) {
+    case per_worker_entry::kind::iterator: {
+      auto* create = body.mutable_create_iterator();
+      create->set_function(entry.ref.function);
+      create->set_id(entry.ref.id);
+      create->set_worker_index(static_cast<std::int64_t>(worker));
+      create->set_num_workers(static_cast<std::int64_t>(connections_->num_workers()));
+      break;
+    }
+    case per_worker_entry::kind::resource: {
+      auto* create = body.mutable_create_resource();
+      create->set_function(entry.ref.function);
+      create->set_id(entry.ref.id);
+      create->set_worker_index(static_cast<std::int64_t>(worker));
+      create->set_num_workers(static_cast<std::int64_t>(connections_->num_workers()));
+      break;
+    }
+    case per_worker_entry::kind::variable: {
+      auto* create = body.mutable_create_per_worker_variable();
+      create->set_id(entry.ref.id);
+      runtime::encode_ref(*create->mutable_variable(), entry.variable);
+      // The chief's copy of the initial value goes out shared, not copied, to every worker.
+      wire::put_tensor(request, *create->mutable_initial_value(), entry.initial_value);
+      break;
+    }
+  }
   return request;
 }
 
 asio::awaitable<per_worker_ref> coordinator_core::create_iterators(std::string function) {
-  per_worker_ref ref{next_iterator_id_++, std::move(function)};
+  per_worker_entry entry;
+  entry.what = per_worker_entry::kind::iterator;
+  entry.ref.function = std::move(function);
+  co_return co_await create_per_worker(std::move(entry));
+}
+
+asio::awaitable<per_worker_ref> coordinator_core::create_resources(std::string function) {
+  per_worker_entry entry;
+  entry.what = per_worker_entry::kind::resource;
+  entry.ref.function = std::move(function);
+  co_return co_await create_per_worker(std::move(entry));
+}
+
+asio::awaitable<per_worker_ref> coordinator_core::create_per_worker_variables(variable_ref variable,
+                                                                               tensor initial_value) {
+  if (initial_value.type() != variable.type || initial_value.shape() != variable.shape) {
+    throw error(errc::invalid_argument,
+                fmt::format("per-worker variable '{}' is {} {} but its initial value is {} {}", variable.name,
+                            name_of(variable.type), to_string(variable.shape), name_of(initial_value.type()),
+                            to_string(initial_value.shape())));
+  }
+  per_worker_entry entry;
+  entry.what = per_worker_entry::kind::variable;
+  entry.ref.function = variable.name;
+  entry.variable = std::move(variable);
+  entry.initial_value = std::move(initial_value);
+  co_return co_await create_per_worker(std::move(entry));
+}
+
+asio::awaitable<per_worker_ref> coordinator_core::create_per_worker(per_worker_entry entry) {
+  entry.ref.id = next_per_worker_id_++;
   // Listed first: a lost worker that comes back meanwhile builds it too (prepare_worker), before it
   // takes a closure.
-  iterators_.push_back(ref);
+  per_worker_.push_back(entry);
+  per_worker_ref ref = entry.ref;
   std::vector<std::size_t> ready;
   for (std::size_t i = 0; i < connections_->num_workers(); ++i) {
     if (connections_->ready(i)) ready.push_back(i);
@@ -205,28 +262,28 @@ asio::awaitable<per_worker_ref> coordinator_core::create_iterators(std::string f
   std::exception_ptr failure;
   try {
     co_await run_all(ready.size(), [&](std::size_t k) {
-      return call(connections_->worker(ready[k]), iterator_request(ref, ready[k]));
+      return call(connections_->worker(ready[k]), create_request(entry, ready[k]));
     });
   } catch (...) {
     failure = std::current_exception();
   }
   if (failure) {
-    release_iterators(ref.id);  // the workers that built theirs drop them
+    release_per_worker(ref.id);  // the workers that built theirs drop them
     std::rethrow_exception(failure);
   }
-  // The last copy of the lease, wherever it goes (any thread), has the chief release the iterators.
+  // The last copy of the lease, wherever it goes (any thread), has the chief release the values.
   // It only posts: locking the core here could make this thread its last owner.
   struct lease {
-    lease(asio::any_io_executor on, std::weak_ptr<coordinator_core> of, std::uint64_t iterator)
-        : executor(std::move(on)), core(std::move(of)), id(iterator) {}
-    lease(const lease&) = delete;  // one release per iterator
+    lease(asio::any_io_executor on, std::weak_ptr<coordinator_core> of, std::uint64_t value)
+        : executor(std::move(on)), core(std::move(of)), id(value) {}
+    lease(const lease&) = delete;  // one release per value
     lease& operator=(const lease&) = delete;
     asio::any_io_executor executor;
     std::weak_ptr<coordinator_core> core;
     std::uint64_t id;
     ~lease() {
-      asio::post(executor, [weak = core, iterator = id] {
-        if (auto self = weak.lock()) self->release_iterators(iterator);
+      asio::post(executor, [weak = core, value = id] {
+        if (auto self = weak.lock()) self->release_per_worker(value);
       });
     }
   };
@@ -234,12 +291,12 @@ asio::awaitable<per_worker_ref> coordinator_core::create_iterators(std::string f
   co_return ref;
 }
 
-void coordinator_core::release_iterators(std::uint64_t id) {
-  std::erase_if(iterators_, [id](const per_worker_ref& r) { return r.id == id; });
+void coordinator_core::release_per_worker(std::uint64_t id) {
+  std::erase_if(per_worker_, [id](const per_worker_entry& e) { return e.ref.id == id; });
   if (connections_->closed()) return;
   for (std::size_t i = 0; i < connections_->num_workers(); ++i) {
-    // Only an open connection: a lost worker has lost its iterators, and one that comes back is
-    // not given this one again.
+    // Only an open connection: a lost worker has lost its values, and one that comes back is not
+    // given this one again.
     const auto connection = connections_->worker(i)->connection();
     if (!connection) continue;
     wire::frame request;
@@ -248,18 +305,71 @@ void coordinator_core::release_iterators(std::uint64_t id) {
   }
 }
 
+asio::awaitable<std::vector<tensor>> coordinator_core::read_per_worker_variable(per_worker_ref ref,
+                                                                               variable_ref variable) {
+  const auto workers = connections_->num_workers();
+  for (std::size_t i = 0; i < workers; ++i) {
+    if (connections_->ready(i)) continue;
+    // TF raises too (its per-worker variable's value on a lost worker is aborted). The chief does
+    // not wait for the worker: it may never come back.
+    const auto& task = connections_->worker(i)->task();
+    throw remote_error(make_error_code(errc::unavailable), task,
+                       fmt::format("per-worker variable '{}' cannot be read on {}: the chief has lost that worker (it "
+                                   "gets the variable anew, from its initial value, when it comes back)",
+                                   variable.name, task));
+  }
+  std::vector<tensor> values(workers);
+  const auto self = shared_from_this();
+  co_await run_all(workers, [&](std::size_t i) { return read_on(self, i, ref.id, variable, values[i]); });
+  co_return values;
+}
+
+asio::awaitable<void> coordinator_core::read_on(std::shared_ptr<coordinator_core> self, std::size_t worker,
+                                                std::uint64_t id, variable_ref variable, tensor& out) {
+  wire::frame request;
+  auto* read = request.message.mutable_request()->mutable_read_per_worker_variable();
+  read->set_id(id);
+  runtime::encode_ref(*read->mutable_variable(), variable);
+  const auto peer = self->connections_->worker(worker);
+  // On the open connection only, never a new one: a worker that is gone may not come back soon.
+  auto connection = peer->connection();
+  if (!connection) {
+    throw remote_error(make_error_code(errc::unavailable), peer->task(),
+                       fmt::format("per-worker variable '{}' cannot be read on {}: it is not connected", variable.name,
+                                   peer->task()));
+  }
+  auto [ec, response] = co_await connection->async_call(std::move(request), as_tuple(use_awaitable));
+  if (ec) {
+    throw remote_error(make_error_code(errc::unavailable), peer->task(),
+                       fmt::format("per-worker variable '{}' cannot be read on {}: connection lost: {}", variable.name,
+                                   peer->task(), connection->close_reason()));
+  }
+  wire::throw_if_error(response.message.response().status(), peer->task());
+  const auto& result = response.message.response().result();
+  tensor value;
+  if (result.kind_case() == wire::Value::kTensor) value = wire::get_tensor(response, result.tensor());
+  if (result.kind_case() != wire::Value::kTensor || value.type() != variable.type || value.shape() != variable.shape) {
+    throw remote_error(make_error_code(errc::protocol_error), peer->task(),
+                       fmt::format("{} answered a read of per-worker variable '{}' ({} {}) with something else",
+                                   peer->task(), variable.name, name_of(variable.type), to_string(variable.shape)));
+  }
+  out = std::move(value);
+}
+
 asio::awaitable<void> coordinator_core::call(std::shared_ptr<runtime::peer> peer, wire::frame request) {
   co_await peer->call(std::move(request));
 }
 
 asio::awaitable<void> coordinator_core::prepare_worker(std::shared_ptr<coordinator_core> self, std::size_t worker) {
   if (!self) co_return;
-  // A copy: an iterator released while this waits goes from the list, and must not shift it.
-  const auto listed = self->iterators_;
-  for (const auto& ref : listed) {
-    const auto& live = self->iterators_;
-    if (std::none_of(live.begin(), live.end(), [&](const per_worker_ref& r) { return r.id == ref.id; })) continue;
-    auto request = self->iterator_request(ref, worker);  // named: g++ 12 (temporaries)
+  // A copy: a value released while this waits goes from the list, and must not shift it.
+  const auto listed = self->per_worker_;
+  for (const auto& entry : listed) {
+    const auto& live = self->per_worker_;
+    if (std::none_of(live.begin(), live.end(), [&](const per_worker_entry& e) { return e.ref.id == entry.ref.id; })) {
+      continue;
+    }
+    auto request = self->create_request(entry, worker);  // named: g++ 12 (temporaries)
     co_await self->connections_->worker(worker)->call(std::move(request));
   }
 }

@@ -289,6 +289,14 @@ wire::frame ps_service::handle(const wire::frame& request) {
                                 body.create_iterator().function()));
       case wire::Request::kReleaseIterator:
         throw error(errc::failed_precondition, fmt::format("{} is a parameter server and holds no iterators", task_));
+      case wire::Request::kCreatePerWorkerVariable:
+      case wire::Request::kReadPerWorkerVariable:
+        throw error(errc::failed_precondition,
+                    fmt::format("{} is a parameter server and holds no per-worker variables", task_));
+      case wire::Request::kCreateResource:
+        throw error(errc::failed_precondition,
+                    fmt::format("{} is a parameter server and builds no per-worker resources ('{}' was sent here)",
+                                task_, body.create_resource().function()));
       case wire::Request::kCancelClosures:
         throw error(errc::failed_precondition, fmt::format("{} is a parameter server and runs no closures", task_));
       case wire::Request::BODY_NOT_SET: throw error(errc::invalid_argument, "empty request");

@@ -14,6 +14,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cstring>
 
 namespace pscoro::runtime {
 
@@ -47,6 +48,78 @@ void worker_service::bind_dataset(std::string name, detail::erased_dataset_funct
   datasets_[std::move(name)] = std::move(fn);
 }
 
+void worker_service::bind_resource(std::string name, detail::erased_resource_function fn) {
+  resources_[std::move(name)] = std::move(fn);
+}
+
+namespace {
+
+// Throws errc::invalid_argument unless `worker_index` is a place among `num_workers`.
+void check_input_context(const std::string& function, std::int64_t worker_index, std::int64_t num_workers) {
+  if (num_workers < 1 || worker_index < 0 || worker_index >= num_workers) {
+    throw error(errc::invalid_argument, fmt::format("input context of '{}': worker {} of {} is not a valid place",
+                                                    function, worker_index, num_workers));
+  }
+}
+
+}  // namespace
+
+wire::Status worker_service::create_resource(const wire::CreateResource& create) {
+  auto it = resources_.find(create.function());
+  if (it == resources_.end()) {
+    std::vector<std::string_view> known;
+    for (const auto& entry : resources_) known.push_back(entry.first);
+    throw error(errc::not_found, fmt::format("resource function '{}' is not bound on {} (it binds: {})",
+                                             create.function(), task_, known.empty() ? "nothing" : join(known, ", ")));
+  }
+  check_input_context(create.function(), create.worker_index(), create.num_workers());
+  // The user's function builds the resource here; its failure becomes the request's error.
+  try {
+    auto resource = it->second.make(input_context{create.worker_index(), create.num_workers()});
+    per_worker_.put(create.id(), {detail::per_worker_table::kind::resource, create.function(), it->second.type,
+                                  std::move(resource)});
+  } catch (...) {
+    return wire::status_of(std::current_exception(), task_, fmt::format("resource function '{}'", create.function()));
+  }
+  return {};
+}
+
+void worker_service::create_variable(const wire::frame& request, const wire::CreatePerWorkerVariable& create) {
+  auto ref = decode_ref(create.variable());
+  if (!create.has_initial_value()) {
+    throw error(errc::invalid_argument, fmt::format("per-worker variable '{}' comes without an initial value", ref.name));
+  }
+  auto value = wire::get_tensor(request, create.initial_value());
+  if (value.type() != ref.type || value.shape() != ref.shape) {
+    throw error(errc::invalid_argument,
+                fmt::format("per-worker variable '{}' is {} {} but its initial value is {} {}", ref.name,
+                            name_of(ref.type), to_string(ref.shape), name_of(value.type()), to_string(value.shape())));
+  }
+  ref.ps_task = 0;
+  const auto name = ref.name;
+  // Copied once: the received bytes may be a slice of a frame's buffer that holds more, which a
+  // kept slice would keep alive for as long as the variable lives.
+  auto own = tensor::uninitialized(value.type(), value.shape());
+  if (value.size_bytes() != 0) std::memcpy(own.bytes().data(), value.bytes().data(), value.size_bytes());
+  per_worker_.put(create.id(), {detail::per_worker_table::kind::variable, name, nullptr,
+                                std::make_shared<detail::local_variable>(
+                                    detail::local_variable{std::move(ref), std::move(own)})});
+}
+
+void worker_service::read_variable(const wire::ReadPerWorkerVariable& read, wire::frame& response) const {
+  const auto asked = decode_ref(read.variable());
+  const auto local = per_worker_.variable(read.id(), asked.name);
+  const auto& held = local->ref;
+  if (held.name != asked.name || held.type != asked.type || held.shape != asked.shape) {
+    throw error(errc::invalid_argument,
+                fmt::format("per-worker variable {} is '{}' {} {} on {}, not '{}' {} {}", read.id(), held.name,
+                            name_of(held.type), to_string(held.shape), task_, asked.name, name_of(asked.type),
+                            to_string(asked.shape)));
+  }
+  // The reply shares the bytes; an update meanwhile copies them first (local_variable).
+  wire::put_tensor(response, *response.message.mutable_response()->mutable_result()->mutable_tensor(), local->value);
+}
+
 wire::Status worker_service::create_iterator(const wire::CreateIterator& create) {
   auto it = datasets_.find(create.function());
   if (it == datasets_.end()) {
@@ -55,14 +128,12 @@ wire::Status worker_service::create_iterator(const wire::CreateIterator& create)
     throw error(errc::not_found, fmt::format("dataset function '{}' is not bound on {} (it binds: {})",
                                              create.function(), task_, known.empty() ? "nothing" : join(known, ", ")));
   }
-  if (create.num_workers() < 1 || create.worker_index() < 0 || create.worker_index() >= create.num_workers()) {
-    throw error(errc::invalid_argument, fmt::format("input context of '{}': worker {} of {} is not a valid place",
-                                                    create.function(), create.worker_index(), create.num_workers()));
-  }
+  check_input_context(create.function(), create.worker_index(), create.num_workers());
   // The user's function builds the pipeline here; its failure becomes the request's error.
   try {
     auto iterator = it->second.make_iterator(input_context{create.worker_index(), create.num_workers()}, input_);
-    iterators_.put(create.id(), {create.function(), it->second.element_type, std::move(iterator)});
+    per_worker_.put(create.id(), {detail::per_worker_table::kind::iterator, create.function(),
+                                  it->second.element_type, std::move(iterator)});
   } catch (...) {
     return wire::status_of(std::current_exception(), task_, fmt::format("dataset function '{}'", create.function()));
   }
@@ -95,7 +166,7 @@ void worker_service::set_cluster(const wire::Hello& hello) {
 }
 
 void worker_service::end_session() {
-  iterators_.clear();
+  per_worker_.clear();
   cancel(std::nullopt);  // nobody waits for them any more
   const auto ended = std::make_exception_ptr(
       error(errc::aborted, fmt::format("the coordinator session of this function ended on {}", task_)));
@@ -149,7 +220,7 @@ asio::awaitable<value> worker_service::run(const wire::frame& request, const wir
   // Copy the function: a later bind() of the same name must not pull it from under this call.
   const auto fn = it->second.fn;
   // Named, not a temporary: g++ 12 destroys temporaries of a co_await expression too early.
-  const decode_context context{ps_, &iterators_};
+  const decode_context context{ps_, &per_worker_};
   auto call_result = fn(std::move(args), context);
   co_return co_await std::move(call_result);
 }
@@ -166,8 +237,30 @@ asio::awaitable<wire::frame> worker_service::handle(wire::frame request) {
     }
     co_return response;
   }
+  if (body.body_case() == wire::Request::kCreateResource) {
+    try {
+      *out->mutable_status() = create_resource(body.create_resource());
+    } catch (...) {
+      *out->mutable_status() = wire::status_of(std::current_exception(), task_);
+    }
+    co_return response;
+  }
+  if (body.body_case() == wire::Request::kCreatePerWorkerVariable ||
+      body.body_case() == wire::Request::kReadPerWorkerVariable) {
+    try {
+      if (body.body_case() == wire::Request::kCreatePerWorkerVariable) {
+        create_variable(request, body.create_per_worker_variable());
+      } else {
+        read_variable(body.read_per_worker_variable(), response);
+      }
+    } catch (...) {
+      response = wire::frame{};
+      *response.message.mutable_response()->mutable_status() = wire::status_of(std::current_exception(), task_);
+    }
+    co_return response;
+  }
   if (body.body_case() == wire::Request::kReleaseIterator) {
-    iterators_.erase(body.release_iterator().id());
+    per_worker_.erase(body.release_iterator().id());
     co_return response;
   }
   if (body.body_case() == wire::Request::kCancelClosures) {

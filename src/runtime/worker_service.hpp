@@ -32,18 +32,21 @@ class worker_service {
   void bind(std::string name, std::string signature, detail::erased_worker_function fn);
   /// Registers the dataset function `name` (same rule).
   void bind_dataset(std::string name, detail::erased_dataset_function fn);
+  /// Registers the resource function `name` (same rule).
+  void bind_resource(std::string name, detail::erased_resource_function fn);
 
   /// Takes the ps addresses and the coordinator session from the chief's Hello.
   void set_cluster(const wire::Hello& hello);
-  /// The coordinator session ended: drops its iterators, and its ps connections for good (a
+  /// The coordinator session ended: drops its per-worker values (iterators, variables, resources), and its ps connections for good (a
   /// closure of that session still running fails at its next ps call instead of touching the
   /// variables of the next session).
   void end_session();
   /// Closes this worker's connections to the ps and stops its input thread (the server stops).
   void close_connections();
 
-  /// Serves a request of the chief (RunFunction, CreateIterator, CancelClosures); failures come
-  /// back as an error status.
+  /// Serves a request of the chief (RunFunction, CreateIterator, CreatePerWorkerVariable,
+  /// ReadPerWorkerVariable, CreateResource, ReleaseIterator, CancelClosures); failures come back as
+  /// an error status.
   asio::awaitable<wire::frame> handle(wire::frame request);
 
  private:
@@ -70,6 +73,12 @@ class worker_service {
   /// Builds the iterator; the failure of the user's dataset function comes back as a status, naming
   /// the function; a request that is not valid here throws.
   wire::Status create_iterator(const wire::CreateIterator& create);
+  /// Builds the resource, as create_iterator its iterator.
+  wire::Status create_resource(const wire::CreateResource& create);
+  /// Keeps a per-worker variable; throws errc::invalid_argument for a value that does not match it.
+  void create_variable(const wire::frame& request, const wire::CreatePerWorkerVariable& create);
+  /// Answers with the value of a per-worker variable; throws errc::not_found, errc::invalid_argument.
+  void read_variable(const wire::ReadPerWorkerVariable& read, wire::frame& response) const;
 
   asio::any_io_executor executor_;
   std::string task_;
@@ -77,7 +86,8 @@ class worker_service {
   transport_options options_;
   std::map<std::string, bound_function, std::less<>> functions_;
   std::map<std::string, detail::erased_dataset_function, std::less<>> datasets_;
-  detail::iterator_table iterators_;
+  std::map<std::string, detail::erased_resource_function, std::less<>> resources_;
+  detail::per_worker_table per_worker_;
   std::shared_ptr<detail::input_thread> input_ = std::make_shared<detail::input_thread>();
   std::shared_ptr<ps_client> ps_;
   std::vector<std::shared_ptr<running_closure>> running_;

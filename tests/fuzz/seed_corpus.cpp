@@ -158,6 +158,38 @@ std::string worker_requests() {
   run->add_args()->mutable_per_worker()->set_id(9);
   run->mutable_args(0)->mutable_per_worker()->set_function("fuzz.numbers");
   out += fuzz::wire_bytes(std::move(next));
+  // A per-worker variable and a resource, used by a function, read, then released.
+  auto variable = request(6);
+  auto* v = variable.message.mutable_request()->mutable_create_per_worker_variable();
+  v->set_id(10);
+  set_ref(*v->mutable_variable(), "fuzz.seen", {2});
+  wire::put_tensor(variable, *v->mutable_initial_value(), floats({1, 2}, {2}));
+  out += fuzz::wire_bytes(std::move(variable));
+  auto resource = request(7);
+  auto* r = resource.message.mutable_request()->mutable_create_resource();
+  r->set_function("fuzz.names");
+  r->set_id(11);
+  r->set_worker_index(0);
+  r->set_num_workers(1);
+  out += fuzz::wire_bytes(std::move(resource));
+  auto use = request(8);
+  auto* u = use.message.mutable_request()->mutable_run_function();
+  u->set_name("fuzz.count");
+  u->set_signature(
+      worker_function<double(per_worker_variable<float>, per_worker_resource<std::string>)>::signature());
+  u->add_args()->mutable_per_worker()->set_id(10);
+  u->mutable_args(0)->mutable_per_worker()->set_function("fuzz.seen");
+  u->add_args()->mutable_per_worker()->set_id(11);
+  u->mutable_args(1)->mutable_per_worker()->set_function("fuzz.names");
+  out += fuzz::wire_bytes(std::move(use));
+  auto read = request(9);
+  auto* rd = read.message.mutable_request()->mutable_read_per_worker_variable();
+  rd->set_id(10);
+  set_ref(*rd->mutable_variable(), "fuzz.seen", {2});
+  out += fuzz::wire_bytes(std::move(read));
+  auto release = request(10);
+  release.message.mutable_request()->mutable_release_iterator()->set_id(10);
+  out += fuzz::wire_bytes(std::move(release));
   return out;
 }
 

@@ -1,5 +1,5 @@
-// A live worker (a real pscoro::server on 127.0.0.1, no secret, with worker functions and a
-// dataset function bound) fed the input through a real connection; as ps_fuzz.cpp, byte 0 bit 0
+// A live worker (a real pscoro::server on 127.0.0.1, no secret, with worker functions, a dataset
+// function and a resource function bound) fed the input through a real connection; as ps_fuzz.cpp, byte 0 bit 0
 // chooses whether a valid chief Hello goes first. The worker must close the connection, never
 // crash, and answer a well-formed Hello and Heartbeat afterwards.
 #include "fuzz_support.hpp"
@@ -9,6 +9,7 @@
 #include <pscoro/worker_function.hpp>
 
 #include <asio/detached.hpp>
+#include <xtensor/xbuilder.hpp>
 
 namespace {
 
@@ -17,6 +18,9 @@ const pscoro::worker_function<std::string(std::string, double, bool)> describe{"
 const pscoro::worker_function<double(pscoro::tensor)> sum{"fuzz.sum"};
 const pscoro::worker_function<std::int64_t(pscoro::per_worker_iterator<std::int64_t>)> next_number{"fuzz.next"};
 const pscoro::dataset_function<std::int64_t> numbers{"fuzz.numbers"};
+const pscoro::worker_function<double(pscoro::per_worker_variable<float>, pscoro::per_worker_resource<std::string>)>
+    count{"fuzz.count"};
+const pscoro::resource_function<std::string> names{"fuzz.names"};
 
 void bind_all(pscoro::server& s) {
   s.bind(add_one, [](std::int64_t x) -> asio::awaitable<std::int64_t> { co_return x + 1; });
@@ -30,6 +34,13 @@ void bind_all(pscoro::server& s) {
   s.bind(numbers, [](pscoro::input_context context) {
     return pscoro::from_values(std::vector<std::int64_t>{1, 2, 3}).shard(context.num_workers, context.worker_index);
   });
+  s.bind(count, [](pscoro::per_worker_variable<float> v,
+                   pscoro::per_worker_resource<std::string> name) -> asio::awaitable<double> {
+    const xt::xarray<float> one = xt::ones<float>(v.shape());
+    v.assign_add(one);
+    co_return static_cast<double>(v.read().size() + name->size());
+  });
+  s.bind(names, [](pscoro::input_context context) { return std::to_string(context.worker_index); });
 }
 
 }  // namespace

@@ -9,6 +9,8 @@
 #include <asio/post.hpp>
 #include <asio/this_coro.hpp>
 #include <asio/use_awaitable.hpp>
+#include <xtensor/xbuilder.hpp>
+#include <xtensor/xmath.hpp>
 
 #include <atomic>
 #include <chrono>
@@ -268,6 +270,336 @@ TEST_CASE("a worker restarted at the same address is reconnected and gets fresh 
         }
         CHECK(from_one == "1,1,3,5,7,9,11,13,15,17,19");
         co_await coordinator.join();
+      },
+      options);
+}
+
+// Per-worker variables and resources (TF's per_worker_variable=True and _create_per_worker_resources).
+namespace {
+
+const worker_function<std::int64_t()> worker_index{"test.worker_index"};
+// Adds 1 to the worker's copy and returns {worker index, the copy's first element after the add}.
+const worker_function<std::vector<double>(per_worker_variable<float>)> count_here{"test.count_here"};
+// Assigns its argument to the worker's copy; returns the worker's index.
+const worker_function<std::int64_t(per_worker_variable<float>, xt::xarray<float>)> assign_here{"test.assign_here"};
+// Reads the copy as float64 (it is float32).
+const worker_function<double(per_worker_variable<double>)> read_as_double{"test.read_as_double"};
+// Calls read_all() inside a worker function.
+const worker_function<double(per_worker_variable<float>)> read_all_here{"test.read_all_here"};
+
+// A worker's resource: which worker built it, how many workers there were, and how often it was used.
+struct counter {
+  std::int64_t worker = -1;
+  std::int64_t workers = 0;
+  std::int64_t uses = 0;
+};
+std::atomic<int> counters_built[2];
+const resource_function<counter> counters{"test.counters"};
+const resource_function<counter> broken_counters{"test.broken_counters"};
+const resource_function<counter> unbound_counters{"test.unbound_counters"};
+const resource_function<std::string> texts{"test.texts"};
+// Uses the worker's counter: returns "worker:built-for:workers:uses".
+const worker_function<std::string(per_worker_resource<counter>)> use_counter{"test.use_counter"};
+// Uses a counter as a string (it is not).
+const worker_function<std::string(per_worker_resource<std::string>)> use_as_text{"test.use_as_text"};
+
+void bind_per_worker(server& s) {
+  const std::int64_t index = s.task() == "worker:0" ? 0 : 1;
+  s.bind(worker_index, [index]() -> asio::awaitable<std::int64_t> { co_return index; });
+  s.bind(count_here, [index](per_worker_variable<float> v) -> asio::awaitable<std::vector<double>> {
+    const xt::xarray<float> one = xt::ones<float>(v.shape());
+    v.assign_add(one);
+    co_return std::vector<double>{static_cast<double>(index), static_cast<double>(v.read().flat(0))};
+  });
+  s.bind(assign_here, [index](per_worker_variable<float> v, xt::xarray<float> x) -> asio::awaitable<std::int64_t> {
+    v.assign(x);
+    co_return index;
+  });
+  s.bind(read_as_double, [](per_worker_variable<double> v) -> asio::awaitable<double> { co_return v.read().flat(0); });
+  s.bind(read_all_here, [](per_worker_variable<float> v) -> asio::awaitable<double> {
+    const auto all = co_await v.read_all();
+    co_return static_cast<double>(all.size());
+  });
+  s.bind(counters, [](input_context context) {
+    ++counters_built[context.worker_index];
+    return counter{context.worker_index, context.num_workers, 0};
+  });
+  s.bind(broken_counters, [](input_context) -> counter { throw std::runtime_error("no table file"); });
+  s.bind(texts, [](input_context) { return std::string("text"); });
+  s.bind(use_counter, [index](per_worker_resource<counter> c) -> asio::awaitable<std::string> {
+    ++c->uses;
+    co_return std::to_string(index) + ":" + std::to_string(c->worker) + ":" + std::to_string(c->workers) + ":" +
+        std::to_string(c->uses);
+  });
+  s.bind(use_as_text, [](per_worker_resource<std::string> t) -> asio::awaitable<std::string> { co_return *t; });
+}
+
+// The sum of every element of every worker's copy.
+double sum_of(const std::vector<xt::xarray<float>>& values) {
+  double sum = 0;
+  for (const auto& v : values) sum += static_cast<double>(xt::sum(v)());
+  return sum;
+}
+
+}  // namespace
+
+TEST_CASE("a per-worker variable has a copy on every worker, each closure updates its own worker's, read_all returns each (TF's testPerWorkerVariableCreation)") {
+  local_cluster cluster(1, 2, bind_per_worker);
+  cluster.run_chief([](parameter_server_strategy&, cluster_coordinator& coordinator) -> asio::awaitable<void> {
+    const xt::xarray<float> zero{0.0f};
+    auto var = co_await coordinator.create_per_worker_variable("var", zero);
+    CHECK(var.name() == "var");
+    CHECK(var.shape() == shape_type{1});
+    CHECK(var.dtype() == dtype::float32);
+    auto initial = co_await var.read_all();
+    REQUIRE(initial.size() == 2);
+    CHECK(sum_of(initial) == 0);
+    // TF's test: after each closure, the copies sum to the number of closures run.
+    std::map<std::int64_t, double> last;  // per worker: its copy after its latest closure
+    for (int ix = 0; ix < 10; ++ix) {
+      auto r = coordinator.schedule(count_here, var);
+      co_await coordinator.join();
+      const auto got = co_await r.get();
+      last[static_cast<std::int64_t>(got[0])] = got[1];
+      const auto all = co_await var.read_all();
+      CHECK(sum_of(all) == ix + 1);
+    }
+    std::vector<remote_value<std::vector<double>>> results;
+    for (int ix = 0; ix < 10; ++ix) results.push_back(coordinator.schedule(count_here, var));
+    co_await coordinator.join();
+    for (auto& r : results) {
+      const auto got = co_await r.get();
+      auto& seen = last[static_cast<std::int64_t>(got[0])];
+      seen = std::max(seen, got[1]);
+    }
+    const auto all = co_await var.read_all();
+    CHECK(sum_of(all) == 20);
+    // Each worker's copy counts the closures that ran there, and nothing else.
+    for (std::size_t w = 0; w < 2; ++w) CHECK(static_cast<double>(all[w](0)) == last[static_cast<std::int64_t>(w)]);
+    // Assigned on a worker, read back from the chief; the other copy is untouched.
+    const xt::xarray<float> seven{7.0f};
+    auto assigned = coordinator.schedule(assign_here, var, seven);
+    const auto where = static_cast<std::size_t>(co_await assigned.get());
+    const auto after = co_await var.read_all();
+    CHECK(after[where](0) == 7.0f);
+    CHECK(after[1 - where](0) == all[1 - where](0));
+
+    // Two variables with the same name are two variables (as in TF).
+    const xt::xarray<double> twos{{2.0, 2.0}, {2.0, 2.0}};
+    auto other = co_await coordinator.create_per_worker_variable("var", twos);
+    CHECK(other.ref().id != var.ref().id);
+    const auto others = co_await other.read_all();
+    REQUIRE(others.size() == 2);
+    for (const auto& v : others) CHECK(v == twos);
+  });
+}
+
+TEST_CASE("a per-worker variable refuses bad use, naming what was wrong") {
+  local_cluster cluster(1, 2, bind_per_worker);
+  cluster.run_chief([](parameter_server_strategy&, cluster_coordinator& coordinator) -> asio::awaitable<void> {
+    const xt::xarray<float> initial{1.0f, 2.0f};
+    auto var = co_await coordinator.create_per_worker_variable("pw", initial);
+    // Its copies live on the workers.
+    CHECK_THROWS_WITH_AS((void)var.read(),
+                         "per-worker variable 'pw' is read or updated inside a worker function, not on the chief "
+                         "(read_all() reads every worker's copy)",
+                         error);
+    CHECK_THROWS_AS(var.assign_add(initial), error);
+    auto inside = coordinator.schedule(read_all_here, var);
+    auto e = co_await failure_of(inside.get());
+    CHECK(code_of(e) == errc::failed_precondition);
+    CHECK(contains(message_of(e), "read_all() of per-worker variable 'pw' is called in a worker function"));
+    CHECK_THROWS_AS((void)coordinator.done(), remote_error);
+    // An assignment of another shape changes nothing.
+    const xt::xarray<float> three{1.0f, 2.0f, 3.0f};
+    auto misshapen = coordinator.schedule(assign_here, var, three);
+    e = co_await failure_of(misshapen.get());
+    CHECK(code_of(e) == errc::invalid_argument);
+    CHECK(contains(message_of(e), "assign to per-worker variable 'pw': the value has shape [3], the variable [2]"));
+    CHECK_THROWS_AS((void)coordinator.done(), remote_error);
+    for (const auto& v : co_await var.read_all()) CHECK(v == initial);
+    // Read as another dtype.
+    const variable_ref as_double{"pw", dtype::float64, {2}, 0};
+    const per_worker_variable<double> wrong_type(var.ref(), as_double);
+    auto wrong = coordinator.schedule(read_as_double, wrong_type);
+    e = co_await failure_of(wrong.get());
+    CHECK(code_of(e) == errc::invalid_argument);
+    CHECK(contains(message_of(e), "float32"));
+    CHECK(contains(message_of(e), "'pw'"));
+    CHECK_THROWS_AS((void)coordinator.done(), remote_error);
+    // An id no worker has.
+    const variable_ref nowhere{"nowhere", dtype::float32, {2}, 0};
+    const per_worker_variable<float> missing(per_worker_ref{999, "nowhere"}, nowhere);
+    auto unknown = coordinator.schedule(count_here, missing);
+    e = co_await failure_of(unknown.get());
+    CHECK(code_of(e) == errc::not_found);
+    CHECK(contains(message_of(e), "per-worker variable 999 ('nowhere') does not exist on this worker"));
+    CHECK_THROWS_AS((void)coordinator.done(), remote_error);
+    // A handle made by hand has no coordinator to read it with.
+    e = co_await failure_of(missing.read_all());
+    CHECK(code_of(e) == errc::failed_precondition);
+    // A resource is not a variable.
+    auto c = co_await coordinator.create_per_worker_resource(counters);
+    const variable_ref x{"x", dtype::float32, {2}, 0};
+    const per_worker_variable<float> not_a_variable(per_worker_ref{c.ref().id, "x"}, x);
+    auto mistaken = coordinator.schedule(count_here, not_a_variable);
+    e = co_await failure_of(mistaken.get());
+    CHECK(code_of(e) == errc::not_found);
+    CHECK(contains(message_of(e), "('x') does not exist on this worker"));
+    CHECK_THROWS_AS((void)coordinator.done(), remote_error);
+  });
+}
+
+TEST_CASE("the workers drop a per-worker variable once no handle to it is left on the chief") {
+  local_cluster cluster(1, 2, bind_per_worker);
+  cluster.run_chief([](parameter_server_strategy&, cluster_coordinator& coordinator) -> asio::awaitable<void> {
+    per_worker_ref bare;
+    {
+      const xt::xarray<float> zero{0.0f};
+      auto var = co_await coordinator.create_per_worker_variable("short_lived", zero);
+      bare = per_worker_ref{var.ref().id, var.ref().function};  // the id, without the lease
+      // The closure's copy keeps it while the closure waits to run.
+      auto first = coordinator.schedule(count_here, var);
+      CHECK((co_await first.get())[1] == 1.0);
+    }
+    const auto executor = co_await asio::this_coro::executor;
+    std::exception_ptr gone;
+    for (int attempt = 0; attempt < 1000 && !gone; ++attempt) {
+      co_await asio::post(executor, asio::use_awaitable);
+      const variable_ref short_lived{"short_lived", dtype::float32, {1}, 0};
+      const per_worker_variable<float> released(bare, short_lived);
+      auto late = coordinator.schedule(count_here, released);  // named: g++ 12 (temporaries)
+      gone = co_await failure_of(late.get());
+    }
+    REQUIRE_MESSAGE(gone, "the workers still hold the variable after 1000 closures");
+    CHECK(code_of(gone) == errc::not_found);
+    CHECK(contains(message_of(gone), "('short_lived') does not exist on this worker"));
+    CHECK_THROWS_AS((void)coordinator.done(), remote_error);
+  });
+}
+
+TEST_CASE("a per-worker resource is built on every worker by its function, and a closure uses its own worker's") {
+  counters_built[0] = counters_built[1] = 0;
+  local_cluster cluster(1, 2, bind_per_worker);
+  cluster.run_chief([](parameter_server_strategy&, cluster_coordinator& coordinator) -> asio::awaitable<void> {
+    auto c = co_await coordinator.create_per_worker_resource(counters);
+    CHECK(counters_built[0] == 1);
+    CHECK(counters_built[1] == 1);
+    // Two closures at once go to the two idle workers: each uses its own instance.
+    auto a = coordinator.schedule(use_counter, c);
+    auto b = coordinator.schedule(use_counter, c);
+    const auto first_a = co_await a.get();
+    const auto first_b = co_await b.get();
+    const std::set<std::string> firsts{first_a, first_b};
+    CHECK(firsts == std::set<std::string>{"0:0:2:1", "1:1:2:1"});
+    // A closure always finds the instance built for its worker; uses count per worker.
+    std::map<std::string, int> uses;
+    for (int i = 0; i < 20; ++i) {
+      const auto got = co_await coordinator.schedule(use_counter, c).get();
+      const auto worker = got.substr(0, 1);
+      CHECK(got.substr(0, 6) == worker + ":" + worker + ":2:");
+      CHECK(std::stoi(got.substr(6)) == 2 + uses[worker]++);
+    }
+    // Errors: unbound, failing, used on the chief, used as another type, an id no worker has.
+    auto e = co_await failure_of(coordinator.create_per_worker_resource(unbound_counters));
+    CHECK(code_of(e) == errc::not_found);
+    CHECK(contains(message_of(e), "resource function 'test.unbound_counters' is not bound on worker:"));
+    CHECK(contains(message_of(e), "(it binds: test.broken_counters, test.counters, test.texts)"));
+    e = co_await failure_of(coordinator.create_per_worker_resource(broken_counters));
+    CHECK(code_of(e) == errc::unknown);
+    CHECK(contains(message_of(e), "resource function 'test.broken_counters' raised: no table file"));
+    CHECK_THROWS_WITH_AS((void)c.get(),
+                         "a per-worker resource of 'test.counters' is used inside a worker function, not on the chief",
+                         error);
+    const per_worker_resource<std::string> as_text(c.ref());
+    auto misused = coordinator.schedule(use_as_text, as_text);
+    e = co_await failure_of(misused.get());
+    CHECK(code_of(e) == errc::invalid_argument);
+    CHECK(contains(message_of(e), "per-worker resource of 'test.counters' is used as another type"));
+    CHECK_THROWS_AS((void)coordinator.done(), remote_error);
+    const per_worker_resource<counter> no_counter(per_worker_ref{999, "test.counters"});
+    auto absent = coordinator.schedule(use_counter, no_counter);
+    e = co_await failure_of(absent.get());
+    CHECK(code_of(e) == errc::not_found);
+    CHECK(contains(message_of(e), "per-worker resource 999 of 'test.counters' does not exist on this worker"));
+    CHECK_THROWS_AS((void)coordinator.done(), remote_error);
+    // Released with its last handle on the chief.
+    per_worker_ref bare;
+    {
+      auto t = co_await coordinator.create_per_worker_resource(texts);
+      bare = per_worker_ref{t.ref().id, t.ref().function};
+    }
+    const auto executor = co_await asio::this_coro::executor;
+    std::exception_ptr gone;
+    for (int attempt = 0; attempt < 1000 && !gone; ++attempt) {
+      co_await asio::post(executor, asio::use_awaitable);
+      const per_worker_resource<std::string> released(bare);
+      auto late = coordinator.schedule(use_as_text, released);  // named: g++ 12 (temporaries)
+      gone = co_await failure_of(late.get());
+    }
+    REQUIRE_MESSAGE(gone, "the workers still hold the resource after 1000 closures");
+    CHECK(code_of(gone) == errc::not_found);
+    CHECK_THROWS_AS((void)coordinator.done(), remote_error);
+  });
+}
+
+TEST_CASE("a worker restarted at the same address gets its per-worker variable anew from the initial value and its resource rebuilt; read_all raises while it is lost") {
+  counters_built[0] = counters_built[1] = 0;
+  local_cluster cluster(1, 2, bind_per_worker);
+  coordinator_options options;
+  options.worker_probe_interval = std::chrono::milliseconds(20);
+  cluster.run_chief(
+      [&cluster](parameter_server_strategy&, cluster_coordinator& coordinator) -> asio::awaitable<void> {
+        const xt::xarray<float> initial{10.0f, 20.0f};
+        auto var = co_await coordinator.create_per_worker_variable("steps", initial);
+        auto c = co_await coordinator.create_per_worker_resource(counters);
+        // Both workers count a few closures.
+        std::map<double, double> copies;  // worker -> its copy's first element
+        for (int i = 0; i < 6000 && copies.size() < 2; ++i) {
+          auto a = coordinator.schedule(count_here, var);
+          auto b = coordinator.schedule(count_here, var);
+          for (auto* r : {&a, &b}) {
+            const auto got = co_await r->get();
+            copies[got[0]] = got[1];
+          }
+        }
+        REQUIRE(copies.size() == 2);
+        CHECK(copies[1.0] > 10.0);
+        (void)co_await coordinator.schedule(use_counter, c).get();
+        co_await coordinator.join();
+
+        // Worker 1's process "dies": read_all raises, naming it (TF raises too).
+        cluster.on_task("worker", 1, [&cluster] { cluster.task("worker", 1).stop(); });
+        auto e = co_await failure_of(var.read_all());
+        REQUIRE(e);
+        CHECK(code_of(e) == errc::unavailable);
+        try {
+          std::rethrow_exception(e);
+        } catch (const remote_error& r) {
+          CHECK(r.origin_task() == "worker:1");
+        }
+        CHECK(contains(message_of(e), "per-worker variable 'steps' cannot be read on worker:1"));
+
+        // It comes back: its copy starts again from the initial value, its resource is built again,
+        // before any closure reaches it.
+        cluster.restart("worker", 1);
+        const int built_before = counters_built[1];
+        std::vector<double> from_one;
+        for (int i = 0; i < 6000 && from_one.empty(); ++i) {
+          const auto got = co_await coordinator.schedule(count_here, var).get();
+          if (got[0] == 1.0) from_one = got;
+        }
+        REQUIRE(!from_one.empty());
+        CHECK(from_one[1] == 11.0);
+        CHECK(counters_built[1] == built_before + 1);
+        std::string used;
+        for (int i = 0; i < 6000 && !used.starts_with("1:"); ++i) used = co_await coordinator.schedule(use_counter, c).get();
+        CHECK(used == "1:1:2:1");  // a fresh instance, built for worker 1
+        co_await coordinator.join();
+        const auto all = co_await var.read_all();
+        REQUIRE(all.size() == 2);
+        CHECK(all[1](1) == all[1](0) + 10.0f);
+        CHECK(all[1](0) >= 11.0f);
       },
       options);
 }

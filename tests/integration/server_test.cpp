@@ -9,6 +9,7 @@
 
 #include <chrono>
 #include <future>
+#include <optional>
 
 using namespace pscoro;
 using pscoro::testing::local_cluster;
@@ -282,6 +283,55 @@ TEST_CASE("a ps builds no datasets and a worker refuses an impossible input cont
   CHECK(status.code() == static_cast<int>(errc::invalid_argument));
   CHECK(status.message() == "input context of 'test.numbers': worker 2 of 2 is not a valid place");
   CHECK(call(cluster, "worker", create(0, 1)).code() == 0);
+}
+
+TEST_CASE("a worker keeps a per-worker variable only with a matching initial value and answers only a matching reader; a ps holds none") {
+  local_cluster cluster(1, 1);
+  auto create = [](std::uint64_t id, shape_type shape, std::optional<shape_type> initial) {
+    wire::frame f;
+    auto* body = f.message.mutable_request()->mutable_create_per_worker_variable();
+    body->set_id(id);
+    runtime::encode_ref(*body->mutable_variable(), variable_ref{"v", dtype::float32, std::move(shape), 0});
+    if (initial) {
+      auto value = tensor::uninitialized(dtype::float32, *initial);
+      for (std::size_t i = 0; i < value.size(); ++i) value.mutable_data<float>()[i] = static_cast<float>(i);
+      wire::put_tensor(f, *body->mutable_initial_value(), value);
+    }
+    return f;
+  };
+  auto read = [](std::uint64_t id, dtype type) {
+    wire::frame f;
+    auto* body = f.message.mutable_request()->mutable_read_per_worker_variable();
+    body->set_id(id);
+    runtime::encode_ref(*body->mutable_variable(), variable_ref{"v", type, {2}, 0});
+    return f;
+  };
+  auto status = call(cluster, "ps", create(5, {2}, shape_type{2}));
+  CHECK(status.code() == static_cast<int>(errc::failed_precondition));
+  CHECK(status.message() == "ps:0 is a parameter server and holds no per-worker variables");
+  status = call(cluster, "worker", create(5, {2}, shape_type{3}));
+  CHECK(status.code() == static_cast<int>(errc::invalid_argument));
+  CHECK(status.message() == "per-worker variable 'v' is float32 [2] but its initial value is float32 [3]");
+  status = call(cluster, "worker", create(5, {2}, std::nullopt));
+  CHECK(status.code() == static_cast<int>(errc::invalid_argument));
+  CHECK(status.message() == "per-worker variable 'v' comes without an initial value");
+  // Nothing was kept by the refusals.
+  status = call(cluster, "worker", read(5, dtype::float32));
+  CHECK(status.code() == static_cast<int>(errc::not_found));
+  CHECK(contains(status.message(), "per-worker variable 5 ('v') does not exist on this worker"));
+  REQUIRE(call(cluster, "worker", create(5, {2}, shape_type{2})).code() == 0);
+  CHECK(call(cluster, "worker", read(5, dtype::float32)).code() == 0);
+  status = call(cluster, "worker", read(5, dtype::float64));
+  CHECK(status.code() == static_cast<int>(errc::invalid_argument));
+  CHECK(status.message() == "per-worker variable 5 is 'v' float32 [2] on worker:0, not 'v' float64 [2]");
+  status = call(cluster, "worker", read(6, dtype::float32));
+  CHECK(status.code() == static_cast<int>(errc::not_found));
+
+  wire::frame resource;
+  resource.message.mutable_request()->mutable_create_resource()->set_function("test.table");
+  status = call(cluster, "ps", std::move(resource));
+  CHECK(status.code() == static_cast<int>(errc::failed_precondition));
+  CHECK(contains(status.message(), "ps:0 is a parameter server and builds no per-worker resources ('test.table'"));
 }
 
 TEST_CASE("a tensor that does not match its segment fails that request only") {
