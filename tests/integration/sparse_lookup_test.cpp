@@ -195,6 +195,9 @@ TEST_CASE_TEMPLATE("TF's testEmbeddingLookup: embedding_lookup, embedding_lookup
             .rows = {0, 0, 1, 2}, .ids = {0, -1, 4, 1}, .weights = {1.0f, 1.0f, -1.0f, 1.0f}, .dense_rows = 3};
         const xt::xarray<T> safe_expected{{1, 2}, {0, 0}, {3, 4}};
         check_close(co_await sv.safe_embedding_lookup_sparse(safe_ids), safe_expected);
+        // With default_id 3, row 1 (left empty) is row 3 (docs/api.md's example).
+        const xt::xarray<T> defaulted{{1, 2}, {7, 8}, {3, 4}};
+        check_close(co_await sv.safe_embedding_lookup_sparse(safe_ids, combiner::mean, 3), defaulted);
       },
       {}, {}, fixed_shards_partitioner{3});
 }
