@@ -8,6 +8,7 @@
 
 #include "runtime/id_map.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 
@@ -53,8 +54,9 @@ sparse_plan plan_sparse_lookup(const sharded_layout& layout, const sparse_batch&
   }
   // id_map numbers distinct ids in 32 bits.
   if (n > std::numeric_limits<std::uint32_t>::max()) invalid(fmt::format("{} ids are more than one lookup takes", n));
-  const std::size_t row_bytes = layout.row_elements() * size_of(layout.ref.type);
-  if (row_bytes != 0 && batch.dense_rows > std::numeric_limits<std::size_t>::max() / row_bytes) {
+  // The result, and a divisor per row: at least one element's bytes per row even for empty rows.
+  const std::size_t row_bytes = std::max(layout.row_elements(), std::size_t{1}) * size_of(layout.ref.type);
+  if (batch.dense_rows > std::numeric_limits<std::size_t>::max() / row_bytes) {
     invalid(fmt::format("a result of {} rows of {} bytes is more than memory can address", batch.dense_rows, row_bytes));
   }
   const std::size_t total = layout.rows();

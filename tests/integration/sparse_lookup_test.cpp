@@ -32,6 +32,20 @@ using pscoro::testing::message_of;
 
 namespace {
 
+const worker_function<std::vector<double>(sharded_variable<float>, std::vector<std::int64_t>, std::vector<std::int64_t>)>
+    pool_on_worker{"test.pool_on_worker"};
+
+void bind_test_functions(server& s) {
+  // Sums each row's rows of `ids` on the worker, through the worker's own connections to the ps.
+  s.bind(pool_on_worker,
+         [](sharded_variable<float> table, std::vector<std::int64_t> rows,
+            std::vector<std::int64_t> ids) -> asio::awaitable<std::vector<double>> {
+           const sparse_ids<std::int64_t> batch{.rows = std::move(rows), .ids = std::move(ids), .dense_rows = 2};
+           const auto pooled = co_await table.embedding_lookup_sparse(batch, combiner::sum);
+           co_return std::vector<double>(pooled.begin(), pooled.end());
+         });
+}
+
 template <class T>
 std::string text_of(const xt::xarray<T>& a) {
   std::ostringstream out;
@@ -303,6 +317,21 @@ TEST_CASE_TEMPLATE("the safe lookup drops ids < 0 and weights <= 0 as TF does; e
         auto failure = co_await failure_of(sharded.embedding_lookup_sparse(tf_safe_ids));
         CHECK(code_of(failure) == errc::invalid_argument);
         CHECK(message_of(failure) == "embedding_lookup_sparse of 'e_sharded': id -1 (position 2) is out of range [0, 4)");
+      },
+      {}, {}, fixed_shards_partitioner{3});
+}
+
+TEST_CASE("a worker function pools a sparse batch through the worker's connections") {
+  local_cluster cluster(2, 1, bind_test_functions);
+  cluster.run_chief(
+      [](parameter_server_strategy& strategy, cluster_coordinator& coordinator) -> asio::awaitable<void> {
+        const xt::xarray<float> value{{1, 2}, {3, 4}, {5, 6}, {7, 8}, {9, 10}};
+        auto table = co_await strategy.scope().create_sharded_variable("pooled", value);
+        const std::vector<std::int64_t> rows{0, 0, 1}, ids{4, 0, 2};
+        auto pooled = coordinator.schedule(pool_on_worker, table, rows, ids);
+        const auto got = co_await pooled.get();
+        const std::vector<double> expected{10, 12, 5, 6};  // [9, 10] + [1, 2]; [5, 6]
+        CHECK(got == expected);
       },
       {}, {}, fixed_shards_partitioner{3});
 }
