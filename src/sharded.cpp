@@ -27,6 +27,8 @@ tensor ids_tensor(const std::vector<std::int64_t>& ids) {
   return out;
 }
 
+}  // namespace
+
 void check_id(std::int64_t id, std::size_t position, std::size_t rows, const sharded_layout& layout,
               std::string_view operation) {
   if (id < 0 || static_cast<std::uint64_t>(id) >= rows) {
@@ -34,8 +36,6 @@ void check_id(std::int64_t id, std::size_t position, std::size_t rows, const sha
                         position, rows));
   }
 }
-
-}  // namespace
 
 std::size_t sharded_layout::row_elements() const noexcept { return row_elements_of(ref.shape); }
 

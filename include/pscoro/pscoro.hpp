@@ -17,6 +17,7 @@
 #include <pscoro/remote_value.hpp>
 #include <pscoro/server.hpp>
 #include <pscoro/sharded_variable.hpp>
+#include <pscoro/sparse_ids.hpp>
 #include <pscoro/strategy.hpp>
 #include <pscoro/tensor.hpp>
 #include <pscoro/transport_options.hpp>

@@ -12,6 +12,7 @@
 #include <pscoro/detail/variable_io.hpp>
 #include <pscoro/detail/xtensor.hpp>
 #include <pscoro/partitioners.hpp>
+#include <pscoro/sparse_ids.hpp>
 #include <pscoro/xtensor.hpp>
 
 #include <asio/awaitable.hpp>
@@ -51,23 +52,26 @@ struct id_list {
   shape_type shape;
 };
 
+/// `id` as the int64 ids travel as; throws errc::invalid_argument for a value that does not fit.
+template <class Id>
+std::int64_t to_int64_id(Id id) {
+  static_assert(std::is_integral_v<Id> && !std::is_same_v<Id, bool>, "ids must be integers");
+  if constexpr (std::is_unsigned_v<Id> && sizeof(Id) >= sizeof(std::int64_t)) {
+    if (id > static_cast<Id>(std::numeric_limits<std::int64_t>::max())) {
+      throw error(errc::invalid_argument, "id " + std::to_string(id) + " does not fit in int64");
+    }
+  }
+  return static_cast<std::int64_t>(id);
+}
+
 /// Evaluates `ids` (an integral expression) once; throws errc::invalid_argument for a value that
 /// does not fit in int64.
 template <class E>
 id_list to_id_list(const xt::xexpression<E>& ids) {
-  using id_type = typename E::value_type;
-  static_assert(std::is_integral_v<id_type> && !std::is_same_v<id_type, bool>, "ids must be integers");
   const auto& evaluated = xt::eval(ids.derived_cast());
   id_list out{{}, shape_type(evaluated.shape().begin(), evaluated.shape().end())};
   out.ids.reserve(evaluated.size());
-  for (const auto id : evaluated) {
-    if constexpr (std::is_unsigned_v<id_type> && sizeof(id_type) >= sizeof(std::int64_t)) {
-      if (id > static_cast<id_type>(std::numeric_limits<std::int64_t>::max())) {
-        throw error(errc::invalid_argument, "id " + std::to_string(id) + " does not fit in int64");
-      }
-    }
-    out.ids.push_back(static_cast<std::int64_t>(id));
-  }
+  for (const auto id : evaluated) out.ids.push_back(to_int64_id(id));
   return out;
 }
 
@@ -127,12 +131,63 @@ PSCORO_API void place_rows(std::byte* out, const tensor& reply, const shard_rows
 /// errc::invalid_argument when its dtype or shape is not the variable's.
 PSCORO_API std::vector<tensor> split_dense(const sharded_layout& layout, const tensor& value,
                                            std::string_view operation);
+/// Checks that `id` (at `position` of the caller's ids) names one of `rows` rows; errc::invalid_argument
+/// naming the operation, the variable, the id, its position and the row count otherwise.
+PSCORO_API void check_id(std::int64_t id, std::size_t position, std::size_t rows, const sharded_layout& layout,
+                         std::string_view operation);
 /// TF's check for sparse operations: ids must be 1-D (errc::invalid_argument).
 PSCORO_API void check_one_dimensional(const id_list& ids, std::string_view operation);
 /// Checks that a ps answered a read of `shard` with its dtype and shape (errc::protocol_error).
 PSCORO_API void check_reply(const variable_ref& shard, const tensor& reply);
 /// Checks `rows` against `ids` for a scatter: shape [n] + the row shape, the variable's dtype.
 PSCORO_API void check_rows(const sharded_layout& layout, std::size_t n, const tensor& rows, std::string_view operation);
+
+/// A sparse_ids as the compiled lookups take it: int64 ids, double weights (exact for float ones).
+struct sparse_batch {
+  std::vector<std::int64_t> rows;
+  std::vector<std::int64_t> ids;
+  std::vector<double> weights;  // empty: every weight is 1
+  std::size_t dense_rows = 0;
+};
+
+/// Copies `in` (evaluated at call time, while it certainly exists); errc::invalid_argument for an id
+/// that does not fit in int64.
+template <class Id, class Weight>
+sparse_batch to_sparse_batch(const sparse_ids<Id, Weight>& in) {
+  sparse_batch out{in.rows, {}, std::vector<double>(in.weights.begin(), in.weights.end()), in.dense_rows};
+  out.ids.reserve(in.ids.size());
+  for (const Id id : in.ids) out.ids.push_back(to_int64_id(id));
+  return out;
+}
+
+/// What a sparse lookup was asked for: TF's embedding_lookup_sparse (`safe` false) or
+/// safe_embedding_lookup_sparse (`safe` true: ids < 0 dropped, non-positive weights dropped unless
+/// the combiner is sum, rows left empty take `default_id`'s row when there is one).
+struct sparse_request {
+  combiner how = combiner::mean;
+  bool safe = false;
+  std::optional<std::int64_t> default_id;
+  std::optional<double> max_norm;
+};
+
+/// A sparse lookup planned: each distinct id once, in first-seen order (TF's unique), and for each
+/// entry kept (the dropped ones gone, a default_id entry of weight 1 in each row left empty) its
+/// output row (non-decreasing), the index of its id in distinct_ids, and its weight.
+struct sparse_plan {
+  std::vector<std::int64_t> distinct_ids;
+  std::vector<std::size_t> rows;
+  std::vector<std::size_t> distinct;
+  std::vector<double> weights;  // empty: every weight is 1
+  std::size_t dense_rows = 0;
+};
+
+/// Checks a sparse lookup of `layout` as a whole before anything is sent (errc::invalid_argument
+/// naming the operation, the variable and what is wrong: ids, row indices and weights that do not
+/// match in number, a row index out of [0, dense_rows) or below the one before it, an id out of
+/// range with its position, a default_id out of range, a max_norm that is not positive, a combiner
+/// that is not one, a result too large to address) and plans it.
+PSCORO_API sparse_plan plan_sparse_lookup(const sharded_layout& layout, const sparse_batch& batch,
+                                          const sparse_request& request, std::string_view operation);
 
 /// The coroutines behind the handles. Static and by value: an awaitable must not depend on the
 /// handle staying alive, and every failure (an unbound handle too) surfaces where it is awaited.
@@ -169,6 +224,21 @@ extern template struct sharded_ops<double>;
 extern template struct sharded_ops<std::int32_t>;
 extern template struct sharded_ops<std::int64_t>;
 
+/// The sparse lookups (floating-point variables only), compiled in src/sparse_lookup.cpp: the plan,
+/// one gather of the distinct ids (each shard asked once, for its rows), then the combination, in
+/// entry order, on the caller's executor.
+template <class T>
+struct PSCORO_API sparse_ops {
+  static asio::awaitable<xt::xarray<T>> lookup(std::shared_ptr<variable_io> io,
+                                               std::shared_ptr<const sharded_layout> layout, sparse_batch batch,
+                                               sparse_request request, const char* operation);
+  /// An awaitable that fails with `e` where it is awaited (for failures at call time).
+  static asio::awaitable<xt::xarray<T>> failed(std::exception_ptr e);
+};
+
+extern template struct sparse_ops<float>;
+extern template struct sparse_ops<double>;
+
 /// The row and optimizer operations of variable<T> and sharded_variable<T>, written once. Derived
 /// provides `row_layout()` and `row_io()`.
 template <class Derived, class T>
@@ -184,6 +254,32 @@ class row_operations {
   template <class E>
   asio::awaitable<xt::xarray<T>> embedding_lookup(const xt::xexpression<E>& ids) const {
     return ops::gather(io(), layout(), to_id_list(ids), false, "embedding_lookup");
+  }
+
+  /// TF's embedding_lookup_sparse: output row r combines the rows of the ids whose row index is r,
+  /// each times its weight (see pscoro::combiner; "mean" is TF's default), into shape
+  /// [ids.dense_rows] + row shape; a row no id names is zeros. Each distinct id's row is fetched
+  /// once, from its shard. With `max_norm`, a fetched row longer than that (l2) is scaled down to
+  /// it first. Ids out of range, row indices out of [0, dense_rows) or decreasing, and weights that
+  /// are not one per id are errc::invalid_argument, found before anything is sent.
+  template <class Id, class Weight>
+    requires std::is_floating_point_v<T>
+  asio::awaitable<xt::xarray<T>> embedding_lookup_sparse(const sparse_ids<Id, Weight>& ids,
+                                                         combiner how = combiner::mean,
+                                                         std::optional<double> max_norm = std::nullopt) const {
+    return sparse_lookup(ids, {how, false, std::nullopt, max_norm}, "embedding_lookup_sparse");
+  }
+  /// TF's safe_embedding_lookup_sparse: embedding_lookup_sparse after dropping the ids < 0 and, when
+  /// the combiner is not sum, the entries of weight <= 0 (TF's pruning); a row left with no entry
+  /// is `default_id`'s row when one is given, else zeros. An id >= the row count is still an error,
+  /// as is a default_id out of range (even when no row needs it).
+  template <class Id, class Weight>
+    requires std::is_floating_point_v<T>
+  asio::awaitable<xt::xarray<T>> safe_embedding_lookup_sparse(const sparse_ids<Id, Weight>& ids,
+                                                              combiner how = combiner::mean,
+                                                              std::optional<std::int64_t> default_id = std::nullopt,
+                                                              std::optional<double> max_norm = std::nullopt) const {
+    return sparse_lookup(ids, {how, true, default_id, max_norm}, "safe_embedding_lookup_sparse");
   }
 
   /// Rows [begin:end:step] of axis 0, as Python slices them (TF's `sharded[begin:end:step]`):
@@ -254,6 +350,18 @@ class row_operations {
   using ops = sharded_ops<T>;
   std::shared_ptr<const sharded_layout> layout() const { return static_cast<const Derived&>(*this).row_layout(); }
   const std::shared_ptr<variable_io>& io() const { return static_cast<const Derived&>(*this).row_io(); }
+
+  template <class Id, class Weight>
+  asio::awaitable<xt::xarray<T>> sparse_lookup(const sparse_ids<Id, Weight>& ids, sparse_request request,
+                                               const char* operation) const {
+    sparse_batch batch;
+    try {
+      batch = to_sparse_batch(ids);
+    } catch (...) {
+      return sparse_ops<T>::failed(std::current_exception());
+    }
+    return sparse_ops<T>::lookup(io(), layout(), std::move(batch), std::move(request), operation);
+  }
 
   template <class I, class R>
   asio::awaitable<void> scatter(update_op op, const xt::xexpression<I>& ids, const xt::xexpression<R>& rows,
