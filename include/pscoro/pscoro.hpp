@@ -11,6 +11,7 @@
 #include <pscoro/dtype.hpp>
 #include <pscoro/error.hpp>
 #include <pscoro/initializers.hpp>
+#include <pscoro/log.hpp>
 #include <pscoro/optimizers.hpp>
 #include <pscoro/partitioners.hpp>
 #include <pscoro/per_worker.hpp>

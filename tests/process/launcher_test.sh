@@ -51,7 +51,7 @@ if wait_for "$work/restart.log" 'connected to 1 ps and 2 workers'; then
   kill -9 "$first"
   check "the first death is restarted" wait_for "$work/restart.log" '^pscoro-launch: restarting worker-1 in 500 ms \(restart 1\)$'
   check "at the address it had" wait_for "$work/restart.log" "^\[worker-1\] pscoro: worker:1 listening on $address$"
-  check "the chief takes it back" wait_for "$work/restart.log" 'INFO worker:1 is back'
+  check "the chief takes it back" wait_for "$work/restart.log" 'INFO \[chief:0\] worker:1 is back'
   second=$(pid_of "$work/restart.log" worker-1)
   check "as a new process" test -n "$second" -a "$second" != "$first"
   kill -9 "$second"
