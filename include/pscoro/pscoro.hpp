@@ -19,6 +19,7 @@
 #include <pscoro/server.hpp>
 #include <pscoro/sharded_variable.hpp>
 #include <pscoro/strategy.hpp>
+#include <pscoro/summary.hpp>
 #include <pscoro/tensor.hpp>
 #include <pscoro/transport_options.hpp>
 #include <pscoro/value.hpp>
