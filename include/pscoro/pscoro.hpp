@@ -15,6 +15,7 @@
 #include <pscoro/optimizers.hpp>
 #include <pscoro/partitioners.hpp>
 #include <pscoro/per_worker.hpp>
+#include <pscoro/progress.hpp>
 #include <pscoro/remote_value.hpp>
 #include <pscoro/server.hpp>
 #include <pscoro/sharded_variable.hpp>

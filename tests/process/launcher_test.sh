@@ -18,7 +18,7 @@ echo "--- a short run succeeds, every line prefixed with its task"
 code=$?
 check "the launcher exits 0 when the chief does (got $code)" test "$code" -eq 0
 check "both ps report their port" grep -qE '^\[ps-1\] pscoro: ps:1 listening on 127\.0\.0\.1:[0-9]+$' "$work/run.log"
-check "the chief trains" grep -qE '^\[chief\] chief: step 40/40 loss [0-9.]+$' "$work/run.log"
+check "the chief trains" grep -qE '^\[chief\] chief: step 40/40 loss [0-9.]+ [0-9.]+ steps/s done in [0-9:]+s?$' "$work/run.log"
 check "the chief evaluates" grep -qE '^\[chief\] chief: test accuracy 0\.[0-9]+ on 10000 images$' "$work/run.log"
 check "the servers are stopped with the chief" all_gone "$work/run.log"
 for task in ps:0 ps:1 worker:0 worker:1; do
