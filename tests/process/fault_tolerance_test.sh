@@ -181,7 +181,7 @@ if wait_for "$log/chief.log" '^chief: step 100/'; then
   wait_for "$log/worker1-moved.log" 'listening on' 60 > /dev/null
   moved=$(address_in "$log/worker1-moved.log")
   check "it came back at another address ($worker1 -> $moved)" test -n "$moved" -a "$moved" != "$worker1"
-  check "the chief hears where it is" wait_for "$log/chief.log" "INFO worker:1 announced itself at $moved \\(was $worker1\\)" 60
+  check "the chief hears where it is" wait_for "$log/chief.log" "INFO \\[chief:0\\] worker:1 announced itself at $moved \\(was $worker1\\)" 60
   check "the chief takes it back, iterators first" wait_for "$log/chief.log" 'INFO \[chief:0\] worker:1 is back; 1 iterator\(s\) rebuilt' 60
   check "the worker said it announced itself" grep -q "announced worker:1 at $moved to the chief at 127.0.0.1:$chief_port" \
     "$log/worker1-moved.log"
