@@ -16,6 +16,7 @@
 //
 //   pscoro-launch --ps 2 --workers 2 -- ctr                    # AUC within ~0.01 of the truth
 //   pscoro-launch --ps 2 --workers 2 -- ctr --format tfrecord  # the same data from TFRecord files
+//   pscoro-launch --ps 2 --workers 2 -- ctr --logdir logs      # and TensorBoard curves
 #include <pscoro/pscoro.hpp>
 
 #include "criteo.hpp"
@@ -31,6 +32,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <numeric>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -190,6 +192,7 @@ struct options {
   double max_auc_gap = 0.02;
   std::size_t closures_per_worker = 4;
   std::int64_t log_every = 500;
+  std::string logdir;
 
   criteo::file_format file_format() const {
     if (format == "tsv") return criteo::file_format::tsv;
@@ -247,10 +250,18 @@ asio::awaitable<int> run_chief(pscoro::parameter_server_strategy& strategy, cons
     auto loss = coordinator.schedule(train_step, wide, factors, numeric, bias, batches, o.learning_rate);
     if ((step + 1) % o.log_every == 0 || step + 1 == o.steps) progress.emplace_back(step + 1, std::move(loss));
   }
+  // With --logdir: the sampled losses, the learning rate and the test AUCs as TensorBoard curves.
+  std::optional<pscoro::summary_writer> summaries;
+  if (!o.logdir.empty()) summaries.emplace(o.logdir);
   for (auto& [step, loss] : progress) {
+    const double value = co_await loss.get();
     std::printf("chief: step %lld/%lld loss %.4f\n", static_cast<long long>(step), static_cast<long long>(o.steps),
-                co_await loss.get());
+                value);
     std::fflush(stdout);
+    if (summaries) {
+      summaries->scalar("train/loss", value, step);
+      summaries->scalar("train/learning_rate", o.learning_rate, step);
+    }
   }
   co_await coordinator.join();
 
@@ -277,6 +288,11 @@ asio::awaitable<int> run_chief(pscoro::parameter_server_strategy& strategy, cons
   const double best_auc = auc(truth_scores, labels);
   std::printf("chief: test AUC %.4f, ground truth %.4f (gap %.4f) on %zu examples\n", model_auc, best_auc,
               best_auc - model_auc, labels.size());
+  if (summaries) {
+    summaries->scalar("test/auc", model_auc, o.steps);
+    summaries->scalar("test/ground_truth_auc", best_auc, o.steps);
+    summaries->close();
+  }
   if (best_auc - model_auc > o.max_auc_gap) {
     std::printf("chief: the AUC gap %.4f is above the allowed %.3f\n", best_auc - model_auc, o.max_auc_gap);
     co_return 1;
@@ -308,6 +324,7 @@ int main(int argc, char** argv) {
   app.add_option("--max-auc-gap", o.max_auc_gap, "exit 1 if the test AUC ends further than this below the truth's");
   app.add_option("--closures-per-worker", o.closures_per_worker, "closures in flight per worker")->check(CLI::PositiveNumber);
   app.add_option("--log-every", o.log_every, "print the loss every N steps")->check(CLI::PositiveNumber);
+  app.add_option("--logdir", o.logdir, "write TensorBoard events (loss, learning rate, test AUC) here");
   CLI11_PARSE(app, argc, argv);
 
   try {

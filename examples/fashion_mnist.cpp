@@ -3,12 +3,13 @@
 // The weights live on the parameter servers. Every worker reads its shard of the training files
 // through its own input pipeline (a per-worker dataset: IDX files -> shard -> shuffle -> batch ->
 // prefetch); each step takes a batch from the worker's iterator, pulls the weights, computes the
-// gradient with xtensor and pushes the update. The chief schedules the steps, prints progress and
-// the test-set accuracy; with --checkpoint-dir it saves checkpoints as it goes and resumes from the
-// newest at the start (fashion_mnist_evaluator evaluates them on the side). One binary plays every
-// role, chosen by TF_CONFIG (or by Slurm's variables under srun):
+// gradient with xtensor and pushes the update. The chief schedules the steps, reports progress
+// (pscoro::progress) and the test-set accuracy; with --logdir it writes TensorBoard curves (loss,
+// accuracy, steps/s, learning rate); with --checkpoint-dir it saves checkpoints as it goes and
+// resumes from the newest at the start (fashion_mnist_evaluator evaluates them on the side). One
+// binary plays every role, chosen by TF_CONFIG (or by Slurm's variables under srun):
 //
-//   pscoro-launch --ps 2 --workers 2 -- fashion_mnist --steps 3000 --checkpoint-dir ckpts
+//   pscoro-launch --ps 2 --workers 2 -- fashion_mnist --steps 3000 --checkpoint-dir ckpts --logdir logs
 #include <pscoro/pscoro.hpp>
 
 #include "fashion_mnist.hpp"
@@ -28,21 +29,37 @@ namespace {
 
 using namespace examples::fashion_mnist;
 
+// What a step returns: its batch's mean loss and the share of the batch it classified right
+// (before its update).
+struct step_result {
+  double loss = 0;
+  double accuracy = 0;
+};
+
+}  // namespace
+
+template <>
+struct pscoro::codec<step_result> : pscoro::member_codec<step_result, &step_result::loss, &step_result::accuracy> {
+  static constexpr std::string_view name = "fashion_mnist.step_result";
+};
+
+namespace {
+
 // Shared by the chief and the workers.
 const pscoro::dataset_function<batch> train_data{"fashion_mnist.train_data"};
-// (weights, bias, the worker's batches, learning rate) -> loss.
-const pscoro::worker_function<double(pscoro::variable<float>, pscoro::variable<float>,
-                                     pscoro::per_worker_iterator<batch>, double)>
+// (weights, bias, the worker's batches, learning rate) -> loss and accuracy.
+const pscoro::worker_function<step_result(pscoro::variable<float>, pscoro::variable<float>,
+                                          pscoro::per_worker_iterator<batch>, double)>
     train_step{"fashion_mnist.train_step"};
 // The same, and counts itself: adds 1 to entry `step` of `runs`.
-const pscoro::worker_function<double(pscoro::variable<float>, pscoro::variable<float>,
-                                     pscoro::per_worker_iterator<batch>, double, std::int64_t,
-                                     pscoro::variable<std::int64_t>)>
+const pscoro::worker_function<step_result(pscoro::variable<float>, pscoro::variable<float>,
+                                          pscoro::per_worker_iterator<batch>, double, std::int64_t,
+                                          pscoro::variable<std::int64_t>)>
     counted_train_step{"fashion_mnist.counted_train_step"};
 
 // The worker side: one training step on the next batch of this worker's pipeline.
-asio::awaitable<double> train(pscoro::variable<float> w, pscoro::variable<float> b,
-                              pscoro::per_worker_iterator<batch> batches, double learning_rate) {
+asio::awaitable<step_result> train(pscoro::variable<float> w, pscoro::variable<float> b,
+                                   pscoro::per_worker_iterator<batch> batches, double learning_rate) {
   const auto [x, labels] = co_await batches.next_async();  // off the executor: heartbeats go on
   const std::size_t rows = labels.size();
   const auto weights = co_await w.read();
@@ -51,9 +68,13 @@ asio::awaitable<double> train(pscoro::variable<float> w, pscoro::variable<float>
 
   // Cross-entropy loss; p becomes d(loss)/d(logits) = (p - onehot) / batch.
   double loss = 0;
+  std::size_t right = 0;
   const float scale = 1.0f / static_cast<float>(rows);
   for (std::size_t r = 0; r < rows; ++r) {
     const auto label = static_cast<std::size_t>(labels(r));
+    std::size_t best = 0;
+    for (std::size_t k = 1; k < classes; ++k) best = p(r, k) > p(r, best) ? k : best;
+    right += best == label ? 1 : 0;
     loss -= std::log(std::max(p(r, label), 1e-12f));
     p(r, label) -= 1.0f;
     for (std::size_t k = 0; k < classes; ++k) p(r, k) *= scale;
@@ -73,17 +94,17 @@ asio::awaitable<double> train(pscoro::variable<float> w, pscoro::variable<float>
   grad_b *= lr;
   co_await w.assign_sub(grad_w);
   co_await b.assign_sub(grad_b);
-  co_return loss / static_cast<double>(rows);
+  co_return step_result{loss / static_cast<double>(rows), static_cast<double>(right) / static_cast<double>(rows)};
 }
 
 // A step whose worker is lost runs again elsewhere (at least once): `runs` tells how often each did.
-asio::awaitable<double> counted_train(pscoro::variable<float> w, pscoro::variable<float> b,
-                                      pscoro::per_worker_iterator<batch> batches, double learning_rate,
-                                      std::int64_t step, pscoro::variable<std::int64_t> runs) {
-  const double loss = co_await train(std::move(w), std::move(b), std::move(batches), learning_rate);
+asio::awaitable<step_result> counted_train(pscoro::variable<float> w, pscoro::variable<float> b,
+                                           pscoro::per_worker_iterator<batch> batches, double learning_rate,
+                                           std::int64_t step, pscoro::variable<std::int64_t> runs) {
+  const auto result = co_await train(std::move(w), std::move(b), std::move(batches), learning_rate);
   const xt::xarray<std::int64_t> this_step{step}, once{1};
   co_await runs.scatter_add(this_step, once);
-  co_return loss;
+  co_return result;
 }
 
 struct options {
@@ -95,6 +116,7 @@ struct options {
   std::size_t closures_per_worker = 2;
   std::int64_t log_every = 500;
   std::string checkpoint_dir;
+  std::string logdir;
   std::int64_t checkpoint_every = 500;
   std::size_t max_to_keep = 5;
   bool count_runs = false;
@@ -133,38 +155,59 @@ asio::awaitable<int> run_chief(pscoro::parameter_server_strategy& strategy, cons
     runs = co_await scope.create_variable("train/runs_per_step", none);
   }
 
+  // With --logdir: TensorBoard curves of the training steps (steps counted from 1).
+  std::optional<pscoro::summary_writer> summaries;
+  if (!o.logdir.empty()) {
+    summaries.emplace(o.logdir);
+    std::printf("chief: TensorBoard events in %s\n", summaries->path().c_str());
+  }
+  // "chief: step 500/3000 loss 0.6123 812.3 steps/s ETA 3s" every log_every steps (a redrawn
+  // line on a terminal): the loss is the mean of the last 100 steps'.
+  pscoro::progress report(o.steps, {.initial_step = first_step, .label = "chief: ", .print_every = o.log_every});
+
   // Keep the workers busy with a window of scheduled steps; await every result in order (each
-  // resolves, whatever worker it ran on or how often), printing the loss as training goes.
+  // resolves, whatever worker it ran on or how often), reporting as training goes.
   const std::size_t window = std::max<std::size_t>(64, 4 * o.closures_per_worker * strategy.num_workers());
-  std::deque<std::pair<std::int64_t, pscoro::remote_value<double>>> in_flight;
+  struct scheduled_step {
+    std::int64_t step;
+    double learning_rate;
+    pscoro::remote_value<step_result> result;
+  };
+  std::deque<scheduled_step> in_flight;
   auto retire_oldest = [&]() -> asio::awaitable<void> {
-    auto [step, loss] = std::move(in_flight.front());
+    auto oldest = std::move(in_flight.front());
     in_flight.pop_front();
-    const double value = co_await loss.get();
-    if (step % o.log_every == 0 || step == o.steps) {
-      std::printf("chief: step %lld/%lld loss %.4f\n", static_cast<long long>(step), static_cast<long long>(o.steps),
-                  value);
-      std::fflush(stdout);
+    const auto result = co_await oldest.result.get();
+    report.update(oldest.step, result.loss);
+    if (summaries) {
+      summaries->scalar("train/loss", result.loss, oldest.step);
+      summaries->scalar("train/accuracy", result.accuracy, oldest.step);
+      summaries->scalar("train/learning_rate", oldest.learning_rate, oldest.step);
+      if (oldest.step % o.log_every == 0 || oldest.step == o.steps) {
+        summaries->scalar("train/steps_per_second", report.steps_per_second(), oldest.step);
+      }
     }
   };
   for (std::int64_t step = first_step; step < o.steps; ++step) {
     // Linear decay to zero: the last steps settle instead of jumping around the optimum.
     const double learning_rate = o.learning_rate * static_cast<double>(o.steps - step) / static_cast<double>(o.steps);
-    in_flight.emplace_back(step + 1, runs ? coordinator.schedule(counted_train_step, w, b, batches, learning_rate, step,
-                                                                 *runs)
-                                          : coordinator.schedule(train_step, w, b, batches, learning_rate));
+    in_flight.push_back({step + 1, learning_rate,
+                         runs ? coordinator.schedule(counted_train_step, w, b, batches, learning_rate, step, *runs)
+                              : coordinator.schedule(train_step, w, b, batches, learning_rate)});
     if (in_flight.size() > window) co_await retire_oldest();
     if (manager && ((step + 1) % o.checkpoint_every == 0 || step + 1 == o.steps)) {
       while (!in_flight.empty()) co_await retire_oldest();
       co_await coordinator.join();  // a consistent snapshot: no step is updating the weights
       ckpt.set_step(step + 1);
       const auto path = co_await manager->save(step + 1);
+      report.interrupt();  // on a terminal, the progress line ends first
       std::printf("chief: saved %s\n", path.c_str());
       std::fflush(stdout);
     }
   }
   while (!in_flight.empty()) co_await retire_oldest();
   co_await coordinator.join();
+  report.finish();
 
   // At least once: every step of this run ran; some ran again after their worker was lost.
   std::int64_t never = 0;
@@ -184,6 +227,10 @@ asio::awaitable<int> run_chief(pscoro::parameter_server_strategy& strategy, cons
   const auto bias = co_await b.read();
   const auto [acc, images] = accuracy(o.data_dir, weights, bias);
   std::printf("chief: test accuracy %.4f on %zu images\n", acc, images);
+  if (summaries) {
+    summaries->scalar("test/accuracy", acc, o.steps);
+    summaries->close();
+  }
   if (never > 0) {
     std::printf("chief: %lld steps never ran\n", static_cast<long long>(never));
     co_return 1;
@@ -210,6 +257,7 @@ int main(int argc, char** argv) {
   app.add_option("--log-every", o.log_every, "print the loss every N steps")->check(CLI::PositiveNumber);
   app.add_option("--checkpoint-dir", o.checkpoint_dir,
                  "save checkpoints here, and resume from the newest one found at the start");
+  app.add_option("--logdir", o.logdir, "write TensorBoard events (loss, accuracy, steps/s, learning rate) here");
   app.add_option("--checkpoint-every", o.checkpoint_every, "steps between checkpoints")->check(CLI::PositiveNumber);
   app.add_option("--max-to-keep", o.max_to_keep, "checkpoints kept (0: all)");
   app.add_flag("--count-runs", o.count_runs,

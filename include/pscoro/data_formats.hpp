@@ -150,6 +150,9 @@ class PSCORO_API tfrecord_writer {
   tfrecord_writer& operator=(const tfrecord_writer&) = delete;
 
   void write(std::string_view record);
+  /// Pushes the records written so far to the file, where a reader sees them whole (with gzip, a
+  /// sync point: the compressed stream decodes up to here).
+  void flush();
   void close();
 
  private:

@@ -11,14 +11,17 @@
 #include <pscoro/dtype.hpp>
 #include <pscoro/error.hpp>
 #include <pscoro/initializers.hpp>
+#include <pscoro/log.hpp>
 #include <pscoro/optimizers.hpp>
 #include <pscoro/partitioners.hpp>
 #include <pscoro/per_worker.hpp>
+#include <pscoro/progress.hpp>
 #include <pscoro/remote_value.hpp>
 #include <pscoro/server.hpp>
 #include <pscoro/sharded_variable.hpp>
 #include <pscoro/sparse_ids.hpp>
 #include <pscoro/strategy.hpp>
+#include <pscoro/summary.hpp>
 #include <pscoro/tensor.hpp>
 #include <pscoro/transport_options.hpp>
 #include <pscoro/value.hpp>

@@ -162,6 +162,14 @@ void tfrecord_writer::write(std::string_view record) {
   put(footer, sizeof footer);
 }
 
+void tfrecord_writer::flush() {
+  if (!file_) throw error(errc::failed_precondition, fmt::format("{}: the writer is closed", path_));
+  if (gzflush(static_cast<gzFile>(file_), Z_SYNC_FLUSH) != Z_OK) {
+    int code = 0;
+    throw error(errc::unavailable, fmt::format("{}: flush failed: {}", path_, gzerror(static_cast<gzFile>(file_), &code)));
+  }
+}
+
 void tfrecord_writer::close() {
   if (!file_) return;
   const int status = gzclose(static_cast<gzFile>(file_));

@@ -65,6 +65,8 @@ std::shared_ptr<coordinator_core> coordinator_core::make(asio::any_io_executor e
       spec_address = cluster.task_address(task_type, index);
     }
   }
+  // The chief's lines name it too ("chief:0"), unless this process already has a role.
+  log::set_task_if_unset(fmt::format("{}:{}", task_type, index));
   runtime::task_identity self{"chief", index, runtime::new_incarnation()};
   options.transport = runtime::with_environment(options.transport);
   options.keep_servers =

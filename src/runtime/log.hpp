@@ -1,22 +1,31 @@
-// Process log lines on stderr: "<time> <level> [<task>] message". Level from PSCORO_LOG_LEVEL
-// (debug, info, warning, error; default info).
+// The library's logging calls: formatted only when their level is enabled, then handed to the
+// process's sink (stderr unless a host program set one; <pscoro/log.hpp> says the line format and
+// the environment variables).
 #pragma once
+
+#include <pscoro/log.hpp>
 
 #include <fmt/format.h>
 
 #include <chrono>
 #include <cstddef>
+#include <string>
 #include <string_view>
 #include <utility>
 
 namespace pscoro::log {
 
-enum class level { debug, info, warning, error };
+using level = log_level;
 
 bool enabled(level l) noexcept;
 void write(level l, std::string_view message);
 /// Names this process's task in every line ("ps:0"); empty until a role is known.
 void set_task(std::string task);
+/// The same, unless the process already has a task: a program that runs a server and then a
+/// chief (or a test running a whole cluster in one process) keeps the first role's name.
+void set_task_if_unset(std::string task);
+/// The line for `record` in text or JSON (format_log_line picks by PSCORO_LOG_FORMAT).
+std::string format_line(const log_record& record, bool json);
 
 template <class... Args>
 void debug(fmt::format_string<Args...> f, Args&&... args) {

@@ -47,13 +47,13 @@ for round in 1 2 3 4 5 6; do
   grep -qE "$last" "$log" && break
   victim=$((RANDOM % 3))
   pid=$(pid_of "$log" "worker-$victim")
-  backs=$(count "$log" "INFO worker:$victim is back")
+  backs=$(count "$log" "INFO \\[chief:0\\] worker:$victim is back")
   kill -9 "$pid" || break
   kills=$((kills + 1))
   echo "killed worker-$victim (pid $pid)"
   # It is back once the chief has rebuilt its iterator (or the run ended meanwhile).
   for _ in $(seq 3000); do
-    [ "$(count "$log" "INFO worker:$victim is back")" -gt "$backs" ] && break
+    [ "$(count "$log" "INFO \\[chief:0\\] worker:$victim is back")" -gt "$backs" ] && break
     grep -qE "$last" "$log" && break
     sleep 0.1
   done
@@ -63,9 +63,9 @@ done
 wait_exit "$launcher"
 check "the run exits 0 (got $code)" test "$code" -eq 0
 check "a worker was killed at least 5 times while the run went on ($kills)" test "$kills" -ge 5
-check "the chief saw each loss" test "$(count "$log" 'WARNING lost worker:[0-2]: ')" -ge "$kills"
+check "the chief saw each loss" test "$(count "$log" 'WARNING \[chief:0\] lost worker:[0-2]: ')" -ge "$kills"
 check "a killed worker comes back with a fresh iterator" \
-  grep -qE 'INFO worker:[0-2] is back; 1 iterator\(s\) rebuilt before it takes closures' "$log"
+  grep -qE 'INFO \[chief:0\] worker:[0-2] is back; 1 iterator\(s\) rebuilt before it takes closures' "$log"
 check "every result resolves in order, up to the last step" grep -qE "^\\[chief\\] chief: step $steps/$steps loss " "$log"
 check "every step ran at least once" \
   grep -qE "^\\[chief\\] chief: steps 1-$steps ran: [0-9]+ once, [0-9]+ again after a worker was lost, 0 never\$" "$log"
@@ -79,10 +79,10 @@ before=$failed
 if long_run "$log" 1 2; then
   pid=$(pid_of "$log" worker-1)
   kill -STOP "$pid"
-  check "the hung worker is noticed" wait_for "$log" 'WARNING lost worker:1: .*heartbeat timeout' 120
+  check "the hung worker is noticed" wait_for "$log" 'WARNING \[chief:0\] lost worker:1: .*heartbeat timeout' 120
   check "training goes on without it" goes_on "$log" '^\[chief\] chief: step '
   kill -CONT "$pid"
-  check "after SIGCONT it rejoins" wait_for "$log" 'INFO worker:1 is back; 1 iterator\(s\) rebuilt' 120
+  check "after SIGCONT it rejoins" wait_for "$log" 'INFO \[chief:0\] worker:1 is back; 1 iterator\(s\) rebuilt' 120
   check "training goes on" goes_on "$log" '^\[chief\] chief: step '
 else
   check "the run started" false
@@ -99,9 +99,10 @@ if long_run "$log" 2 2; then
   kill -9 "$(pid_of "$log" ps-1)"
   wait_exit "$launcher"
   check "the job fails with the chief's code 1 (got $code)" test "$code" -eq 1
-  check "the chief logs the lost ps" grep -q 'ERROR lost ps:1: ' "$log"
+  check "the chief logs the lost ps" grep -q 'ERROR \[chief:0\] lost ps:1: ' "$log"
   check "the chief's error names it" grep -qE '^\[chief\] chief: .*parameter server ps:1 is unavailable' "$log"
-  noticed_at=$(sed -nE 's/^\[chief\] ([0-9]+\.[0-9]+) ERROR lost ps:1: .*/\1/p' "$log" | head -n 1)
+  noticed_iso=$(sed -nE 's/^\[chief\] ([0-9T:.-]+Z) ERROR \[chief:0\] lost ps:1: .*/\1/p' "$log" | head -n 1)
+  noticed_at=$(date -u -d "${noticed_iso:-1970-01-01T00:00:00Z}" +%s.%N)
   latency=$(awk -v a="$killed_at" -v b="${noticed_at:-0}" 'BEGIN { printf "%.3f", b - a }')
   echo "the chief noticed the lost ps after ${latency} s"
   check "within 2 s of the kill (${latency} s)" awk -v l="$latency" 'BEGIN { exit !(l >= 0 && l <= 2) }'
@@ -180,8 +181,8 @@ if wait_for "$log/chief.log" '^chief: step 100/'; then
   wait_for "$log/worker1-moved.log" 'listening on' 60 > /dev/null
   moved=$(address_in "$log/worker1-moved.log")
   check "it came back at another address ($worker1 -> $moved)" test -n "$moved" -a "$moved" != "$worker1"
-  check "the chief hears where it is" wait_for "$log/chief.log" "INFO worker:1 announced itself at $moved \\(was $worker1\\)" 60
-  check "the chief takes it back, iterators first" wait_for "$log/chief.log" 'INFO worker:1 is back; 1 iterator\(s\) rebuilt' 60
+  check "the chief hears where it is" wait_for "$log/chief.log" "INFO \\[chief:0\\] worker:1 announced itself at $moved \\(was $worker1\\)" 60
+  check "the chief takes it back, iterators first" wait_for "$log/chief.log" 'INFO \[chief:0\] worker:1 is back; 1 iterator\(s\) rebuilt' 60
   check "the worker said it announced itself" grep -q "announced worker:1 at $moved to the chief at 127.0.0.1:$chief_port" \
     "$log/worker1-moved.log"
   check "training goes on" goes_on "$log/chief.log" '^chief: step '

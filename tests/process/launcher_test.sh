@@ -18,7 +18,7 @@ echo "--- a short run succeeds, every line prefixed with its task"
 code=$?
 check "the launcher exits 0 when the chief does (got $code)" test "$code" -eq 0
 check "both ps report their port" grep -qE '^\[ps-1\] pscoro: ps:1 listening on 127\.0\.0\.1:[0-9]+$' "$work/run.log"
-check "the chief trains" grep -qE '^\[chief\] chief: step 40/40 loss [0-9.]+$' "$work/run.log"
+check "the chief trains" grep -qE '^\[chief\] chief: step 40/40 loss [0-9.]+ [0-9.]+ steps/s done in [0-9:]+s?$' "$work/run.log"
 check "the chief evaluates" grep -qE '^\[chief\] chief: test accuracy 0\.[0-9]+ on 10000 images$' "$work/run.log"
 check "the servers are stopped with the chief" all_gone "$work/run.log"
 for task in ps:0 ps:1 worker:0 worker:1; do
@@ -51,7 +51,7 @@ if wait_for "$work/restart.log" 'connected to 1 ps and 2 workers'; then
   kill -9 "$first"
   check "the first death is restarted" wait_for "$work/restart.log" '^pscoro-launch: restarting worker-1 in 500 ms \(restart 1\)$'
   check "at the address it had" wait_for "$work/restart.log" "^\[worker-1\] pscoro: worker:1 listening on $address$"
-  check "the chief takes it back" wait_for "$work/restart.log" 'INFO worker:1 is back'
+  check "the chief takes it back" wait_for "$work/restart.log" 'INFO \[chief:0\] worker:1 is back'
   second=$(pid_of "$work/restart.log" worker-1)
   check "as a new process" test -n "$second" -a "$second" != "$first"
   kill -9 "$second"

@@ -1,0 +1,134 @@
+#include <pscoro/progress.hpp>
+
+#include <fmt/format.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <numeric>
+
+namespace pscoro {
+namespace {
+
+// Keras's way: "42s", "3:07", "1:02:03".
+std::string format_duration(double seconds) {
+  const auto s = static_cast<long long>(std::llround(std::max(seconds, 0.0)));
+  if (s < 60) return fmt::format("{}s", s);
+  if (s < 3600) return fmt::format("{}:{:02}", s / 60, s % 60);
+  return fmt::format("{}:{:02}:{:02}", s / 3600, s / 60 % 60, s % 60);
+}
+
+constexpr std::size_t bar_width = 30;
+
+// Keras's bar: "[=========>....................]".
+std::string bar(std::int64_t step, std::int64_t total) {
+  const auto filled = static_cast<std::size_t>(
+      static_cast<double>(bar_width) * static_cast<double>(std::clamp<std::int64_t>(step, 0, total)) /
+      static_cast<double>(total));
+  std::string out = "[";
+  if (filled > 0) {
+    out.append(filled - 1, '=');
+    out += step < total ? '>' : '=';
+  }
+  out.append(bar_width - filled, '.');
+  out += ']';
+  return out;
+}
+
+}  // namespace
+
+progress::progress(std::int64_t total, progress_options options)
+    : total_(total), options_(std::move(options)), step_(options_.initial_step) {
+  if (!options_.clock) options_.clock = [] { return std::chrono::steady_clock::now(); };
+  switch (options_.output_style) {
+    case progress_options::style::redraw: redraw_ = true; break;
+    case progress_options::style::lines: redraw_ = false; break;
+    case progress_options::style::automatic: redraw_ = !options_.output && ::isatty(::fileno(stdout)) == 1; break;
+  }
+  if (!options_.output) {
+    options_.output = [](std::string_view text) {
+      std::fwrite(text.data(), 1, text.size(), stdout);
+      std::fflush(stdout);
+    };
+  }
+  start_ = now();
+}
+
+std::chrono::steady_clock::time_point progress::now() const { return options_.clock(); }
+
+void progress::update(std::int64_t step, std::optional<double> loss) {
+  step_ = step;
+  if (loss) {
+    losses_.push_back(*loss);
+    while (losses_.size() > std::max<std::size_t>(options_.loss_window, 1)) losses_.pop_front();
+  }
+  const bool last = total_ > 0 && step >= total_;
+  if (redraw_) {
+    const auto t = now();
+    if (last || drawn_width_ == 0 || t - last_redraw_ >= options_.redraw_interval) {
+      last_redraw_ = t;
+      print(true);
+    }
+  } else if (last || (options_.print_every > 0 && step % options_.print_every == 0)) {
+    print(false);
+  }
+}
+
+void progress::interrupt() {
+  if (!redraw_ || drawn_width_ == 0) return;
+  options_.output("\n");
+  drawn_width_ = 0;
+}
+
+void progress::finish() {
+  if (printed_step_ != step_) print(redraw_);
+  interrupt();
+}
+
+double progress::steps_per_second() const {
+  const double seconds = std::chrono::duration<double>(now() - start_).count();
+  if (seconds <= 0) return 0;
+  return static_cast<double>(step_ - options_.initial_step) / seconds;
+}
+
+std::optional<double> progress::average_loss() const {
+  if (losses_.empty()) return std::nullopt;
+  return std::accumulate(losses_.begin(), losses_.end(), 0.0) / static_cast<double>(losses_.size());
+}
+
+std::optional<std::chrono::duration<double>> progress::eta() const {
+  const double rate = steps_per_second();
+  if (total_ <= 0 || rate <= 0) return std::nullopt;
+  return std::chrono::duration<double>(static_cast<double>(std::max<std::int64_t>(total_ - step_, 0)) / rate);
+}
+
+std::string progress::text() const {
+  std::string out = total_ > 0 ? fmt::format("step {}/{}", step_, total_) : fmt::format("step {}", step_);
+  if (const auto loss = average_loss()) out += fmt::format(" loss {:.4f}", *loss);
+  out += fmt::format(" {:.1f} steps/s", steps_per_second());
+  if (total_ > 0 && step_ >= total_) {
+    out += " done in " + format_duration(std::chrono::duration<double>(now() - start_).count());
+  } else if (const auto left = eta()) {
+    out += " ETA " + format_duration(left->count());
+  }
+  return out;
+}
+
+void progress::print(bool redraw) {
+  printed_step_ = step_;
+  if (!redraw) {
+    options_.output(options_.label + text() + "\n");
+    return;
+  }
+  std::string line = options_.label;
+  if (total_ > 0) line += bar(step_, total_) + " ";
+  line += text();
+  const std::size_t width = line.size();
+  // Spaces over what is left of a longer previous line.
+  if (width < drawn_width_) line.append(drawn_width_ - width, ' ');
+  options_.output("\r" + line);
+  drawn_width_ = width;
+}
+
+}  // namespace pscoro

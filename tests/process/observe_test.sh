@@ -1,0 +1,99 @@
+#!/usr/bin/env bash
+# Real processes: what a user sees of a run (issue 17). Log lines carry an ISO-8601 UTC time, the
+# level and the task, the chief's too; PSCORO_LOG_FORMAT=json makes each one a JSON object; a bad
+# PSCORO_LOG_LEVEL is warned about. A TensorBoard event file read back by an independent reader
+# (Python, Debian's python3-protobuf and python3-crc32c) holds exactly the scalars and histograms
+# written; fashion_mnist --logdir writes its curves there and reports progress in plain lines.
+# usage: observe_test.sh PSCORO_LAUNCH HELLO_CLUSTER FASHION_MNIST WRITE_SUMMARIES PROTO_DIR
+set -uo pipefail
+launch=$1
+hello=$2
+fashion=$3
+write_summaries=$4
+proto_dir=$5
+here=$(dirname "$0")
+source "$here/checks.sh"
+iso='[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}\.[0-9]{3}Z'
+
+echo "--- text log lines: time, level and task on every line, the chief's included"
+"$launch" --ps 1 --workers 1 -- "$hello" 3 > "$work/text.log" 2>&1
+check "the job runs (exit $?)" grep -q 'chief: total on ps:0' "$work/text.log"
+check "the chief names itself" grep -qE "^\[chief\] $iso INFO \[chief:0\] connected to 1 ps and 1 workers$" "$work/text.log"
+check "the servers name themselves" \
+  grep -qE "^\[ps-0\] $iso INFO \[ps:0\] the chief \(chief:0 at [0-9.:]+\) ended the job with exit code 0: ps:0 stops$" \
+  "$work/text.log"
+check "every log line has the form" \
+  test "$(grep -E '(DEBUG|INFO|WARNING|ERROR) \[' "$work/text.log" | grep -cvE "^\[[a-z]+(-[0-9]+)?\] $iso (DEBUG|INFO|WARNING|ERROR) \[(chief|ps|worker):[0-9]+\] ")" -eq 0
+
+echo "--- PSCORO_LOG_FORMAT=json: one JSON object a line"
+PSCORO_LOG_FORMAT=json PSCORO_LOG_LEVEL=debug "$launch" --ps 1 --workers 1 -- "$hello" 3 > "$work/json.log" 2>&1
+check "the job runs (exit $?)" grep -q 'chief: total on ps:0' "$work/json.log"
+sed -nE 's/^\[[a-z]+(-[0-9]+)?\] (\{.*)$/\2/p' "$work/json.log" > "$work/json.lines"
+check "every task logged JSON" /usr/bin/python3 - "$work/json.lines" <<'PY'
+import json, re, sys
+tasks = set()
+lines = open(sys.argv[1]).read().splitlines()
+assert lines, "no JSON lines"
+for line in lines:
+    record = json.loads(line)
+    assert list(record) == ["time", "level", "task", "message"], record
+    assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z", record["time"]), record
+    assert record["level"] in ("DEBUG", "INFO", "WARNING", "ERROR"), record
+    tasks.add(record["task"])
+assert {"chief:0", "ps:0", "worker:0"} <= tasks, tasks
+print(f"{len(lines)} JSON lines from {sorted(tasks)}")
+PY
+
+echo "--- a bad PSCORO_LOG_LEVEL is warned about, and the default kept"
+PSCORO_LOG_LEVEL=verbose "$launch" --ps 1 --workers 1 -- "$hello" 3 > "$work/bad.log" 2>&1
+check "the job still runs (exit $?)" grep -q 'chief: total on ps:0' "$work/bad.log"
+for task in chief:0 ps:0 worker:0; do
+  check "$task says what is wrong" grep -qE "$iso WARNING \[$task\] PSCORO_LOG_LEVEL is 'verbose': use one of debug, info, warning, error; logging at info$" "$work/bad.log"
+done
+check "info lines still come" grep -qE "INFO \[chief:0\] connected to" "$work/bad.log"
+
+echo "--- an event file read back by an independent reader holds exactly what was written"
+"$write_summaries" "$work/logs/unit" > "$work/expected.txt"
+check "write_summaries ran (exit $?)" test -s "$work/expected.txt"
+file=$(sed -n 's/^file //p' "$work/expected.txt")
+check "TF 2's file name: events.out.tfevents.<seconds>.<host>.<pid>.<n>.v2 ($(basename "$file"))" \
+  grep -qE "^events\.out\.tfevents\.[0-9]{10}\.$(hostname)\.[0-9]+\.[0-9]+\.v2$" <<< "$(basename "$file")"
+check "the reader finds every scalar and histogram" \
+  /usr/bin/python3 "$here/read_tfevents.py" "$proto_dir" "$work" "$file" "$work/expected.txt"
+
+echo "--- fashion_mnist --logdir: loss, accuracy, learning rate and steps/s curves; progress lines"
+"$launch" --ps 1 --workers 2 -- "$fashion" --steps 300 --log-every 100 --min-accuracy 0.5 \
+  --logdir "$work/logs/fashion" > "$work/fashion.log" 2>&1
+check "it trains (exit $?)" grep -q '^\[chief\] chief: test accuracy' "$work/fashion.log"
+for step in 100 200; do
+  check "a progress line at step $step" \
+    grep -qE "^\[chief\] chief: step $step/300 loss [0-9]+\.[0-9]{4} [0-9]+\.[0-9] steps/s ETA [0-9:]+s?$" "$work/fashion.log"
+done
+check "the last one says how long it took" \
+  grep -qE "^\[chief\] chief: step 300/300 loss [0-9]+\.[0-9]{4} [0-9]+\.[0-9] steps/s done in [0-9:]+s?$" "$work/fashion.log"
+events=$(ls "$work"/logs/fashion/events.out.tfevents.*.v2 2>/dev/null | head -n 1)
+check "one event file in the log directory" test "$(ls "$work/logs/fashion" | wc -l)" -eq 1 -a -n "$events"
+/usr/bin/python3 "$here/read_tfevents.py" "$proto_dir" "$work" "$events" > "$work/fashion.events"
+check "the reader decodes it (exit $?)" test -s "$work/fashion.events"
+for tag in train/loss train/accuracy train/learning_rate; do
+  check "$tag at every step 1-300" \
+    test "$(sed -nE "s|^scalar $tag ([0-9]+) .*|\1|p" "$work/fashion.events" | tr '\n' ' ')" = "$(seq -s ' ' 1 300) "
+done
+check "steps/s every 100 steps" \
+  test "$(sed -nE 's|^scalar train/steps_per_second ([0-9]+) .*|\1|p' "$work/fashion.events" | tr '\n' ' ')" = "100 200 300 "
+check "the learning rate decays linearly from 0.3" \
+  /usr/bin/python3 -c '
+import struct, sys
+for line in open(sys.argv[1]):
+    kind, tag, step, value = line.split()
+    if tag == "train/learning_rate":
+        want = struct.unpack("f", struct.pack("f", 0.3 * (300 - (int(step) - 1)) / 300))[0]
+        assert float(value) == float(f"{want:.9g}"), (step, value, want)
+' "$work/fashion.events"
+printed=$(sed -nE 's/^\[chief\] chief: test accuracy (0\.[0-9]+) on 10000 images$/\1/p' "$work/fashion.log")
+written=$(sed -nE 's|^scalar test/accuracy 300 (.*)$|\1|p' "$work/fashion.events")
+check "the test accuracy written is the one printed ($written, $printed)" \
+  /usr/bin/python3 -c 'import sys; assert abs(float(sys.argv[1]) - float(sys.argv[2])) <= 5e-5' "${written:-0}" "${printed:-1}"
+[ "$failed" -eq 0 ] || { cat "$work/fashion.log"; head -n 20 "$work/fashion.events"; }
+
+finish
