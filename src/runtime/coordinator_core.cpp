@@ -364,14 +364,17 @@ asio::awaitable<void> coordinator_core::call(std::shared_ptr<runtime::peer> peer
 
 asio::awaitable<void> coordinator_core::prepare_worker(std::shared_ptr<coordinator_core> self, std::size_t worker) {
   if (!self) co_return;
-  // A copy: a value released while this waits goes from the list, and must not shift it.
-  const auto listed = self->per_worker_;
-  for (const auto& entry : listed) {
+  // By id from the live list, afresh after every call: a value released while this waits is
+  // skipped, and one created meanwhile is built too (its create_per_worker did not send it here,
+  // this worker not being ready yet). Ids only grow, and the list keeps their order.
+  std::uint64_t built = 0;
+  for (;;) {
     const auto& live = self->per_worker_;
-    if (std::none_of(live.begin(), live.end(), [&](const per_worker_entry& e) { return e.ref.id == entry.ref.id; })) {
-      continue;
-    }
-    auto request = self->create_request(entry, worker);  // named: g++ 12 (temporaries)
+    const auto next =
+        std::find_if(live.begin(), live.end(), [built](const per_worker_entry& e) { return e.ref.id > built; });
+    if (next == live.end()) co_return;
+    built = next->ref.id;
+    auto request = self->create_request(*next, worker);  // named: g++ 12 (temporaries)
     co_await self->connections_->worker(worker)->call(std::move(request));
   }
 }

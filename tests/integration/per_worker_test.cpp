@@ -7,6 +7,7 @@
 #include <pscoro/per_worker.hpp>
 
 #include <asio/post.hpp>
+#include <asio/steady_timer.hpp>
 #include <asio/this_coro.hpp>
 #include <asio/use_awaitable.hpp>
 #include <xtensor/xbuilder.hpp>
@@ -28,6 +29,13 @@ using pscoro::testing::local_cluster;
 using pscoro::testing::message_of;
 
 namespace {
+
+// Loops that wait for a restarted worker to take closures again end on a deadline (60 s from
+// come_back_deadline()), not after a count of round trips: a loaded machine only makes them slower.
+std::chrono::steady_clock::time_point come_back_deadline() {
+  return std::chrono::steady_clock::now() + std::chrono::seconds(60);
+}
+bool before(std::chrono::steady_clock::time_point deadline) { return std::chrono::steady_clock::now() < deadline; }
 
 using element = std::vector<std::int64_t>;  // a batch of record numbers
 
@@ -264,7 +272,7 @@ TEST_CASE("a worker restarted at the same address is reconnected and gets fresh 
         // Worker 1 comes back with a fresh iterator: its first batch again (TF: rebuilt iterators
         // start fresh); no closure reached it before the iterator existed (that would fail).
         std::string from_one;
-        for (int i = 0; i < 6000 && from_one.empty(); ++i) {
+        for (const auto until = come_back_deadline(); from_one.empty() && before(until);) {
           const auto batch = co_await coordinator.schedule(take_batch, it).get();
           if (batch.starts_with("1,")) from_one = batch;
         }
@@ -298,6 +306,11 @@ const resource_function<counter> counters{"test.counters"};
 const resource_function<counter> broken_counters{"test.broken_counters"};
 const resource_function<counter> unbound_counters{"test.unbound_counters"};
 const resource_function<std::string> texts{"test.texts"};
+// Built at once, except while hold_slow_builds is set: then it waits (on its worker's thread) until
+// it is cleared, having said so in slow_build_waiting. It keeps a returning worker in preparation.
+const resource_function<std::string> slow_texts{"test.slow_texts"};
+std::atomic<bool> hold_slow_builds{false};
+std::atomic<bool> slow_build_waiting{false};
 // Uses the worker's counter: returns "worker:built-for:workers:uses".
 const worker_function<std::string(per_worker_resource<counter>)> use_counter{"test.use_counter"};
 // Uses a counter as a string (it is not).
@@ -326,6 +339,13 @@ void bind_per_worker(server& s) {
   });
   s.bind(broken_counters, [](input_context) -> counter { throw std::runtime_error("no table file"); });
   s.bind(texts, [](input_context) { return std::string("text"); });
+  s.bind(slow_texts, [](input_context) {
+    while (hold_slow_builds) {
+      slow_build_waiting = true;
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    return std::string("slow");
+  });
   s.bind(use_counter, [index](per_worker_resource<counter> c) -> asio::awaitable<std::string> {
     ++c->uses;
     co_return std::to_string(index) + ":" + std::to_string(c->worker) + ":" + std::to_string(c->workers) + ":" +
@@ -504,7 +524,7 @@ TEST_CASE("a per-worker resource is built on every worker by its function, and a
     auto e = co_await failure_of(coordinator.create_per_worker_resource(unbound_counters));
     CHECK(code_of(e) == errc::not_found);
     CHECK(contains(message_of(e), "resource function 'test.unbound_counters' is not bound on worker:"));
-    CHECK(contains(message_of(e), "(it binds: test.broken_counters, test.counters, test.texts)"));
+    CHECK(contains(message_of(e), "(it binds: test.broken_counters, test.counters, test.slow_texts, test.texts)"));
     e = co_await failure_of(coordinator.create_per_worker_resource(broken_counters));
     CHECK(code_of(e) == errc::unknown);
     CHECK(contains(message_of(e), "resource function 'test.broken_counters' raised: no table file"));
@@ -555,7 +575,7 @@ TEST_CASE("a worker restarted at the same address gets its per-worker variable a
         auto c = co_await coordinator.create_per_worker_resource(counters);
         // Both workers count a few closures.
         std::map<double, double> copies;  // worker -> its copy's first element
-        for (int i = 0; i < 6000 && copies.size() < 2; ++i) {
+        for (const auto until = come_back_deadline(); copies.size() < 2 && before(until);) {
           auto a = coordinator.schedule(count_here, var);
           auto b = coordinator.schedule(count_here, var);
           for (auto* r : {&a, &b}) {
@@ -585,7 +605,7 @@ TEST_CASE("a worker restarted at the same address gets its per-worker variable a
         cluster.restart("worker", 1);
         const int built_before = counters_built[1];
         std::vector<double> from_one;
-        for (int i = 0; i < 6000 && from_one.empty(); ++i) {
+        for (const auto until = come_back_deadline(); from_one.empty() && before(until);) {
           const auto got = co_await coordinator.schedule(count_here, var).get();
           if (got[0] == 1.0) from_one = got;
         }
@@ -593,13 +613,58 @@ TEST_CASE("a worker restarted at the same address gets its per-worker variable a
         CHECK(from_one[1] == 11.0);
         CHECK(counters_built[1] == built_before + 1);
         std::string used;
-        for (int i = 0; i < 6000 && !used.starts_with("1:"); ++i) used = co_await coordinator.schedule(use_counter, c).get();
+        for (const auto until = come_back_deadline(); !used.starts_with("1:") && before(until);) {
+          used = co_await coordinator.schedule(use_counter, c).get();
+        }
         CHECK(used == "1:1:2:1");  // a fresh instance, built for worker 1
         co_await coordinator.join();
         const auto all = co_await var.read_all();
         REQUIRE(all.size() == 2);
         CHECK(all[1](1) == all[1](0) + 10.0f);
         CHECK(all[1](0) >= 11.0f);
+      },
+      options);
+}
+
+TEST_CASE("a per-worker variable made while a worker is being prepared to come back reaches that worker too") {
+  hold_slow_builds = false;
+  slow_build_waiting = false;
+  local_cluster cluster(1, 2, bind_per_worker);
+  coordinator_options options;
+  options.worker_probe_interval = std::chrono::milliseconds(20);
+  cluster.run_chief(
+      [&cluster](parameter_server_strategy&, cluster_coordinator& coordinator) -> asio::awaitable<void> {
+        const auto slow = co_await coordinator.create_per_worker_resource(slow_texts);
+        // Worker 1 goes and comes back; rebuilding `slow` holds it in preparation, not yet ready.
+        hold_slow_builds = true;
+        cluster.on_task("worker", 1, [&cluster] { cluster.task("worker", 1).stop(); });
+        cluster.restart("worker", 1);
+        asio::steady_timer timer(co_await asio::this_coro::executor);
+        for (const auto until = come_back_deadline(); !slow_build_waiting && before(until);) {
+          timer.expires_after(std::chrono::milliseconds(1));
+          co_await timer.async_wait(asio::use_awaitable);
+        }
+        REQUIRE_MESSAGE(slow_build_waiting, "the returning worker never rebuilt its resource");
+        // Made now, it goes to worker 0 only: worker 1 must get it from its preparation.
+        const xt::xarray<float> initial{10.0f};
+        auto var = co_await coordinator.create_per_worker_variable("late", initial);
+        hold_slow_builds = false;
+        std::vector<double> from_one;
+        for (const auto until = come_back_deadline(); from_one.empty() && before(until);) {
+          auto counted = coordinator.schedule(count_here, var);  // named: g++ 12 (temporaries)
+          std::vector<double> got;
+          std::exception_ptr failure;
+          try {
+            got = co_await counted.get();
+          } catch (...) {
+            failure = std::current_exception();  // worker 1 without the variable: not_found
+          }
+          REQUIRE_MESSAGE(!failure, pscoro::testing::describe_exception(failure));
+          if (got[0] == 1.0) from_one = got;
+        }
+        REQUIRE_MESSAGE(!from_one.empty(), "worker 1 never ran a closure after it came back");
+        CHECK(from_one[1] == 11.0);  // its own copy, from the initial value
+        (void)slow;
       },
       options);
 }
