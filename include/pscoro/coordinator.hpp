@@ -139,9 +139,10 @@ class PSCORO_API cluster_coordinator {
 
   /// A variable with one copy on every worker, each starting as `initial_value` (TF's
   /// `tf.Variable(initial_value, per_worker_variable=True)`): completes when every live worker holds
-  /// its copy (a worker lost meanwhile gets it when it comes back). Pass it to schedule(); a worker
+  /// its copy (a worker lost before gets it when it comes back). Pass it to schedule(); a worker
   /// function reads and updates its own worker's copy; read_all() reads them all. Throws the first
-  /// worker's failure. From a coroutine on the coordinator's executor.
+  /// worker's failure, a worker lost while it is made included (remote_error, errc::unavailable),
+  /// and then no worker keeps a copy. From a coroutine on the coordinator's executor.
   template <class E>
   [[nodiscard]] asio::awaitable<per_worker_variable<typename E::value_type>> create_per_worker_variable(
       std::string name, const xt::xexpression<E>& initial_value) const {
@@ -154,10 +155,11 @@ class PSCORO_API cluster_coordinator {
   }
 
   /// A resource built on every worker by its bound `function` (TF's _create_per_worker_resources):
-  /// completes when every live worker has built its own (a worker lost meanwhile builds it when it
+  /// completes when every live worker has built its own (a worker lost before builds it when it
   /// comes back, and so does a worker that comes back after a failure). Pass it to schedule(); a
   /// worker function gets its own worker's instance. Throws the first worker's failure (an unbound
-  /// function is errc::not_found naming it). From a coroutine on the coordinator's executor.
+  /// function is errc::not_found naming it; a worker lost while it is built, errc::unavailable),
+  /// and then no worker keeps one. From a coroutine on the coordinator's executor.
   template <class T>
   [[nodiscard]] asio::awaitable<per_worker_resource<T>> create_per_worker_resource(
       const resource_function<T>& function) const {

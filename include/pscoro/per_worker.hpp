@@ -333,6 +333,24 @@ class per_worker_variable {
   static constexpr pscoro::dtype dtype() noexcept { return dtype_of<T>; }
   const per_worker_ref& ref() const noexcept { return ref_; }
 
+  // Integers wrap around, as the ps's kernels do: in unsigned arithmetic, where overflow is defined.
+  static T wrapping_add(T x, T y) noexcept {
+    if constexpr (std::is_integral_v<T>) {
+      using U = std::make_unsigned_t<T>;
+      return static_cast<T>(static_cast<U>(static_cast<U>(x) + static_cast<U>(y)));
+    } else {
+      return x + y;
+    }
+  }
+  static T negated(T y) noexcept {
+    if constexpr (std::is_integral_v<T>) {
+      using U = std::make_unsigned_t<T>;
+      return static_cast<T>(static_cast<U>(U{0} - static_cast<U>(y)));
+    } else {
+      return -y;
+    }
+  }
+
   /// This worker's value. Only in a worker function (errc::failed_precondition on the chief).
   xt::xarray<T> read() const { return to_xarray<T>(local().value); }
   /// Replaces this worker's value; `new_value` must have the variable's shape (else
@@ -344,12 +362,12 @@ class per_worker_variable {
   /// Adds `delta` element-wise to this worker's value. Only in a worker function.
   template <class E>
   void assign_add(const xt::xexpression<E>& delta) const {
-    update("assign_add", delta, [](T& x, T y) { x = static_cast<T>(x + y); });
+    update("assign_add", delta, [](T& x, T y) { x = wrapping_add(x, y); });
   }
   /// Subtracts `delta` element-wise from this worker's value. Only in a worker function.
   template <class E>
   void assign_sub(const xt::xexpression<E>& delta) const {
-    update("assign_sub", delta, [](T& x, T y) { x = static_cast<T>(x - y); });
+    update("assign_sub", delta, [](T& x, T y) { x = wrapping_add(x, negated(y)); });
   }
 
   /// Every worker's value, in worker order (TF's read_all()), asked of all workers at once. A
