@@ -34,29 +34,34 @@ install_missing() {
   fi
 }
 
-# configure DIR [meson options...]: sets DIR up once.
+# configure DIR OPTION=VALUE...: sets DIR up with these meson options, or switches an existing DIR
+# over to them (one set up by hand, by an older run.sh, or before an option existed: `meson setup
+# --reconfigure` reads the options file again, where `meson configure` refuses an option it does
+# not know yet).
 configure() {
   local dir=$1; shift
   if [ ! -f "$dir/build.ninja" ]; then
-    meson setup "$dir" "$@" >/dev/null
+    meson setup "$dir" "${@/#/-D}" >/dev/null
+    return
   fi
+  local wrong
+  wrong=$(meson introspect "$dir" --buildoptions | /usr/bin/python3 -c '
+import json, sys
+def text(v):
+    return " ".join(v) if isinstance(v, list) else str(v).lower() if isinstance(v, bool) else str(v)
+have = {o["name"]: text(o["value"]) for o in json.load(sys.stdin)}
+print(" ".join("-D" + o for o in sys.argv[1:] if have.get(o.split("=", 1)[0]) != o.split("=", 1)[1]))' "$@")
+  # shellcheck disable=SC2086  # one word per option
+  [ -z "$wrong" ] || meson setup --reconfigure "$dir" $wrong >/dev/null
 }
 
 # The one build of example, test and bench: release (-O3, what users run and benchmark) with the
 # tests in it, so CI compiles the library once and sees every -O3 warning in what users run. The
 # test programs are -O1: they are glue around the library, and -O3 took a third more of the build
 # for them. Failures are chased in build-sanitize (scripts/run.sh sanitize: ASan + UBSan, line
-# tables). A `build` set up otherwise (by hand, or by an older run.sh) is switched over.
-build_options=(buildtype=release tests_optimization=1)
+# tables).
 configure_build() {
-  configure build "${build_options[@]/#/-D}"
-  local wrong
-  wrong=$(meson introspect build --buildoptions | /usr/bin/python3 -c '
-import json, sys
-have = {o["name"]: str(o["value"]) for o in json.load(sys.stdin)}
-print(" ".join("-D" + o for o in sys.argv[1:] if have.get(o.split("=")[0]) != o.split("=")[1]))' "${build_options[@]}")
-  # shellcheck disable=SC2086  # one word per option
-  [ -z "$wrong" ] || meson configure build $wrong >/dev/null
+  configure build buildtype=release tests_optimization=1
 }
 
 # build DIR: compiles everything in DIR and says how long it took.
@@ -99,8 +104,8 @@ case "${1:-}" in
     # -O1 (ASan's advice; at -O0 the process tests take minutes of pure xtensor) for the library,
     # tools and examples; the test programs at -O0, a third of the compile time under ASan + UBSan
     # (docs/design.md, Build). -g1: line tables, all a sanitizer's stack trace needs.
-    configure build-sanitize -Db_sanitize=address,undefined -Db_lundef=false -Doptimization=1 \
-      -Ddebug=false -Dcpp_args=-g1 -Dtests_optimization=0 -Dcontrol_optimization=0 -Dbenchmarks=false
+    configure build-sanitize b_sanitize=address,undefined b_lundef=false optimization=1 \
+      debug=false cpp_args=-g1 tests_optimization=0 control_optimization=0 benchmarks=false
     build build-sanitize
     ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 run_tests build-sanitize
     ;;
@@ -117,8 +122,8 @@ case "${1:-}" in
     seconds=${2:-60}
     packages+=(clang libclang-rt-dev)  # clang++ and libFuzzer: only this command needs them
     install_missing
-    CXX=clang++ configure build-fuzz -Dfuzz=true -Db_sanitize=address,undefined -Db_lundef=false \
-      -Ddefault_library=static -Dexamples=false -Dbenchmarks=false
+    CXX=clang++ configure build-fuzz fuzz=true b_sanitize=address,undefined b_lundef=false \
+      default_library=static examples=false benchmarks=false
     targets=(frame_reader ps worker tf_config safetensors tfrecord idx)
     meson compile -C build-fuzz "${targets[@]/%/_fuzzer}"
     # New inputs go to a scratch corpus, never into the committed one (copy a finding there by
