@@ -11,9 +11,11 @@
 namespace pscoro {
 namespace {
 
-// Keras's way: "42s", "3:07", "1:02:03".
+// Keras's way: "42s", "3:07", "1:02:03". Clamped to 10^12 s (a huge total at a tiny rate), where
+// rounding into a long long would be out of range; NaN counts as 0.
 std::string format_duration(double seconds) {
-  const auto s = static_cast<long long>(std::llround(std::max(seconds, 0.0)));
+  const double bounded = seconds > 0 ? std::min(seconds, 1e12) : 0.0;
+  const auto s = static_cast<long long>(std::llround(bounded));
   if (s < 60) return fmt::format("{}s", s);
   if (s < 3600) return fmt::format("{}:{:02}", s / 60, s % 60);
   return fmt::format("{}:{:02}:{:02}", s / 3600, s / 60 % 60, s % 60);

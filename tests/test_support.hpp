@@ -92,6 +92,19 @@ inline std::string describe_exception(const std::exception_ptr& e) {
   return out.str();
 }
 
+/// Sets environment variable `name` for a scope and unsets it at the scope's end, however the scope
+/// ends (a failed REQUIRE included), so no later test sees it.
+class scoped_environment {
+ public:
+  scoped_environment(const char* name, const char* value) : name_(name) { ::setenv(name, value, 1); }
+  ~scoped_environment() { ::unsetenv(name_); }
+  scoped_environment(const scoped_environment&) = delete;
+  scoped_environment& operator=(const scoped_environment&) = delete;
+
+ private:
+  const char* name_;
+};
+
 /// The code of the exception in `e`. A null `e` throws std::logic_error (rethrowing null is
 /// undefined), so a check of it fails saying nothing was thrown instead of crashing.
 inline std::error_code code_of(std::exception_ptr e) {

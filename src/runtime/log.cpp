@@ -88,8 +88,25 @@ std::string format_line(const log_record& r, bool json) {
                                          {"message", r.message}};
     return line.dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace);
   }
+  // One record, one line: a line break in a message (bytes a peer sent, say) is written as \n or
+  // \r, so that nothing can pass for a line of its own.
+  std::string message(r.message);
+  if (message.find_first_of("\r\n") != std::string::npos) {
+    std::string escaped;
+    escaped.reserve(message.size() + 8);
+    for (const char c : message) {
+      if (c == '\n') {
+        escaped += "\\n";
+      } else if (c == '\r') {
+        escaped += "\\r";
+      } else {
+        escaped += c;
+      }
+    }
+    message = std::move(escaped);
+  }
   return fmt::format("{} {} [{}] {}", iso8601_utc(r.time), to_string(r.level), r.task.empty() ? "-" : r.task,
-                     r.message);
+                     message);
 }
 }  // namespace log
 

@@ -447,16 +447,15 @@ TEST_CASE("with check_numerics a ps refuses NaN and Inf, naming variable and ele
   SUBCASE("PSCORO_CHECK_NUMERICS=0 turns the program's choice off; a bad value stops the ps") {
     server_options options;
     options.check_numerics = true;
-    ::setenv("PSCORO_CHECK_NUMERICS", "0", 1);
     {
+      const pscoro::testing::scoped_environment off("PSCORO_CHECK_NUMERICS", "0");
       local_cluster cluster(1, 0, {}, options);
       REQUIRE(call(cluster, create_from(w, values<float>({2, 3}, initial))).status.code() == 0);
       CHECK(call(cluster, update(w, wire::UpdateVariable::ASSIGN, values<float>({2, 3}, {nan, 0, 0, 0, 0, 0})))
                 .status.code() == 0);
     }
-    ::setenv("PSCORO_CHECK_NUMERICS", "on", 1);
+    const pscoro::testing::scoped_environment typo("PSCORO_CHECK_NUMERICS", "on");
     CHECK_THROWS_WITH_AS(local_cluster(1, 0),
                          "PSCORO_CHECK_NUMERICS is 'on': use 1 (refuse NaN and Inf in float values) or 0", error);
-    ::unsetenv("PSCORO_CHECK_NUMERICS");
   }
 }

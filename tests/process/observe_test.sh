@@ -17,7 +17,9 @@ iso='[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}\.[0-9]{3}Z'
 
 echo "--- text log lines: time, level and task on every line, the chief's included"
 "$launch" --ps 1 --workers 1 -- "$hello" 3 > "$work/text.log" 2>&1
-check "the job runs (exit $?)" grep -q 'chief: total on ps:0' "$work/text.log"
+code=$?
+check "the job exits 0 (got $code)" test "$code" -eq 0
+check "the job runs" grep -q 'chief: total on ps:0' "$work/text.log"
 check "the chief names itself" grep -qE "^\[chief\] $iso INFO \[chief:0\] connected to 1 ps and 1 workers$" "$work/text.log"
 check "the servers name themselves" \
   grep -qE "^\[ps-0\] $iso INFO \[ps:0\] the chief \(chief:0 at [0-9.:]+\) ended the job with exit code 0: ps:0 stops$" \
@@ -27,7 +29,9 @@ check "every log line has the form" \
 
 echo "--- PSCORO_LOG_FORMAT=json: one JSON object a line"
 PSCORO_LOG_FORMAT=json PSCORO_LOG_LEVEL=debug "$launch" --ps 1 --workers 1 -- "$hello" 3 > "$work/json.log" 2>&1
-check "the job runs (exit $?)" grep -q 'chief: total on ps:0' "$work/json.log"
+code=$?
+check "the job exits 0 (got $code)" test "$code" -eq 0
+check "the job runs" grep -q 'chief: total on ps:0' "$work/json.log"
 sed -nE 's/^\[[a-z]+(-[0-9]+)?\] (\{.*)$/\2/p' "$work/json.log" > "$work/json.lines"
 check "every task logged JSON" /usr/bin/python3 - "$work/json.lines" <<'PY'
 import json, re, sys
@@ -46,7 +50,9 @@ PY
 
 echo "--- a bad PSCORO_LOG_LEVEL is warned about, and the default kept"
 PSCORO_LOG_LEVEL=verbose "$launch" --ps 1 --workers 1 -- "$hello" 3 > "$work/bad.log" 2>&1
-check "the job still runs (exit $?)" grep -q 'chief: total on ps:0' "$work/bad.log"
+code=$?
+check "the job still exits 0 (got $code)" test "$code" -eq 0
+check "the job still runs" grep -q 'chief: total on ps:0' "$work/bad.log"
 for task in chief:0 ps:0 worker:0; do
   check "$task says what is wrong" grep -qE "$iso WARNING \[$task\] PSCORO_LOG_LEVEL is 'verbose': use one of debug, info, warning, error; logging at info$" "$work/bad.log"
 done
@@ -54,7 +60,9 @@ check "info lines still come" grep -qE "INFO \[chief:0\] connected to" "$work/ba
 
 echo "--- an event file read back by an independent reader holds exactly what was written"
 "$write_summaries" "$work/logs/unit" > "$work/expected.txt"
-check "write_summaries ran (exit $?)" test -s "$work/expected.txt"
+code=$?
+check "write_summaries exits 0 (got $code)" test "$code" -eq 0
+check "write_summaries wrote what it wrote" test -s "$work/expected.txt"
 file=$(sed -n 's/^file //p' "$work/expected.txt")
 check "TF 2's file name: events.out.tfevents.<seconds>.<host>.<pid>.<n>.v2 ($(basename "$file"))" \
   grep -qE "^events\.out\.tfevents\.[0-9]{10}\.$(hostname)\.[0-9]+\.[0-9]+\.v2$" <<< "$(basename "$file")"
@@ -64,7 +72,9 @@ check "the reader finds every scalar and histogram" \
 echo "--- fashion_mnist --logdir: loss, accuracy, learning rate and steps/s curves; progress lines"
 "$launch" --ps 1 --workers 2 -- "$fashion" --steps 300 --log-every 100 --min-accuracy 0.5 \
   --logdir "$work/logs/fashion" > "$work/fashion.log" 2>&1
-check "it trains (exit $?)" grep -q '^\[chief\] chief: test accuracy' "$work/fashion.log"
+code=$?
+check "the training exits 0 (got $code)" test "$code" -eq 0
+check "it trains" grep -q '^\[chief\] chief: test accuracy' "$work/fashion.log"
 for step in 100 200; do
   check "a progress line at step $step" \
     grep -qE "^\[chief\] chief: step $step/300 loss [0-9]+\.[0-9]{4} [0-9]+\.[0-9] steps/s ETA [0-9:]+s?$" "$work/fashion.log"
@@ -74,7 +84,8 @@ check "the last one says how long it took" \
 events=$(ls "$work"/logs/fashion/events.out.tfevents.*.v2 2>/dev/null | head -n 1)
 check "one event file in the log directory" test "$(ls "$work/logs/fashion" | wc -l)" -eq 1 -a -n "$events"
 /usr/bin/python3 "$here/read_tfevents.py" "$proto_dir" "$work" "$events" > "$work/fashion.events"
-check "the reader decodes it (exit $?)" test -s "$work/fashion.events"
+code=$?
+check "the reader decodes it (exit $code)" test "$code" -eq 0 -a -s "$work/fashion.events"
 for tag in train/loss train/accuracy train/learning_rate; do
   check "$tag at every step 1-300" \
     test "$(sed -nE "s|^scalar $tag ([0-9]+) .*|\1|p" "$work/fashion.events" | tr '\n' ' ')" = "$(seq -s ' ' 1 300) "

@@ -55,6 +55,12 @@ TEST_CASE("a text line has the UTC time with milliseconds, the level, the task a
   CHECK(log::format_line(r, false) == "2026-11-23T21:52:21.123Z WARNING [ps:1] lost worker:0: reset");
 }
 
+TEST_CASE("a line break in a message is written escaped: one record is one line") {
+  const log_record r{log_level::warning, "ps:0", sample_time(), "refused 'x\n2026-11-23T00:00:00.000Z INFO [ps:0] ok\r'"};
+  CHECK(log::format_line(r, false) ==
+        "2026-11-23T21:52:21.123Z WARNING [ps:0] refused 'x\\n2026-11-23T00:00:00.000Z INFO [ps:0] ok\\r'");
+}
+
 TEST_CASE("a line of a process without a role says so with '-'") {
   const log_record r{log_level::info, "", sample_time(), "starting"};
   CHECK(log::format_line(r, false) == "2026-11-23T21:52:21.123Z INFO [-] starting");

@@ -5,6 +5,9 @@
 
 #include <pscoro/progress.hpp>
 
+#include <chrono>
+#include <cstdint>
+#include <limits>
 #include <vector>
 
 using namespace pscoro;
@@ -91,6 +94,12 @@ TEST_CASE("without a total there is no ETA; long times print as Keras prints the
   t.now += 2s;
   slow.update(1);
   CHECK(slow.text() == "step 1/10000 0.5 steps/s ETA 5:33:18");
+
+  // A time left past what a long long counts in seconds prints as the bound, 10^12 s.
+  progress endless(std::numeric_limits<std::int64_t>::max(), t.options(progress_options::style::lines));
+  t.now += 1000000s;
+  endless.update(1);
+  CHECK(contains(endless.text(), "ETA 277777777:46:40"));
 }
 
 TEST_CASE("on a terminal one line is redrawn, at most once per interval, with Keras's bar") {
