@@ -94,8 +94,12 @@ case "${1:-}" in
     ;;
   test)
     packages+=(slurm-wlm munge)  # the Slurm process test runs a real one-node Slurm
+    packages+=(libtorch-dev)     # the torch test (<pscoro/torch.hpp>)
     install_missing
     configure_build
+    # torch=enabled, not the default auto: a build set up by `example` before libtorch was
+    # installed is then reconfigured, and finds it (a fresh one would anyway).
+    configure build torch=enabled
     build build
     run_tests build
     ;;
