@@ -229,8 +229,10 @@ template <class T = float>
 /// Binding gives each parameter new storage of the variable's shape (a copy of its current values):
 /// the buffer pull() receives into. Keep one module_variables per model (a worker's model state)
 /// so that steps allocate nothing for the parameters; the module and this object must outlive each
-/// awaited call, and one step runs at a time per module. Not copyable (lookups made since the last
-/// push are its state).
+/// awaited call. One step (pull .. push) at a time per module: a worker runs several closures at
+/// once (coordinator_options::closures_per_worker, 4 by default), interleaved where they await, so
+/// give each its own model (a pool) or run one per worker. Not copyable (lookups made since the
+/// last push are its state).
 template <class T = float>
   requires std::is_floating_point_v<T> && is_element_type_v<T>
 class module_variables {
