@@ -59,9 +59,9 @@ print(" ".join("-D" + o for o in sys.argv[1:] if have.get(o.split("=", 1)[0]) !=
 # tests in it, so CI compiles the library once and sees every -O3 warning in what users run. The
 # test programs are -O1: they are glue around the library, and -O3 took a third more of the build
 # for them. Failures are chased in build-sanitize (scripts/run.sh sanitize: ASan + UBSan, line
-# tables).
+# tables). Arguments: more OPTION=VALUE (test: torch=enabled).
 configure_build() {
-  configure build buildtype=release tests_optimization=1
+  configure build buildtype=release tests_optimization=1 "$@"
 }
 
 # build DIR: compiles everything in DIR and says how long it took.
@@ -94,8 +94,11 @@ case "${1:-}" in
     ;;
   test)
     packages+=(slurm-wlm munge)  # the Slurm process test runs a real one-node Slurm
+    packages+=(libtorch-dev)     # the torch test (<pscoro/torch.hpp>)
     install_missing
-    configure_build
+    # torch=enabled, not the default auto: a build set up by `example` before libtorch was
+    # installed is then reconfigured, and finds it (a fresh one would anyway).
+    configure_build torch=enabled
     build build
     run_tests build
     ;;

@@ -74,6 +74,16 @@ class PSCORO_API byte_buffer {
     return out;
   }
 
+  /// A buffer over `size` bytes at `data` that keeps `owner` (whatever holds those bytes, e.g. another
+  /// framework's tensor) alive while any copy of the result lives: another library's memory sent or
+  /// held without a copy. `byte_buffer::share(std::make_shared<torch::Tensor>(t), bytes, size)`.
+  static byte_buffer share(std::shared_ptr<const void> owner, std::byte* data, std::size_t size) noexcept {
+    byte_buffer out;
+    out.data_ = std::shared_ptr<std::byte[]>(std::move(owner), data);
+    out.size_ = size;
+    return out;
+  }
+
   /// `size` bytes from `offset`, sharing (and keeping alive) this buffer's storage: no copy.
   byte_buffer slice(std::size_t offset, std::size_t size) const noexcept {
     byte_buffer out;

@@ -178,6 +178,32 @@ TEST_CASE("slot variables live beside each shard, named after the optimizer") {
       {}, {}, fixed_shards_partitioner{2});
 }
 
+TEST_CASE("a dense gradient already in wire form steps like the same gradient as an xarray") {
+  local_cluster cluster(2, 1);
+  cluster.run_chief(
+      [](parameter_server_strategy& strategy, cluster_coordinator&) -> asio::awaitable<void> {
+        const xt::xarray<float> initial = xt::zeros<float>({5, 2});
+        auto from_xarray = co_await strategy.scope().create_sharded_variable("from_xarray", initial);
+        auto from_tensor = co_await strategy.scope().create_sharded_variable("from_tensor", initial);
+        REQUIRE(from_tensor.num_shards() == 2);
+        const optimizers::adagrad opt{0.1, 0.5};
+        for (int step = 0; step < 2; ++step) {
+          const xt::xarray<float> g = xt::arange<float>(10.0f).reshape({5, 2}) * float(step + 1);
+          co_await from_xarray.apply_gradient(opt, g);
+          co_await from_tensor.apply_gradient(opt, to_tensor(g));
+        }
+        const auto expected = co_await from_xarray.read();
+        CHECK((co_await from_tensor.read() == expected));
+        // Its dtype and shape are checked before anything is sent.
+        const tensor wrong = to_tensor(xt::xarray<double>(xt::zeros<double>({5, 2})));
+        auto e = co_await failure_of(from_tensor.apply_gradient(opt, wrong));
+        CHECK(code_of(e) == errc::invalid_argument);
+        CHECK(contains(message_of(e), "the value is float64 [5, 2] but the variable is float32 [5, 2]"));
+        CHECK((co_await from_tensor.read() == expected));
+      },
+      {}, {}, fixed_shards_partitioner{2});
+}
+
 TEST_CASE("bad optimizer parameters and integer variables are refused, and nothing changes") {
   local_cluster cluster(1, 1);
   cluster.run_chief([](parameter_server_strategy& strategy, cluster_coordinator&) -> asio::awaitable<void> {

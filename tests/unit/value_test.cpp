@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <limits>
 #include <map>
+#include <memory>
 #include <optional>
 #include <string>
 #include <tuple>
@@ -39,6 +40,20 @@ TEST_CASE("a scalar tensor has one element and an empty shape") {
   CHECK(t.shape().empty());
   CHECK(t.size() == 1);
   CHECK(to_xarray<double>(t)() == 3.5);
+}
+
+TEST_CASE("a shared byte buffer views another owner's bytes and keeps that owner alive") {
+  auto owner = std::make_shared<std::vector<float>>(std::vector<float>{1.0f, 2.0f, 3.0f});
+  const std::weak_ptr<std::vector<float>> watch = owner;
+  auto* data = reinterpret_cast<std::byte*>(owner->data());
+  tensor t(dtype::float32, {3}, byte_buffer::share(std::move(owner), data, 3 * sizeof(float)));
+  CHECK(t.bytes().data() == data);  // no copy
+  const tensor copy = t;
+  t = tensor();
+  CHECK(!watch.expired());  // a copy still holds it
+  CHECK(copy.data<float>()[2] == 3.0f);
+  const byte_buffer part = copy.bytes().slice(sizeof(float), sizeof(float));
+  CHECK(part.data() == data + sizeof(float));
 }
 
 TEST_CASE("integers are range-checked in both directions") {

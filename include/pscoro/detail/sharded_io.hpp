@@ -329,6 +329,14 @@ class row_operations {
   asio::awaitable<void> apply_gradient(const optimizer& opt, const xt::xexpression<E>& gradient) const {
     return ops::apply_dense(io(), layout(), opt, to_tensor(gradient));
   }
+  /// The same with a gradient already in wire form (from another framework: pscoro::from_torch),
+  /// sent as it is: each shard's message carries a view of its rows, no conversion and no copy.
+  /// Its dtype and shape must be the variable's (errc::invalid_argument, checked before sending).
+  asio::awaitable<void> apply_gradient(const optimizer& opt, tensor gradient) const
+    requires std::is_floating_point_v<T>
+  {
+    return ops::apply_dense(io(), layout(), opt, std::move(gradient));
+  }
   /// One optimizer step on the rows `ids` (1-D; duplicates are summed on the ps): one message per
   /// shard that holds any of them.
   template <class I, class R>
