@@ -37,10 +37,22 @@ namespace pscoro::metrics {
 /// Label names and values of one series: {{"peer", "ps:0"}}.
 using labels = std::vector<std::pair<std::string, std::string>>;
 
+namespace detail {
+PSCORO_API extern std::atomic<bool> updating;
+}  // namespace detail
+
+/// Turns every update of every metric on or off (on by default), for the whole process: off, each
+/// keeps its value, and pscoro skips the clock reads its timings need. What metrics cost is the
+/// difference (benchmarks/metrics_bench.cpp measures it).
+inline void set_enabled(bool on) noexcept { detail::updating.store(on, std::memory_order_relaxed); }
+inline bool enabled() noexcept { return detail::updating.load(std::memory_order_relaxed); }
+
 /// A count that only goes up (Prometheus counter).
 class counter {
  public:
-  void inc(std::uint64_t n = 1) noexcept { value_.fetch_add(n, std::memory_order_relaxed); }
+  void inc(std::uint64_t n = 1) noexcept {
+    if (enabled()) value_.fetch_add(n, std::memory_order_relaxed);
+  }
   std::uint64_t value() const noexcept { return value_.load(std::memory_order_relaxed); }
 
  private:
@@ -50,8 +62,12 @@ class counter {
 /// A value that goes up and down (Prometheus gauge).
 class gauge {
  public:
-  void set(std::int64_t v) noexcept { value_.store(v, std::memory_order_relaxed); }
-  void add(std::int64_t n) noexcept { value_.fetch_add(n, std::memory_order_relaxed); }
+  void set(std::int64_t v) noexcept {
+    if (enabled()) value_.store(v, std::memory_order_relaxed);
+  }
+  void add(std::int64_t n) noexcept {
+    if (enabled()) value_.fetch_add(n, std::memory_order_relaxed);
+  }
   std::int64_t value() const noexcept { return value_.load(std::memory_order_relaxed); }
 
  private:
@@ -68,6 +84,7 @@ class PSCORO_API histogram {
   histogram();
 
   void observe(double v) noexcept {
+    if (!enabled()) return;
     std::size_t i = 0;
     const std::size_t n = bounds_.size();
     while (i < n && v > bounds_[i]) ++i;

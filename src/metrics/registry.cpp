@@ -13,6 +13,8 @@
 
 namespace pscoro::metrics {
 
+std::atomic<bool> detail::updating{true};
+
 histogram::histogram(std::vector<double> bounds) : bounds_(std::move(bounds)) {
   for (std::size_t i = 0; i < bounds_.size(); ++i) {
     if (!std::isfinite(bounds_[i]) || (i > 0 && bounds_[i] <= bounds_[i - 1])) {
