@@ -246,6 +246,7 @@ TEST_CASE("peer traffic counters are shared per task, and peers past the cap sha
   a.frames_sent.inc(2);
   CHECK(metrics::process_registry().value("pscoro_peer_sent_frames_total", {{"peer", "metrics_test:0"}}) >= 2);
   for (int i = 0; i < 300; ++i) (void)metrics::traffic_of(fmt::format("stranger:{}", i));
+  const auto page = metrics::process_registry().expose();
   CHECK(contains(page, "pscoro_peer_sent_frames_total{peer=\"other\"}"));
   CHECK(!contains(page, "stranger:299"));
 }
