@@ -1164,9 +1164,11 @@ TEST_CASE("a closure that could not reach a ps the chief still reaches runs agai
     failures_left = 2;  // the 1st and 2nd failure blaming ps:0 are transient
     CHECK(co_await coordinator.schedule(reach_ps).get() == 7);
     co_await coordinator.join();
+    CHECK(coordinator.metrics().ps_failures == 2);  // closures that could not reach ps:0
     failures_left = 1;  // the 3rd, ever, is fatal (TF never resets the count)
     auto e = co_await failure_of(coordinator.schedule(reach_ps).get());
     REQUIRE(e);
+    CHECK(coordinator.metrics().ps_failures == 3);
     CHECK(code_of(e) == errc::unavailable);
     try {
       std::rethrow_exception(e);
