@@ -94,4 +94,12 @@ touch "$work/release"
 wait "$job"
 code=$?
 check "the job exits 0 once released (got $code)" test "$code" -eq 0
+
+echo "--- off by default: without PSCORO_METRICS_PORT no task serves or says so"
+env -u PSCORO_METRICS_PORT "$launch" --ps 1 --workers 1 -- "$program" 10 "$work/data.txt" "$work/release" \
+  > "$work/off.log" 2>&1
+code=$?
+check "the job exits 0 (got $code)" test "$code" -eq 0
+check "it ran" grep -q "chief: ran 10 closures" "$work/off.log"
+check "no task serves metrics" bash -c '! grep -q "metrics at" "$0"' "$work/off.log"
 finish

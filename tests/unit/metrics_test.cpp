@@ -3,7 +3,9 @@
 // including clients that send too much, too little or nothing at all.
 #include "test_support.hpp"
 
+#include <pscoro/log.hpp>
 #include <pscoro/metrics.hpp>
+#include <pscoro/server.hpp>
 
 #include "metrics/http.hpp"
 #include "metrics/library.hpp"
@@ -16,6 +18,7 @@
 
 #include <fmt/format.h>
 
+#include <mutex>
 #include <thread>
 #include <vector>
 
@@ -249,4 +252,35 @@ TEST_CASE("peer traffic counters are shared per task, and peers past the cap sha
   const auto page = metrics::process_registry().expose();
   CHECK(contains(page, "pscoro_peer_sent_frames_total{peer=\"other\"}"));
   CHECK(!contains(page, "stranger:299"));
+}
+
+TEST_CASE("a server asked for metrics in code (metrics_port 0) serves the process's page and logs its URL") {
+  ::unsetenv("PSCORO_METRICS_PORT");
+  std::mutex mutex;
+  std::vector<std::string> lines;
+  set_log_sink([&](const log_record& r) {
+    const std::lock_guard lock(mutex);
+    lines.emplace_back(r.message);
+  });
+  cluster_spec spec;
+  spec.add_task("ps", 0, "127.0.0.1:0");
+  asio::io_context io;
+  server_options options;
+  options.metrics_port = 0;
+  server s(io.get_executor(), simple_cluster_resolver(spec, "ps", 0), options);
+  s.start();
+  set_log_sink({});
+  std::string url;
+  for (const auto& line : lines) {
+    if (line.starts_with("ps:0 metrics at http://127.0.0.1:")) url = line.substr(line.rfind(' ') + 1);
+  }
+  REQUIRE_MESSAGE(!url.empty(), "no 'ps:0 metrics at' line among ", lines.size(), " lines");
+  REQUIRE(url.ends_with("/metrics"));
+  const auto port_text = url.substr(std::string("http://127.0.0.1:").size(), url.size() - 8 - 17);
+  const auto port = static_cast<std::uint16_t>(std::stoi(port_text));
+  const auto response = exchange(port, "GET /metrics HTTP/1.1\r\n\r\n");
+  CHECK(starts_with(response, "HTTP/1.1 200 OK\r\n"));
+  // The ps registered its metrics: a page a Prometheus server can take at once.
+  CHECK(contains(response, "\npscoro_ps_variables 0\n"));
+  CHECK(contains(response, "pscoro_ps_operation_seconds_count{operation=\"read\"} 0\n"));
 }
