@@ -87,7 +87,10 @@ struct exposer::impl {
         continue;
       }
       ++self->active;
-      asio::co_spawn(self->io, serve(self, std::make_shared<tcp::socket>(std::move(socket))), asio::detached);
+      // Counted back whichever way serve() ends (an exception, such as bad_alloc building the
+      // page, ends only that connection).
+      asio::co_spawn(self->io, serve(self, std::make_shared<tcp::socket>(std::move(socket))),
+                     [self](std::exception_ptr) { --self->active; });
     }
   }
 
@@ -121,7 +124,6 @@ struct exposer::impl {
     deadline.cancel();
     std::error_code ignored;
     socket->close(ignored);
-    --self->active;
   }
 };
 
