@@ -28,6 +28,8 @@ auto async_admit(std::shared_ptr<detail::coordinator_core> core, std::shared_ptr
 
 }  // namespace
 
+metrics::coordinator_metrics cluster_coordinator::metrics() const { return core_->metrics(); }
+
 cluster_coordinator::cluster_coordinator(parameter_server_strategy& strategy) : core_(strategy.core()) {
   adopt(std::nullopt);
 }

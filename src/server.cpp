@@ -1,5 +1,6 @@
 #include <pscoro/server.hpp>
 
+#include "metrics/library.hpp"
 #include "runtime/log.hpp"
 #include "runtime/peer.hpp"
 #include "runtime/ps_service.hpp"
@@ -65,9 +66,12 @@ struct server::impl : std::enable_shared_from_this<impl> {
   bool shutdown_finished = false;
   std::function<void(int exit_code)> on_shutdown;
 
+  std::optional<std::uint16_t> metrics_port;
+
   impl(asio::any_io_executor ex, const simple_cluster_resolver& resolver, server_options options)
       : executor(ex), transport(runtime::with_environment(options.transport)), acceptor(ex) {
     on_shutdown = std::move(options.on_shutdown);
+    metrics_port = metrics::metrics_port(options.metrics_port);
     job = resolver.task_type();
     if (job != "ps" && job != "worker") {
       throw error(errc::invalid_argument,
@@ -102,6 +106,11 @@ struct server::impl : std::enable_shared_from_this<impl> {
 
   void start() {
     runtime::listen_on(acceptor, listen_address, task, transport);
+    if (metrics_port) {
+      const auto listen_host = runtime::split_address(listen_address, task).first;
+      const auto shown_host = runtime::split_address(reachable_address(), task).first;
+      metrics::serve_process_metrics(task, listen_host, shown_host, *metrics_port);
+    }
     asio::co_spawn(executor, accept_loop(shared_from_this()), asio::detached);
     if (!chief_address.empty()) asio::co_spawn(executor, announce(shared_from_this()), asio::detached);
   }
@@ -246,6 +255,7 @@ struct server::impl : std::enable_shared_from_this<impl> {
       self->chief_connected = true;
     }
     log::debug("accepted {}", connection->peer());
+    connection->count_traffic(&metrics::traffic_of(task_name(h.job(), h.task_index())));
 
     runtime::welcome(connection, self->identity());
 

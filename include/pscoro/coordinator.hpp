@@ -13,6 +13,7 @@
 #include <pscoro/config.hpp>
 
 #include <pscoro/detail/completion.hpp>
+#include <pscoro/metrics.hpp>
 #include <pscoro/per_worker.hpp>
 #include <pscoro/remote_value.hpp>
 #include <pscoro/strategy.hpp>
@@ -171,6 +172,11 @@ class PSCORO_API cluster_coordinator {
 
   /// True when nothing is queued or running. Throws the pending error, if any (then clears it).
   [[nodiscard]] bool done();
+
+  /// TF's coordinator metrics for this coordinator's strategy, read now: closures queued and in
+  /// flight, closure execution and result fetch times, workers and ps lost, iterators rebuilt
+  /// (the same values process_registry() exposes as pscoro_coordinator_*). Any thread.
+  [[nodiscard]] metrics::coordinator_metrics metrics() const;
 
   /// The results of `values`, in order (TF's coordinator.fetch); throws the first failure.
   template <class R>

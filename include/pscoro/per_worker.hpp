@@ -45,6 +45,7 @@
 #include <pscoro/config.hpp>
 
 #include <pscoro/dataset.hpp>
+#include <pscoro/metrics.hpp>
 #include <pscoro/value.hpp>
 #include <pscoro/xtensor.hpp>
 
@@ -141,7 +142,9 @@ class shared_iterator {
       : it_(std::move(it)), input_(std::move(input)) {}
   std::optional<T> next() {
     const std::lock_guard lock(mutex_);
-    return it_.next();
+    auto item = it_.next();
+    if (item) pscoro::metrics::detail::dataset_elements().inc();
+    return item;
   }
   /// The worker's input thread, if the worker still runs.
   std::shared_ptr<input_thread> input() const { return input_.lock(); }

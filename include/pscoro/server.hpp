@@ -26,6 +26,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 
 namespace pscoro {
@@ -66,6 +67,10 @@ struct server_options {
   /// strategy_options::keep_servers) and the server has stopped: `exit_code` is the chief's (0 on
   /// success). run_server sets it to return that code, after calling the one given here.
   std::function<void(int exit_code)> on_shutdown;
+  /// Serve this process's metrics (<pscoro/metrics.hpp>) at http://HOST:PORT/metrics on this port
+  /// (0: a free one; start() logs the URL), on the host the server listens on. Off when empty.
+  /// PSCORO_METRICS_PORT in the environment overrides it.
+  std::optional<std::uint16_t> metrics_port;
 };
 
 class PSCORO_API server {

@@ -27,7 +27,9 @@
 #include <asio/any_io_executor.hpp>
 #include <asio/awaitable.hpp>
 
+#include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <variant>
 
@@ -44,6 +46,10 @@ struct strategy_options {
   /// server started by run_server exits with the chief's code. PSCORO_KEEP_SERVERS=1 in the
   /// chief's environment turns it on, =0 off.
   bool keep_servers = false;
+  /// Serve this process's metrics (<pscoro/metrics.hpp>) at http://HOST:PORT/metrics on this port
+  /// (0: a free one; the chief logs the URL), on the host of the chief's cluster-spec address
+  /// (loopback without one). Off when empty. PSCORO_METRICS_PORT in the environment overrides it.
+  std::optional<std::uint16_t> metrics_port;
 };
 
 class PSCORO_API parameter_server_strategy {

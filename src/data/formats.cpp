@@ -1,5 +1,7 @@
 #include <pscoro/data_formats.hpp>
 
+#include "metrics/library.hpp"
+
 #include <fmt/format.h>
 #include <zlib.h>
 
@@ -39,6 +41,7 @@ class line_reader {
       }
       if (std::getline(stream_, line)) {
         ++line_;
+        metrics::dataset_bytes_read().inc(line.size() + 1);
         if (!line.empty() && line.back() == '\r') line.pop_back();
         return true;
       }
@@ -383,6 +386,7 @@ bool idx_reader::read_row(std::vector<std::byte>& out) {
     }
     got += static_cast<std::size_t>(n);
   }
+  metrics::dataset_bytes_read().inc(got);
   offset_ += row_bytes_;
   ++rows_read_;
   return true;

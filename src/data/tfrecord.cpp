@@ -1,6 +1,7 @@
 #include <pscoro/data_formats.hpp>
 
 #include "data/crc32c.hpp"
+#include "metrics/library.hpp"
 #include "example.pb.h"
 
 #include <fmt/format.h>
@@ -91,6 +92,7 @@ class record_reader {
       if (r == 0) break;
       got += static_cast<std::size_t>(r);
     }
+    metrics::dataset_bytes_read().inc(got);
     return got;
   }
 

@@ -96,6 +96,12 @@ void closure_queue::dispatch() {
   } while (admit_waiting());
   check_recovery_timeout(clock::now());
   notify_joiners();
+  publish();
+}
+
+void closure_queue::publish() noexcept {
+  queued_gauge_.set(static_cast<std::int64_t>(queue_.size()));
+  inflight_gauge_.set(static_cast<std::int64_t>(in_flight()));
 }
 
 void closure_queue::start_closures() {
@@ -192,6 +198,7 @@ void closure_queue::close() {
   auto waiting = std::move(waiting_);
   waiting_.clear();
   for (auto& producer : waiting) producer.admitted(closed, nullptr);
+  publish();
 }
 
 void closure_queue::record_error(std::exception_ptr e, std::uint64_t generation) {
@@ -276,6 +283,7 @@ void closure_queue::tick(clock::time_point now) {
   check_recovery_timeout(now);
   check_watchdog(now);
   notify_joiners();
+  publish();
 }
 
 void closure_queue::check_recovery_timeout(clock::time_point now) {

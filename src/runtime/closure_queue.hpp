@@ -7,6 +7,7 @@
 
 #include <pscoro/coordinator.hpp>
 #include <pscoro/detail/completion.hpp>
+#include <pscoro/metrics.hpp>
 #include <pscoro/remote_value.hpp>
 #include <pscoro/value.hpp>
 
@@ -104,6 +105,10 @@ class closure_queue : public std::enable_shared_from_this<closure_queue> {
   std::size_t in_flight() const noexcept;
   const std::vector<closure_ptr>& running(std::size_t worker) const { return workers_.at(worker).running; }
 
+  /// queued() and in_flight() as gauges any thread may read (a scrape), set after every change.
+  const metrics::gauge& queued_gauge() const noexcept { return queued_gauge_; }
+  const metrics::gauge& inflight_gauge() const noexcept { return inflight_gauge_; }
+
  private:
   struct worker_slot {
     std::string name;
@@ -138,6 +143,8 @@ class closure_queue : public std::enable_shared_from_this<closure_queue> {
   void check_recovery_timeout(clock::time_point now);
   void check_watchdog(clock::time_point now);
   void notify_joiners();
+  /// Sets the gauges from the queue and the running lists.
+  void publish() noexcept;
 
   asio::any_io_executor executor_;
   start_function start_;
@@ -157,6 +164,8 @@ class closure_queue : public std::enable_shared_from_this<closure_queue> {
   // The last time a closure finished, or the queue had nothing to do (for the watchdog).
   clock::time_point last_progress_ = clock::now();
   std::vector<join_handler> joiners_;
+  metrics::gauge queued_gauge_;
+  metrics::gauge inflight_gauge_;
 };
 
 }  // namespace pscoro::detail

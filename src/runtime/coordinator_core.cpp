@@ -1,5 +1,7 @@
 #include "runtime/coordinator_core.hpp"
 
+#include "metrics/library.hpp"
+
 #include "runtime/environment.hpp"
 #include "runtime/log.hpp"
 #include "runtime/security.hpp"
@@ -72,9 +74,22 @@ std::shared_ptr<coordinator_core> coordinator_core::make(asio::any_io_executor e
   options.keep_servers =
       runtime::flag_from_environment("PSCORO_KEEP_SERVERS", "the servers keep serving when the chief closes")
           .value_or(options.keep_servers);
+  const auto metrics_port = metrics::metrics_port(options.metrics_port);
+  const std::string chief_address = spec_address;
   auto core = std::shared_ptr<coordinator_core>(
       new coordinator_core(std::move(executor), cluster, std::move(options), std::move(self), std::move(spec_address)));
   core->wire_events();
+  if (metrics_port) {
+    // Where the chief's address says (a loopback host kept, any other: every interface), or on
+    // loopback when the cluster spec gives the chief no address.
+    const auto task = fmt::format("{}:{}", task_type, index);
+    std::string listen_host = "127.0.0.1", shown_host = "127.0.0.1";
+    if (!chief_address.empty()) {
+      listen_host = runtime::split_address(runtime::listen_address_for(chief_address, task), task).first;
+      shown_host = runtime::split_address(chief_address, task).first;
+    }
+    metrics::serve_process_metrics(task, listen_host, shown_host, *metrics_port);
+  }
   return core;
 }
 
@@ -86,7 +101,36 @@ coordinator_core::coordinator_core(asio::any_io_executor executor, cluster_spec 
       connections_(std::make_shared<runtime::cluster_connections>(executor_, cluster_, std::move(self),
                                                                   std::move(spec_address), strategy_options_.transport)),
       ps_(std::make_shared<runtime::ps_client>(connections_->ps())),
-      placement_(ps_) {}
+      placement_(ps_) {
+  auto& r = metrics::process_registry();
+  registered_.push_back(r.add("pscoro_coordinator_closure_execution_seconds",
+                              "Time from handing a closure to its worker to its outcome (TF: closure_execution).",
+                              {}, closure_execution_));
+  registered_.push_back(r.add("pscoro_coordinator_remote_value_fetch_seconds",
+                              "Time to take a closure's result from its response (TF: remote_value_fetch).", {},
+                              remote_value_fetch_));
+  registered_.push_back(r.add("pscoro_coordinator_worker_failures_total",
+                              "Workers lost: connection closed or heartbeat timed out (TF: worker_failures).", {},
+                              worker_failures_));
+  registered_.push_back(r.add("pscoro_coordinator_ps_failures_total",
+                              "Parameter servers lost, and closures that could not reach one.", {}, ps_failures_));
+  registered_.push_back(r.add("pscoro_coordinator_iterator_rebuilds_total",
+                              "Per-worker iterators rebuilt on workers that came back.", {}, iterator_rebuilds_));
+}
+
+metrics::coordinator_metrics coordinator_core::metrics() const {
+  metrics::coordinator_metrics m;
+  m.queued_closures = queue_->queued_gauge().value();
+  m.inflight_closures = queue_->inflight_gauge().value();
+  const auto execution = closure_execution_.read();
+  m.closure_execution = {execution.count, execution.sum};
+  const auto fetch = remote_value_fetch_.read();
+  m.remote_value_fetch = {fetch.count, fetch.sum};
+  m.worker_failures = worker_failures_.value();
+  m.ps_failures = ps_failures_.value();
+  m.iterator_rebuilds = iterator_rebuilds_.value();
+  return m;
+}
 
 void coordinator_core::wire_events() {
   std::vector<std::string> workers;
@@ -103,12 +147,21 @@ void coordinator_core::wire_events() {
         if (!self) return;
         asio::co_spawn(self->executor_, cancel_on(self->connections_->worker(worker), generation), asio::detached);
       });
+  auto& r = metrics::process_registry();
+  registered_.push_back(r.add("pscoro_coordinator_queued_closures", "Closures waiting in the queue (TF: queued_closures).",
+                              {}, queue_->queued_gauge()));
+  registered_.push_back(r.add("pscoro_coordinator_inflight_closures",
+                              "Closures sent to a worker without an outcome yet (TF: inflight_closures).", {},
+                              queue_->inflight_gauge()));
   runtime::cluster_connections::events events;
   events.ps_lost = [weak](std::size_t ps, const std::string& reason) {
     if (auto self = weak.lock()) self->lost_ps(ps, reason);
   };
   events.worker_lost = [weak](std::size_t worker) {
-    if (auto self = weak.lock()) self->queue_->worker_lost(worker);
+    if (auto self = weak.lock()) {
+      self->worker_failures_.inc();
+      self->queue_->worker_lost(worker);
+    }
   };
   events.prepare_worker = [weak](std::size_t worker) { return prepare_worker(weak.lock(), worker); };
   events.worker_back = [weak](std::size_t worker) {
@@ -116,6 +169,7 @@ void coordinator_core::wire_events() {
     if (!self) return;
     std::size_t counts[3] = {0, 0, 0};  // iterators, variables, resources
     for (const auto& entry : self->per_worker_) ++counts[static_cast<std::size_t>(entry.what)];
+    self->iterator_rebuilds_.inc(counts[0]);
     // "is back; N iterator(s) rebuilt before it takes closures" is what the process tests look for.
     log::info("{} is back; {} iterator(s) rebuilt before it takes closures (and {} per-worker variable(s), {} "
               "resource(s))",
@@ -428,10 +482,17 @@ void coordinator_core::finish(std::size_t worker, const std::shared_ptr<closure>
   const auto& reply = response.message.response();
   const auto& task = connections_->worker(worker)->task();
   value result;
+  // No clock read while metrics are off (what they cost is measured against that).
+  const bool timed = metrics::enabled();
+  const auto outcome = timed ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point{};
+  if (timed) closure_execution_.observe(std::chrono::duration<double>(outcome - c->started).count());
   try {
     wire::throw_if_error(reply.status(), task);
     std::size_t budget = max_value_items;
     result = runtime::decode_value(response, reply.result(), budget);
+    if (timed) {
+      remote_value_fetch_.observe(std::chrono::duration<double>(std::chrono::steady_clock::now() - outcome).count());
+    }
   } catch (const remote_error& e) {
     if (transient_ps_failure(e, *c, task)) {
       queue_->retry(worker, c);  // at least once, as for a lost worker
@@ -454,6 +515,7 @@ bool coordinator_core::transient_ps_failure(const remote_error& failure, const c
   const auto blamed = std::find_if(ps.begin(), ps.end(), [&](const auto& p) { return p->task() == failure.origin_task(); });
   if (blamed == ps.end()) return false;
   transient_ps_failures_.resize(ps.size());
+  ps_failures_.inc();
   const int count = ++transient_ps_failures_[static_cast<std::size_t>(blamed - ps.begin())];
   const int tolerated = queue_->options().transient_ps_failures;
   if (count >= tolerated) return false;
@@ -465,6 +527,7 @@ bool coordinator_core::transient_ps_failure(const remote_error& failure, const c
 }
 
 void coordinator_core::lost_ps(std::size_t index, const std::string& reason) {
+  ps_failures_.inc();
   if (queue_->has_failed()) return;  // the first loss ended the run; the rest adds nothing
   const auto& peer = connections_->ps().at(index);
   const auto& task = peer->task();

@@ -78,6 +78,9 @@ class coordinator_core : public std::enable_shared_from_this<coordinator_core> {
   /// cluster spec gives the chief no address.
   std::string address() const { return connections_->address(); }
 
+  /// TF's coordinator metrics, read now. Any thread.
+  metrics::coordinator_metrics metrics() const;
+
  private:
   coordinator_core(asio::any_io_executor executor, cluster_spec cluster, strategy_options options,
                    runtime::task_identity self, std::string spec_address);
@@ -132,6 +135,13 @@ class coordinator_core : public std::enable_shared_from_this<coordinator_core> {
   // construction only; never protocol state).
   std::mutex options_mutex_;
   std::optional<coordinator_options> shared_options_;
+  // TF's coordinator metrics besides the queue's gauges; updated on the executor, read anywhere.
+  metrics::histogram closure_execution_;
+  metrics::histogram remote_value_fetch_;
+  metrics::counter worker_failures_;
+  metrics::counter ps_failures_;
+  metrics::counter iterator_rebuilds_;
+  std::vector<metrics::registry::registration> registered_;  // last: goes before what it lists
 };
 
 /// The one way onto the chief's executor: `f(core)` runs there — inline when the caller already runs

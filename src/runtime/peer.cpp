@@ -487,6 +487,7 @@ asio::awaitable<std::shared_ptr<wire::connection>> try_connect(const std::string
   }
   check_identity(connection, task, address, w.job(), w.task_index());
   connection->set_limits(limits_of(options));
+  connection->count_traffic(&metrics::traffic_of(task));
   co_return connection;
 }
 

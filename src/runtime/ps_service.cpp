@@ -185,6 +185,22 @@ std::string index_text(std::size_t flat, const shape_type& shape) {
 
 }  // namespace
 
+namespace {
+constexpr std::string_view operation_names[] = {"create", "read", "update", "apply_gradient", "list_slots", "delete", "other"};
+
+std::size_t operation_index(wire::Request::BodyCase body) {
+  switch (body) {
+    case wire::Request::kCreateVariable: return 0;
+    case wire::Request::kReadVariable: return 1;
+    case wire::Request::kUpdateVariable: return 2;
+    case wire::Request::kApplyGradient: return 3;
+    case wire::Request::kListSlots: return 4;
+    case wire::Request::kDeleteVariable: return 5;
+    default: return 6;
+  }
+}
+}  // namespace
+
 ps_service::ps_service(std::string task) : ps_service(std::move(task), server_options{}) {}
 
 ps_service::ps_service(std::string task, const server_options& options)
@@ -193,7 +209,22 @@ ps_service::ps_service(std::string task, const server_options& options)
       max_variable_bytes_(options.max_variable_bytes ? options.max_variable_bytes : max_ps_bytes_),
       // PSCORO_CHECK_NUMERICS, when set, overrides the program's choice; a bad value stops the ps.
       check_numerics_(flag_from_environment("PSCORO_CHECK_NUMERICS", "refuse NaN and Inf in float values")
-                          .value_or(options.check_numerics)) {}
+                          .value_or(options.check_numerics)) {
+  auto& r = metrics::process_registry();
+  for (std::size_t i = 0; i < num_operations; ++i) {
+    const metrics::labels operation{{"operation", std::string(operation_names[i])}};
+    registered_.push_back(r.add("pscoro_ps_operation_seconds", "Time a parameter server took to serve a request.",
+                                operation, operation_seconds_[i]));
+    registered_.push_back(r.add("pscoro_ps_operation_errors_total",
+                                "Requests a parameter server answered with an error.", operation,
+                                operation_errors_[i]));
+  }
+  registered_.push_back(r.add("pscoro_ps_variables", "Variables and optimizer slots a parameter server holds.", {},
+                              variables_gauge_));
+  registered_.push_back(r.add("pscoro_ps_held_bytes",
+                              "Bytes a parameter server holds for variables and slots (as max_ps_bytes counts).", {},
+                              bytes_gauge_));
+}
 
 std::uint64_t ps_service::checked_bytes(std::string_view context, dtype type, const shape_type& shape) const {
   const auto bytes = checked_size_bytes(type, shape);
@@ -265,6 +296,9 @@ void ps_service::remove(const wire::DeleteVariable& request) {
 }
 
 wire::frame ps_service::handle(const wire::frame& request) {
+  const bool timed = metrics::enabled();  // no clock read while metrics are off
+  const auto started = timed ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point{};
+  const auto operation = operation_index(request.message.request().body_case());
   wire::frame response;
   response.message.mutable_response();
   std::exception_ptr failure;
@@ -314,7 +348,13 @@ wire::frame ps_service::handle(const wire::frame& request) {
   if (failure) {
     response = wire::frame{};
     *response.message.mutable_response()->mutable_status() = wire::status_of(failure, task_);
+    operation_errors_[operation].inc();
   }
+  if (timed) {
+    operation_seconds_[operation].observe(
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count());
+  }
+  publish();
   return response;
 }
 

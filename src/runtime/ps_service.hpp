@@ -6,6 +6,9 @@
 
 #include "wire/frame.hpp"
 
+#include <pscoro/metrics.hpp>
+
+#include <array>
 #include <cstdint>
 #include <span>
 #include <string>
@@ -25,6 +28,8 @@ class ps_service {
   /// A ps `task` with the limits and checks of `options` (PSCORO_CHECK_NUMERICS overrides
   /// check_numerics; 0 limits become their defaults).
   ps_service(std::string task, const server_options& options);
+  ps_service(const ps_service&) = delete;  // its metrics are registered by address
+  ps_service& operator=(const ps_service&) = delete;
 
   /// Serves one request frame; failures come back as an error status, never as an exception.
   wire::frame handle(const wire::frame& request);
@@ -36,6 +41,7 @@ class ps_service {
   void clear() noexcept {
     variables_.clear();
     held_bytes_ = 0;
+    publish();
   }
 
  private:
@@ -96,6 +102,19 @@ class ps_service {
   bool check_numerics_;
   std::uint64_t held_bytes_ = 0;
   std::unordered_map<std::string, stored_variable> variables_;
+
+  // Metrics: per operation (create, read, update, apply_gradient, list_slots, delete, other) its
+  // latency and its errors; what the ps holds. Registered in the process's registry.
+  static constexpr std::size_t num_operations = 7;
+  void publish() noexcept {
+    variables_gauge_.set(static_cast<std::int64_t>(variables_.size()));
+    bytes_gauge_.set(static_cast<std::int64_t>(held_bytes_));
+  }
+  std::array<metrics::histogram, num_operations> operation_seconds_;
+  std::array<metrics::counter, num_operations> operation_errors_;
+  metrics::gauge variables_gauge_;
+  metrics::gauge bytes_gauge_;
+  std::vector<metrics::registry::registration> registered_;
 };
 
 }  // namespace pscoro::runtime

@@ -98,6 +98,10 @@ asio::awaitable<void> connection::read_loop(std::shared_ptr<connection> self) {
       }
       if (!f) break;
       self->last_received_ = std::chrono::steady_clock::now();
+      if (auto* traffic = self->traffic_) {
+        traffic->frames_received.inc();
+        traffic->bytes_received.inc(f->wire_bytes);
+      }
       self->dispatch(std::move(*f));
     }
   } catch (const std::system_error& e) {
@@ -177,10 +181,14 @@ void connection::write_next() {
     ++writing_;
   }
   if (!writing_) return;
-  auto written = [self = shared_from_this()](std::error_code ec, std::size_t) {
+  auto written = [self = shared_from_this()](std::error_code ec, std::size_t bytes) {
     if (ec) {
       self->close(fmt::format("write failed: {}", ec.message()));
       return;
+    }
+    if (auto* traffic = self->traffic_) {
+      traffic->frames_sent.inc(self->writing_);
+      traffic->bytes_sent.inc(bytes);
     }
     self->write_queue_.erase(self->write_queue_.begin(), self->write_queue_.begin() + self->writing_);
     self->writing_ = 0;

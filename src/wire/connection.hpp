@@ -6,6 +6,7 @@
 
 #include "wire/frame.hpp"
 #include "wire/status.hpp"
+#include "metrics/library.hpp"
 
 #include <pscoro/detail/completion.hpp>
 
@@ -54,6 +55,10 @@ class connection : public std::enable_shared_from_this<connection> {
     if (tls_) return reader_.read(*tls_);
     return reader_.read(socket_);
   }
+  /// Counts the frames and bytes of this connection from now on in `traffic` (its peer task's
+  /// counters, which live as long as the process): set once the peer is known.
+  void count_traffic(metrics::peer_traffic* traffic) noexcept { traffic_ = traffic; }
+
   /// The limits for the frames read from now on (the handshake runs under smaller ones).
   void set_limits(frame_limits limits) noexcept { reader_.set_limits(limits); }
 
@@ -133,6 +138,7 @@ class connection : public std::enable_shared_from_this<connection> {
   // Bytes of the requests being served, and what the read loop waits on when they are too many.
   std::uint64_t bytes_in_flight_ = 0;
   std::shared_ptr<detail::async_event> room_;
+  metrics::peer_traffic* traffic_ = nullptr;
 };
 
 /// Closes a connection that has not finished its handshake in time: a pending read on it then

@@ -1164,9 +1164,11 @@ TEST_CASE("a closure that could not reach a ps the chief still reaches runs agai
     failures_left = 2;  // the 1st and 2nd failure blaming ps:0 are transient
     CHECK(co_await coordinator.schedule(reach_ps).get() == 7);
     co_await coordinator.join();
+    CHECK(coordinator.metrics().ps_failures == 2);  // closures that could not reach ps:0
     failures_left = 1;  // the 3rd, ever, is fatal (TF never resets the count)
     auto e = co_await failure_of(coordinator.schedule(reach_ps).get());
     REQUIRE(e);
+    CHECK(coordinator.metrics().ps_failures == 3);
     CHECK(code_of(e) == errc::unavailable);
     try {
       std::rethrow_exception(e);
@@ -1221,4 +1223,74 @@ TEST_CASE("an environment override that is not a number is ignored, and the log 
   ::unsetenv("TF_CLUSTER_COORDINATOR_WATCH_DOG_TIMEOUT");
   const auto text = log.text();
   CHECK(contains(text, "TF_CLUSTER_COORDINATOR_WATCH_DOG_TIMEOUT='soon' is not a number; ignored"));
+}
+
+// TF's testSimpleMetrics and testInflightClosures (cluster_coordinator_test.py), on this
+// coordinator's metrics(): no tracing here (C++ has nothing to trace), the rest as TF checks it.
+TEST_CASE("the coordinator's metrics count closures as TF's testSimpleMetrics does") {
+  local_cluster cluster(1, 1, bind_test_functions);
+  cluster.run_chief([](parameter_server_strategy&, cluster_coordinator& coordinator) -> asio::awaitable<void> {
+    auto m = coordinator.metrics();
+    CHECK(m.queued_closures == 0);
+    CHECK(m.inflight_closures == 0);
+    coordinator.schedule(add_one, 1);
+    auto result = coordinator.schedule(add_one, 2);
+    co_await coordinator.join();
+    m = coordinator.metrics();
+    CHECK(m.queued_closures == 0);
+    CHECK(m.inflight_closures == 0);
+    CHECK(m.closure_execution.count == 2);
+    CHECK(m.closure_execution.sum_seconds > 0);
+    CHECK(m.remote_value_fetch.count == 2);
+    CHECK(m.worker_failures == 0);
+    CHECK(m.ps_failures == 0);
+    CHECK(co_await result.get() == 3);
+  });
+}
+
+TEST_CASE("closures waiting for a worker are queued, those it runs are in flight, in the metrics and the registry") {
+  release_holds = false;
+  local_cluster cluster(1, 1, bind_test_functions);
+  cluster.run_chief([](parameter_server_strategy&, cluster_coordinator& coordinator) -> asio::awaitable<void> {
+    const auto slots = static_cast<std::int64_t>(coordinator_options{}.closures_per_worker);
+    for (std::int64_t i = 0; i < slots + 2; ++i) coordinator.schedule(hold);
+    // Handed out as they are scheduled: the worker's slots fill, the rest waits.
+    auto m = coordinator.metrics();
+    CHECK(m.inflight_closures == slots);
+    CHECK(m.queued_closures == 2);
+    const auto& r = metrics::process_registry();
+    CHECK(r.value("pscoro_coordinator_inflight_closures") == static_cast<double>(slots));
+    CHECK(r.value("pscoro_coordinator_queued_closures") == 2.0);
+    release_holds = true;
+    co_await coordinator.join();
+    m = coordinator.metrics();
+    CHECK(m.inflight_closures == 0);
+    CHECK(m.queued_closures == 0);
+    CHECK(m.closure_execution.count == static_cast<std::uint64_t>(slots + 2));
+  });
+}
+
+TEST_CASE("parameter-server operations and traffic with each peer are counted in the process registry") {
+  local_cluster cluster(1, 1, bind_test_functions);
+  cluster.run_chief([](parameter_server_strategy& strategy, cluster_coordinator& coordinator) -> asio::awaitable<void> {
+    const auto& r = metrics::process_registry();
+    const auto reads_before = r.histogram_value("pscoro_ps_operation_seconds", {{"operation", "read"}});
+    const auto frames_before = r.value("pscoro_peer_sent_frames_total", {{"peer", "ps:0"}}).value_or(0);
+    const xt::xarray<float> initial{1, 2, 3};
+    auto w = co_await strategy.scope().create_variable("metered", initial);
+    (void)co_await w.read();
+    (void)co_await coordinator.schedule(read_sum, w).get();
+    const auto reads = r.histogram_value("pscoro_ps_operation_seconds", {{"operation", "read"}});
+    REQUIRE(reads.has_value());
+    // One read from here, one from the worker (both in this process's registry).
+    CHECK(reads->count >= (reads_before ? reads_before->count : 0) + 2);
+    CHECK(r.value("pscoro_ps_variables") >= 1.0);
+    CHECK(r.value("pscoro_ps_held_bytes") >= 12.0);
+    CHECK(r.value("pscoro_peer_sent_frames_total", {{"peer", "ps:0"}}) >= frames_before + 2);
+    CHECK(r.value("pscoro_peer_received_bytes_total", {{"peer", "worker:0"}}) > 0.0);
+    CHECK(r.value("pscoro_peer_received_frames_total", {{"peer", "chief:0"}}) > 0.0);
+    const auto page = r.expose();
+    CHECK(contains(page, "# TYPE pscoro_ps_operation_seconds histogram\n"));
+    CHECK(contains(page, "pscoro_ps_operation_seconds_bucket{operation=\"read\",le=\"+Inf\"}"));
+  });
 }

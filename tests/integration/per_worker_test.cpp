@@ -278,6 +278,11 @@ TEST_CASE("a worker restarted at the same address is reconnected and gets fresh 
         }
         CHECK(from_one == "1,1,3,5,7,9,11,13,15,17,19");
         co_await coordinator.join();
+        // TF's testWorkerFailureCount: the loss is counted once, and so is the iterator rebuilt.
+        const auto m = coordinator.metrics();
+        CHECK(m.worker_failures == 1);
+        CHECK(m.iterator_rebuilds == 1);
+        CHECK(m.ps_failures == 0);
       },
       options);
 }

@@ -1,0 +1,125 @@
+#include "metrics/library.hpp"
+
+#include <pscoro/error.hpp>
+
+#include "runtime/environment.hpp"
+#include "runtime/log.hpp"
+#include "runtime/peer.hpp"
+
+#include <fmt/format.h>
+
+#include <sys/resource.h>
+#include <unistd.h>
+
+#include <charconv>
+#include <cstdio>
+#include <deque>
+#include <map>
+#include <memory>
+#include <mutex>
+
+namespace pscoro::metrics {
+
+namespace {
+
+// Resident and virtual memory from /proc/self/statm (pages), CPU time from getrusage.
+std::vector<sample> process_samples() {
+  std::vector<sample> out;
+  const double page = static_cast<double>(::sysconf(_SC_PAGESIZE));
+  if (std::FILE* statm = std::fopen("/proc/self/statm", "r")) {
+    unsigned long long size = 0, resident = 0;
+    if (std::fscanf(statm, "%llu %llu", &size, &resident) == 2) {
+      out.push_back({"process_resident_memory_bytes", "Resident memory size in bytes.", metric_type::gauge, {},
+                     static_cast<double>(resident) * page});
+      out.push_back({"process_virtual_memory_bytes", "Virtual memory size in bytes.", metric_type::gauge, {},
+                     static_cast<double>(size) * page});
+    }
+    std::fclose(statm);
+  }
+  rusage usage{};
+  if (::getrusage(RUSAGE_SELF, &usage) == 0) {
+    const auto seconds = [](const timeval& t) { return static_cast<double>(t.tv_sec) + static_cast<double>(t.tv_usec) / 1e6; };
+    out.push_back({"process_cpu_seconds_total", "Total user and system CPU time spent in seconds.",
+                   metric_type::counter, {}, seconds(usage.ru_utime) + seconds(usage.ru_stime)});
+  }
+  return out;
+}
+
+struct library_metrics {
+  std::mutex mutex;
+  std::map<std::string, std::unique_ptr<peer_traffic>, std::less<>> peers;
+  std::deque<registry::registration> registrations;
+  counter dataset_elements;
+  counter dataset_bytes;
+  std::unique_ptr<exposer> served;
+  std::string served_url;
+
+  library_metrics() {
+    auto& r = process_registry();
+    registrations.push_back(r.add_collector(process_samples));
+    registrations.push_back(r.add("pscoro_dataset_elements_total",
+                                  "Elements taken from per-worker dataset iterators by worker functions.", {},
+                                  dataset_elements));
+    registrations.push_back(
+        r.add("pscoro_dataset_bytes_read_total", "Bytes read from dataset files (uncompressed).", {}, dataset_bytes));
+  }
+};
+
+// Never destroyed: connections and datasets may count until the very end of the process.
+library_metrics& library() {
+  static auto* the = new library_metrics;
+  return *the;
+}
+
+constexpr std::size_t max_peers = 256;
+
+}  // namespace
+
+namespace detail {
+counter& dataset_elements() { return library().dataset_elements; }
+}  // namespace detail
+
+counter& dataset_bytes_read() { return library().dataset_bytes; }
+
+peer_traffic& traffic_of(std::string_view task) {
+  auto& lib = library();
+  const std::lock_guard lock(lib.mutex);
+  if (auto it = lib.peers.find(task); it != lib.peers.end()) return *it->second;
+  const std::string name = lib.peers.size() < max_peers ? std::string(task) : std::string("other");
+  if (auto it = lib.peers.find(name); it != lib.peers.end()) return *it->second;
+  auto& t = *lib.peers.emplace(name, std::make_unique<peer_traffic>()).first->second;
+  auto& r = process_registry();
+  const labels peer{{"peer", name}};
+  lib.registrations.push_back(r.add("pscoro_peer_sent_bytes_total", "Bytes sent to a peer task, frame headers included.", peer, t.bytes_sent));
+  lib.registrations.push_back(r.add("pscoro_peer_received_bytes_total", "Bytes received from a peer task, frame headers included.", peer, t.bytes_received));
+  lib.registrations.push_back(r.add("pscoro_peer_sent_frames_total", "Frames sent to a peer task.", peer, t.frames_sent));
+  lib.registrations.push_back(r.add("pscoro_peer_received_frames_total", "Frames received from a peer task.", peer, t.frames_received));
+  return t;
+}
+
+std::optional<std::uint16_t> metrics_port(std::optional<std::uint16_t> option) {
+  const auto text = runtime::environment("PSCORO_METRICS_PORT");
+  if (text.empty()) return option;
+  unsigned value = 0;
+  const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), value);
+  if (ec != std::errc{} || end != text.data() + text.size() || value > 65535) {
+    throw error(errc::invalid_argument,
+                fmt::format("PSCORO_METRICS_PORT is '{}': expected a port number, 0..65535 (0 picks a free port)", text));
+  }
+  return static_cast<std::uint16_t>(value);
+}
+
+std::uint16_t serve_process_metrics(const std::string& task, const std::string& listen_host,
+                                    const std::string& shown_host, std::uint16_t port) {
+  auto& lib = library();
+  const std::lock_guard lock(lib.mutex);
+  if (!lib.served) {
+    lib.served = std::make_unique<exposer>(runtime::format_address(listen_host, std::to_string(port)));
+    lib.served_url =
+        fmt::format("http://{}/metrics", runtime::format_address(shown_host, std::to_string(lib.served->port())));
+  }
+  log::info("{} metrics at {}", task, lib.served_url);
+  return lib.served->port();
+}
+
+}  // namespace pscoro::metrics
