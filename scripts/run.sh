@@ -58,8 +58,9 @@ print(" ".join("-D" + o for o in sys.argv[1:] if have.get(o.split("=", 1)[0]) !=
 # The one build of example, test and bench: release (-O3, what users run and benchmark) with the
 # tests in it, so CI compiles the library once and sees every -O3 warning in what users run. The
 # test programs are -O1: they are glue around the library, and -O3 took a third more of the build
-# for them. Failures are chased in build-sanitize (scripts/run.sh sanitize: ASan + UBSan, line
-# tables). Arguments: more OPTION=VALUE (test: torch=enabled).
+# for them; the benchmarks -O3 for bench, -O0 for test (which only compiles them). Failures are
+# chased in build-sanitize (scripts/run.sh sanitize: ASan + UBSan, line tables). Arguments: more
+# OPTION=VALUE (test: torch=enabled).
 configure_build() {
   configure build buildtype=release tests_optimization=1 "$@"
 }
@@ -98,7 +99,7 @@ case "${1:-}" in
     install_missing
     # torch=enabled, not the default auto: a build set up by `example` before libtorch was
     # installed is then reconfigured, and finds it (a fresh one would anyway).
-    configure_build torch=enabled
+    configure_build torch=enabled benchmarks_optimization=0  # benchmarks: a compile check
     build build
     run_tests build
     ;;
@@ -114,7 +115,7 @@ case "${1:-}" in
     ;;
   bench)
     install_missing
-    configure_build
+    configure_build benchmarks_optimization=build
     meson compile -C build cluster_bench variable_bench checkpoint_bench tls_bench metrics_bench
     build/benchmarks/cluster_bench
     build/benchmarks/variable_bench
