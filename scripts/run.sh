@@ -96,6 +96,7 @@ case "${1:-}" in
   test)
     packages+=(slurm-wlm munge)  # the Slurm process test runs a real one-node Slurm
     packages+=(libtorch-dev)     # the torch test (<pscoro/torch.hpp>)
+    packages+=(curl)             # the metrics test scrapes /metrics (it installs promtool itself)
     install_missing
     # torch=enabled, not the default auto: a build set up by `example` before libtorch was
     # installed is then reconfigured, and finds it (a fresh one would anyway).
