@@ -28,11 +28,11 @@ namespace {
 const std::string secret = "the test cluster's secret, 41 bytes long";
 const std::string other_secret = "a stranger's secret that is not the job's";
 
-const worker_function<double(variable<float>)> add_one{"security.add_one"};
+const worker_function<double(variable<float>)> add_one_to_variable{"security.add_one"};
 
 void bind_functions(server& s) {
   // Adds 1 to every element on the ps and returns the sum it reads back: a worker -> ps round trip.
-  s.bind(add_one, [](variable<float> v) -> asio::awaitable<double> {
+  s.bind(add_one_to_variable, [](variable<float> v) -> asio::awaitable<double> {
     xt::xarray<float> ones = xt::ones<float>(v.shape());
     co_await v.assign_add(ones);
     const auto value = co_await v.read();
@@ -63,7 +63,7 @@ transport_options stranger_with(const std::string& s) {
 // The job's variable is untouched and its workers still run functions in its session.
 asio::awaitable<void> check_job_untouched(cluster_coordinator& coordinator, variable<float>& v, float expected_sum) {
   CHECK(static_cast<double>(xt::sum(co_await v.read())()) == doctest::Approx(expected_sum));
-  auto result = coordinator.schedule(add_one, v);
+  auto result = coordinator.schedule(add_one_to_variable, v);
   CHECK(co_await result.get() == doctest::Approx(expected_sum + 2));
 }
 
@@ -84,7 +84,7 @@ TEST_CASE("a cluster whose tasks share the secret trains: the chief, workers and
         auto v0 = co_await strategy.scope().create_variable("v0", zeros);
         auto v1 = co_await strategy.scope().create_variable("v1", zeros);  // on ps:1
         std::vector<remote_value<double>> sums;
-        for (int i = 0; i < 10; ++i) sums.push_back(coordinator.schedule(add_one, i % 2 ? v1 : v0));
+        for (int i = 0; i < 10; ++i) sums.push_back(coordinator.schedule(add_one_to_variable, i % 2 ? v1 : v0));
         co_await coordinator.join();
         CHECK(xt::sum(co_await v0.read())() == doctest::Approx(10));
         CHECK(xt::sum(co_await v1.read())() == doctest::Approx(10));

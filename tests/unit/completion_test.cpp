@@ -233,7 +233,7 @@ TEST_CASE("an event destroyed before it is set destroys its waiters and releases
 
 namespace {
 
-struct progress {
+struct step_counts {
   std::size_t started = 0;
   std::size_t running = 0;
   std::size_t most_running = 0;
@@ -241,7 +241,7 @@ struct progress {
 };
 
 /// Yields `yields` times, then finishes; records how many tasks run at once.
-asio::awaitable<void> step(progress& p, std::size_t yields, counted) {
+asio::awaitable<void> step(step_counts& p, std::size_t yields, counted) {
   ++p.started;
   ++p.running;
   p.most_running = std::max(p.most_running, p.running);
@@ -250,7 +250,7 @@ asio::awaitable<void> step(progress& p, std::size_t yields, counted) {
   ++p.finished;
 }
 
-asio::awaitable<void> run_steps(progress& p, std::size_t n) {
+asio::awaitable<void> run_steps(step_counts& p, std::size_t n) {
   // Task i yields i + 1 times: the last one started is the last to finish.
   const auto make_task = [&p](std::size_t i) { return step(p, i + 1, counted{}); };
   co_await run_all(n, make_task);
@@ -261,7 +261,7 @@ asio::awaitable<void> run_steps(progress& p, std::size_t n) {
 }  // namespace
 
 TEST_CASE("run_all runs every task at once and returns when the last one has finished") {
-  progress p;
+  step_counts p;
   CHECK(run(run_steps(p, 4)) == nullptr);
   CHECK(p.started == 4);
   CHECK(p.most_running == 4);
@@ -270,10 +270,10 @@ TEST_CASE("run_all runs every task at once and returns when the last one has fin
 }
 
 TEST_CASE("run_all of one task runs it, and of none returns at once without making a task") {
-  progress one;
+  step_counts one;
   CHECK(run(run_steps(one, 1)) == nullptr);
   CHECK(one.finished == 1);
-  progress none;
+  step_counts none;
   CHECK(run(run_steps(none, 0)) == nullptr);
   CHECK(none.started == 0);
   CHECK(counted::alive == 0);
@@ -287,7 +287,7 @@ struct staged_failures {
   explicit staged_failures(asio::any_io_executor executor) : first_failed(executor), second_failed(executor) {}
   async_event first_failed;
   async_event second_failed;
-  progress p;
+  step_counts p;
   bool last_finished_before_run_all_threw = false;
 };
 
