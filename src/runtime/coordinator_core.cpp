@@ -494,11 +494,23 @@ void coordinator_core::finish(std::size_t worker, const std::shared_ptr<closure>
       remote_value_fetch_.observe(std::chrono::duration<double>(std::chrono::steady_clock::now() - outcome).count());
     }
   } catch (const remote_error& e) {
-    if (transient_ps_failure(e, *c, task)) {
-      queue_->retry(worker, c);  // at least once, as for a lost worker
-    } else {
-      queue_->failed(worker, c, std::current_exception());
+    switch (classify_ps_failure(e, *c, task)) {
+      case ps_failure::transient:
+        queue_->retry(worker, c);  // at least once, as for a lost worker
+        return;
+      case ps_failure::too_many: {
+        const auto& ps = connections_->ps();
+        const auto blamed = std::find_if(ps.begin(), ps.end(), [&](const auto& p) { return p->task() == e.origin_task(); });
+        asio::co_spawn(executor_,
+                       confirm_ps_failure(shared_from_this(), static_cast<std::size_t>(blamed - ps.begin()), worker, c,
+                                          std::current_exception()),
+                       asio::detached);
+        return;
+      }
+      case ps_failure::none:
+        break;
     }
+    queue_->failed(worker, c, std::current_exception());
     return;
   } catch (const std::exception&) {
     queue_->failed(worker, c, std::current_exception());
@@ -507,23 +519,39 @@ void coordinator_core::finish(std::size_t worker, const std::shared_ptr<closure>
   queue_->succeeded(worker, c, std::move(result));
 }
 
-bool coordinator_core::transient_ps_failure(const remote_error& failure, const closure& c, const std::string& worker) {
+coordinator_core::ps_failure coordinator_core::classify_ps_failure(const remote_error& failure, const closure& c,
+                                                                    const std::string& worker) {
   const auto& ps = connections_->ps();
   if (failure.code() != errc::unavailable || !failure.origin_task().starts_with("ps:") || queue_->failing()) {
-    return false;
+    return ps_failure::none;
   }
   const auto blamed = std::find_if(ps.begin(), ps.end(), [&](const auto& p) { return p->task() == failure.origin_task(); });
-  if (blamed == ps.end()) return false;
+  if (blamed == ps.end()) return ps_failure::none;
   transient_ps_failures_.resize(ps.size());
   ps_failures_.inc();
   const int count = ++transient_ps_failures_[static_cast<std::size_t>(blamed - ps.begin())];
   const int tolerated = queue_->options().transient_ps_failures;
-  if (count >= tolerated) return false;
+  if (count >= tolerated) return ps_failure::too_many;
   log::warning("'{}' on {} could not reach {}: {}. It is treated as a transient connectivity failure for now ({} of "
                "{} tolerated for {}); it runs again.",
                c.function, worker, failure.origin_task(), failure.remote_message(), count, tolerated - 1,
                failure.origin_task());
-  return true;
+  return ps_failure::transient;
+}
+
+asio::awaitable<void> coordinator_core::confirm_ps_failure(std::shared_ptr<coordinator_core> self, std::size_t ps,
+                                                           std::size_t worker, std::shared_ptr<closure> c,
+                                                           std::exception_ptr failure) {
+  // Workers in flight at a ps's death can pass the tolerance within milliseconds, before the
+  // chief's own connection reports it. A Heartbeat settles it: when the ps is gone, the connection
+  // closes first (lost_ps fails the run and resolves this closure with that failure; failed()
+  // below then finds it no longer running); the heartbeat timeout bounds a ps that hangs.
+  if (auto connection = self->connections_->ps().at(ps)->connection()) {
+    wire::frame ping;
+    ping.message.mutable_request()->mutable_heartbeat();
+    (void)co_await connection->async_call(std::move(ping), as_tuple(use_awaitable));
+  }
+  self->queue_->failed(worker, c, std::move(failure));
 }
 
 void coordinator_core::lost_ps(std::size_t index, const std::string& reason) {

@@ -96,9 +96,21 @@ class coordinator_core : public std::enable_shared_from_this<coordinator_core> {
   /// Tells `worker` to cancel its running closures of `generation` (closure_queue::cancel_function).
   static asio::awaitable<void> cancel_on(std::shared_ptr<runtime::peer> worker, std::uint64_t generation);
   void finish(std::size_t worker, const std::shared_ptr<closure>& c, const wire::frame& response);
-  /// A closure failed on `worker` because it could not reach a ps (`failure`): true when that
-  /// counts as a transient connectivity failure (it runs again), TF's rule.
-  bool transient_ps_failure(const remote_error& failure, const closure& c, const std::string& worker);
+  /// What a closure's failure to reach a ps means (TF's rule: a few such failures per ps are
+  /// transient connectivity failures, and the closure runs again).
+  enum class ps_failure {
+    none,       // not a ps that could not be reached
+    transient,  // within the tolerance: run it again
+    too_many,   // past it: the run fails, once confirm_ps_failure has asked the ps
+  };
+  ps_failure classify_ps_failure(const remote_error& failure, const closure& c, const std::string& worker);
+  /// Fails closure `c`, which could not reach ps `ps` once too often, after the chief asked that
+  /// ps itself (a Heartbeat on its own connection): a ps that is gone fails the run through
+  /// lost_ps, with its one message, whoever noticed first; a ps that answers the chief, with the
+  /// workers' error.
+  static asio::awaitable<void> confirm_ps_failure(std::shared_ptr<coordinator_core> self, std::size_t ps,
+                                                  std::size_t worker, std::shared_ptr<closure> c,
+                                                  std::exception_ptr failure);
   /// The connection to ps `index` closed without our asking: its variables are gone, and the run
   /// with them.
   void lost_ps(std::size_t index, const std::string& reason);

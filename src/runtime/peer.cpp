@@ -7,7 +7,9 @@
 #include "runtime/security.hpp"
 #include "wire/status.hpp"
 
+#include <asio/co_spawn.hpp>
 #include <asio/connect.hpp>
+#include <asio/detached.hpp>
 #include <asio/experimental/as_tuple.hpp>
 #include <asio/ip/tcp.hpp>
 #include <asio/ssl/error.hpp>
@@ -519,38 +521,66 @@ void peer::close(const std::string& reason) {
   closing_ = false;
   // Waiters hold what holds this peer: left waiting, they would never be freed.
   if (auto attempt = std::exchange(connecting_, nullptr)) {
-    attempt->error = std::make_exception_ptr(
-        remote_error(make_error_code(errc::unavailable), task_, fmt::format("connection to {} closed: {}", task_, reason)));
-    attempt->done.set();
+    attempt->finish(std::make_exception_ptr(
+        remote_error(make_error_code(errc::unavailable), task_, fmt::format("connection to {} closed: {}", task_, reason))));
   }
+}
+
+void peer::wake_waiters() {
+  if (!connecting_) return;
+  // Set the old event after the swap: a woken waiter that waits on goes to the fresh one.
+  const auto woken = std::exchange(connecting_->changed, std::make_shared<detail::async_event>(executor_));
+  woken->set();
 }
 
 asio::awaitable<std::shared_ptr<wire::connection>> peer::get() {
   for (;;) {
     if (failure_) std::rethrow_exception(failure_);
     if (auto open = connection()) co_return open;
-    if (auto attempt = connecting_) {
-      co_await attempt->done.async_wait(use_awaitable);
+    if (!connecting_) {
+      connecting_ = std::make_shared<connect_attempt>(executor_);
+      // Detached: the attempt serves every waiter, whichever of them stops waiting.
+      asio::co_spawn(executor_, run_attempt(this, lifetime_, connecting_), asio::detached);
+    }
+    const auto attempt = connecting_;
+    const auto changed = attempt->changed;
+    co_await changed->async_wait(use_awaitable);
+    if (attempt->finished) {
       if (attempt->error) std::rethrow_exception(attempt->error);
       continue;
     }
-    auto attempt = std::make_shared<connect_attempt>(executor_);
-    connecting_ = attempt;
-    std::shared_ptr<wire::connection> fresh;
-    try {
-      fresh = co_await connect_to_task(task_, address_, hello_, options_);
-    } catch (...) {
-      attempt->error = std::current_exception();
+    // Woken while the attempt goes on: stop waiting if this caller's closure was cancelled.
+    if ((co_await asio::this_coro::cancellation_state).cancelled() != asio::cancellation_type::none) {
+      throw detail::closure_cancelled();
     }
-    if (connecting_ != attempt) {  // close() gave up on this attempt meanwhile
-      if (fresh) fresh->close("the peer was closed while connecting");
-      std::rethrow_exception(attempt->error);
-    }
-    connecting_ = nullptr;
-    if (fresh) adopt(std::move(fresh));
-    attempt->done.set();
-    if (attempt->error) std::rethrow_exception(attempt->error);
   }
+}
+
+asio::awaitable<void> peer::run_attempt(peer* self, std::weak_ptr<void> alive,
+                                        std::shared_ptr<connect_attempt> attempt) {
+  // Copies: the peer may be gone when connecting ends.
+  const std::string task = self->task_;
+  const std::string address = self->address_;
+  const wire::Hello hello = self->hello_;
+  const transport_options options = self->options_;
+  std::shared_ptr<wire::connection> fresh;
+  std::exception_ptr failure;
+  try {
+    fresh = co_await connect_to_task(task, address, hello, options);
+  } catch (...) {
+    failure = std::current_exception();
+  }
+  if (alive.expired() || self->connecting_ != attempt) {  // close() gave up on this attempt, or the peer is gone
+    if (fresh) fresh->close("the peer was closed while connecting");
+    if (!attempt->finished) {
+      attempt->finish(std::make_exception_ptr(remote_error(make_error_code(errc::unavailable), task,
+                                                           fmt::format("connection to {} closed", task))));
+    }
+    co_return;
+  }
+  self->connecting_ = nullptr;
+  if (fresh) self->adopt(std::move(fresh));
+  attempt->finish(failure);
 }
 
 void peer::adopt(std::shared_ptr<wire::connection> fresh) {

@@ -100,7 +100,8 @@ asio::awaitable<std::shared_ptr<wire::connection>> connect_to_task(std::string t
                                                                    wire::Hello hello, transport_options options);
 
 /// One remote task: `get()` returns the open connection, connecting first when there is none.
-/// Concurrent callers share one attempt. Use on one executor only.
+/// Concurrent callers share one attempt, which runs on its own: a caller that stops waiting (its
+/// closure was cancelled) leaves it to the others. Use on one executor only.
 class peer {
  public:
   peer(asio::any_io_executor executor, std::string task, std::string address, wire::Hello hello,
@@ -133,8 +134,15 @@ class peer {
   /// attempt's result is dropped); the next get() connects again.
   void close(const std::string& reason);
 
-  /// The open connection; connects (with retries) if needed. Throws what connecting throws.
+  /// The open connection; connects (with retries) if needed. Throws what connecting throws, or
+  /// errc::cancelled when the caller's closure is cancelled while it waits (see wake_waiters()).
   asio::awaitable<std::shared_ptr<wire::connection>> get();
+
+  /// Wakes the callers waiting for a connection attempt: those whose closure has been cancelled
+  /// (their coroutine's cancellation state says so) throw errc::cancelled, the others wait on.
+  /// A closure's state records a cancellation without aborting what it waits on (run_cancellable in
+  /// worker_service), so whoever cancels closures calls this; the attempt itself goes on.
+  void wake_waiters();
 
   /// One attempt to connect (no retries), for probing a task that may have come back: the open
   /// connection, or null. Throws what a refusing task says (a version mismatch).
@@ -146,17 +154,29 @@ class peer {
   asio::awaitable<wire::frame> call(wire::frame request, std::vector<byte_buffer> receive_into = {});
 
  private:
+  struct connect_attempt;
   void adopt(std::shared_ptr<wire::connection> fresh);
+  /// Connects and hands the outcome to `attempt`'s waiters (through `self` while it lives).
+  static asio::awaitable<void> run_attempt(peer* self, std::weak_ptr<void> alive,
+                                           std::shared_ptr<connect_attempt> attempt);
 
   asio::any_io_executor executor_;
   std::string task_;
   std::string address_;
   wire::Hello hello_;
   transport_options options_;
-  // One connection attempt that concurrent get() calls share.
+  // One connection attempt that concurrent get() calls share. Its waiters wait for `changed`, set
+  // (and replaced by a fresh event) when they are woken, and set for good when the attempt ends.
   struct connect_attempt {
-    explicit connect_attempt(asio::any_io_executor executor) : done(std::move(executor)) {}
-    detail::async_event done;
+    explicit connect_attempt(const asio::any_io_executor& executor)
+        : changed(std::make_shared<detail::async_event>(executor)) {}
+    void finish(std::exception_ptr failure) {
+      finished = true;
+      error = std::move(failure);
+      changed->set();
+    }
+    std::shared_ptr<detail::async_event> changed;
+    bool finished = false;
     std::exception_ptr error;
   };
 

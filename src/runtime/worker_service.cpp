@@ -319,6 +319,11 @@ std::size_t worker_service::cancel(std::optional<std::uint64_t> generation) {
     closure->signal.emit(asio::cancellation_type::terminal);
     ++count;
   }
+  // A cancelled closure waiting for a connection to a ps (one that restarts, say) stops waiting
+  // now rather than at the end of connect_timeout.
+  if (count) {
+    for (const auto& p : ps_->peers()) p->wake_waiters();
+  }
   return count;
 }
 

@@ -933,6 +933,30 @@ TEST_CASE("closures running when a ps is lost resolve with its error at once, an
       {}, fast_heartbeats());
 }
 
+TEST_CASE("workers that cannot reach a ps past the tolerance fail the run as the lost ps, once the chief sees it gone") {
+  // A hung ps: workers report it at once, the chief's own heartbeats only after their timeout. The
+  // run still ends with the one error of a lost ps, not with whichever report came first.
+  local_cluster cluster(1, 1, bind_test_functions);
+  hang stopped;
+  coordinator_options options;
+  options.transient_ps_failures = 0;  // the first closure that cannot reach a ps is past the tolerance
+  cluster.run_chief(
+      [&](parameter_server_strategy&, cluster_coordinator& coordinator) -> asio::awaitable<void> {
+        stopped.start(cluster, "ps", 0);
+        failures_left = 1;  // reach_ps reports ps:0 unreachable
+        auto e = co_await failure_of(coordinator.schedule(reach_ps).get());
+        REQUIRE(e);
+        CHECK(code_of(e) == errc::unavailable);
+        CHECK(contains(message_of(e), "parameter server ps:0 is unavailable"));
+        CHECK(contains(message_of(e), "heartbeat timeout"));
+        auto joined = co_await failure_of(coordinator.join());
+        REQUIRE(joined);
+        CHECK(contains(message_of(joined), "parameter server ps:0 is unavailable"));
+        stopped.release();
+      },
+      options, fast_heartbeats());
+}
+
 namespace {
 
 // Sends this process's stderr (where log lines go) to a file until destroyed.
