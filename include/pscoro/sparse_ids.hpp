@@ -10,13 +10,20 @@
 // row rows[k]. The weights live in the same value as the ids, so they cannot have other indices (TF
 // checks that sp_weights has sp_ids' indices; here only their count can differ, and is checked). TF's
 // second index column (the position within a row) is not kept: no combiner reads it.
+//
+// A sparse_ids is also a worker-function argument or result (its codec below): rows, ids and
+// weights travel as three 1-D tensors, whatever their length, and the lookup on the worker checks
+// them as it checks any.
 #pragma once
 
 #include <pscoro/config.hpp>
+#include <pscoro/value.hpp>
 
 #include <cstddef>
+#include <algorithm>
 #include <cstdint>
 #include <span>
+#include <string>
 #include <string_view>
 #include <type_traits>
 #include <utility>
@@ -76,6 +83,56 @@ struct sparse_ids {
     for (std::size_t r = 0; r + 1 < row_splits.size(); ++r) {
       out.rows.insert(out.rows.end(), row_splits[r + 1] - row_splits[r], static_cast<std::int64_t>(r));
     }
+    return out;
+  }
+};
+
+namespace detail {
+/// `values` as a 1-D tensor of their own dtype.
+template <class T>
+tensor to_vector_tensor(const std::vector<T>& values) {
+  auto out = tensor::uninitialized(dtype_of<T>, {values.size()});
+  std::copy(values.begin(), values.end(), out.template mutable_data<T>());
+  return out;
+}
+/// The elements of item `index` (`part`) of a decoded sparse_ids, which must be a 1-D tensor of T's
+/// dtype.
+template <class T>
+std::vector<T> from_vector_tensor(value&& v, const decode_context& context, std::string_view container,
+                                  std::size_t index, std::string_view part) {
+  const auto t = decode_item<tensor>(std::move(v), context, container, index);
+  if (t.type() != dtype_of<T> || t.shape().size() != 1) {
+    throw error(errc::invalid_argument, "item " + std::to_string(index) + " of " + std::string(container) + " (" +
+                                            std::string(part) + ") must be a 1-D " + std::string(name_of(dtype_of<T>)) +
+                                            " tensor, got " + std::string(name_of(t.type())) + " of shape " +
+                                            to_string(t.shape()));
+  }
+  const T* data = t.template data<T>();
+  return std::vector<T>(data, data + t.size());
+}
+}  // namespace detail
+
+/// sparse_ids as a worker-function argument or result: [rows (int64), ids, weights, dense_rows].
+template <class Id, class Weight>
+  requires(is_element_type_v<Id> && is_element_type_v<Weight>)
+struct codec<sparse_ids<Id, Weight>> {
+  static constexpr std::string_view name = "sparse_ids";
+  static value encode(const sparse_ids<Id, Weight>& x) {
+    value_list list;
+    list.items.reserve(4);
+    list.items.push_back(detail::to_vector_tensor(x.rows));
+    list.items.push_back(detail::to_vector_tensor(x.ids));
+    list.items.push_back(detail::to_vector_tensor(x.weights));
+    list.items.push_back(codec<std::size_t>::encode(x.dense_rows));
+    return list;
+  }
+  static sparse_ids<Id, Weight> decode(value&& v, const decode_context& context) {
+    auto& items = detail::items_of(v, name, 4);
+    sparse_ids<Id, Weight> out;
+    out.rows = detail::from_vector_tensor<std::int64_t>(std::move(items[0]), context, name, 0, "rows");
+    out.ids = detail::from_vector_tensor<Id>(std::move(items[1]), context, name, 1, "ids");
+    out.weights = detail::from_vector_tensor<Weight>(std::move(items[2]), context, name, 2, "weights");
+    out.dense_rows = detail::decode_item<std::size_t>(std::move(items[3]), context, name, 3);
     return out;
   }
 };

@@ -32,15 +32,13 @@ using pscoro::testing::message_of;
 
 namespace {
 
-const worker_function<std::vector<double>(sharded_variable<float>, std::vector<std::int64_t>, std::vector<std::int64_t>)>
-    pool_on_worker{"test.pool_on_worker"};
+const worker_function<std::vector<double>(sharded_variable<float>, sparse_ids<std::int64_t>)> pool_on_worker{
+    "test.pool_on_worker"};
 
 void bind_test_functions(server& s) {
-  // Sums each row's rows of `ids` on the worker, through the worker's own connections to the ps.
+  // Sums each row's weighted rows of `batch` on the worker, through the worker's own connections to the ps.
   s.bind(pool_on_worker,
-         [](sharded_variable<float> table, std::vector<std::int64_t> rows,
-            std::vector<std::int64_t> ids) -> asio::awaitable<std::vector<double>> {
-           const sparse_ids<std::int64_t> batch{.rows = std::move(rows), .ids = std::move(ids), .dense_rows = 2};
+         [](sharded_variable<float> table, sparse_ids<std::int64_t> batch) -> asio::awaitable<std::vector<double>> {
            const auto pooled = co_await table.embedding_lookup_sparse(batch, combiner::sum);
            co_return std::vector<double>(pooled.begin(), pooled.end());
          });
@@ -327,10 +325,11 @@ TEST_CASE("a worker function pools a sparse batch through the worker's connectio
       [](parameter_server_strategy& strategy, cluster_coordinator& coordinator) -> asio::awaitable<void> {
         const xt::xarray<float> value{{1, 2}, {3, 4}, {5, 6}, {7, 8}, {9, 10}};
         auto table = co_await strategy.scope().create_sharded_variable("pooled", value);
-        const std::vector<std::int64_t> rows{0, 0, 1}, ids{4, 0, 2};
-        auto pooled = coordinator.schedule(pool_on_worker, table, rows, ids);
+        // The batch is the function's argument (sparse_ids' codec); row 2 names no id.
+        const sparse_ids<std::int64_t> batch{.rows = {0, 0, 1}, .ids = {4, 0, 2}, .weights = {1, 2, 0.5}, .dense_rows = 3};
+        auto pooled = coordinator.schedule(pool_on_worker, table, batch);
         const auto got = co_await pooled.get();
-        const std::vector<double> expected{10, 12, 5, 6};  // [9, 10] + [1, 2]; [5, 6]
+        const std::vector<double> expected{11, 14, 2.5, 3, 0, 0};  // [9, 10] + 2 [1, 2]; 0.5 [5, 6]; zeros
         CHECK(got == expected);
       },
       {}, {}, fixed_shards_partitioner{3});

@@ -1,6 +1,7 @@
 // Tensors, xtensor conversions and the codecs that carry worker-function arguments.
 #include "test_support.hpp"
 
+#include <pscoro/sparse_ids.hpp>
 #include <pscoro/variable.hpp>
 #include <pscoro/worker_function.hpp>
 #include <pscoro/xtensor.hpp>
@@ -174,3 +175,39 @@ TEST_CASE("a structured value of the wrong shape is refused, naming the item") {
                        "expected step_result (3 values), got a list of 2", error);
   CHECK(describe(t) == "a list of 2");
 }
+
+TEST_CASE("sparse ids travel as three tensors and come back equal, however many ids") {
+  using ids32 = sparse_ids<std::int32_t, double>;
+  const ids32 batch{.rows = {0, 0, 2}, .ids = {7, -1, 3}, .weights = {0.5, 1, 2}, .dense_rows = 4};
+  const auto back = round_trip(batch);
+  CHECK(back.rows == batch.rows);
+  CHECK(back.ids == batch.ids);
+  CHECK(back.weights == batch.weights);
+  CHECK(back.dense_rows == 4);
+  // More ids than max_value_items: one value per part, not per id.
+  sparse_ids<std::int64_t> many;
+  many.ids.assign(max_value_items + 1, 5);
+  many.rows.assign(many.ids.size(), 0);
+  many.dense_rows = 1;
+  CHECK(std::get<value_list>(codec<sparse_ids<std::int64_t>>::encode(many)).items.size() == 4);
+  CHECK(round_trip(many).ids == many.ids);
+  CHECK(round_trip(sparse_ids<std::int64_t>{}).ids.empty());
+  CHECK(worker_function<void(ids32)>{"f"}.signature() == "void(sparse_ids)");
+}
+
+TEST_CASE("sparse ids of another id type or shape are refused, naming the part") {
+  const auto encoded = codec<sparse_ids<std::int64_t>>::encode({.rows = {0}, .ids = {1}, .dense_rows = 1});
+  using ids32 = sparse_ids<std::int32_t>;
+  CHECK_THROWS_WITH_AS((void)codec<ids32>::decode(value(encoded), {}),
+                       "item 1 of sparse_ids (ids) must be a 1-D int32 tensor, got int64 of shape [1]", error);
+  auto list = std::get<value_list>(encoded);
+  list.items[0] = tensor::uninitialized(dtype::int64, {1, 1});
+  CHECK_THROWS_WITH_AS((void)codec<sparse_ids<std::int64_t>>::decode(value(list), {}),
+                       "item 0 of sparse_ids (rows) must be a 1-D int64 tensor, got int64 of shape [1, 1]", error);
+  list.items[0] = 2.5;
+  CHECK_THROWS_WITH_AS((void)codec<sparse_ids<std::int64_t>>::decode(value(list), {}),
+                       "item 0 of sparse_ids: expected tensor, got float64", error);
+  CHECK_THROWS_WITH_AS((void)codec<sparse_ids<std::int64_t>>::decode(value(std::int64_t{3}), {}),
+                       "expected sparse_ids, got int64", error);
+}
+
