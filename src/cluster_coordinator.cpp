@@ -87,15 +87,15 @@ asio::awaitable<per_worker_ref> detail::create_per_worker_resources(std::shared_
   co_return co_await core->create_resources(std::move(function));
 }
 
-asio::awaitable<std::vector<tensor>> detail::read_per_worker_variable(std::weak_ptr<coordinator_core> core,
-                                                                      per_worker_ref ref, variable_ref variable) {
+asio::awaitable<std::vector<std::optional<tensor>>> detail::read_per_worker_variable(
+    std::weak_ptr<coordinator_core> core, per_worker_ref ref, variable_ref variable, lost_workers lost) {
   auto chief = core.lock();
   if (!chief) {
     throw error(errc::failed_precondition,
                 "per-worker variable '" + variable.name +
                     "' has no coordinator to read it with (a handle decoded from a result, or the strategy is gone)");
   }
-  co_return co_await chief->read_per_worker_variable(std::move(ref), std::move(variable));
+  co_return co_await chief->read_per_worker_variable(std::move(ref), std::move(variable), lost);
 }
 
 bool cluster_coordinator::done() {

@@ -105,11 +105,15 @@ namespace detail {
 
 class coordinator_core;
 
+/// What a read of every worker's copy does about a worker the chief has lost, or loses meanwhile.
+enum class lost_workers { fail, skip };
+
 /// The value of per-worker variable `variable` (`ref`) on every worker, in worker order: the chief
-/// asks every worker at once. Throws remote_error(errc::unavailable) naming a worker the chief has
-/// lost (TF raises too), errc::failed_precondition when the strategy is gone. On the chief's executor.
-PSCORO_API asio::awaitable<std::vector<tensor>> read_per_worker_variable(std::weak_ptr<coordinator_core> core,
-                                                                         per_worker_ref ref, variable_ref variable);
+/// asks every worker at once. A worker the chief has lost throws remote_error(errc::unavailable)
+/// naming it (TF raises too), or, with lost_workers::skip, gives no value. Throws
+/// errc::failed_precondition when the strategy is gone. On the chief's executor.
+PSCORO_API asio::awaitable<std::vector<std::optional<tensor>>> read_per_worker_variable(
+    std::weak_ptr<coordinator_core> core, per_worker_ref ref, variable_ref variable, lost_workers lost);
 
 /// A worker's input thread: where next_async() runs pipelines, off the worker's executor. Made on
 /// first use; owned by the worker, whose stop() stops it while the worker's executor still exists
@@ -379,6 +383,11 @@ class per_worker_variable {
   [[nodiscard]] asio::awaitable<std::vector<xt::xarray<T>>> read_all() const {
     return read_all_of(core_, ref_, variable_, static_cast<bool>(local_));
   }
+  /// As read_all(), but a worker the chief has lost, or loses during the read, gives no value
+  /// instead of failing the read (TF has no such call): for a sum over the workers that are there.
+  [[nodiscard]] asio::awaitable<std::vector<std::optional<xt::xarray<T>>>> read_available() const {
+    return read_available_of(core_, ref_, variable_, static_cast<bool>(local_));
+  }
 
  private:
   detail::local_variable& local() const {
@@ -412,16 +421,33 @@ class per_worker_variable {
   static asio::awaitable<std::vector<xt::xarray<T>>> read_all_of(std::weak_ptr<detail::coordinator_core> core,
                                                                  per_worker_ref ref, variable_ref variable,
                                                                  bool on_worker) {
-    if (on_worker) {
-      throw error(errc::failed_precondition, "read_all() of per-worker variable '" + variable.name +
-                                                 "' is called in a worker function: read() reads this worker's copy");
-    }
-    auto read = detail::read_per_worker_variable(std::move(core), std::move(ref), std::move(variable));  // named: g++ 12
+    check_on_chief("read_all", variable, on_worker);
+    auto read = detail::read_per_worker_variable(std::move(core), std::move(ref), std::move(variable),
+                                                 detail::lost_workers::fail);  // named: g++ 12
     const auto tensors = co_await std::move(read);
     std::vector<xt::xarray<T>> out;
     out.reserve(tensors.size());
-    for (const auto& t : tensors) out.push_back(to_xarray<T>(t));
+    for (const auto& t : tensors) out.push_back(to_xarray<T>(t.value()));
     co_return out;
+  }
+  static asio::awaitable<std::vector<std::optional<xt::xarray<T>>>> read_available_of(
+      std::weak_ptr<detail::coordinator_core> core, per_worker_ref ref, variable_ref variable, bool on_worker) {
+    check_on_chief("read_available", variable, on_worker);
+    auto read = detail::read_per_worker_variable(std::move(core), std::move(ref), std::move(variable),
+                                                 detail::lost_workers::skip);  // named: g++ 12
+    const auto tensors = co_await std::move(read);
+    std::vector<std::optional<xt::xarray<T>>> out;
+    out.reserve(tensors.size());
+    for (const auto& t : tensors) {
+      out.push_back(t ? std::optional<xt::xarray<T>>(to_xarray<T>(*t)) : std::nullopt);
+    }
+    co_return out;
+  }
+  static void check_on_chief(std::string_view call, const variable_ref& variable, bool on_worker) {
+    if (on_worker) {
+      throw error(errc::failed_precondition, std::string(call) + "() of per-worker variable '" + variable.name +
+                                                 "' is called in a worker function: read() reads this worker's copy");
+    }
   }
 
   per_worker_ref ref_;

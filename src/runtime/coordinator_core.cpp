@@ -361,10 +361,11 @@ void coordinator_core::release_per_worker(std::uint64_t id) {
   }
 }
 
-asio::awaitable<std::vector<tensor>> coordinator_core::read_per_worker_variable(per_worker_ref ref,
-                                                                               variable_ref variable) {
+asio::awaitable<std::vector<std::optional<tensor>>> coordinator_core::read_per_worker_variable(per_worker_ref ref,
+                                                                                              variable_ref variable,
+                                                                                              lost_workers lost) {
   const auto workers = connections_->num_workers();
-  for (std::size_t i = 0; i < workers; ++i) {
+  for (std::size_t i = 0; i < workers && lost == lost_workers::fail; ++i) {
     if (connections_->ready(i)) continue;
     // TF raises too (its per-worker variable's value on a lost worker is aborted). The chief does
     // not wait for the worker: it may never come back.
@@ -374,14 +375,17 @@ asio::awaitable<std::vector<tensor>> coordinator_core::read_per_worker_variable(
                                    "gets the variable anew, from its initial value, when it comes back)",
                                    variable.name, task));
   }
-  std::vector<tensor> values(workers);
+  std::vector<std::optional<tensor>> values(workers);
   const auto self = shared_from_this();
-  co_await run_all(workers, [&](std::size_t i) { return read_on(self, i, ref.id, variable, values[i]); });
+  co_await run_all(workers, [&](std::size_t i) { return read_on(self, i, ref.id, variable, lost, values[i]); });
   co_return values;
 }
 
 asio::awaitable<void> coordinator_core::read_on(std::shared_ptr<coordinator_core> self, std::size_t worker,
-                                                std::uint64_t id, variable_ref variable, tensor& out) {
+                                                std::uint64_t id, variable_ref variable, lost_workers lost,
+                                                std::optional<tensor>& out) {
+  // A worker being prepared to come back does not hold the variable yet: it counts as lost.
+  if (lost == lost_workers::skip && !self->connections_->ready(worker)) co_return;
   wire::frame request;
   auto* read = request.message.mutable_request()->mutable_read_per_worker_variable();
   read->set_id(id);
@@ -389,12 +393,14 @@ asio::awaitable<void> coordinator_core::read_on(std::shared_ptr<coordinator_core
   const auto peer = self->connections_->worker(worker);
   // On the open connection only, never a new one: a worker that is gone may not come back soon.
   auto connection = peer->connection();
+  if (!connection && lost == lost_workers::skip) co_return;
   if (!connection) {
     throw remote_error(make_error_code(errc::unavailable), peer->task(),
                        fmt::format("per-worker variable '{}' cannot be read on {}: it is not connected", variable.name,
                                    peer->task()));
   }
   auto [ec, response] = co_await connection->async_call(std::move(request), as_tuple(use_awaitable));
+  if (ec && lost == lost_workers::skip) co_return;
   if (ec) {
     throw remote_error(make_error_code(errc::unavailable), peer->task(),
                        fmt::format("per-worker variable '{}' cannot be read on {}: connection lost: {}", variable.name,

@@ -64,7 +64,9 @@ class coordinator_core : public std::enable_shared_from_this<coordinator_core> {
   asio::awaitable<per_worker_ref> create_resources(std::string function);
   /// Every worker's value of per-worker variable `variable` (`ref`), in worker order; a worker
   /// that is not ready fails it with remote_error(errc::unavailable) naming the worker.
-  asio::awaitable<std::vector<tensor>> read_per_worker_variable(per_worker_ref ref, variable_ref variable);
+  asio::awaitable<std::vector<std::optional<tensor>>> read_per_worker_variable(per_worker_ref ref,
+                                                                              variable_ref variable,
+                                                                              lost_workers lost);
   /// Per-worker value `id` has no lease left: it is not rebuilt on workers that come back any more,
   /// and each connected worker is told to drop its own (queued on the connection now, not awaited).
   void release_per_worker(std::uint64_t id);
@@ -133,7 +135,7 @@ class coordinator_core : public std::enable_shared_from_this<coordinator_core> {
   wire::frame create_request(const per_worker_entry& entry, std::size_t worker) const;
   /// Reads per-worker variable `variable` (`id`) on `worker` into `out`.
   static asio::awaitable<void> read_on(std::shared_ptr<coordinator_core> self, std::size_t worker, std::uint64_t id,
-                                       variable_ref variable, tensor& out);
+                                       variable_ref variable, lost_workers lost, std::optional<tensor>& out);
 
   asio::any_io_executor executor_;
   cluster_spec cluster_;

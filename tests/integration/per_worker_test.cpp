@@ -568,7 +568,7 @@ TEST_CASE("a per-worker resource is built on every worker by its function, and a
   });
 }
 
-TEST_CASE("a worker restarted at the same address gets its per-worker variable anew from the initial value and its resource rebuilt; read_all raises while it is lost") {
+TEST_CASE("a worker restarted at the same address gets its per-worker variable anew from the initial value and its resource rebuilt; read_all raises while it is lost, read_available skips it") {
   counters_built[0] = counters_built[1] = 0;
   local_cluster cluster(1, 2, bind_per_worker);
   coordinator_options options;
@@ -604,6 +604,13 @@ TEST_CASE("a worker restarted at the same address gets its per-worker variable a
           CHECK(r.origin_task() == "worker:1");
         }
         CHECK(contains(message_of(e), "per-worker variable 'steps' cannot be read on worker:1"));
+        // read_available() reads the workers that are there: worker 0's copy, nothing for worker 1.
+        const auto available = co_await var.read_available();
+        REQUIRE(available.size() == 2);
+        REQUIRE(available[0].has_value());
+        CHECK((*available[0])(1) == (*available[0])(0) + 10.0f);
+        CHECK((*available[0])(0) > 10.0f);
+        CHECK_FALSE(available[1].has_value());
 
         // It comes back: its copy starts again from the initial value, its resource is built again,
         // before any closure reaches it.
