@@ -540,7 +540,8 @@ asio::awaitable<std::shared_ptr<wire::connection>> peer::get() {
     if (!connecting_) {
       connecting_ = std::make_shared<connect_attempt>(executor_);
       // Detached: the attempt serves every waiter, whichever of them stops waiting.
-      asio::co_spawn(executor_, run_attempt(this, lifetime_, connecting_), asio::detached);
+      asio::co_spawn(executor_, run_attempt(this, lifetime_, connecting_, task_, address_, hello_, options_),
+                     asio::detached);
     }
     const auto attempt = connecting_;
     const auto changed = attempt->changed;
@@ -557,12 +558,10 @@ asio::awaitable<std::shared_ptr<wire::connection>> peer::get() {
 }
 
 asio::awaitable<void> peer::run_attempt(peer* self, std::weak_ptr<void> alive,
-                                        std::shared_ptr<connect_attempt> attempt) {
-  // Copies: the peer may be gone when connecting ends.
-  const std::string task = self->task_;
-  const std::string address = self->address_;
-  const wire::Hello hello = self->hello_;
-  const transport_options options = self->options_;
+                                        std::shared_ptr<connect_attempt> attempt, std::string task,
+                                        std::string address, wire::Hello hello, transport_options options) {
+  // The peer may be gone by the time this starts (it is posted) and when connecting ends: `self`
+  // is touched only while `alive` says it lives.
   std::shared_ptr<wire::connection> fresh;
   std::exception_ptr failure;
   try {

@@ -156,9 +156,11 @@ class peer {
  private:
   struct connect_attempt;
   void adopt(std::shared_ptr<wire::connection> fresh);
-  /// Connects and hands the outcome to `attempt`'s waiters (through `self` while it lives).
+  /// Connects to `task` and hands the outcome to `attempt`'s waiters (and the connection to `self`,
+  /// while `alive` says it lives).
   static asio::awaitable<void> run_attempt(peer* self, std::weak_ptr<void> alive,
-                                           std::shared_ptr<connect_attempt> attempt);
+                                           std::shared_ptr<connect_attempt> attempt, std::string task,
+                                           std::string address, wire::Hello hello, transport_options options);
 
   asio::any_io_executor executor_;
   std::string task_;
