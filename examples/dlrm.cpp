@@ -1,5 +1,6 @@
 // A DLRM-style recommendation model (Naumov et al. 2019) written in libtorch and trained by a pscoro
-// cluster: the CTR example's data and input pipelines, with the model's own code on the workers.
+// cluster: the CTR example's data (2M lines of its generator) and input pipelines, with the model's
+// own code on the workers.
 //
 // The model: the 26 categorical features' embeddings (16 floats each, in rows of one hashed table,
 // >= 1M rows, 68 MiB, split over the parameter servers by min_size_partitioner), a bottom MLP that
@@ -68,6 +69,10 @@ struct options {
   double initial_accumulator = 0.1;
   std::int64_t warmup_steps = 500;
   double decay_to = 0.0;
+  // The first-order weights' gradient is multiplied by this in backward(): under Adagrad the same
+  // as starting their accumulators at 0.1 / 30², so a rare value learns from its few examples;
+  // the MLPs keep 0.1, since sign-sized first steps on them overshoot with steps in flight
+  // (docs/design.md, The DLRM example: "Closing the gap to the bound").
   double first_order_gradient_scale = 30;
   std::int64_t rows = 1 << 20;
   std::int64_t dim = 16;
@@ -88,12 +93,14 @@ struct options {
   pscoro::optimizers::adagrad optimizer() const {
     return {.learning_rate = learning_rate, .initial_accumulator_value = initial_accumulator};
   }
-  // The learning rate of step `step` (from 0): rising linearly over the first warmup_steps. The
+  // The learning rate of step `step` (from 0): rising linearly over the first warmup_steps (the
   // steps in flight compute their gradients on the same early values; at full rate from the
-  // start their updates overshoot together and the dot products blow up.
+  // start their updates overshoot together and the dot products blow up), then falling linearly
+  // to decay_to x learning_rate at the last step.
   double learning_rate_at(std::int64_t step) const {
     if (step < warmup_steps) return learning_rate * static_cast<double>(step + 1) / static_cast<double>(warmup_steps);
-    const double after = static_cast<double>(step - warmup_steps) / static_cast<double>(std::max<std::int64_t>(steps - warmup_steps, 1));
+    const double after =
+        static_cast<double>(step - warmup_steps) / static_cast<double>(std::max<std::int64_t>(steps - warmup_steps, 1));
     return learning_rate * (1.0 - (1.0 - decay_to) * after);
   }
 };
@@ -114,6 +121,7 @@ struct dlrm_impl : torch::nn::Module {
   // dense [n, 13], rows [n, 26, dim + 1] (an embedding and a first-order weight per value) -> logits [n]
   torch::Tensor forward(const torch::Tensor& dense, const torch::Tensor& rows) {
     torch::Tensor first_order = rows.select(2, rows.size(2) - 1);  // [n, 26]
+    // The value is unchanged; the gradient that reaches the table's first-order column is scaled.
     if (first_order.requires_grad() && first_order_scale != 1.0) {
       first_order.register_hook([s = first_order_scale](const torch::Tensor& g) { return g * s; });
     }
