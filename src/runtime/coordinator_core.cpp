@@ -500,20 +500,16 @@ void coordinator_core::finish(std::size_t worker, const std::shared_ptr<closure>
       remote_value_fetch_.observe(std::chrono::duration<double>(std::chrono::steady_clock::now() - outcome).count());
     }
   } catch (const remote_error& e) {
-    switch (classify_ps_failure(e, *c, task)) {
-      case ps_failure::transient:
+    const auto ps = classify_ps_failure(e, *c, task);
+    switch (ps.what) {
+      case ps_failure::kind::transient:
         queue_->retry(worker, c);  // at least once, as for a lost worker
         return;
-      case ps_failure::too_many: {
-        const auto& ps = connections_->ps();
-        const auto blamed = std::find_if(ps.begin(), ps.end(), [&](const auto& p) { return p->task() == e.origin_task(); });
-        asio::co_spawn(executor_,
-                       confirm_ps_failure(shared_from_this(), static_cast<std::size_t>(blamed - ps.begin()), worker, c,
-                                          std::current_exception()),
+      case ps_failure::kind::too_many:
+        asio::co_spawn(executor_, confirm_ps_failure(shared_from_this(), ps.ps, worker, c, std::current_exception()),
                        asio::detached);
         return;
-      }
-      case ps_failure::none:
+      case ps_failure::kind::none:
         break;
     }
     queue_->failed(worker, c, std::current_exception());
@@ -529,20 +525,21 @@ coordinator_core::ps_failure coordinator_core::classify_ps_failure(const remote_
                                                                     const std::string& worker) {
   const auto& ps = connections_->ps();
   if (failure.code() != errc::unavailable || !failure.origin_task().starts_with("ps:") || queue_->failing()) {
-    return ps_failure::none;
+    return {};
   }
   const auto blamed = std::find_if(ps.begin(), ps.end(), [&](const auto& p) { return p->task() == failure.origin_task(); });
-  if (blamed == ps.end()) return ps_failure::none;
+  if (blamed == ps.end()) return {};
+  const auto index = static_cast<std::size_t>(blamed - ps.begin());
   transient_ps_failures_.resize(ps.size());
   ps_failures_.inc();
-  const int count = ++transient_ps_failures_[static_cast<std::size_t>(blamed - ps.begin())];
+  const int count = ++transient_ps_failures_[index];
   const int tolerated = queue_->options().transient_ps_failures;
-  if (count >= tolerated) return ps_failure::too_many;
+  if (count >= tolerated) return {ps_failure::kind::too_many, index};
   log::warning("'{}' on {} could not reach {}: {}. It is treated as a transient connectivity failure for now ({} of "
                "{} tolerated for {}); it runs again.",
                c.function, worker, failure.origin_task(), failure.remote_message(), count, tolerated - 1,
                failure.origin_task());
-  return ps_failure::transient;
+  return {ps_failure::kind::transient, index};
 }
 
 asio::awaitable<void> coordinator_core::confirm_ps_failure(std::shared_ptr<coordinator_core> self, std::size_t ps,

@@ -100,10 +100,13 @@ class coordinator_core : public std::enable_shared_from_this<coordinator_core> {
   void finish(std::size_t worker, const std::shared_ptr<closure>& c, const wire::frame& response);
   /// What a closure's failure to reach a ps means (TF's rule: a few such failures per ps are
   /// transient connectivity failures, and the closure runs again).
-  enum class ps_failure {
-    none,       // not a ps that could not be reached
-    transient,  // within the tolerance: run it again
-    too_many,   // past it: the run fails, once confirm_ps_failure has asked the ps
+  struct ps_failure {
+    enum class kind {
+      none,       // not a ps that could not be reached
+      transient,  // within the tolerance: run it again
+      too_many,   // past it: the run fails, once confirm_ps_failure has asked the ps
+    } what = kind::none;
+    std::size_t ps = 0;  // which one (not none)
   };
   ps_failure classify_ps_failure(const remote_error& failure, const closure& c, const std::string& worker);
   /// Fails closure `c`, which could not reach ps `ps` once too often, after the chief asked that
