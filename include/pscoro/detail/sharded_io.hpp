@@ -69,7 +69,7 @@ std::int64_t to_int64_id(Id id) {
 /// does not fit in int64.
 template <class E>
 id_list to_id_list(const xt::xexpression<E>& ids) {
-  const auto& evaluated = xt::eval(ids.derived_cast());
+  const auto& evaluated = detail::evaluated(ids.derived_cast());  // not xt::eval (see there)
   id_list out{{}, shape_type(evaluated.shape().begin(), evaluated.shape().end())};
   out.ids.reserve(evaluated.size());
   for (const auto id : evaluated) out.ids.push_back(to_int64_id(id));
