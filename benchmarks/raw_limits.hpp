@@ -8,8 +8,17 @@
 #include <asio/read.hpp>
 #include <asio/write.hpp>
 
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
+#include <cstdlib>
+#include <system_error>
+#include <array>
 #include <chrono>
+#include <cstdint>
 #include <cstring>
 #include <thread>
 #include <vector>
@@ -47,6 +56,23 @@ asio::awaitable<double> median_us(int iterations, F f) {
   co_return median(std::move(samples));
 }
 
+namespace detail {
+// The client's half of an exchange: `iterations` timed exchanges (after a tenth as many to warm up).
+inline std::vector<double> time_exchanges(asio::ip::tcp::socket& client, std::size_t request, std::size_t response,
+                                          int iterations) {
+  std::vector<char> out(request, 'x'), in(response);
+  std::vector<double> samples;
+  samples.reserve(static_cast<std::size_t>(iterations));
+  for (int i = -std::max(1, iterations / 10); i < iterations; ++i) {
+    const auto start = clock_type::now();
+    asio::write(client, asio::buffer(out));
+    asio::read(client, asio::buffer(in));
+    if (i >= 0) samples.push_back(micros(clock_type::now() - start).count());
+  }
+  return samples;
+}
+}  // namespace detail
+
 /// Blocking exchange over loopback TCP (TCP_NODELAY) between two threads: the client sends
 /// `request` bytes, the server answers `response` bytes; returns the times of `iterations` exchanges
 /// in microseconds (after a tenth as many to warm up). Ping-pong: request == response.
@@ -65,19 +91,67 @@ inline std::vector<double> raw_exchanges(std::size_t request, std::size_t respon
   asio::ip::tcp::socket client(io);
   client.connect(acceptor.local_endpoint());
   client.set_option(asio::ip::tcp::no_delay(true));
-  std::vector<char> out(request, 'x'), in(response);
-  std::vector<double> samples;
-  samples.reserve(static_cast<std::size_t>(iterations));
-  for (int i = -std::max(1, iterations / 10); i < iterations; ++i) {
-    const auto start = clock_type::now();
-    asio::write(client, asio::buffer(out));
-    asio::read(client, asio::buffer(in));
-    if (i >= 0) samples.push_back(micros(clock_type::now() - start).count());
-  }
+  auto samples = detail::time_exchanges(client, request, response, iterations);
   client.close();
   server.join();
   return samples;
 }
+
+/// The raw exchanges of raw_exchanges() between two processes: a child process (forked by the
+/// constructor, so construct it before the program starts any thread) answers each connection's
+/// exchanges, whose sizes the connection's first 16 bytes give.
+class raw_server_process {
+ public:
+  raw_server_process() : acceptor_(io_, {asio::ip::address_v4::loopback(), 0}) {
+    pid_ = ::fork();
+    if (pid_ < 0) throw std::system_error(errno, std::generic_category(), "fork");
+    if (pid_ == 0) serve();
+    acceptor_.close();
+  }
+  raw_server_process(const raw_server_process&) = delete;
+  raw_server_process& operator=(const raw_server_process&) = delete;
+  ~raw_server_process() {
+    ::kill(pid_, SIGTERM);
+    ::waitpid(pid_, nullptr, 0);
+  }
+
+  pid_t pid() const noexcept { return pid_; }
+
+  /// As raw_exchanges(), with the server in the child process.
+  std::vector<double> exchanges(std::size_t request, std::size_t response, int iterations) {
+    asio::ip::tcp::socket client(io_);
+    client.connect({asio::ip::address_v4::loopback(), port_});
+    client.set_option(asio::ip::tcp::no_delay(true));
+    const std::array<std::uint64_t, 2> sizes{request, response};
+    asio::write(client, asio::buffer(sizes));
+    auto samples = detail::time_exchanges(client, request, response, iterations);
+    client.close();
+    return samples;
+  }
+
+ private:
+  [[noreturn]] void serve() {
+    try {
+      for (;;) {
+        asio::ip::tcp::socket s(io_);
+        acceptor_.accept(s);
+        s.set_option(asio::ip::tcp::no_delay(true));
+        std::array<std::uint64_t, 2> sizes{};
+        asio::read(s, asio::buffer(sizes));
+        std::vector<char> in(sizes[0]), out(sizes[1], 'y');
+        std::error_code ec;
+        while (asio::read(s, asio::buffer(in), ec), !ec) asio::write(s, asio::buffer(out), ec);
+      }
+    } catch (...) {
+    }
+    std::_Exit(1);
+  }
+
+  asio::io_context io_;
+  asio::ip::tcp::acceptor acceptor_;
+  std::uint16_t port_ = acceptor_.local_endpoint().port();
+  pid_t pid_ = -1;
+};
 
 /// Round trip percentiles of a `size`-byte ping-pong.
 inline percentiles raw_round_trip(std::size_t size, int iterations) {

@@ -2,9 +2,13 @@
 // embedding lookups and sparse updates of 100,000 and 1,000,000 ids, against the machine's raw
 // loopback round trip and pull bandwidth measured in the same run.
 //
-// Chief and ps are threads of one process on 127.0.0.1 (2 hardware threads shared by all), so pscoro
-// and the raw figures cross the same kernel path. Quote the ratios, not the absolute times.
+// Dense operations run twice (--mode): with chief and ps as threads of one process, against raw
+// exchanges between two threads, and with ps and worker as processes of their own (forked at the
+// start), against raw exchanges between two processes; both print page faults per operation.
+// Everything runs on 127.0.0.1 (2 hardware threads shared by all), so pscoro and the raw figures
+// cross the same kernel path. Quote the ratios, not the absolute times.
 #include "local_cluster.hpp"
+#include "process_cluster.hpp"
 #include "raw_limits.hpp"
 
 #include <pscoro/pscoro.hpp>
@@ -15,6 +19,7 @@
 #include <fmt/format.h>
 
 #include <ctime>
+#include <optional>
 #include <random>
 
 namespace {
@@ -22,17 +27,22 @@ namespace {
 using bench::clock_type;
 using bench::micros;
 
-// Medians over rounds; each round measures the raw exchange of the same size right before pscoro,
+// Medians over rounds; each round measures the raw exchanges of the same size right before pscoro,
 // so a slow phase of the machine slows both (ratios are per round, then the median).
 struct dense_figures {
   std::size_t bytes;
   int ps;
-  double raw_us;        // raw 4 KiB round trip, or raw pull of the same bytes
+  double pull_us;       // raw 4 KiB round trip, or raw pull of the same bytes
+  double push_us;       // raw 4 KiB round trip, or raw push of the same bytes (answered by 64 bytes)
   double read_us;       // into a fresh array
   double reuse_us;      // into the same array each time (read(out))
   double assign_us;
-  double read_ratio;    // read / raw (time)
-  double reuse_ratio;   // read(out) / raw (time)
+  double read_ratio;    // read / raw pull (time)
+  double reuse_ratio;   // read(out) / raw pull (time)
+  double assign_ratio;  // assign / raw push (time)
+  // Minor page faults per operation: the chief's process, and the ps processes' (-1: threads of one
+  // process, all counted in the chief's).
+  double read_faults, read_ps_faults, reuse_faults, reuse_ps_faults, assign_faults, assign_ps_faults;
 };
 
 struct sparse_figures {
@@ -50,38 +60,112 @@ int iterations_for(std::size_t bytes, int scale) {
   return 3 * scale;
 }
 
+std::string size_name(std::size_t bytes) {
+  if (bytes >= (1 << 20)) return fmt::format("{} MiB", bytes >> 20);
+  return fmt::format("{} KiB", bytes >> 10);
+}
+
 using bench::median_us;
 
-std::vector<dense_figures> measure_dense(int num_ps, int scale, int rounds) {
+// Page faults per awaited operation of median_us(n, ...) (which awaits n plus a tenth as many).
+struct fault_counter {
+  std::vector<pid_t> ps;  // empty: one process
+  std::uint64_t self = 0, others = 0;
+  void start() {
+    self = bench::minor_faults();
+    others = 0;
+    for (const pid_t pid : ps) others += bench::minor_faults(pid);
+  }
+  std::pair<double, double> per_operation(int n) const {
+    const double calls = n + std::max(1, n / 10);
+    std::uint64_t now = 0;
+    for (const pid_t pid : ps) now += bench::minor_faults(pid);
+    return {static_cast<double>(bench::minor_faults() - self) / calls,
+            ps.empty() ? -1.0 : static_cast<double>(now - others) / calls};
+  }
+};
+
+// `run_chief(body)` runs a chief over `num_ps` ps; `raw(request, response, n)` times raw exchanges.
+template <class RunChief, class Raw>
+std::vector<dense_figures> measure_dense(int num_ps, int scale, int rounds, RunChief run_chief, Raw raw,
+                                         std::vector<pid_t> ps_pids) {
   std::vector<dense_figures> out;
-  pscoro::testing::local_cluster cluster(num_ps, 1);
-  cluster.run_chief(
-      [&](pscoro::parameter_server_strategy& strategy, pscoro::cluster_coordinator&) -> asio::awaitable<void> {
-        for (const std::size_t bytes : {std::size_t{4} << 10, std::size_t{1} << 20, std::size_t{64} << 20}) {
-          const pscoro::shape_type shape{bytes / sizeof(float) / 64, 64};
-          auto v = co_await strategy.scope().create_sharded_variable<float>(fmt::format("dense_{}", bytes), shape,
-                                                                            pscoro::initializers::ones{});
-          const int n = iterations_for(bytes, scale);
-          const xt::xarray<float> value = xt::zeros<float>(shape);
-          xt::xarray<float> into(shape);
-          std::vector<double> raw, read, reuse, assign, read_ratio, reuse_ratio;
-          for (int round = 0; round < rounds; ++round) {
-            // The raw exchange blocks this thread; nothing else runs on the chief meanwhile.
-            raw.push_back(bench::median(bytes <= 4096 ? bench::raw_exchanges(bytes, bytes, n)
-                                                      : bench::raw_exchanges(64, bytes, n)));
-            read.push_back(co_await median_us(n, [&] { return v.read(); }));
-            reuse.push_back(co_await median_us(n, [&] { return v.read(into); }));
-            assign.push_back(co_await median_us(n, [&] { return v.assign(value); }));
-            read_ratio.push_back(read.back() / raw.back());
-            reuse_ratio.push_back(reuse.back() / raw.back());
-          }
-          using bench::median;
-          out.push_back({bytes, num_ps, median(raw), median(read), median(reuse), median(assign), median(read_ratio),
-                         median(reuse_ratio)});
-        }
-      },
-      {}, {}, pscoro::fixed_shards_partitioner{num_ps});
+  run_chief([&](pscoro::parameter_server_strategy& strategy, pscoro::cluster_coordinator&) -> asio::awaitable<void> {
+    for (const std::size_t bytes : {std::size_t{4} << 10, std::size_t{1} << 20, std::size_t{64} << 20}) {
+      const pscoro::shape_type shape{bytes / sizeof(float) / 64, 64};
+      auto v = co_await strategy.scope().create_sharded_variable<float>(fmt::format("dense_{}", bytes), shape,
+                                                                        pscoro::initializers::ones{});
+      const int n = iterations_for(bytes, scale);
+      const xt::xarray<float> value = xt::zeros<float>(shape);
+      xt::xarray<float> into(shape);
+      std::vector<double> pull, push, read, reuse, assign, read_ratio, reuse_ratio, assign_ratio;
+      std::vector<double> faults[6];
+      fault_counter counter{ps_pids};
+      auto count = [&](int first) {
+        const auto [self, ps] = counter.per_operation(n);
+        faults[first].push_back(self);
+        faults[first + 1].push_back(ps);
+      };
+      for (int round = 0; round < rounds; ++round) {
+        // The raw exchanges block this thread; nothing else runs on the chief meanwhile.
+        pull.push_back(bench::median(bytes <= 4096 ? raw(bytes, bytes, n) : raw(64, bytes, n)));
+        push.push_back(bench::median(bytes <= 4096 ? raw(bytes, bytes, n) : raw(bytes, 64, n)));
+        counter.start();
+        read.push_back(co_await median_us(n, [&] { return v.read(); }));
+        count(0);
+        counter.start();
+        reuse.push_back(co_await median_us(n, [&] { return v.read(into); }));
+        count(2);
+        counter.start();
+        assign.push_back(co_await median_us(n, [&] { return v.assign(value); }));
+        count(4);
+        read_ratio.push_back(read.back() / pull.back());
+        reuse_ratio.push_back(reuse.back() / pull.back());
+        assign_ratio.push_back(assign.back() / push.back());
+      }
+      using bench::median;
+      out.push_back({bytes, num_ps, median(pull), median(push), median(read), median(reuse), median(assign),
+                     median(read_ratio), median(reuse_ratio), median(assign_ratio), median(faults[0]),
+                     median(faults[1]), median(faults[2]), median(faults[3]), median(faults[4]),
+                     median(faults[5])});
+    }
+  });
   return out;
+}
+
+std::vector<dense_figures> measure_dense_threads(int num_ps, int scale, int rounds) {
+  pscoro::testing::local_cluster cluster(num_ps, 1);
+  return measure_dense(
+      num_ps, scale, rounds,
+      [&](auto body) { cluster.run_chief(body, {}, {}, pscoro::fixed_shards_partitioner{num_ps}); },
+      [](std::size_t request, std::size_t response, int n) { return bench::raw_exchanges(request, response, n); },
+      {});
+}
+
+std::vector<dense_figures> measure_dense_processes(bench::process_cluster& cluster, bench::raw_server_process& raw,
+                                                   int num_ps, int scale, int rounds) {
+  std::vector<pid_t> pids;
+  for (int i = 0; i < num_ps; ++i) pids.push_back(cluster.pid("ps", i));
+  return measure_dense(
+      num_ps, scale, rounds,
+      [&](auto body) { cluster.run_chief(num_ps, body, pscoro::fixed_shards_partitioner{num_ps}); },
+      [&](std::size_t request, std::size_t response, int n) { return raw.exchanges(request, response, n); }, pids);
+}
+
+void print_dense(const std::vector<dense_figures>& dense) {
+  fmt::print("{:<8} {:>3} {:>9} {:>9} {:>9} {:>6} {:>12} {:>6} {:>9} {:>6} {:>11}   {}\n", "size", "ps", "pull us",
+             "push us", "read us", "x pull", "read(out) us", "x pull", "assign us", "x push", "assign GB/s",
+             "faults/op chief|ps: read, read(out), assign");
+  auto faults = [](double self, double ps) {
+    return ps < 0 ? fmt::format("{:.0f}", self) : fmt::format("{:.0f}|{:.0f}", self, ps);
+  };
+  for (const auto& f : dense) {
+    fmt::print("{:<8} {:>3} {:>9.1f} {:>9.1f} {:>9.1f} {:>6.2f} {:>12.1f} {:>6.2f} {:>9.1f} {:>6.2f} {:>11.2f}   {}, {}, {}\n",
+               size_name(f.bytes), f.ps, f.pull_us, f.push_us, f.read_us, f.read_ratio, f.reuse_us, f.reuse_ratio,
+               f.assign_us, f.assign_ratio, static_cast<double>(f.bytes) / (f.assign_us * 1e-6) / 1e9,
+               faults(f.read_faults, f.read_ps_faults), faults(f.reuse_faults, f.reuse_ps_faults),
+               faults(f.assign_faults, f.assign_ps_faults));
+  }
 }
 
 std::vector<sparse_figures> measure_sparse(int scale) {
@@ -152,10 +236,6 @@ pooling_figures measure_pooling(int scale) {
   return out;
 }
 
-std::string size_name(std::size_t bytes) {
-  if (bytes >= (1 << 20)) return fmt::format("{} MiB", bytes >> 20);
-  return fmt::format("{} KiB", bytes >> 10);
-}
 
 }  // namespace
 
@@ -166,27 +246,54 @@ int main(int argc, char** argv) {
   app.add_option("--scale", scale, "multiplies the iteration counts")->check(CLI::PositiveNumber);
   app.add_option("--rounds", rounds, "rounds of raw + pscoro measurements (medians are reported)")
       ->check(CLI::PositiveNumber);
+  std::string mode = "both";
+  app.add_option("--mode", mode,
+                 "dense operations with the ps as threads of this process, as processes of their own, or both")
+      ->check(CLI::IsMember({"threads", "processes", "both"}));
+  bool dense_only = false;
+  app.add_flag("--dense-only", dense_only, "only the dense table");
   CLI11_PARSE(app, argc, argv);
   ::setenv("PSCORO_LOG_LEVEL", "warning", 0);
 
-  std::vector<dense_figures> dense = measure_dense(1, scale, rounds);
-  for (auto& f : measure_dense(2, scale, rounds)) dense.push_back(f);
-  const auto sparse = measure_sparse(scale);
-  const auto pooling = measure_pooling(scale);
+  // The processes are forked first, while this program has one thread.
+  std::optional<bench::process_cluster> processes;
+  std::optional<bench::raw_server_process> raw_server;
+  if (mode != "threads") {
+    processes.emplace(2, 1);
+    raw_server.emplace();
+  }
+  std::vector<dense_figures> dense_threads, dense_processes;
+  for (const int ps : {1, 2}) {
+    // Interleaved: a slow phase of the machine falls on both modes.
+    if (mode != "processes") {
+      for (auto& f : measure_dense_threads(ps, scale, rounds)) dense_threads.push_back(f);
+    }
+    if (mode != "threads") {
+      for (auto& f : measure_dense_processes(*processes, *raw_server, ps, scale, rounds)) dense_processes.push_back(f);
+    }
+  }
   const double copy_64m = bench::memcpy_bandwidth(64 << 20, 5 * scale);
 
   fmt::print("pscoro variable benchmark, {:%Y-%m-%d}, {} hardware threads; memcpy 64 MiB {:.2f} GB/s\n\n",
              fmt::localtime(std::time(nullptr)), std::thread::hardware_concurrency(), copy_64m / 1e9);
-  fmt::print("dense: medians of {} rounds; each round measures the raw exchange (4 KiB: ping-pong; larger: a\n"
-             "64-byte request answered by the whole buffer) right before pscoro. x raw = pscoro time / raw time.\n",
+  fmt::print("dense: medians of {} rounds; each round measures the raw exchanges (4 KiB: ping-pong; larger: pull =\n"
+             "a 64-byte request answered by the whole buffer, push = the whole buffer answered by 64 bytes) right\n"
+             "before pscoro. x pull, x push = pscoro time / raw time, per round. faults/op: minor page faults\n"
+             "per operation (/proc/<pid>/stat minflt) of the chief's process and the ps processes'.\n",
              rounds);
-  fmt::print("{:<8} {:>3} {:>10} {:>10} {:>8} {:>13} {:>8} {:>10} {:>12}\n", "size", "ps", "raw us", "read us",
-             "x raw", "read(out) us", "x raw", "assign us", "assign GB/s");
-  for (const auto& f : dense) {
-    fmt::print("{:<8} {:>3} {:>10.1f} {:>10.1f} {:>8.2f} {:>13.1f} {:>8.2f} {:>10.1f} {:>12.2f}\n", size_name(f.bytes),
-               f.ps, f.raw_us, f.read_us, f.read_ratio, f.reuse_us, f.reuse_ratio, f.assign_us,
-               static_cast<double>(f.bytes) / (f.assign_us * 1e-6) / 1e9);
+  if (!dense_threads.empty()) {
+    fmt::print("\nchief and ps as threads of one process (raw: two threads):\n");
+    print_dense(dense_threads);
   }
+  if (!dense_processes.empty()) {
+    fmt::print("\nchief, ps and worker as processes (raw: two processes):\n");
+    print_dense(dense_processes);
+  }
+  fmt::print("\nTargets: a 4 KiB read within 2x a raw round trip; 64 MiB: assign <= 1.3x the raw push, read into a\n"
+             "fresh array <= 1.3x the raw pull, read(out) <= 1.0x (the raw pull reuses its buffer, like read(out)).\n");
+  if (dense_only) return 0;
+  const auto sparse = measure_sparse(scale);
+  const auto pooling = measure_pooling(scale);
   fmt::print("\n{:<20} {:>9} {:>6} {:>12} {:>12} {:>12} {:>12} {:>14}\n", "sparse (1M rows)", "ids", "width",
              "lookup us", "Mids/s", "rows GB/s", "scatter us", "adagrad us");
   for (const auto& f : sparse) {
@@ -198,7 +305,5 @@ int main(int argc, char** argv) {
   fmt::print("\npooled (1M x 16, 2 ps): 4,096 rows x 26 ids, weighted mean: embedding_lookup of the 106,496 ids\n"
              "{:.0f} us; embedding_lookup_sparse {:.0f} us; safe_embedding_lookup_sparse (every 10th id -1) {:.0f} us\n",
              pooling.lookup_us, pooling.sparse_us, pooling.safe_us);
-  fmt::print("\nTargets: a 4 KiB read within 2x a raw round trip; a 64 MiB read at >= 60% of the raw pull's\n"
-             "bandwidth, i.e. x raw <= 1.67 (the raw pull reuses its buffer, like read(out)).\n");
   return 0;
 }

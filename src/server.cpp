@@ -262,6 +262,7 @@ struct server::impl : std::enable_shared_from_this<impl> {
     self->connections.emplace(connection, h.session());
     std::weak_ptr<impl> weak_self = self;
     std::weak_ptr<wire::connection> weak_connection = connection;
+    if (self->ps) connection->receive_requests_into(self->ps->buffers());
     connection->start(
         [weak_self, weak_connection, session = h.session(), chief](wire::frame request) {
           return serve(weak_self, weak_connection, session, chief, std::move(request));
@@ -346,7 +347,11 @@ struct server::impl : std::enable_shared_from_this<impl> {
       co_return refused;
     }
     if (body.has_shutdown()) co_return self->shutdown(body.shutdown(), weak_connection.lock());
-    if (self->ps) co_return self->ps->handle(request);
+    if (self->ps) {
+      auto response = self->ps->handle(request);
+      self->ps->recycle(std::move(request));
+      co_return response;
+    }
     co_return co_await self->worker->handle(std::move(request));
   }
 };

@@ -7,7 +7,11 @@
 #include "runtime/id_map.hpp"
 #include "runtime/rows.hpp"
 
+#include <sys/mman.h>
+
 #include <algorithm>
+#include <cstdint>
+#include <fstream>
 #include <limits>
 #include <optional>
 
@@ -25,6 +29,35 @@ tensor ids_tensor(const std::vector<std::int64_t>& ids) {
   tensor out = tensor::uninitialized(dtype::int64, {ids.size()});
   if (!ids.empty()) std::memcpy(out.mutable_data<std::int64_t>(), ids.data(), ids.size() * sizeof(std::int64_t));
   return out;
+}
+
+// The size of a transparent huge page, if the system has them (0: none, or unknown).
+std::size_t huge_page_bytes() {
+  static const std::size_t bytes = [] {
+    std::ifstream in("/sys/kernel/mm/transparent_hugepage/hpage_pmd_size");
+    std::size_t size = 0;
+    return in >> size && size > 0 && (size & (size - 1)) == 0 ? size : std::size_t{0};
+  }();
+  return bytes;
+}
+
+// Asks for transparent huge pages under a large array about to be filled for the first time (a
+// read's result): the kernel then maps it in a few hundred faults, not one per 4 KiB page (16,384
+// for 64 MiB, about half the time a read into a fresh array took beyond the transfer itself), and
+// unmaps it as cheaply. Only the whole huge pages inside the array are advised; systems whose THP
+// setting is "never" ignore it, and nothing depends on it but speed.
+void advise_huge_pages(void* data, std::size_t bytes) {
+#ifdef MADV_HUGEPAGE
+  const std::size_t huge = huge_page_bytes();
+  if (huge == 0 || bytes < 4 * huge) return;
+  const auto first = reinterpret_cast<std::uintptr_t>(data);
+  const std::uintptr_t begin = (first + huge - 1) & ~(std::uintptr_t{huge} - 1);
+  const std::uintptr_t end = (first + bytes) & ~(std::uintptr_t{huge} - 1);
+  if (end > begin) ::madvise(reinterpret_cast<void*>(begin), end - begin, MADV_HUGEPAGE);
+#else
+  (void)data;
+  (void)bytes;
+#endif
 }
 
 }  // namespace
@@ -269,6 +302,7 @@ asio::awaitable<void> sharded_ops<T>::read_to(io_ptr io, layout_ptr layout, xt::
 template <class T>
 asio::awaitable<xt::xarray<T>> sharded_ops<T>::read(io_ptr io, layout_ptr layout) {
   xt::xarray<T> out(layout->ref.shape);
+  advise_huge_pages(out.data(), out.size() * sizeof(T));
   co_await read_to(std::move(io), std::move(layout), out);
   co_return out;
 }

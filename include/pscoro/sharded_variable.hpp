@@ -71,18 +71,24 @@ class sharded_variable : public detail::row_operations<sharded_variable<T>, T> {
   /// reads into the same array allocates nothing. `out` must live until the read completes.
   asio::awaitable<void> read(xt::xarray<T>& out) const { return ops::read_to(io_, layout_, out); }
 
-  /// Replaces the value; `new_value` must have shape() (checked before anything is sent).
+  /// Replaces the value; `new_value` must have shape() (checked before anything is sent). A
+  /// contiguous row-major xarray/xtensor of T passed as an lvalue is sent from its own storage (no
+  /// copy): it must live, unchanged, until the returned awaitable completes; a temporary one is
+  /// moved in; any other expression is evaluated once. The same holds for assign_add/assign_sub.
   template <class E>
-  asio::awaitable<void> assign(const xt::xexpression<E>& new_value) const {
-    return ops::update(io_, layout_, update_op::assign, to_tensor(new_value), "assign");
+    requires detail::is_expression_v<E>
+  asio::awaitable<void> assign(E&& new_value) const {
+    return ops::update(io_, layout_, update_op::assign, detail::dense_operand(std::forward<E>(new_value)), "assign");
   }
   template <class E>
-  asio::awaitable<void> assign_add(const xt::xexpression<E>& delta) const {
-    return ops::update(io_, layout_, update_op::add, to_tensor(delta), "assign_add");
+    requires detail::is_expression_v<E>
+  asio::awaitable<void> assign_add(E&& delta) const {
+    return ops::update(io_, layout_, update_op::add, detail::dense_operand(std::forward<E>(delta)), "assign_add");
   }
   template <class E>
-  asio::awaitable<void> assign_sub(const xt::xexpression<E>& delta) const {
-    return ops::update(io_, layout_, update_op::sub, to_tensor(delta), "assign_sub");
+    requires detail::is_expression_v<E>
+  asio::awaitable<void> assign_sub(E&& delta) const {
+    return ops::update(io_, layout_, update_op::sub, detail::dense_operand(std::forward<E>(delta)), "assign_sub");
   }
 
  private:

@@ -58,20 +58,26 @@ class variable : public detail::row_operations<variable<T>, T> {
   /// Reads the current value as a tensor (no conversion).
   asio::awaitable<tensor> read_tensor() const { return read_as_tensor(io_, ref()); }
 
-  /// Replaces the value; `new_value` must have the variable's shape.
+  /// Replaces the value; `new_value` must have the variable's shape. A contiguous row-major
+  /// xarray/xtensor of T passed as an lvalue is sent from its own storage (no copy): it must live,
+  /// unchanged, until the returned awaitable completes; a temporary one is moved in; any other
+  /// expression is evaluated once. The same holds for assign_add/assign_sub.
   template <class E>
-  asio::awaitable<void> assign(const xt::xexpression<E>& new_value) const {
-    return apply(io_, ref(), update_op::assign, to_tensor(new_value));
+    requires detail::is_expression_v<E>
+  asio::awaitable<void> assign(E&& new_value) const {
+    return apply(io_, ref(), update_op::assign, detail::dense_operand(std::forward<E>(new_value)));
   }
   /// Adds `delta` element-wise.
   template <class E>
-  asio::awaitable<void> assign_add(const xt::xexpression<E>& delta) const {
-    return apply(io_, ref(), update_op::add, to_tensor(delta));
+    requires detail::is_expression_v<E>
+  asio::awaitable<void> assign_add(E&& delta) const {
+    return apply(io_, ref(), update_op::add, detail::dense_operand(std::forward<E>(delta)));
   }
   /// Subtracts `delta` element-wise.
   template <class E>
-  asio::awaitable<void> assign_sub(const xt::xexpression<E>& delta) const {
-    return apply(io_, ref(), update_op::sub, to_tensor(delta));
+    requires detail::is_expression_v<E>
+  asio::awaitable<void> assign_sub(E&& delta) const {
+    return apply(io_, ref(), update_op::sub, detail::dense_operand(std::forward<E>(delta)));
   }
   /// Applies `op` with a tensor already in wire form (no conversion).
   asio::awaitable<void> update(update_op op, tensor operand) const { return apply(io_, ref(), op, std::move(operand)); }

@@ -21,6 +21,7 @@
 #include <limits>
 #include <new>
 #include <optional>
+#include <utility>
 
 namespace pscoro::runtime {
 
@@ -121,9 +122,10 @@ shape_type rows_shape(std::size_t n, const shape_type& shape) {
 
 // Copies the bytes first if a reply still holds them (copy on write), so an update in place is
 // never seen by a read being written out.
-void make_writable(byte_buffer& bytes) {
+void make_writable(byte_buffer& bytes, wire::buffer_pool& pool) {
   if (bytes.unique()) return;
-  byte_buffer fresh(bytes.size());
+  byte_buffer fresh = pool.take(bytes.size());
+  if (fresh.size() != bytes.size()) fresh = byte_buffer(bytes.size());
   if (fresh.size()) std::memcpy(fresh.data(), bytes.data(), fresh.size());
   bytes = std::move(fresh);
 }
@@ -209,7 +211,10 @@ ps_service::ps_service(std::string task, const server_options& options)
       max_variable_bytes_(options.max_variable_bytes ? options.max_variable_bytes : max_ps_bytes_),
       // PSCORO_CHECK_NUMERICS, when set, overrides the program's choice; a bad value stops the ps.
       check_numerics_(flag_from_environment("PSCORO_CHECK_NUMERICS", "refuse NaN and Inf in float values")
-                          .value_or(options.check_numerics)) {
+                          .value_or(options.check_numerics)),
+      // Buffers of 256 KiB and more (smaller ones are cheap to allocate), at most 8 and a quarter of
+      // max_ps_bytes (the room it leaves beside the variables is for such buffers) or 1 GiB.
+      buffers_(std::make_shared<wire::buffer_pool>(256 << 10, 8, std::min(max_ps_bytes_ / 4, std::uint64_t{1} << 30))) {
   auto& r = metrics::process_registry();
   for (std::size_t i = 0; i < num_operations; ++i) {
     const metrics::labels operation{{"operation", std::string(operation_names[i])}};
@@ -510,7 +515,7 @@ void ps_service::update(const wire::frame& request, const wire::UpdateVariable& 
     }
     check_finite(context, "value", value);
     kernels::check_divisors(op, stored.type, value.bytes().data(), value.size());
-    make_writable(stored.bytes);
+    make_writable(stored.bytes, *buffers_);
     std::byte* first =
         stored.bytes.data() + update.rows().begin() * row_elements(stored.shape) * size_of(stored.type);
     if (op == update_op::assign) {
@@ -528,10 +533,13 @@ void ps_service::update(const wire::frame& request, const wire::UpdateVariable& 
     check_finite(context, "value", value);
     kernels::check_divisors(op, stored.type, value.bytes().data(), value.size());
     if (op == update_op::assign) {
-      stored.bytes = value.bytes();  // adopt the received segment
+      // Adopt the received segment (no copy); the storage it replaces receives a later request's
+      // segment of its size, unless a reply being written still holds it (then it goes when the
+      // reply is written: copy on write, as make_writable).
+      buffers_->give(std::exchange(stored.bytes, value.bytes()));
       return;
     }
-    make_writable(stored.bytes);
+    make_writable(stored.bytes, *buffers_);
     kernels::combine(op, stored.type, stored.bytes.data(), value.bytes().data(), value.size());
     return;
   }
@@ -543,7 +551,7 @@ void ps_service::update(const wire::frame& request, const wire::UpdateVariable& 
   }
   check_finite(context, "rows", value);
   kernels::check_divisors(op, stored.type, value.bytes().data(), value.size());
-  make_writable(stored.bytes);
+  make_writable(stored.bytes, *buffers_);
   kernels::scatter(op, stored.type, stored.bytes.data(), ids, value.bytes().data(), row_elements(stored.shape));
 }
 
@@ -572,7 +580,7 @@ ps_service::stored_variable& ps_service::slot(const std::string& variable, const
     kernels::initialize(fill, plan.type, plan.shape, bytes.data());
     return hold(plan.name, stored_variable{plan.type, plan.shape, std::move(bytes), variable, plan.initial_value});
   }
-  make_writable(it->second.bytes);
+  make_writable(it->second.bytes, *buffers_);
   return it->second;
 }
 
@@ -623,7 +631,7 @@ void ps_service::apply_gradient(const wire::frame& request, const wire::ApplyGra
     auto& count = slot(variable, plans.back());
     step = ++*reinterpret_cast<std::int64_t*>(count.bytes.data());
   }
-  make_writable(stored.bytes);
+  make_writable(stored.bytes, *buffers_);
   if (sparse) {
     kernels::apply_sparse(opt, stored.type, stored.bytes.data(), slots, step, ids, gradient.bytes().data(),
                           row_elements(stored.shape));

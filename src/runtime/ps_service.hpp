@@ -4,12 +4,14 @@
 // NaN/Inf when asked) before anything changes, so a bad request leaves every variable as it was.
 #pragma once
 
+#include "wire/buffer_pool.hpp"
 #include "wire/frame.hpp"
 
 #include <pscoro/metrics.hpp>
 
 #include <array>
 #include <cstdint>
+#include <memory>
 #include <span>
 #include <string>
 #include <string_view>
@@ -34,12 +36,22 @@ class ps_service {
   /// Serves one request frame; failures come back as an error status, never as an exception.
   wire::frame handle(const wire::frame& request);
 
+  /// Gives `request`'s segments that nothing holds any more (a variable adopts an assign's) to
+  /// buffers(), once handle() has served it.
+  void recycle(wire::frame request) {
+    for (auto& segment : request.segments) buffers_->give(std::move(segment));
+  }
+  /// The large buffers this ps reuses: storage an assign replaced, request segments it is done with.
+  /// Its connections receive request segments into them (connection::receive_requests_into).
+  const std::shared_ptr<wire::buffer_pool>& buffers() const noexcept { return buffers_; }
+
   std::size_t num_variables() const noexcept { return variables_.size(); }
   /// Bytes held for variables and slots, as server_options::max_ps_bytes counts them.
   std::uint64_t held_bytes() const noexcept { return held_bytes_; }
   /// Drops every variable and slot (the coordinator session that made them ended).
   void clear() noexcept {
     variables_.clear();
+    buffers_->clear();
     held_bytes_ = 0;
     publish();
   }
@@ -102,6 +114,7 @@ class ps_service {
   bool check_numerics_;
   std::uint64_t held_bytes_ = 0;
   std::unordered_map<std::string, stored_variable> variables_;
+  std::shared_ptr<wire::buffer_pool> buffers_;
 
   // Metrics: per operation (create, read, update, apply_gradient, list_slots, delete, other) its
   // latency and its errors; what the ps holds. Registered in the process's registry.

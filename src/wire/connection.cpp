@@ -71,9 +71,11 @@ asio::awaitable<void> connection::stall_watch(std::shared_ptr<connection> self) 
 
 asio::awaitable<void> connection::read_loop(std::shared_ptr<connection> self) {
   std::string reason = "the peer closed the connection";
-  // A response's segments go where its caller asked, if it did (see async_call).
+  // A response's segments go where its caller asked, if it did (see async_call); a request's into a
+  // pooled buffer of their size, if there is one.
   const segment_destination destination = [raw = self.get()](const fixed_header& header, std::size_t index,
-                                                              std::uint64_t) -> byte_buffer {
+                                                              std::uint64_t size) -> byte_buffer {
+    if (header.kind == frame_kind::request) return raw->request_buffers_ ? raw->request_buffers_->take(size) : byte_buffer{};
     if (header.kind != frame_kind::response) return {};
     auto it = raw->pending_.find(header.request_id);
     if (it == raw->pending_.end() || index >= it->second.receive_into.size()) return {};

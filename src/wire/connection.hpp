@@ -4,6 +4,7 @@
 // connection's executor.
 #pragma once
 
+#include "wire/buffer_pool.hpp"
 #include "wire/frame.hpp"
 #include "wire/status.hpp"
 #include "metrics/library.hpp"
@@ -58,6 +59,10 @@ class connection : public std::enable_shared_from_this<connection> {
   /// Counts the frames and bytes of this connection from now on in `traffic` (its peer task's
   /// counters, which live as long as the process): set once the peer is known.
   void count_traffic(metrics::peer_traffic* traffic) noexcept { traffic_ = traffic; }
+
+  /// Receives the large segments of requests into buffers of `pool` when it has one of the right
+  /// size (a ps's: see buffer_pool), instead of fresh ones. Set before start().
+  void receive_requests_into(std::shared_ptr<buffer_pool> pool) noexcept { request_buffers_ = std::move(pool); }
 
   /// The limits for the frames read from now on (the handshake runs under smaller ones).
   void set_limits(frame_limits limits) noexcept { reader_.set_limits(limits); }
@@ -120,6 +125,7 @@ class connection : public std::enable_shared_from_this<connection> {
   std::string peer_;
   request_handler on_request_;
   close_handler on_close_;
+  std::shared_ptr<buffer_pool> request_buffers_;
   bool closed_ = false;
   std::string close_reason_;
   std::uint64_t next_request_id_ = 1;

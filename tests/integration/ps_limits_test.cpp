@@ -1,15 +1,18 @@
 // A ps never crashes, corrupts memory or balloons on what a peer sends: sizes that overflow, ids and
 // row ranges far out of range, shards outside their variable, variables and slots past the memory
 // limits, and (when asked) NaN or Inf. Every test talks to a live ps with raw requests, as a
-// hostile or broken peer would, and checks that what existed is untouched.
+// hostile or broken peer would, and checks that what existed is untouched; the assign-in-place ones
+// drive a ps_service directly, to hold a reply's bytes while an assign arrives.
 #include "local_cluster.hpp"
 #include "runtime/peer.hpp"
+#include "runtime/ps_service.hpp"
 #include "runtime/values.hpp"
 #include "test_support.hpp"
 
 #include <asio/experimental/as_tuple.hpp>
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <limits>
@@ -458,4 +461,130 @@ TEST_CASE("with check_numerics a ps refuses NaN and Inf, naming variable and ele
     CHECK_THROWS_WITH_AS(local_cluster(1, 0),
                          "PSCORO_CHECK_NUMERICS is 'on': use 1 (refuse NaN and Inf in float values) or 0", error);
   }
+}
+
+// ---- Assigns in place: the ps's buffer pool and copy on write, on a ps_service without sockets ----
+
+namespace {
+
+// A float32 [256, 256] tensor (256 KiB: the smallest buffer the ps's pool keeps) of `x`.
+tensor filled_block(float x) {
+  tensor t = tensor::uninitialized(dtype::float32, {256, 256});
+  std::fill_n(t.mutable_data<float>(), t.size(), x);
+  return t;
+}
+
+bool all_are(const tensor& t, float x) {
+  return t.type() == dtype::float32 && t.size() == 256 * 256 &&
+         std::all_of(t.data<float>(), t.data<float>() + t.size(), [x](float e) { return e == x; });
+}
+
+// Serves `request` on `ps` as a server does (its segments go back to the pool afterwards); the
+// reply's tensor shares the ps's bytes as a reply being written would.
+reply serve_directly(runtime::ps_service& ps, wire::frame request) {
+  const wire::frame response = ps.handle(request);
+  ps.recycle(std::move(request));
+  reply out{response.message.response().status(), {}};
+  if (response.message.response().result().has_tensor()) {
+    out.value = wire::get_tensor(response, response.message.response().result().tensor());
+  }
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("an assign adopts the received bytes and pools the storage it replaces; a reply holding it keeps it") {
+  runtime::ps_service ps("ps:0");
+  const variable_ref v{"v", dtype::float32, {256, 256}, 0};
+  constexpr std::size_t bytes = 256 * 256 * sizeof(float);
+  REQUIRE(serve_directly(ps, create_from(v, filled_block(1))).status.code() == 0);
+
+  auto held = serve_directly(ps, read_of(v));  // a reply still being written out shares the storage
+  REQUIRE(all_are(held.value, 1));
+  wire::frame assign_two = update(v, wire::UpdateVariable::ASSIGN, filled_block(2));
+  const std::byte* received = assign_two.segments.at(0).data();
+  REQUIRE(serve_directly(ps, std::move(assign_two)).status.code() == 0);
+  CHECK(all_are(held.value, 1));  // the reply's bytes never change underneath it
+  CHECK(ps.buffers()->size() == 0);  // the old storage is the reply's until it is written
+  auto now = serve_directly(ps, read_of(v));
+  CHECK(all_are(now.value, 2));
+  CHECK(now.value.bytes().data() == received);  // adopted, not copied
+  held = {};
+  now = {};
+
+  // Nothing holds the storage any more: the next assign gives it to the pool, which hands it to the
+  // next request segment of its size.
+  REQUIRE(serve_directly(ps, update(v, wire::UpdateVariable::ASSIGN, filled_block(3))).status.code() == 0);
+  REQUIRE(ps.buffers()->size() == 1);
+  CHECK(ps.buffers()->take(bytes - 4).data() == nullptr);  // only exactly its size
+  byte_buffer reused = ps.buffers()->take(bytes);
+  CHECK(reused.data() == received);
+  CHECK(ps.buffers()->size() == 0);
+  CHECK(all_are(serve_directly(ps, read_of(v)).value, 3));
+
+  // assign_add with a reply holding the storage copies first; without, it adds in place and the
+  // request's segment goes to the pool.
+  auto before = serve_directly(ps, read_of(v));
+  const std::byte* storage = before.value.bytes().data();
+  // (Frames made in statements of their own: a temporary tensor in the call would hold the segment.)
+  wire::frame add_one = update(v, wire::UpdateVariable::ADD, filled_block(1));
+  REQUIRE(serve_directly(ps, std::move(add_one)).status.code() == 0);
+  CHECK(all_are(before.value, 3));
+  before = {};
+  auto after = serve_directly(ps, read_of(v));
+  CHECK(all_are(after.value, 4));
+  CHECK(after.value.bytes().data() != storage);
+  storage = after.value.bytes().data();
+  after = {};
+  wire::frame add_another = update(v, wire::UpdateVariable::ADD, filled_block(1));
+  REQUIRE(serve_directly(ps, std::move(add_another)).status.code() == 0);
+  after = serve_directly(ps, read_of(v));
+  CHECK(all_are(after.value, 5));
+  CHECK(after.value.bytes().data() == storage);
+  CHECK(ps.buffers()->size() == 2);  // both additions' segments
+
+  // A session's end empties the pool with the variables.
+  ps.clear();
+  CHECK(ps.buffers()->size() == 0);
+  CHECK(ps.buffers()->bytes() == 0);
+}
+
+TEST_CASE("an assign of the wrong shape, dtype or size changes neither the variable nor its storage") {
+  runtime::ps_service ps("ps:0");
+  const variable_ref v{"v", dtype::float32, {256, 256}, 0};
+  REQUIRE(serve_directly(ps, create_from(v, filled_block(5))).status.code() == 0);
+  const std::byte* storage = serve_directly(ps, read_of(v)).value.bytes().data();
+  const auto unchanged = [&] {
+    const auto now = serve_directly(ps, read_of(v));
+    CHECK(all_are(now.value, 5));
+    CHECK(now.value.bytes().data() == storage);
+    CHECK(ps.buffers()->size() == 0);
+  };
+
+  tensor short_rows = tensor::uninitialized(dtype::float32, {255, 256});
+  std::fill_n(short_rows.mutable_data<float>(), short_rows.size(), 6.0f);
+  check_refused(serve_directly(ps, update(v, wire::UpdateVariable::ASSIGN, short_rows)), invalid,
+                "assign to 'v': shape [255, 256] does not match the variable's [256, 256]");
+  unchanged();
+
+  tensor doubles = tensor::uninitialized(dtype::float64, {256, 256});
+  std::fill_n(doubles.mutable_data<double>(), doubles.size(), 6.0);
+  check_refused(serve_directly(ps, update(v, wire::UpdateVariable::ASSIGN, doubles)), invalid,
+                "assign to 'v': dtype float64 does not match the variable's float32");
+  unchanged();
+
+  // The tensor says [256, 256] but its segment is shorter (a peer that lies about sizes).
+  wire::frame lying = update(v, wire::UpdateVariable::ASSIGN, filled_block(6));
+  lying.segments.at(0) = byte_buffer(1000);
+  check_refused(serve_directly(ps, std::move(lying)), invalid,
+                "float32 tensor of shape [256, 256] needs 262144 bytes but its segment has 1000");
+  unchanged();
+
+  // The handle's idea of the variable is another shape of the same size.
+  const variable_ref reshaped{"v", dtype::float32, {128, 512}, 0};
+  tensor wide = tensor::uninitialized(dtype::float32, {128, 512});
+  std::fill_n(wide.mutable_data<float>(), wide.size(), 6.0f);
+  check_refused(serve_directly(ps, update(reshaped, wire::UpdateVariable::ASSIGN, wide)), invalid,
+                "assign: the handle says 'v' is float32 [128, 512] but ps:0 holds it as float32 [256, 256]");
+  unchanged();
 }

@@ -9,6 +9,7 @@
 
 #include <xtensor/xview.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <set>
 #include <vector>
@@ -537,4 +538,69 @@ TEST_CASE("a shard initializer returning a wrong shape or dtype, or throwing, cr
         CHECK((co_await t.read() == expected_table(10)));
       },
       {}, {}, fixed_shards_partitioner{3});
+}
+
+namespace {
+
+xt::xarray<float> filled_rows(const shape_type& shape, float x) {
+  xt::xarray<float> out(shape);
+  out.fill(x);
+  return out;
+}
+
+bool all_equal_to(const xt::xarray<float>& a, float x) {
+  return std::all_of(a.begin(), a.end(), [x](float e) { return e == x; });
+}
+
+}  // namespace
+
+TEST_CASE("assigns of arrays, temporaries and expressions land whole; reads and assigns in flight keep their order") {
+  local_cluster cluster(2, 1);
+  cluster.run_chief(
+      [](parameter_server_strategy& strategy, cluster_coordinator&) -> asio::awaitable<void> {
+        // 256 KiB per shard: large enough for the ps's buffer pool, so the assigns after the first
+        // are received into the storage the ones before replaced.
+        const shape_type shape{512, 256};
+        auto v = co_await strategy.scope().create_sharded_variable<float>("big", shape, initializers::zeros{});
+        REQUIRE(v.num_shards() == 2);
+        for (int k = 1; k <= 3; ++k) {
+          const float x = static_cast<float>(k);
+          const auto sent = filled_rows(shape, x);  // sent from its own storage
+          co_await v.assign(sent);
+          const auto read_1 = co_await v.read();
+          CHECK(all_equal_to(read_1, x));
+          co_await v.assign(filled_rows(shape, x + 10));  // a temporary: moved in, never viewed
+          const auto read_2 = co_await v.read();
+          CHECK(all_equal_to(read_2, x + 10));
+          const auto doubled = sent * 2.0f;  // an expression: evaluated once
+          co_await v.assign_add(doubled);
+          const auto read_3 = co_await v.read();
+          CHECK(all_equal_to(read_3, 3 * x + 10));
+          co_await v.assign_sub(xt::xtensor<float, 2>(sent));  // another container type, moved in
+          const auto read_4 = co_await v.read();
+          CHECK(all_equal_to(read_4, 2 * x + 10));
+        }
+
+        // Id expressions with a scalar are evaluated to their own shape (xt::eval made them 4-D).
+        const xt::xarray<std::int64_t> ids{0, 300};
+        const auto next_ids = ids + std::int64_t{1};
+        const auto rows = co_await v.sparse_read(next_ids);
+        CHECK(rows.dimension() == 2);
+        CHECK(rows.shape()[0] == 2);
+        CHECK(all_equal_to(rows, 16));
+
+        // Reads and assigns started together are served in the order they were started.
+        std::vector<xt::xarray<float>> values, seen;
+        for (int i = 0; i < 6; ++i) {
+          values.push_back(filled_rows(shape, static_cast<float>(100 + i)));
+          seen.push_back(filled_rows(shape, -1));
+        }
+        co_await detail::run_all(6, [&](std::size_t i) { return i % 2 ? v.assign(values[i]) : v.read(seen[i]); });
+        CHECK(all_equal_to(seen[0], 16));
+        CHECK(all_equal_to(seen[2], 101));
+        CHECK(all_equal_to(seen[4], 103));
+        const auto read_5 = co_await v.read();
+        CHECK(all_equal_to(read_5, 105));
+      },
+      {}, {}, fixed_shards_partitioner{2});
 }

@@ -24,6 +24,7 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -68,7 +69,7 @@ std::int64_t to_int64_id(Id id) {
 /// does not fit in int64.
 template <class E>
 id_list to_id_list(const xt::xexpression<E>& ids) {
-  const auto& evaluated = xt::eval(ids.derived_cast());
+  const auto& evaluated = detail::evaluated(ids.derived_cast());  // not xt::eval (see there)
   id_list out{{}, shape_type(evaluated.shape().begin(), evaluated.shape().end())};
   out.ids.reserve(evaluated.size());
   for (const auto id : evaluated) out.ids.push_back(to_int64_id(id));
@@ -91,20 +92,59 @@ struct row_source {
   bool owned;
 };
 
+/// Whether a C's elements lie in its own storage, row-major and contiguous, as a tensor's bytes do.
+template <class C>
+inline constexpr bool is_dense_container_v = [] {
+  if constexpr (std::is_base_of_v<xt::xcontainer<C>, C>) {
+    return C::static_layout == xt::layout_type::row_major && is_element_type_v<typename C::value_type>;
+  } else {
+    return false;
+  }
+}();
+
+/// A tensor over the elements of `c` (a dense container, see above): no copy.
+template <class C>
+tensor view_of(const C& c) {
+  using value_type = typename C::value_type;
+  auto* data = reinterpret_cast<std::byte*>(const_cast<value_type*>(c.data()));
+  return tensor(dtype_of<value_type>, shape_type(c.shape().begin(), c.shape().end()),
+                byte_buffer::borrow(data, c.size() * sizeof(value_type)));
+}
+
 template <class E>
 row_source rows_of(const xt::xexpression<E>& e) {
-  using value_type = typename E::value_type;
-  if constexpr (std::is_base_of_v<xt::xcontainer<E>, E> && E::static_layout == xt::layout_type::row_major &&
-                is_element_type_v<value_type>) {
-    const auto& c = e.derived_cast();
-    auto* data = reinterpret_cast<std::byte*>(const_cast<value_type*>(c.data()));
-    return {tensor(dtype_of<value_type>, shape_type(c.shape().begin(), c.shape().end()),
-                   byte_buffer::borrow(data, c.size() * sizeof(value_type))),
-            false};
+  if constexpr (is_dense_container_v<E>) {
+    return {view_of(e.derived_cast()), false};
   } else {
     return {to_tensor(e), true};
   }
 }
+
+/// `e` as the operand of a dense update, copied only when it must be: a view of the caller's
+/// storage for a dense container passed as an lvalue (it must live, unchanged, until the awaited
+/// operation completes, as read(out)'s array does); the container itself, moved into the tensor,
+/// for a non-const rvalue (a temporary is never viewed: g++ 12 destroys a co_await's temporaries
+/// early); anything else evaluated once into a new tensor.
+template <class E>
+tensor dense_operand(E&& e) {
+  using C = std::remove_cvref_t<E>;
+  if constexpr (is_dense_container_v<C> && std::is_lvalue_reference_v<E>) {
+    return view_of(e);
+  } else if constexpr (is_dense_container_v<C> && !std::is_const_v<std::remove_reference_t<E>>) {
+    using value_type = typename C::value_type;
+    auto owner = std::make_shared<C>(std::move(e));  // after the move: a fixed-size container's data moves too
+    auto* data = reinterpret_cast<std::byte*>(owner->data());
+    shape_type shape(owner->shape().begin(), owner->shape().end());
+    const std::size_t bytes = owner->size() * sizeof(value_type);
+    return tensor(dtype_of<value_type>, std::move(shape), byte_buffer::share(std::move(owner), data, bytes));
+  } else {
+    return to_tensor(e);
+  }
+}
+
+/// Whether an E (a forwarding reference's type) is an xtensor expression.
+template <class E>
+inline constexpr bool is_expression_v = xt::is_xexpression<std::remove_cvref_t<E>>::value;
 
 /// Checks a row operation (1-D ids in range, rows of shape [n] + the row shape and the variable's
 /// dtype) and splits ids and rows by shard, keeping their order within each shard. Rows are copied

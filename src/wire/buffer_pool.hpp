@@ -1,0 +1,70 @@
+// Large buffers kept for reuse: a ps gives back the storage an assign replaced and the request
+// segments it is done with, and its connections receive the next request's segments into them.
+// A steady stream of large assigns or updates then allocates nothing and frees nothing: no fresh
+// pages to fault in, no munmap per operation. Single-threaded: it lives on the ps's executor.
+#pragma once
+
+#include <pscoro/tensor.hpp>
+
+#include <cstdint>
+#include <deque>
+#include <utility>
+
+namespace pscoro::wire {
+
+class buffer_pool {
+ public:
+  /// Keeps buffers of at least `min_bytes`, at most `max_buffers` of them and `max_bytes` in all
+  /// (the oldest go first).
+  buffer_pool(std::uint64_t min_bytes, std::size_t max_buffers, std::uint64_t max_bytes) noexcept
+      : min_bytes_(min_bytes), max_buffers_(max_buffers), max_bytes_(max_bytes) {}
+
+  /// A kept buffer of exactly `size` bytes (its contents are stale), or an empty one.
+  byte_buffer take(std::uint64_t size) {
+    if (size < min_bytes_) return {};
+    for (auto it = kept_.rbegin(); it != kept_.rend(); ++it) {
+      if (it->size() != size) continue;
+      byte_buffer out = std::move(*it);
+      kept_.erase(std::next(it).base());
+      bytes_ -= size;
+      ++reused_;
+      return out;
+    }
+    return {};
+  }
+
+  /// Keeps `buffer` if nothing else holds its bytes (a reply being written, a tensor in use), it
+  /// is large enough and it fits; otherwise it is just released.
+  void give(byte_buffer buffer) {
+    const std::uint64_t size = buffer.size();
+    if (!buffer.unique() || size < min_bytes_ || size > max_bytes_ || max_buffers_ == 0) return;
+    while (!kept_.empty() && (kept_.size() >= max_buffers_ || bytes_ + size > max_bytes_)) {
+      bytes_ -= kept_.front().size();
+      kept_.pop_front();
+    }
+    kept_.push_back(std::move(buffer));
+    bytes_ += size;
+  }
+
+  /// Releases every kept buffer.
+  void clear() noexcept {
+    kept_.clear();
+    bytes_ = 0;
+  }
+
+  std::size_t size() const noexcept { return kept_.size(); }
+  /// Bytes kept.
+  std::uint64_t bytes() const noexcept { return bytes_; }
+  /// How many take() calls were served from the pool.
+  std::uint64_t reused() const noexcept { return reused_; }
+
+ private:
+  std::uint64_t min_bytes_;
+  std::size_t max_buffers_;
+  std::uint64_t max_bytes_;
+  std::deque<byte_buffer> kept_;
+  std::uint64_t bytes_ = 0;
+  std::uint64_t reused_ = 0;
+};
+
+}  // namespace pscoro::wire
