@@ -393,14 +393,27 @@ void tf_example_parser::parse(std::string_view serialized, tf_example_batch& bat
         const std::string_view entry = r.read_bytes(q, features_end);
         const byte* const entry_begin = r.as_bytes(entry);
         const byte* const entry_end = entry_begin + entry.size();
-        // The key first (the last one wins; none is ""), wherever it is in the entry.
-        std::string_view key;
-        for (const byte* e = entry_begin; e < entry_end;) {
-          const std::uint32_t field = r.read_tag(e, entry_end);
-          if (field == tag_of(1, length_delimited)) {
-            key = r.read_bytes(e, entry_end);
-          } else {
-            r.skip(field, e, entry_end);
+        // What serializers write: the key, then the value, nothing else.
+        std::string_view key, value;
+        bool key_then_value = false;
+        if (entry_begin < entry_end && *entry_begin == tag_of(1, length_delimited)) {
+          const byte* e = entry_begin + 1;
+          key = r.read_bytes(e, entry_end);
+          if (e < entry_end && *e == tag_of(2, length_delimited)) {
+            ++e;
+            value = r.read_bytes(e, entry_end);
+            key_then_value = e == entry_end;
+          }
+        }
+        if (!key_then_value) {  // the key first (the last one wins; none is ""), wherever it is
+          key = {};
+          for (const byte* e = entry_begin; e < entry_end;) {
+            const std::uint32_t field = r.read_tag(e, entry_end);
+            if (field == tag_of(1, length_delimited)) {
+              key = r.read_bytes(e, entry_end);
+            } else {
+              r.skip(field, e, entry_end);
+            }
           }
         }
         const std::size_t f = find(key);
@@ -409,12 +422,16 @@ void tf_example_parser::parse(std::string_view serialized, tf_example_batch& bat
         truncate(c);  // the entry replaces any entry of the same key before it
         c.seen = 0;   // an entry without a value, or with an empty Feature, is missing (TF)
         r.feature = features_[f].name;
-        for (const byte* e = entry_begin; e < entry_end;) {
-          const std::uint32_t field = r.read_tag(e, entry_end);
-          if (field == tag_of(2, length_delimited)) {
-            read_feature(r, r.read_bytes(e, entry_end), c);
-          } else {
-            r.skip(field, e, entry_end);
+        if (key_then_value) {
+          read_feature(r, value, c);
+        } else {
+          for (const byte* e = entry_begin; e < entry_end;) {  // every value, merged
+            const std::uint32_t field = r.read_tag(e, entry_end);
+            if (field == tag_of(2, length_delimited)) {
+              read_feature(r, r.read_bytes(e, entry_end), c);
+            } else {
+              r.skip(field, e, entry_end);
+            }
           }
         }
         r.feature = {};
