@@ -3,6 +3,7 @@
 // what parse_tf_example reads, and malformed ones fail with a message, never reading past the
 // record (each is parsed from a buffer of exactly its size, which ASan guards).
 #include "test_support.hpp"
+#include "tf_example_reference.hpp"
 
 #include <pscoro/data_formats.hpp>
 
@@ -41,24 +42,7 @@ std::string hex(std::string_view bytes) {
   return out;
 }
 
-// ---- a protobuf wire writer, for records protobuf's serializer never writes ----
-
-std::string varint(std::uint64_t v) {
-  std::string out;
-  for (; v >= 0x80; v >>= 7) out += static_cast<char>((v & 0x7f) | 0x80);
-  out += static_cast<char>(v);
-  return out;
-}
-std::string tag(std::uint32_t field, std::uint32_t wire_type) { return varint(field << 3 | wire_type); }
-std::string len_field(std::uint32_t field, std::string_view bytes) {
-  return tag(field, 2) + varint(bytes.size()) + std::string(bytes);
-}
-std::string varint_field(std::uint32_t field, std::uint64_t v) { return tag(field, 0) + varint(v); }
-std::string float_bytes(float f) {
-  std::string out(4, '\0');
-  std::memcpy(out.data(), &f, 4);
-  return out;
-}
+using namespace pscoro::testing::wire;
 
 // How a random record is written.
 struct writing {
@@ -107,9 +91,7 @@ std::string list_message(const tf_example::feature& values, const writing& w, st
   return out;
 }
 
-std::size_t size_of(const tf_example::feature& values) {
-  return std::visit([](const auto& v) { return v.size(); }, values);
-}
+std::size_t size_of(const tf_example::feature& values) { return testing::value_count_of(values); }
 
 // A Feature holding `values` (a list field of the variant's kind; in two if split).
 std::string feature_message(const tf_example::feature& values, const writing& w, std::mt19937_64& rng) {
@@ -162,61 +144,6 @@ std::string write_example(const tf_example& example, const writing& w, std::mt19
   return out;
 }
 
-// ---- what the spec reads of a parse_tf_example result ----
-
-// Feature values as the batch holds them, per feature of the spec; nullopt when the example fails.
-using columns = std::vector<tf_example::feature>;
-
-std::optional<columns> expected_values(const tf_example& example, const std::vector<tf_feature_spec>& spec) {
-  columns out;
-  for (const auto& s : spec) {
-    const auto it = example.features.find(s.name);
-    if (it == example.features.end()) {
-      if (s.length && !s.default_value) return std::nullopt;
-      if (s.default_value) {
-        out.push_back(*s.default_value);
-      } else {
-        switch (s.type) {
-          case tf_feature_type::bytes: out.emplace_back(std::vector<std::string>{}); break;
-          case tf_feature_type::float32: out.emplace_back(std::vector<float>{}); break;
-          case tf_feature_type::int64: out.emplace_back(std::vector<std::int64_t>{}); break;
-        }
-      }
-      continue;
-    }
-    if (it->second.index() != static_cast<std::size_t>(s.type)) return std::nullopt;
-    if (s.length && size_of(it->second) != *s.length) return std::nullopt;
-    out.push_back(it->second);
-  }
-  return out;
-}
-
-columns batch_values(const tf_example_batch& batch, const std::vector<tf_feature_spec>& spec, std::size_t k) {
-  columns out;
-  for (std::size_t f = 0; f < spec.size(); ++f) {
-    switch (spec[f].type) {
-      case tf_feature_type::bytes: {
-        std::vector<std::string> v;
-        const auto splits = batch.row_splits(f);
-        for (std::size_t i = splits[k]; i < splits[k + 1]; ++i) v.emplace_back(batch.bytes(f, i));
-        out.emplace_back(std::move(v));
-        break;
-      }
-      case tf_feature_type::float32: {
-        const auto v = batch.floats(f, k);
-        out.emplace_back(std::vector<float>(v.begin(), v.end()));
-        break;
-      }
-      case tf_feature_type::int64: {
-        const auto v = batch.int64s(f, k);
-        out.emplace_back(std::vector<std::int64_t>(v.begin(), v.end()));
-        break;
-      }
-    }
-  }
-  return out;
-}
-
 // The record in a heap block of exactly its size: a read past it is an ASan error.
 struct exact_copy {
   explicit exact_copy(std::string_view s) : bytes(new char[std::max<std::size_t>(s.size(), 1)]), size(s.size()) {
@@ -249,9 +176,9 @@ bool check_same(std::string_view record, const tf_example_parser& parser) {
   }
   CHECK(batch.size() == (fast_error ? 0u : 1u));
   if (slow) {
-    const auto expected = expected_values(*slow, spec);
-    CHECK_MESSAGE(expected.has_value() == !fast_error, fast_error.value_or("the fast parser read it"));
-    if (expected && !fast_error) CHECK(batch_values(batch, spec, 0) == *expected);
+    std::optional<testing::tf_columns> fast;
+    if (!fast_error) fast = testing::batch_columns(batch, spec, 0);
+    CHECK_MESSAGE(testing::agrees_with_protobuf(*slow, spec, fast), fast_error.value_or("the fast parser read it"));
   }
   return !fast_error;
 }
@@ -307,7 +234,7 @@ TEST_CASE("the fast parser reads random CTR records as protobuf does, however th
   REQUIRE(batch.size() == records.size());
   CHECK(batch.row_splits(0).back() == records.size());  // label: one each
   for (std::size_t k = 0; k < records.size(); ++k) {
-    CHECK(tfex::batch_values(batch, parser.features(), k) == *tfex::expected_values(examples[k], parser.features()));
+    CHECK(testing::batch_columns(batch, parser.features(), k) == *testing::spec_values(examples[k], parser.features()));
   }
   CHECK(batch.floats(40).size() == 3 * records.size());  // "dense", default or not
 }
@@ -437,6 +364,7 @@ TEST_CASE("a missing feature takes its default, and a Feature with no list count
   // "s" with an empty Feature (protobuf reads an empty bytes list; TF, and this parser, no feature).
   parser.parse(tfex::len_field(1, tfex::len_field(1, tfex::len_field(1, "s") + tfex::len_field(2, ""))), batch);
   REQUIRE(batch.size() == 2);
+  CHECK(tfex::check_same(tfex::len_field(1, tfex::len_field(1, tfex::len_field(1, "f") + tfex::len_field(2, ""))), parser));
   CHECK(std::vector<float>(batch.floats(0).begin(), batch.floats(0).end()) == std::vector<float>{7, 7, 7, 7});
   CHECK(batch.bytes(1, 0) == "none");
   CHECK(batch.bytes(1, 1) == "none");
