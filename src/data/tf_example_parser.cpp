@@ -175,7 +175,7 @@ std::span<const std::size_t> tf_example_batch::row_splits(std::size_t f) const {
 namespace {
 template <class T>
 std::span<const T> example_values(std::span<const T> all, std::span<const std::size_t> splits, std::size_t k) {
-  if (k + 1 >= splits.size()) {
+  if (k >= splits.size() - 1) {  // splits holds size() + 1 >= 1 offsets
     throw error(errc::invalid_argument, fmt::format("example {} of a batch of {}", k, splits.size() - 1));
   }
   return all.subspan(splits[k], splits[k + 1] - splits[k]);

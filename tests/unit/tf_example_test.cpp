@@ -352,6 +352,10 @@ TEST_CASE("fields protobuf does not know, or knows with another wire type, are s
   const std::string wide = tfex::len_field(
       1, tfex::len_field(1, tfex::len_field(1, "b") + tfex::len_field(2, tfex::len_field(3, tfex::tag(1, 0) + std::string(9, '\xff') + "\x7f"))));
   CHECK(tfex::check_same(wide, parser));
+  // A NaN is read as stored.
+  const std::string nan = tfex::len_field(
+      1, tfex::len_field(1, tfex::len_field(1, "a") + tfex::len_field(2, tfex::len_field(2, tfex::len_field(1, std::string("\x01\x00\xc0\x7f", 4))))));
+  CHECK(tfex::check_same(nan, parser));
 }
 
 TEST_CASE("a missing feature takes its default, and a Feature with no list counts as missing") {
@@ -380,6 +384,8 @@ TEST_CASE("a missing feature takes its default, and a Feature with no list count
   CHECK(contains(tfex::caught([&] { other.parse("", batch); }).what(), "the batch holds the examples of another feature spec"));
   CHECK(contains(tfex::caught([&] { (void)batch.int64s(0); }).what(), "feature 0 of the batch holds float values, not int64"));
   CHECK(contains(tfex::caught([&] { (void)batch.floats(0, 1); }).what(), "example 1 of a batch of 1"));
+  CHECK(contains(tfex::caught([&] { (void)batch.floats(0, ~std::size_t{0}); }).what(), "of a batch of 1"));
+  CHECK(contains(tfex::caught([&] { (void)batch.bytes(1, 1); }).what(), "value 1 of feature 1, which holds 1"));
 }
 
 TEST_CASE("a spec the parser cannot honour is refused at construction") {
