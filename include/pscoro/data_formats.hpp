@@ -315,7 +315,12 @@ class PSCORO_API tf_example_parser {
  private:
   std::size_t find(std::string_view name) const noexcept;
   std::vector<tf_feature_spec> features_;
-  std::vector<std::uint32_t> slots_;  // open addressing over the names: feature index + 1, 0 = empty
+  struct name_slot {
+    std::uint64_t prefix = 0;  // the name's first 8 bytes (zero-padded): most names compare in one go
+    std::uint32_t size = 0;
+    std::uint32_t feature = 0;  // index + 1; 0: empty
+  };
+  std::vector<name_slot> slots_;  // open addressing over the names
 };
 
 }  // namespace pscoro

@@ -52,6 +52,12 @@ std::uint64_t fnv1a(std::string_view s) noexcept {
   return h;
 }
 
+std::uint64_t prefix_of(std::string_view s) noexcept {
+  std::uint64_t out = 0;
+  std::memcpy(&out, s.data(), std::min<std::size_t>(s.size(), 8));
+  return out;
+}
+
 // A cursor over one record, which throws naming the record, the feature being read (if any) and
 // the byte offset when the bytes are not what protobuf would parse.
 class wire_reader {
@@ -83,6 +89,12 @@ class wire_reader {
   }
 
   std::uint32_t read_tag(const byte*& p, const byte* end) const {
+    // One byte: fields 1 to 15 of a valid wire type (all of tf.train.Example's).
+    if (p < end && *p < 0x80 && *p >= 0x08 && (*p & 7) <= fixed32) return *p++;
+    return read_long_tag(p, end);
+  }
+
+  std::uint32_t read_long_tag(const byte*& p, const byte* end) const {
     const byte* start = p;
     const std::uint64_t tag = read_varint(p, end);
     if (tag > 0xffffffffu || (tag >> 3) == 0) fail(start, fmt::format("invalid field tag {}", tag));
@@ -221,6 +233,7 @@ std::size_t value_count(const column& c) noexcept {
 // Drops the values of the example being parsed.
 void truncate(column& c) noexcept {
   const std::size_t begin = c.row_splits.back();
+  if (value_count(c) == begin) return;
   switch (c.type) {
     case tf_feature_type::bytes:
       c.bytes_ends.resize(begin);
@@ -316,7 +329,7 @@ tf_example_parser::tf_example_parser(std::vector<tf_feature_spec> features) : fe
   if (features_.size() >= 0xffffffffu) throw error(errc::invalid_argument, "too many features");
   std::size_t capacity = 8;
   while (capacity < 2 * features_.size()) capacity *= 2;
-  slots_.assign(capacity, 0);
+  slots_.assign(capacity, name_slot{});
   for (std::size_t i = 0; i < features_.size(); ++i) {
     auto& spec = features_[i];
     if (spec.name.empty()) throw error(errc::invalid_argument, fmt::format("feature {} of the spec has no name", i));
@@ -345,18 +358,23 @@ tf_example_parser::tf_example_parser(std::vector<tf_feature_spec> features) : fe
                                 *spec.length, type_name(spec.type)));
       }
     }
+    if (spec.name.size() > 0xffffffffu) throw error(errc::invalid_argument, "a feature name of 4 GiB or more");
     std::size_t slot = fnv1a(spec.name) & (slots_.size() - 1);
-    while (slots_[slot] != 0) slot = (slot + 1) & (slots_.size() - 1);
-    slots_[slot] = static_cast<std::uint32_t>(i + 1);
+    while (slots_[slot].feature != 0) slot = (slot + 1) & (slots_.size() - 1);
+    slots_[slot] = {prefix_of(spec.name), static_cast<std::uint32_t>(spec.name.size()), static_cast<std::uint32_t>(i + 1)};
   }
 }
 
 std::size_t tf_example_parser::find(std::string_view name) const noexcept {
   const std::size_t mask = slots_.size() - 1;
+  const std::uint64_t prefix = prefix_of(name);
   for (std::size_t slot = fnv1a(name) & mask;; slot = (slot + 1) & mask) {
-    const std::uint32_t entry = slots_[slot];
-    if (entry == 0) return features_.size();
-    if (features_[entry - 1].name == name) return entry - 1;
+    const name_slot& entry = slots_[slot];
+    if (entry.feature == 0) return features_.size();
+    if (entry.prefix == prefix && entry.size == name.size() &&
+        (name.size() <= 8 || std::memcmp(features_[entry.feature - 1].name.data() + 8, name.data() + 8, name.size() - 8) == 0)) {
+      return entry.feature - 1;
+    }
   }
 }
 
