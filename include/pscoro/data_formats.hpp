@@ -292,8 +292,8 @@ class PSCORO_API tf_example_batch {
 /// same values: features in any order, packed or unpacked lists, unknown fields skipped, a repeated
 /// key's last entry winning; a Feature with no list counts as missing (TF). Thread-safe (const).
 ///
-///   pscoro::tf_example_parser parser({{"label", pscoro::tf_feature_type::int64, 1},
-///                                     {"C1", pscoro::tf_feature_type::bytes}});
+///   pscoro::tf_example_parser parser({{"label", pscoro::tf_feature_type::int64, 1, std::nullopt},
+///                                     {"C1", pscoro::tf_feature_type::bytes, std::nullopt, std::nullopt}});
 ///   pscoro::tf_example_batch batch;
 ///   for (const auto& record : records) parser.parse(record, batch);
 class PSCORO_API tf_example_parser {
