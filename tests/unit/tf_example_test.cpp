@@ -23,18 +23,6 @@ using namespace pscoro;
 
 namespace tfex {
 
-// The pscoro::error `f` throws.
-template <class F>
-error caught(F f) {
-  try {
-    f();
-  } catch (const error& e) {
-    return e;
-  }
-  FAIL("no error");
-  return error(errc::unknown, "");
-}
-
 // A record in hex, for failure messages.
 std::string hex(std::string_view bytes) {
   std::string out;
@@ -261,7 +249,7 @@ TEST_CASE("malformed records fail naming what is wrong and where") {
   const auto fails = [&](std::string_view record, std::string_view part) {
     CAPTURE(part);
     const tfex::exact_copy copy(record);
-    const auto e = tfex::caught([&] { parser.parse(copy.view(), batch); });
+    const auto e = error_thrown_by([&] { parser.parse(copy.view(), batch); });
     CHECK(e.code() == errc::invalid_argument);
     CHECK(contains(e.what(), part));
     CHECK(batch.size() == 1);  // as it was
@@ -302,7 +290,7 @@ TEST_CASE("malformed records fail naming what is wrong and where") {
   // Each fails in protobuf too.
   for (const std::string& bad : {std::string("\x0a\x05" "abc"), std::string("\x0e" "abc"), std::string("\x13\x1c"),
                                 features(entry("x", tfex::len_field(2, tfex::len_field(1, "abcde"))))}) {
-    CHECK(tfex::caught([&] { (void)parse_tf_example(bad); }).code() == errc::invalid_argument);
+    CHECK(error_thrown_by([&] { (void)parse_tf_example(bad); }).code() == errc::invalid_argument);
   }
 }
 
@@ -381,16 +369,16 @@ TEST_CASE("a missing feature takes its default, and a Feature with no list count
   parser.parse("", batch);
   CHECK(batch.size() == 1);
   const tf_example_parser other({{"f", tf_feature_type::int64, std::nullopt, std::nullopt}});
-  CHECK(contains(tfex::caught([&] { other.parse("", batch); }).what(), "the batch holds the examples of another feature spec"));
-  CHECK(contains(tfex::caught([&] { (void)batch.int64s(0); }).what(), "feature 0 of the batch holds float values, not int64"));
-  CHECK(contains(tfex::caught([&] { (void)batch.floats(0, 1); }).what(), "example 1 of a batch of 1"));
-  CHECK(contains(tfex::caught([&] { (void)batch.floats(0, ~std::size_t{0}); }).what(), "of a batch of 1"));
-  CHECK(contains(tfex::caught([&] { (void)batch.bytes(1, 1); }).what(), "value 1 of feature 1, which holds 1"));
+  CHECK(contains(error_thrown_by([&] { other.parse("", batch); }).what(), "the batch holds the examples of another feature spec"));
+  CHECK(contains(error_thrown_by([&] { (void)batch.int64s(0); }).what(), "feature 0 of the batch holds float values, not int64"));
+  CHECK(contains(error_thrown_by([&] { (void)batch.floats(0, 1); }).what(), "example 1 of a batch of 1"));
+  CHECK(contains(error_thrown_by([&] { (void)batch.floats(0, ~std::size_t{0}); }).what(), "of a batch of 1"));
+  CHECK(contains(error_thrown_by([&] { (void)batch.bytes(1, 1); }).what(), "value 1 of feature 1, which holds 1"));
 }
 
 TEST_CASE("a spec the parser cannot honour is refused at construction") {
   using spec = std::vector<tf_feature_spec>;
-  const auto refused = [](spec s) { return std::string(tfex::caught([&] { tf_example_parser p(std::move(s)); }).what()); };
+  const auto refused = [](spec s) { return std::string(error_thrown_by([&] { tf_example_parser p(std::move(s)); }).what()); };
   CHECK(contains(refused(spec{{"a", tf_feature_type::int64, 1, std::nullopt}, {"a", tf_feature_type::bytes, std::nullopt, std::nullopt}}),
                  "feature 'a' is in the spec twice"));
   CHECK(contains(refused(spec{{"", tf_feature_type::int64, 1, std::nullopt}}), "feature 0 of the spec has no name"));
