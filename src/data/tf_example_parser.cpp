@@ -54,7 +54,7 @@ std::uint64_t fnv1a(std::string_view s) noexcept {
 
 std::uint64_t prefix_of(std::string_view s) noexcept {
   std::uint64_t out = 0;
-  std::memcpy(&out, s.data(), std::min<std::size_t>(s.size(), 8));
+  if (!s.empty()) std::memcpy(&out, s.data(), std::min<std::size_t>(s.size(), 8));  // "" may have no data()
   return out;
 }
 

@@ -340,6 +340,13 @@ TEST_CASE("fields protobuf does not know, or knows with another wire type, are s
   const std::string wide = tfex::len_field(
       1, tfex::len_field(1, tfex::len_field(1, "b") + tfex::len_field(2, tfex::len_field(3, tfex::tag(1, 0) + std::string(9, '\xff') + "\x7f"))));
   CHECK(tfex::check_same(wide, parser));
+  // An entry with no key is the key "" (not in the spec); one with no value an empty Feature.
+  const std::string keyless = tfex::len_field(1, tfex::len_field(1, tfex::len_field(2, tfex::len_field(3, tfex::varint_field(1, 4)))) +
+                                                     tfex::len_field(1, tfex::len_field(1, "b")) + tfex::len_field(1, ""));
+  CHECK(tfex::check_same(keyless, parser));
+  tf_example_batch keyless_batch;
+  parser.parse(keyless, keyless_batch);
+  CHECK(keyless_batch.int64s(1).empty());
   // A NaN is read as stored.
   const std::string nan = tfex::len_field(
       1, tfex::len_field(1, tfex::len_field(1, "a") + tfex::len_field(2, tfex::len_field(2, tfex::len_field(1, std::string("\x01\x00\xc0\x7f", 4))))));
