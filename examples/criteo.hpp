@@ -13,6 +13,7 @@
 
 #include <pscoro/data_formats.hpp>
 #include <pscoro/dataset.hpp>
+#include <pscoro/error.hpp>
 #include <pscoro/per_worker.hpp>
 
 #include <fmt/format.h>
@@ -33,6 +34,7 @@
 #include <optional>
 #include <stdexcept>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <utility>
 #include <vector>
@@ -146,40 +148,68 @@ inline pscoro::tf_example to_tf_example(const pscoro::criteo_example& example) {
   return out;
 }
 
-/// The inverse of to_tf_example. Throws errc::invalid_argument naming the feature that is missing,
-/// of another kind, or not 8 hex digits.
-inline pscoro::criteo_example from_tf_example(const pscoro::tf_example& example) {
-  static const auto names = [] {
-    std::array<std::string, integer_features + categorical_features> n;
-    for (std::size_t j = 0; j < integer_features; ++j) n[j] = fmt::format("I{}", j + 1);
-    for (std::size_t f = 0; f < categorical_features; ++f) n[integer_features + f] = fmt::format("C{}", f + 1);
-    return n;
-  }();
-  pscoro::criteo_example out;
-  const auto& label = example.int64s("label");
-  if (label.size() != 1 || (label[0] != 0 && label[0] != 1)) {
-    throw pscoro::error(pscoro::errc::invalid_argument, "feature \"label\" must be one 0 or 1");
-  }
-  out.label = static_cast<float>(label[0]);
+/// The feature spec of to_tf_example's records: "label" one int64, "I1".."I13" int64 and
+/// "C1".."C26" bytes, each of those holding one value or none.
+inline std::vector<pscoro::tf_feature_spec> tf_example_spec() {
+  std::vector<pscoro::tf_feature_spec> spec{{"label", pscoro::tf_feature_type::int64, 1, std::nullopt}};
   for (std::size_t j = 0; j < integer_features; ++j) {
-    const auto& value = example.int64s(names[j]);
-    if (!value.empty()) out.integers[j] = value[0];
+    spec.push_back({fmt::format("I{}", j + 1), pscoro::tf_feature_type::int64, std::nullopt, std::nullopt});
   }
   for (std::size_t f = 0; f < categorical_features; ++f) {
-    const auto& name = names[integer_features + f];
-    const auto& value = example.bytes(name);
-    if (value.empty()) continue;
-    std::uint32_t category = 0;
-    const auto& text = value[0];
-    const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), category, 16);
-    if (ec != std::errc{} || end != text.data() + text.size() || text.size() != 8) {
-      throw pscoro::error(pscoro::errc::invalid_argument,
-                          fmt::format("feature \"{}\" must be 8 hex digits, got \"{}\"", name, text));
-    }
-    out.categories[f] = category;
+    spec.push_back({fmt::format("C{}", f + 1), pscoro::tf_feature_type::bytes, std::nullopt, std::nullopt});
   }
-  return out;
+  return spec;
 }
+
+/// The inverse of to_tf_example, reading records with pscoro::tf_example_parser: one batch,
+/// reused for every record, so a record costs no allocation. Throws errc::invalid_argument naming
+/// the feature that is missing, of another kind, holds more than one value, or is not 8 hex digits.
+class tf_example_reader {
+ public:
+  pscoro::criteo_example operator()(std::string_view record) {
+    batch_.clear();
+    parser_.parse(record, batch_);
+    return example(batch_, 0);
+  }
+
+  /// Example `k` of a batch that tf_example_spec()'s parser filled.
+  static pscoro::criteo_example example(const pscoro::tf_example_batch& batch, std::size_t k) {
+    static const auto spec = tf_example_spec();
+    pscoro::criteo_example out;
+    const std::int64_t label = batch.int64s(0, k)[0];  // fixed length 1
+    if (label != 0 && label != 1) throw pscoro::error(pscoro::errc::invalid_argument, "feature \"label\" must be one 0 or 1");
+    out.label = static_cast<float>(label);
+    const auto at_most_one = [&](std::size_t f, std::size_t count) {
+      if (count > 1) {
+        throw pscoro::error(pscoro::errc::invalid_argument,
+                            fmt::format("feature \"{}\" must hold one value or none, got {}", spec[f].name, count));
+      }
+      return count == 1;
+    };
+    for (std::size_t j = 0; j < integer_features; ++j) {
+      const auto value = batch.int64s(1 + j, k);
+      if (at_most_one(1 + j, value.size())) out.integers[j] = value[0];
+    }
+    for (std::size_t f = 0; f < categorical_features; ++f) {
+      const std::size_t column = 1 + integer_features + f;
+      const auto splits = batch.row_splits(column);
+      if (!at_most_one(column, splits[k + 1] - splits[k])) continue;
+      const std::string_view text = batch.bytes(column, splits[k]);
+      std::uint32_t category = 0;
+      const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), category, 16);
+      if (ec != std::errc{} || end != text.data() + text.size() || text.size() != 8) {
+        throw pscoro::error(pscoro::errc::invalid_argument,
+                            fmt::format("feature \"{}\" must be 8 hex digits, got \"{}\"", spec[column].name, text));
+      }
+      out.categories[f] = category;
+    }
+    return out;
+  }
+
+ private:
+  pscoro::tf_example_parser parser_{tf_example_spec()};
+  pscoro::tf_example_batch batch_;
+};
 
 /// The forms the training data is written in.
 enum class file_format { tsv, tfrecord, tfrecord_gzip };
@@ -300,9 +330,11 @@ inline pscoro::dataset<pscoro::criteo_example> training_examples(const std::file
   auto examples = format == file_format::tsv
                       ? shuffled_files.flat_map([](std::string path) { return pscoro::criteo_tsv({std::move(path)}); })
                       : shuffled_files.flat_map([](std::string path) {
-                          return pscoro::tfrecord({std::move(path)}).map([](const std::string& record) {
-                            return from_tf_example(pscoro::parse_tf_example(record));
-                          });
+                          // A reader per file: its batch is reused record after record.
+                          return pscoro::tfrecord({std::move(path)})
+                              .map([reader = std::make_shared<tf_example_reader>()](const std::string& record) {
+                                return (*reader)(record);
+                              });
                         });
   return examples.shuffle(shuffle_buffer, seed).repeat();
 }

@@ -140,6 +140,19 @@ inline pscoro::testing::text_match starts_with(std::string text, std::string_vie
   return {std::move(text), std::string(prefix), holds, "starts with", "does not start with"};
 }
 
+/// The pscoro::error `f` throws; when it throws none, a failed check and an errc::internal error
+/// saying so.
+template <class F>
+pscoro::error error_thrown_by(F f) {
+  try {
+    f();
+  } catch (const pscoro::error& e) {
+    return e;
+  }
+  FAIL_CHECK("it threw nothing");
+  return pscoro::error(pscoro::errc::internal, "it threw nothing");
+}
+
 template <>
 struct doctest::StringMaker<std::exception_ptr> {
   static doctest::String convert(const std::exception_ptr& e) {

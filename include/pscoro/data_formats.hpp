@@ -23,6 +23,7 @@
 #include <cstdint>
 #include <map>
 #include <optional>
+#include <span>
 #include <string>
 #include <string_view>
 #include <variant>
@@ -226,5 +227,100 @@ struct PSCORO_API tf_example {
 PSCORO_API tf_example parse_tf_example(std::string_view serialized);
 /// Serializes `example` as TF does (keys in order).
 PSCORO_API std::string serialize_tf_example(const tf_example& example);
+
+/// The kind of a tf.train.Feature's values.
+enum class tf_feature_type { bytes, float32, int64 };
+
+/// What tf_example_parser reads of one feature: TF's FixedLenFeature (`length` set) or
+/// VarLenFeature (`length` empty).
+struct tf_feature_spec {
+  std::string name;
+  tf_feature_type type = tf_feature_type::float32;
+  /// Values per example of a fixed-length feature (the element count of TF's FixedLenFeature
+  /// shape); std::nullopt for a variable-length one, which takes any number, none when missing.
+  std::optional<std::size_t> length;
+  /// A fixed-length feature's values when an example lacks it: `*length` values of `type`, or one
+  /// value repeated; std::nullopt makes the feature required. Variable-length features have none.
+  std::optional<tf_example::feature> default_value;
+};
+
+namespace detail {
+// One feature's values in a tf_example_batch.
+struct tf_example_column {
+  tf_feature_type type = tf_feature_type::float32;
+  std::vector<float> floats;
+  std::vector<std::int64_t> int64s;
+  std::string bytes;                    // the byte strings back to back
+  std::vector<std::size_t> bytes_ends;  // where each one ends in `bytes`
+  std::vector<std::size_t> row_splits{0};
+  int seen = 0;  // the parser's state for the example being parsed: the kind of list read last
+};
+}  // namespace detail
+
+/// Examples parsed by tf_example_parser, column by column in the spec's order (as TF's
+/// ParseExample returns them): feature f's values of all examples one after another, example k's
+/// from row_splits(f)[k] to row_splits(f)[k + 1] (k * length for a fixed-length feature). clear()
+/// keeps the memory: a batch reused for the next records allocates nothing once it has grown.
+class PSCORO_API tf_example_batch {
+ public:
+  /// Examples in the batch.
+  std::size_t size() const noexcept { return size_; }
+  void clear() noexcept;
+
+  /// Where each example's values start in feature `f`'s column: size() + 1 offsets.
+  std::span<const std::size_t> row_splits(std::size_t f) const;
+  /// Feature `f`'s values, of all examples or of example `k`; throws errc::invalid_argument when
+  /// the spec gives it another type (or `f` or `k` is out of range).
+  std::span<const float> floats(std::size_t f) const;
+  std::span<const float> floats(std::size_t f, std::size_t k) const;
+  std::span<const std::int64_t> int64s(std::size_t f) const;
+  std::span<const std::int64_t> int64s(std::size_t f, std::size_t k) const;
+  /// Value `i` (counted over the whole column, as row_splits are) of bytes feature `f`.
+  std::string_view bytes(std::size_t f, std::size_t i) const;
+
+ private:
+  friend class tf_example_parser;
+  using column = detail::tf_example_column;
+  const column& at(std::size_t f, tf_feature_type type) const;
+  std::vector<column> columns_;
+  std::size_t size_ = 0;
+};
+
+/// A tf.train.Example parser for one feature spec, reading the serialized bytes straight into a
+/// tf_example_batch as TF's fast ParseExample does: no message is built, features the spec does not
+/// name are skipped unread. Where protobuf would parse a record (parse_tf_example) it gives the
+/// same values: features in any order, packed or unpacked lists, unknown fields skipped, a repeated
+/// key's last entry winning; a Feature with no list counts as missing (TF). Thread-safe (const).
+///
+///   pscoro::tf_example_parser parser({{"label", pscoro::tf_feature_type::int64, 1, std::nullopt},
+///                                     {"C1", pscoro::tf_feature_type::bytes, std::nullopt, std::nullopt}});
+///   pscoro::tf_example_batch batch;
+///   for (const auto& record : records) parser.parse(record, batch);
+class PSCORO_API tf_example_parser {
+ public:
+  /// Throws errc::invalid_argument for an empty or repeated name, or a default value of another
+  /// type or count (or on a variable-length feature).
+  explicit tf_example_parser(std::vector<tf_feature_spec> features);
+
+  const std::vector<tf_feature_spec>& features() const noexcept { return features_; }
+
+  /// Appends the example `serialized` to `batch` (which must be empty or filled by a parser of the
+  /// same spec). Throws errc::invalid_argument naming the feature and what is wrong (a malformed
+  /// record, a missing required feature, another type, a wrong value count) and leaves `batch` as
+  /// it was.
+  void parse(std::string_view serialized, tf_example_batch& batch) const;
+  /// The examples `serialized`, in one batch.
+  [[nodiscard]] tf_example_batch parse(std::span<const std::string> serialized) const;
+
+ private:
+  std::size_t find(std::string_view name) const noexcept;
+  std::vector<tf_feature_spec> features_;
+  struct name_slot {
+    std::uint64_t prefix = 0;  // the name's first 8 bytes (zero-padded): most names compare in one go
+    std::uint32_t size = 0;
+    std::uint32_t feature = 0;  // index + 1; 0: empty
+  };
+  std::vector<name_slot> slots_;  // open addressing over the names
+};
 
 }  // namespace pscoro

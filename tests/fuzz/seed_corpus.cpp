@@ -6,6 +6,7 @@
 // Inputs the fuzzer found (crashes once fixed, new coverage worth keeping) are added by hand next
 // to these; this program only rewrites the files it names.
 #include "fuzz_support.hpp"
+#include "tf_example_reference.hpp"
 
 #include <pscoro/data_formats.hpp>
 #include <pscoro/per_worker.hpp>
@@ -292,6 +293,34 @@ int main(int argc, char** argv) {
     auto flipped = records;
     flipped[20] = static_cast<char>(flipped[20] ^ 1);
     put("tfrecord", "bad_checksum", flag(0) + flipped);
+
+    // Records only a hand-written writer produces, for tf_example_parser: unpacked lists, the key
+    // after the value, unknown fields and a group, a repeated key, two Features, an empty Feature.
+    namespace w = testing::wire;
+    const auto entry = [](std::string_view key, std::string_view feature) {
+      return w::len_field(1, w::len_field(1, key) + w::len_field(2, feature));
+    };
+    const std::string unusual =
+        w::varint_field(5, 3) +
+        w::len_field(1, entry("label", w::len_field(2, "")) + entry("label", w::len_field(3, w::varint_field(1, 1))) +
+                            w::len_field(1, w::len_field(2, w::len_field(2, w::tag(1, 5) + w::float_bytes(0.5f) +
+                                                                               w::tag(1, 5) + w::float_bytes(2))) +
+                                                w::len_field(1, "x")) +
+                            w::tag(7, 3) + w::varint_field(1, 9) + w::tag(7, 4) + entry("w", "")) +
+        w::len_field(1, entry("id", w::len_field(1, w::len_field(1, "a") + w::tag(2, 1) + std::string(8, 'z') +
+                                                       w::len_field(1, "b"))) +
+                            entry("s", w::len_field(1, w::len_field(1, "one"))) + entry("unread", w::len_field(1, "")));
+    const auto path2 = fs::temp_directory_path() / "pscoro-seed-unusual.tfrecord";
+    {
+      tfrecord_writer writer(path2.string());
+      writer.write(unusual);
+      writer.write(unusual.substr(0, unusual.size() - 3));
+      writer.write(w::len_field(1, entry("label", w::len_field(3, w::len_field(1, w::varint(~std::uint64_t{0}))))));
+      writer.write(w::len_field(1, entry("label", w::len_field(3, "")) + entry("unread", "\xff\xff")));
+      writer.close();
+    }
+    put("tfrecord", "unusual_examples", flag(0) + read_file(path2));
+    fs::remove(path2);
   }
 
   // idx: byte 0 bit 0 = the target gzips the rest.

@@ -63,16 +63,6 @@ struct scratch {
   }
 };
 
-template <class F>
-error failure(F f) {
-  try {
-    f();
-  } catch (const error& e) {
-    return e;
-  }
-  FAIL("no error");
-  return error(errc::unknown, "");
-}
 
 std::string be32(std::uint32_t v) {
   return {char(v >> 24), char(v >> 16), char(v >> 8), char(v)};
@@ -126,11 +116,11 @@ TEST_CASE("map, filter, take, zip and flat_map compose lazily") {
 TEST_CASE("zip of datasets of different lengths says which ended first and after how many") {
   CHECK(collect(zip(counting(3), counting(3))).size() == 3);
   CHECK(collect(zip(counting(0), counting(0))).empty());
-  auto e = failure([] { (void)collect(zip(counting(3), counting(5))); });
+  auto e = error_thrown_by([] { (void)collect(zip(counting(3), counting(5))); });
   CHECK(e.code() == errc::invalid_argument);
   std::string m = e.what();
   CHECK(contains(m, "zip: the first dataset ended after 3 elements but the second has more"));
-  e = failure([] { (void)collect(zip(counting(5), counting(2))); });
+  e = error_thrown_by([] { (void)collect(zip(counting(5), counting(2))); });
   CHECK(e.code() == errc::invalid_argument);
   m = e.what();
   CHECK(contains(m, "zip: the second dataset ended after 2 elements but the first has more"));
@@ -188,8 +178,8 @@ TEST_CASE("shard gives every record to exactly one worker") {
     seen.insert(part.begin(), part.end());
   }
   CHECK(std::vector<std::int64_t>(seen.begin(), seen.end()) == range(100));
-  CHECK(failure([] { (void)counting(3).shard(0, 0); }).code() == errc::invalid_argument);
-  CHECK(std::string(failure([] { (void)counting(3).shard(2, 2); }).what()) == "shard: index must be in [0, 2), got 2");
+  CHECK(error_thrown_by([] { (void)counting(3).shard(0, 0); }).code() == errc::invalid_argument);
+  CHECK(std::string(error_thrown_by([] { (void)counting(3).shard(2, 2); }).what()) == "shard: index must be in [0, 2), got 2");
 }
 
 TEST_CASE("prefetch yields the same elements, then the upstream's failure after the ones before it") {
@@ -293,12 +283,12 @@ TEST_CASE("cache(filename) writes the file at the end of a pass and reads it fro
     CHECK(id == id0);
   }
   // The same file read as another element type is refused, naming both.
-  const auto e = failure([&] { (void)collect(counting(3).cache(path)); });
+  const auto e = error_thrown_by([&] { (void)collect(counting(3).cache(path)); });
   CHECK(e.code() == errc::invalid_argument);
   CHECK_MESSAGE(contains(e.what(), "holds elements of type (array<u8>,array<f32>,string,i64,), this dataset's are i64"),
                 e.what());
   // A file that cannot be written fails the pass that would write it, naming it.
-  const auto unwritable = failure([&] { (void)counting(3).cache((s.dir / "no" / "such.cache").string()).make_iterator(); });
+  const auto unwritable = error_thrown_by([&] { (void)counting(3).cache((s.dir / "no" / "such.cache").string()).make_iterator(); });
   CHECK(unwritable.code() == errc::unavailable);
   CHECK_MESSAGE(contains(unwritable.what(), "cache: cannot write " + (s.dir / "no" / "such.cache").string() + ".tmp-"),
                 unwritable.what());
@@ -318,7 +308,7 @@ TEST_CASE("a corrupt cache file is data loss naming the file and the byte offset
   auto u64 = [](std::uint64_t v) { return std::string(reinterpret_cast<const char*>(&v), 8); };
   auto expect = [&](const std::string& name, const std::string& bytes, const std::string& part) {
     const auto path = s.write(name, bytes);
-    const auto e = failure([&] { (void)collect(from_values<std::string>({}).cache(path)); });
+    const auto e = error_thrown_by([&] { (void)collect(from_values<std::string>({}).cache(path)); });
     CHECK(e.code() == errc::data_loss);
     CHECK_MESSAGE(contains(e.what(), path + ": " + part), e.what());
   };
@@ -344,7 +334,7 @@ TEST_CASE("a corrupt cache file is data loss naming the file and the byte offset
   // magic 8 | length 8 | "array<f32>" 10 | mark at 26 | rank at 27 | dims at 35 | ...
   auto expect_array = [&](const std::string& name, const std::string& bytes, const std::string& part) {
     const auto path = s.write(name, bytes);
-    const auto e = failure([&] { (void)collect(from_values<xt::xarray<float>>({}).cache(path)); });
+    const auto e = error_thrown_by([&] { (void)collect(from_values<xt::xarray<float>>({}).cache(path)); });
     CHECK(e.code() == errc::data_loss);
     CHECK_MESSAGE(contains(e.what(), path + ": " + part), e.what());
   };
@@ -360,7 +350,7 @@ TEST_CASE("text_lines reads files in order and drops line ends") {
   const auto a = s.write("a.txt", "one\r\ntwo\n");
   const auto b = s.write("b.txt", "three");
   CHECK(collect(text_lines({a, b})) == std::vector<std::string>{"one", "two", "three"});
-  const auto e = failure([&] { (void)collect(text_lines({a, (s.dir / "missing.txt").string()})); });
+  const auto e = error_thrown_by([&] { (void)collect(text_lines({a, (s.dir / "missing.txt").string()})); });
   CHECK(e.code() == errc::not_found);
   CHECK(contains(e.what(), "missing.txt: cannot open"));
   // Sharding a dataset of file names shards by file.
@@ -378,15 +368,15 @@ TEST_CASE("csv parses numbers, quotes and headers, and names file, line and colu
   CHECK(rows[0](1) == 2.5f);
   CHECK(rows[1](2) == 600.0f);
   CHECK(rows[2](1) == 0.0f);
-  const auto e = failure([&] { (void)collect(csv<float>({good}, {.header = true})); });
+  const auto e = error_thrown_by([&] { (void)collect(csv<float>({good}, {.header = true})); });
   CHECK(std::string(e.what()) == good + ":5: column 2 is empty");
   const auto bad = s.write("bad.csv", "1,2\n3,abc\n");
-  CHECK(std::string(failure([&] { (void)collect(csv<double>({bad})); }).what()) == bad + ":2: column 2: 'abc' is not a number");
+  CHECK(std::string(error_thrown_by([&] { (void)collect(csv<double>({bad})); }).what()) == bad + ":2: column 2: 'abc' is not a number");
   const auto ragged = s.write("ragged.csv", "1,2\n3,4,5\n");
-  CHECK(std::string(failure([&] { (void)collect(csv<double>({ragged})); }).what()) ==
+  CHECK(std::string(error_thrown_by([&] { (void)collect(csv<double>({ragged})); }).what()) ==
         ragged + ":2: 3 fields, but the first row has 2");
   const auto open_quote = s.write("quote.csv", "1,\"2\n");
-  CHECK(contains(failure([&] { (void)collect(csv<double>({open_quote})); }).what(), "a quoted field is not closed"));
+  CHECK(contains(error_thrown_by([&] { (void)collect(csv<double>({open_quote})); }).what(), "a quoted field is not closed"));
   // A quoted field may hold the delimiter and a line end.
   const auto text_fields = collect(detail::csv_rows({s.write("q.csv", "\"a,b\",\"c\nd\",\"say \"\"hi\"\"\"\n")}, {}));
   REQUIRE(text_fields.size() == 1);
@@ -404,12 +394,12 @@ TEST_CASE("libsvm reads labels and sparse features and refuses malformed lines")
   CHECK(rows[1].indices == std::vector<std::int64_t>{1});
   CHECK(rows[2].indices.empty());
   const auto unordered = s.write("b.svm", "1 5:1 2:1\n");
-  CHECK(std::string(failure([&] { (void)collect(libsvm({unordered})); }).what()) ==
+  CHECK(std::string(error_thrown_by([&] { (void)collect(libsvm({unordered})); }).what()) ==
         unordered + ":1: indices must increase along a line: 2 after 5");
   const auto garbage = s.write("c.svm", "1 5:1\nx 1:1\n");
-  CHECK(std::string(failure([&] { (void)collect(libsvm({garbage})); }).what()) == garbage + ":2: label 'x' is not a number");
+  CHECK(std::string(error_thrown_by([&] { (void)collect(libsvm({garbage})); }).what()) == garbage + ":2: label 'x' is not a number");
   const auto no_colon = s.write("d.svm", "1 5\n");
-  CHECK(std::string(failure([&] { (void)collect(libsvm({no_colon})); }).what()) == no_colon + ":1: '5' is not index:value");
+  CHECK(std::string(error_thrown_by([&] { (void)collect(libsvm({no_colon})); }).what()) == no_colon + ":1: '5' is not index:value");
 }
 
 TEST_CASE("criteo_tsv reads Criteo lines with missing values and names the bad field") {
@@ -428,10 +418,10 @@ TEST_CASE("criteo_tsv reads Criteo lines with missing values and names the bad f
   auto broken = line;
   broken.replace(broken.rfind("68fd1e64"), 8, "68fd1e6z");
   const auto bad = s.write("bad.tsv", line + "\n" + broken + "\n");
-  CHECK(std::string(failure([&] { (void)collect(criteo_tsv({bad})); }).what()) ==
+  CHECK(std::string(error_thrown_by([&] { (void)collect(criteo_tsv({bad})); }).what()) ==
         bad + ":2: field 40: '68fd1e6z' is not 8 hex digits");
   const auto short_line = s.write("short.tsv", "0\t1\t2\n");
-  CHECK(contains(failure([&] { (void)collect(criteo_tsv({short_line})); }).what(), ":1: field 4: missing"));
+  CHECK(contains(error_thrown_by([&] { (void)collect(criteo_tsv({short_line})); }).what(), ":1: field 4: missing"));
 }
 
 TEST_CASE("idx reads rows of every element type, gzipped or not, and reports corruption by byte offset") {
@@ -456,16 +446,16 @@ TEST_CASE("idx reads rows of every element type, gzipped or not, and reports cor
   CHECK(collect(idx<std::int32_t>(s.write("s.idx", shorts)))[0]() == -2);
 
   const auto truncated = s.write_gz("cut.idx.gz", bytes.substr(0, bytes.size() - 3));
-  auto e = failure([&] { (void)collect(idx<float>(truncated)); });
+  auto e = error_thrown_by([&] { (void)collect(idx<float>(truncated)); });
   CHECK(e.code() == errc::data_loss);
   CHECK(contains(e.what(), "cut.idx.gz: truncated at byte 25: row 2 of 3 is incomplete"));
   const auto not_idx = s.write("text.idx", "hello world, not idx");
-  e = failure([&] { (void)collect(idx<float>(not_idx)); });
+  e = error_thrown_by([&] { (void)collect(idx<float>(not_idx)); });
   CHECK(e.code() == errc::data_loss);
   CHECK(contains(e.what(), "bad IDX magic 68 65 6c 6c at byte 0"));
   const auto trailing = s.write_gz("long.idx.gz", bytes + "xx");
-  CHECK(contains(failure([&] { (void)collect(idx<float>(trailing)); }).what(), "bytes after the last of its 3 rows, at byte 28"));
-  CHECK(failure([&] { (void)collect(idx<float>((s.dir / "none.idx").string())); }).code() == errc::not_found);
+  CHECK(contains(error_thrown_by([&] { (void)collect(idx<float>(trailing)); }).what(), "bytes after the last of its 3 rows, at byte 28"));
+  CHECK(error_thrown_by([&] { (void)collect(idx<float>((s.dir / "none.idx").string())); }).code() == errc::not_found);
 }
 
 TEST_CASE("read_idx reads a whole IDX file as one array, the rows idx() reads, with the same errors") {
@@ -488,10 +478,10 @@ TEST_CASE("read_idx reads a whole IDX file as one array, the rows idx() reads, w
   CHECK(read_idx<float>(s.write("d.idx", doubles)) == xt::xarray<float>{-0.125f});
   CHECK(read_idx<int>(s.write("b.idx", std::string("\0\0\x09\x01", 4) + be32(1) + "\xff")) == xt::xarray<int>{-1});
 
-  const auto e = failure([&] { (void)read_idx<float>(s.write_gz("cut.idx.gz", bytes.substr(0, bytes.size() - 3))); });
+  const auto e = error_thrown_by([&] { (void)read_idx<float>(s.write_gz("cut.idx.gz", bytes.substr(0, bytes.size() - 3))); });
   CHECK(e.code() == errc::data_loss);
   CHECK_MESSAGE(contains(e.what(), "cut.idx.gz: truncated at byte 25: row 2 of 3 is incomplete"), e.what());
-  CHECK(failure([&] { (void)read_idx<float>((s.dir / "none.idx").string()); }).code() == errc::not_found);
+  CHECK(error_thrown_by([&] { (void)read_idx<float>((s.dir / "none.idx").string()); }).code() == errc::not_found);
 }
 
 TEST_CASE("idx checks the header, and an uncompressed file's length, when the iterator is made") {
@@ -499,7 +489,7 @@ TEST_CASE("idx checks the header, and an uncompressed file's length, when the it
   const std::string header = std::string("\0\0\x08\x03", 4) + be32(3) + be32(2) + be32(2);
   const std::string good = header + std::string(12, '\x07');
   // make_iterator() alone, no next(): the error comes before the first element.
-  auto opening = [](const std::string& path) { return failure([&] { (void)idx<float>(path).make_iterator(); }); };
+  auto opening = [](const std::string& path) { return error_thrown_by([&] { (void)idx<float>(path).make_iterator(); }); };
   auto expect = [&](const std::string& name, const std::string& bytes, const std::string& part) {
     CAPTURE(name);
     const auto e = opening(s.write(name, bytes));
@@ -526,7 +516,7 @@ TEST_CASE("idx checks the header, and an uncompressed file's length, when the it
   CHECK(contains(m, "unknown IDX element type 0x0a"));
   // A gzipped file claiming a row of 2^32 - 1 doubles fails as truncated, without allocating 32 GiB.
   const auto liar = s.write_gz("liar.idx.gz", std::string("\0\0\x0e\x02", 4) + be32(1) + be32(0xffffffffu) + "abc");
-  m = failure([&] { (void)collect(idx<float>(liar)); }).what();
+  m = error_thrown_by([&] { (void)collect(idx<float>(liar)); }).what();
   CHECK(contains(m, "liar.idx.gz: truncated at byte 15: row 0 of 1 is incomplete"));
   CHECK(collect(idx<float>(s.write("good.idx", good))).size() == 3);
 }
@@ -593,11 +583,11 @@ TEST_CASE("TFRecord files of tf.train.Example round-trip, compressed or not") {
     CHECK(records[7].int64s("label") == std::vector<std::int64_t>{1});
     CHECK(records[7].floats("x") == std::vector<float>{7.0f, 0.5f});
     CHECK(records[99].bytes("id") == std::vector<std::string>{"row-99"});
-    CHECK(std::string(failure([&] { (void)records[0].floats("label"); }).what()) == "feature 'label' is not a float list");
-    CHECK(std::string(failure([&] { (void)records[0].floats("y"); }).what()) == "the example has no feature 'y'");
+    CHECK(std::string(error_thrown_by([&] { (void)records[0].floats("label"); }).what()) == "feature 'label' is not a float list");
+    CHECK(std::string(error_thrown_by([&] { (void)records[0].floats("y"); }).what()) == "the example has no feature 'y'");
   }
-  CHECK(failure([] { (void)parse_tf_example("\xff\xff\xff"); }).code() == errc::invalid_argument);
-  const auto unwritable = failure([&] { tfrecord_writer((s.dir / "no-such-dir" / "x.tfrecord").string()); });
+  CHECK(error_thrown_by([] { (void)parse_tf_example("\xff\xff\xff"); }).code() == errc::invalid_argument);
+  const auto unwritable = error_thrown_by([&] { tfrecord_writer((s.dir / "no-such-dir" / "x.tfrecord").string()); });
   CHECK(unwritable.code() == errc::unavailable);
   CHECK(contains(unwritable.what(), "x.tfrecord: cannot write"));
 }
@@ -617,14 +607,14 @@ TEST_CASE("corrupt TFRecord files are data loss naming the file and the record's
 
   std::string flipped = bytes;
   flipped[28 + 12 + 3] ^= 1;  // a data byte of the second record (which starts at byte 28)
-  auto e = failure([&] { (void)collect(tfrecord({s.write("flipped.tfrecord", flipped)})); });
+  auto e = error_thrown_by([&] { (void)collect(tfrecord({s.write("flipped.tfrecord", flipped)})); });
   CHECK(e.code() == errc::data_loss);
   CHECK(contains(e.what(), "flipped.tfrecord: corrupt TFRecord at byte 28: the data's checksum does not match"));
   std::string bad_length = bytes;
   bad_length[0] ^= 4;
-  e = failure([&] { (void)collect(tfrecord({s.write("length.tfrecord", bad_length)})); });
+  e = error_thrown_by([&] { (void)collect(tfrecord({s.write("length.tfrecord", bad_length)})); });
   CHECK(contains(e.what(), "at byte 0: the length's checksum does not match"));
-  e = failure([&] { (void)collect(tfrecord({s.write_gz("cut.tfrecord.gz", bytes.substr(0, bytes.size() - 6))})); });
+  e = error_thrown_by([&] { (void)collect(tfrecord({s.write_gz("cut.tfrecord.gz", bytes.substr(0, bytes.size() - 6))})); });
   CHECK(e.code() == errc::data_loss);
   CHECK(contains(e.what(), "cut.tfrecord.gz: corrupt TFRecord at byte 28: truncated record (11 of 13 bytes)"));
   // A length of 4 GiB with a checksum to match, and 5 bytes: truncated, without holding 4 GiB first.
@@ -632,7 +622,7 @@ TEST_CASE("corrupt TFRecord files are data loss naming the file and the record's
   huge[4] = 1;  // 2^32, little-endian
   const auto crc = data::masked_crc32c(huge.data(), 8);
   for (int i = 0; i < 4; ++i) huge += char(crc >> (8 * i));
-  e = failure([&] { (void)collect(tfrecord({s.write("huge.tfrecord", huge + "short")})); });
+  e = error_thrown_by([&] { (void)collect(tfrecord({s.write("huge.tfrecord", huge + "short")})); });
   CHECK(e.code() == errc::data_loss);
   std::string m = e.what();
   CHECK(contains(m, "huge.tfrecord: corrupt TFRecord at byte 0: truncated record (5 of 4294967296 bytes)"));

@@ -99,17 +99,6 @@ TEST_CASE("a result of the wrong type is an invalid_argument naming both types")
 
 namespace {
 
-/// The pscoro::error `f` throws; an errc::internal error saying so when it throws none.
-template <class F>
-error error_thrown_by(F f) {
-  try {
-    f();
-  } catch (const error& e) {
-    return e;
-  }
-  return error(errc::internal, "it threw nothing");
-}
-
 template <class R>
 asio::awaitable<void> await_result(remote_value<R> value) {
   (void)co_await value.get();
