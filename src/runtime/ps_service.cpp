@@ -229,6 +229,10 @@ ps_service::ps_service(std::string task, const server_options& options)
   registered_.push_back(r.add("pscoro_ps_held_bytes",
                               "Bytes a parameter server holds for variables and slots (as max_ps_bytes counts).", {},
                               bytes_gauge_));
+  registered_.push_back(r.add("pscoro_ps_pooled_bytes",
+                              "Bytes a parameter server keeps in large buffers for reuse (besides held_bytes; at most "
+                              "max_ps_bytes / 4 or 1 GiB), as of its last request.",
+                              {}, pooled_gauge_));
 }
 
 std::uint64_t ps_service::checked_bytes(std::string_view context, dtype type, const shape_type& shape) const {

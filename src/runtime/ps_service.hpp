@@ -122,11 +122,13 @@ class ps_service {
   void publish() noexcept {
     variables_gauge_.set(static_cast<std::int64_t>(variables_.size()));
     bytes_gauge_.set(static_cast<std::int64_t>(held_bytes_));
+    pooled_gauge_.set(static_cast<std::int64_t>(buffers_->bytes()));
   }
   std::array<metrics::histogram, num_operations> operation_seconds_;
   std::array<metrics::counter, num_operations> operation_errors_;
   metrics::gauge variables_gauge_;
   metrics::gauge bytes_gauge_;
+  metrics::gauge pooled_gauge_;
   std::vector<metrics::registry::registration> registered_;
 };
 

@@ -516,6 +516,7 @@ TEST_CASE("an assign adopts the received bytes and pools the storage it replaces
   // next request segment of its size.
   REQUIRE(serve_directly(ps, update(v, wire::UpdateVariable::ASSIGN, filled_block(3))).status.code() == 0);
   REQUIRE(ps.buffers()->size() == 1);
+  CHECK(metrics::process_registry().value("pscoro_ps_pooled_bytes") == static_cast<double>(bytes));
   CHECK(ps.buffers()->take(bytes - 4).data() == nullptr);  // only exactly its size
   byte_buffer reused = ps.buffers()->take(bytes);
   CHECK(reused.data() == received);
