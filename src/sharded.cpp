@@ -25,12 +25,6 @@ std::size_t row_elements_of(const shape_type& shape) {
   return shape.empty() ? 1 : num_elements(std::span(shape).subspan(1));
 }
 
-tensor ids_tensor(const std::vector<std::int64_t>& ids) {
-  tensor out = tensor::uninitialized(dtype::int64, {ids.size()});
-  if (!ids.empty()) std::memcpy(out.mutable_data<std::int64_t>(), ids.data(), ids.size() * sizeof(std::int64_t));
-  return out;
-}
-
 // The size of a transparent huge page, if the system has them (0: none, or unknown).
 std::size_t huge_page_bytes() {
   static const std::size_t bytes = [] {
@@ -167,7 +161,7 @@ std::vector<shard_rows> split_by_shard(const sharded_layout& layout, const id_li
     // One shard: the ids and rows go as they are, rows copied only if they are the caller's.
     tensor own = source.owned ? rows : tensor::uninitialized(rows.type(), rows.shape());
     if (!source.owned && rows.size_bytes()) std::memcpy(own.bytes().data(), rows.bytes().data(), rows.size_bytes());
-    return {shard_rows{0, ids_tensor(list.ids), std::move(own), {}}};
+    return {shard_rows{0, vector_tensor(list.ids), std::move(own), {}}};
   }
   std::vector<std::vector<std::int64_t>> local(shards);
   std::vector<std::vector<std::size_t>> positions(shards);
@@ -179,7 +173,7 @@ std::vector<shard_rows> split_by_shard(const sharded_layout& layout, const id_li
   std::vector<shard_rows> out;
   for (std::size_t s = 0; s < shards; ++s) {
     if (local[s].empty()) continue;
-    shard_rows part{s, ids_tensor(local[s]), {}, {}};
+    shard_rows part{s, vector_tensor(local[s]), {}, {}};
     shape_type shape = rows.shape();
     shape[0] = local[s].size();
     part.rows = tensor::uninitialized(rows.type(), std::move(shape));
@@ -216,7 +210,7 @@ std::vector<shard_rows> plan_lookup(const sharded_layout& layout, std::span<cons
   std::vector<shard_rows> out;
   for (std::size_t s = 0; s < shards; ++s) {
     if (local[s].empty()) continue;
-    out.push_back(shard_rows{s, ids_tensor(local[s]), {}, std::move(places[s])});
+    out.push_back(shard_rows{s, vector_tensor(local[s]), {}, std::move(places[s])});
   }
   return out;
 }

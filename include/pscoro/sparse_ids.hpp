@@ -20,7 +20,6 @@
 #include <pscoro/value.hpp>
 
 #include <cstddef>
-#include <algorithm>
 #include <cstdint>
 #include <span>
 #include <string>
@@ -88,13 +87,6 @@ struct sparse_ids {
 };
 
 namespace detail {
-/// `values` as a 1-D tensor of their own dtype.
-template <class T>
-tensor to_vector_tensor(const std::vector<T>& values) {
-  auto out = tensor::uninitialized(dtype_of<T>, {values.size()});
-  std::copy(values.begin(), values.end(), out.template mutable_data<T>());
-  return out;
-}
 /// The elements of item `index` (`part`) of a decoded sparse_ids, which must be a 1-D tensor of T's
 /// dtype.
 template <class T>
@@ -120,9 +112,9 @@ struct codec<sparse_ids<Id, Weight>> {
   static value encode(const sparse_ids<Id, Weight>& x) {
     value_list list;
     list.items.reserve(4);
-    list.items.push_back(detail::to_vector_tensor(x.rows));
-    list.items.push_back(detail::to_vector_tensor(x.ids));
-    list.items.push_back(detail::to_vector_tensor(x.weights));
+    list.items.push_back(detail::vector_tensor(x.rows));
+    list.items.push_back(detail::vector_tensor(x.ids));
+    list.items.push_back(detail::vector_tensor(x.weights));
     list.items.push_back(codec<std::size_t>::encode(x.dense_rows));
     return list;
   }

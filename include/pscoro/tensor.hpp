@@ -132,4 +132,15 @@ class PSCORO_API tensor {
   byte_buffer bytes_;
 };
 
+namespace detail {
+/// `values` as a 1-D tensor of their own dtype (a copy).
+template <class T>
+  requires is_element_type_v<T>
+tensor vector_tensor(const std::vector<T>& values) {
+  tensor out = tensor::uninitialized(dtype_of<T>, {values.size()});
+  if (!values.empty()) std::memcpy(out.template mutable_data<T>(), values.data(), values.size() * sizeof(T));
+  return out;
+}
+}  // namespace detail
+
 }  // namespace pscoro
