@@ -14,6 +14,7 @@
 
 #include <fmt/format.h>
 
+#include <sched.h>
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -25,9 +26,64 @@
 #include <iterator>
 #include <stdexcept>
 #include <string>
+#include <string_view>
+#include <system_error>
 #include <vector>
 
 namespace bench {
+
+/// Where the processes of a measurement run. On this VM a wake-up that crosses CPUs costs ~40-60 us
+/// (an inter-processor interrupt to a halted vCPU) and one on the same CPU ~5 us, and the scheduler
+/// puts two ping-ponging processes on one CPU or on two as it likes: a raw exchange that landed on
+/// one CPU beside a pscoro exchange that landed on two compares placements, not code (RESULTS.md,
+/// 2026-11-24). So both are placed alike: `split` runs the chief and the raw client on the first
+/// CPU this process may use and the ps and the raw server on the second (as separate machines
+/// would, each side with its own CPU), `one` runs all on the first, `any` leaves it to the scheduler.
+enum class placement { split, one, any };
+
+inline placement parse_placement(std::string_view text) {
+  if (text == "split") return placement::split;
+  if (text == "one") return placement::one;
+  if (text == "any") return placement::any;
+  throw std::invalid_argument(fmt::format("placement '{}': expected split, one or any", text));
+}
+
+/// Pins the chief's thread (the caller) and `servers` (ps and raw server processes) as `how` says,
+/// for its lifetime; gives the caller its CPUs back at the end. `split` needs two CPUs.
+class pinned_placement {
+ public:
+  pinned_placement(placement how, const std::vector<pid_t>& servers) {
+    if (::sched_getaffinity(0, sizeof(allowed_), &allowed_) != 0) throw std::system_error(errno, std::generic_category(), "sched_getaffinity");
+    if (how == placement::any) return;
+    std::vector<int> cpus;
+    for (int cpu = 0; cpu < CPU_SETSIZE; ++cpu) {
+      if (CPU_ISSET(cpu, &allowed_)) cpus.push_back(cpu);
+    }
+    if (how == placement::split && cpus.size() < 2) throw std::runtime_error("placement split needs two CPUs");
+    pin(0, cpus[0]);
+    for (const pid_t pid : servers) pin(pid, how == placement::split ? cpus[1] : cpus[0]);
+    servers_ = servers;
+  }
+  pinned_placement(const pinned_placement&) = delete;
+  pinned_placement& operator=(const pinned_placement&) = delete;
+  ~pinned_placement() {
+    ::sched_setaffinity(0, sizeof(allowed_), &allowed_);
+    for (const pid_t pid : servers_) ::sched_setaffinity(pid, sizeof(allowed_), &allowed_);
+  }
+
+ private:
+  static void pin(pid_t pid, int cpu) {
+    cpu_set_t one;
+    CPU_ZERO(&one);
+    CPU_SET(cpu, &one);
+    if (::sched_setaffinity(pid, sizeof(one), &one) != 0) {
+      throw std::system_error(errno, std::generic_category(), fmt::format("pinning process {} to CPU {}", pid, cpu));
+    }
+  }
+
+  cpu_set_t allowed_{};
+  std::vector<pid_t> servers_;
+};
 
 /// Minor page faults of process `pid` so far (0: this process), from /proc/<pid>/stat.
 inline std::uint64_t minor_faults(pid_t pid = 0) {

@@ -9,6 +9,7 @@
 #include <asio/write.hpp>
 
 #include <signal.h>
+#include <sys/mman.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -20,6 +21,7 @@
 #include <chrono>
 #include <cstdint>
 #include <cstring>
+#include <memory>
 #include <thread>
 #include <vector>
 
@@ -56,17 +58,44 @@ asio::awaitable<double> median_us(int iterations, F f) {
   co_return median(std::move(samples));
 }
 
+/// Where the client receives each answer: into one buffer it reuses (as read(out) does), or into a
+/// fresh allocation per exchange, freed after it (as read() into a fresh array does: the kernel
+/// clears every fresh page before the copy lands in it, and unmaps it after). The fresh buffer gets
+/// the transparent-huge-page advice pscoro gives a fresh result (src/sharded.cpp), so the two pay
+/// the same per page.
+enum class receive_into { reused, fresh };
+
 namespace detail {
+struct free_deleter {
+  void operator()(char* p) const noexcept { std::free(p); }
+};
+
+inline std::unique_ptr<char, free_deleter> fresh_buffer(std::size_t bytes) {
+  constexpr std::size_t huge = std::size_t{2} << 20;
+  const bool advise = bytes >= 4 * huge;  // src/sharded.cpp's threshold
+  const std::size_t rounded = advise ? (bytes + huge - 1) / huge * huge : std::max<std::size_t>(bytes, 1);
+  std::unique_ptr<char, free_deleter> buffer(
+      static_cast<char*>(advise ? std::aligned_alloc(huge, rounded) : std::malloc(rounded)));
+  if (!buffer) throw std::bad_alloc();
+  if (advise) ::madvise(buffer.get(), rounded, MADV_HUGEPAGE);
+  return buffer;
+}
+
 // The client's half of an exchange: `iterations` timed exchanges (after a tenth as many to warm up).
 inline std::vector<double> time_exchanges(asio::ip::tcp::socket& client, std::size_t request, std::size_t response,
-                                          int iterations) {
-  std::vector<char> out(request, 'x'), in(response);
+                                          int iterations, receive_into where = receive_into::reused) {
+  std::vector<char> out(request, 'x'), in(where == receive_into::reused ? response : 0);
   std::vector<double> samples;
   samples.reserve(static_cast<std::size_t>(iterations));
   for (int i = -std::max(1, iterations / 10); i < iterations; ++i) {
     const auto start = clock_type::now();
     asio::write(client, asio::buffer(out));
-    asio::read(client, asio::buffer(in));
+    if (where == receive_into::reused) {
+      asio::read(client, asio::buffer(in));
+    } else {
+      const auto fresh = fresh_buffer(response);
+      asio::read(client, asio::buffer(fresh.get(), response));
+    }
     if (i >= 0) samples.push_back(micros(clock_type::now() - start).count());
   }
   return samples;
@@ -76,7 +105,8 @@ inline std::vector<double> time_exchanges(asio::ip::tcp::socket& client, std::si
 /// Blocking exchange over loopback TCP (TCP_NODELAY) between two threads: the client sends
 /// `request` bytes, the server answers `response` bytes; returns the times of `iterations` exchanges
 /// in microseconds (after a tenth as many to warm up). Ping-pong: request == response.
-inline std::vector<double> raw_exchanges(std::size_t request, std::size_t response, int iterations) {
+inline std::vector<double> raw_exchanges(std::size_t request, std::size_t response, int iterations,
+                                         receive_into where = receive_into::reused) {
   asio::io_context io;
   asio::ip::tcp::acceptor acceptor(io, {asio::ip::address_v4::loopback(), 0});
   std::thread server([&] {
@@ -91,7 +121,7 @@ inline std::vector<double> raw_exchanges(std::size_t request, std::size_t respon
   asio::ip::tcp::socket client(io);
   client.connect(acceptor.local_endpoint());
   client.set_option(asio::ip::tcp::no_delay(true));
-  auto samples = detail::time_exchanges(client, request, response, iterations);
+  auto samples = detail::time_exchanges(client, request, response, iterations, where);
   client.close();
   server.join();
   return samples;
@@ -118,13 +148,14 @@ class raw_server_process {
   pid_t pid() const noexcept { return pid_; }
 
   /// As raw_exchanges(), with the server in the child process.
-  std::vector<double> exchanges(std::size_t request, std::size_t response, int iterations) {
+  std::vector<double> exchanges(std::size_t request, std::size_t response, int iterations,
+                                receive_into where = receive_into::reused) {
     asio::ip::tcp::socket client(io_);
     client.connect({asio::ip::address_v4::loopback(), port_});
     client.set_option(asio::ip::tcp::no_delay(true));
     const std::array<std::uint64_t, 2> sizes{request, response};
     asio::write(client, asio::buffer(sizes));
-    auto samples = detail::time_exchanges(client, request, response, iterations);
+    auto samples = detail::time_exchanges(client, request, response, iterations, where);
     client.close();
     return samples;
   }

@@ -34,10 +34,12 @@ struct dense_figures {
   int ps;
   double pull_us;       // raw 4 KiB round trip, or raw pull of the same bytes
   double push_us;       // raw 4 KiB round trip, or raw push of the same bytes (answered by 64 bytes)
+  double fresh_pull_us; // the raw pull into a fresh buffer per exchange (what read() into a fresh array pays)
   double read_us;       // into a fresh array
   double reuse_us;      // into the same array each time (read(out))
   double assign_us;
   double read_ratio;    // read / raw pull (time)
+  double fresh_ratio;   // read / raw pull into a fresh buffer (time)
   double reuse_ratio;   // read(out) / raw pull (time)
   double assign_ratio;  // assign / raw push (time)
   // Minor page faults per operation: the chief's process, and the ps processes' (-1: threads of one
@@ -85,7 +87,8 @@ struct fault_counter {
   }
 };
 
-// `run_chief(body)` runs a chief over `num_ps` ps; `raw(request, response, n)` times raw exchanges.
+// `run_chief(body)` runs a chief over `num_ps` ps; `raw(request, response, n, receive_into)` times raw
+// exchanges.
 template <class RunChief, class Raw>
 std::vector<dense_figures> measure_dense(int num_ps, int scale, int rounds, RunChief run_chief, Raw raw,
                                          std::vector<pid_t> ps_pids) {
@@ -98,7 +101,8 @@ std::vector<dense_figures> measure_dense(int num_ps, int scale, int rounds, RunC
       const int n = iterations_for(bytes, scale);
       const xt::xarray<float> value = xt::zeros<float>(shape);
       xt::xarray<float> into(shape);
-      std::vector<double> pull, push, read, reuse, assign, read_ratio, reuse_ratio, assign_ratio;
+      std::vector<double> pull, push, fresh_pull, read, reuse, assign, read_ratio, fresh_ratio, reuse_ratio,
+          assign_ratio;
       std::vector<double> faults[6];
       fault_counter counter{ps_pids};
       auto count = [&](int first) {
@@ -108,8 +112,13 @@ std::vector<dense_figures> measure_dense(int num_ps, int scale, int rounds, RunC
       };
       for (int round = 0; round < rounds; ++round) {
         // The raw exchanges block this thread; nothing else runs on the chief meanwhile.
-        pull.push_back(bench::median(bytes <= 4096 ? raw(bytes, bytes, n) : raw(64, bytes, n)));
-        push.push_back(bench::median(bytes <= 4096 ? raw(bytes, bytes, n) : raw(bytes, 64, n)));
+        using bench::receive_into;
+        pull.push_back(bench::median(bytes <= 4096 ? raw(bytes, bytes, n, receive_into::reused)
+                                                   : raw(64, bytes, n, receive_into::reused)));
+        push.push_back(bench::median(bytes <= 4096 ? raw(bytes, bytes, n, receive_into::reused)
+                                                   : raw(bytes, 64, n, receive_into::reused)));
+        fresh_pull.push_back(bench::median(bytes <= 4096 ? raw(bytes, bytes, n, receive_into::fresh)
+                                                         : raw(64, bytes, n, receive_into::fresh)));
         counter.start();
         read.push_back(co_await median_us(n, [&] { return v.read(); }));
         count(0);
@@ -120,12 +129,14 @@ std::vector<dense_figures> measure_dense(int num_ps, int scale, int rounds, RunC
         assign.push_back(co_await median_us(n, [&] { return v.assign(value); }));
         count(4);
         read_ratio.push_back(read.back() / pull.back());
+        fresh_ratio.push_back(read.back() / fresh_pull.back());
         reuse_ratio.push_back(reuse.back() / pull.back());
         assign_ratio.push_back(assign.back() / push.back());
       }
       using bench::median;
-      out.push_back({bytes, num_ps, median(pull), median(push), median(read), median(reuse), median(assign),
-                     median(read_ratio), median(reuse_ratio), median(assign_ratio), median(faults[0]),
+      out.push_back({bytes, num_ps, median(pull), median(push), median(fresh_pull), median(read), median(reuse),
+                     median(assign), median(read_ratio), median(fresh_ratio), median(reuse_ratio),
+                     median(assign_ratio), median(faults[0]),
                      median(faults[1]), median(faults[2]), median(faults[3]), median(faults[4]),
                      median(faults[5])});
     }
@@ -138,33 +149,43 @@ std::vector<dense_figures> measure_dense_threads(int num_ps, int scale, int roun
   return measure_dense(
       num_ps, scale, rounds,
       [&](auto body) { cluster.run_chief(body, {}, {}, pscoro::fixed_shards_partitioner{num_ps}); },
-      [](std::size_t request, std::size_t response, int n) { return bench::raw_exchanges(request, response, n); },
+      [](std::size_t request, std::size_t response, int n, bench::receive_into where) {
+        return bench::raw_exchanges(request, response, n, where);
+      },
       {});
 }
 
 std::vector<dense_figures> measure_dense_processes(bench::process_cluster& cluster, bench::raw_server_process& raw,
-                                                   int num_ps, int scale, int rounds) {
+                                                   int num_ps, int scale, int rounds, bench::placement placement) {
   std::vector<pid_t> pids;
   for (int i = 0; i < num_ps; ++i) pids.push_back(cluster.pid("ps", i));
+  std::vector<pid_t> servers = pids;
+  servers.push_back(raw.pid());
+  const bench::pinned_placement pinned(placement, servers);
   return measure_dense(
       num_ps, scale, rounds,
       [&](auto body) { cluster.run_chief(num_ps, body, pscoro::fixed_shards_partitioner{num_ps}); },
-      [&](std::size_t request, std::size_t response, int n) { return raw.exchanges(request, response, n); }, pids);
+      [&](std::size_t request, std::size_t response, int n, bench::receive_into where) {
+        return raw.exchanges(request, response, n, where);
+      },
+      pids);
 }
 
 void print_dense(const std::vector<dense_figures>& dense) {
-  fmt::print("{:<8} {:>3} {:>9} {:>9} {:>9} {:>6} {:>12} {:>6} {:>9} {:>6} {:>11}   {}\n", "size", "ps", "pull us",
-             "push us", "read us", "x pull", "read(out) us", "x pull", "assign us", "x push", "assign GB/s",
-             "faults/op chief|ps: read, read(out), assign");
+  fmt::print("{:<8} {:>3} {:>9} {:>9} {:>9} {:>9} {:>6} {:>7} {:>12} {:>6} {:>9} {:>6} {:>11}   {}\n", "size", "ps",
+             "pull us", "push us", "fresh us", "read us", "x pull", "x fresh", "read(out) us", "x pull", "assign us",
+             "x push", "assign GB/s", "faults/op chief|ps: read, read(out), assign");
   auto faults = [](double self, double ps) {
     return ps < 0 ? fmt::format("{:.0f}", self) : fmt::format("{:.0f}|{:.0f}", self, ps);
   };
   for (const auto& f : dense) {
-    fmt::print("{:<8} {:>3} {:>9.1f} {:>9.1f} {:>9.1f} {:>6.2f} {:>12.1f} {:>6.2f} {:>9.1f} {:>6.2f} {:>11.2f}   {}, {}, {}\n",
-               size_name(f.bytes), f.ps, f.pull_us, f.push_us, f.read_us, f.read_ratio, f.reuse_us, f.reuse_ratio,
-               f.assign_us, f.assign_ratio, static_cast<double>(f.bytes) / (f.assign_us * 1e-6) / 1e9,
-               faults(f.read_faults, f.read_ps_faults), faults(f.reuse_faults, f.reuse_ps_faults),
-               faults(f.assign_faults, f.assign_ps_faults));
+    fmt::print(
+        "{:<8} {:>3} {:>9.1f} {:>9.1f} {:>9.1f} {:>9.1f} {:>6.2f} {:>7.2f} {:>12.1f} {:>6.2f} {:>9.1f} {:>6.2f} "
+        "{:>11.2f}   {}, {}, {}\n",
+        size_name(f.bytes), f.ps, f.pull_us, f.push_us, f.fresh_pull_us, f.read_us, f.read_ratio, f.fresh_ratio,
+        f.reuse_us, f.reuse_ratio, f.assign_us, f.assign_ratio,
+        static_cast<double>(f.bytes) / (f.assign_us * 1e-6) / 1e9, faults(f.read_faults, f.read_ps_faults),
+        faults(f.reuse_faults, f.reuse_ps_faults), faults(f.assign_faults, f.assign_ps_faults));
   }
 }
 
@@ -252,6 +273,11 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({"threads", "processes", "both"}));
   bool dense_only = false;
   app.add_flag("--dense-only", dense_only, "only the dense table");
+  std::string placement = "split";
+  app.add_option("--placement", placement,
+                 "processes mode: chief | ps on two CPUs (split), all on one CPU (one), or as the scheduler likes (any); "
+                 "the raw exchanges are placed alike")
+      ->check(CLI::IsMember({"split", "one", "any"}));
   CLI11_PARSE(app, argc, argv);
   ::setenv("PSCORO_LOG_LEVEL", "warning", 0);
 
@@ -269,7 +295,9 @@ int main(int argc, char** argv) {
       for (auto& f : measure_dense_threads(ps, scale, rounds)) dense_threads.push_back(f);
     }
     if (mode != "threads") {
-      for (auto& f : measure_dense_processes(*processes, *raw_server, ps, scale, rounds)) dense_processes.push_back(f);
+      const auto figures =
+          measure_dense_processes(*processes, *raw_server, ps, scale, rounds, bench::parse_placement(placement));
+      dense_processes.insert(dense_processes.end(), figures.begin(), figures.end());
     }
   }
   const double copy_64m = bench::memcpy_bandwidth(64 << 20, 5 * scale);
@@ -277,16 +305,17 @@ int main(int argc, char** argv) {
   fmt::print("pscoro variable benchmark, {:%Y-%m-%d}, {} hardware threads; memcpy 64 MiB {:.2f} GB/s\n\n",
              fmt::localtime(std::time(nullptr)), std::thread::hardware_concurrency(), copy_64m / 1e9);
   fmt::print("dense: medians of {} rounds; each round measures the raw exchanges (4 KiB: ping-pong; larger: pull =\n"
-             "a 64-byte request answered by the whole buffer, push = the whole buffer answered by 64 bytes) right\n"
-             "before pscoro. x pull, x push = pscoro time / raw time, per round. faults/op: minor page faults\n"
-             "per operation (/proc/<pid>/stat minflt) of the chief's process and the ps processes'.\n",
+             "a 64-byte request answered by the whole buffer, push = the whole buffer answered by 64 bytes; fresh =\n"
+             "the pull into a fresh buffer each time, as read() into a fresh array) right before pscoro. x pull,\n"
+             "x fresh, x push = pscoro time / raw time, per round. faults/op: minor page faults per operation\n"
+             "(/proc/<pid>/stat minflt) of the chief's process and the ps processes'.\n",
              rounds);
   if (!dense_threads.empty()) {
     fmt::print("\nchief and ps as threads of one process (raw: two threads):\n");
     print_dense(dense_threads);
   }
   if (!dense_processes.empty()) {
-    fmt::print("\nchief, ps and worker as processes (raw: two processes):\n");
+    fmt::print("\nchief, ps and worker as processes (raw: two processes), placement {}:\n", placement);
     print_dense(dense_processes);
   }
   fmt::print("\nTargets: a 4 KiB read within 2x a raw round trip; 64 MiB: assign <= 1.3x the raw push, read into a\n"
