@@ -1,10 +1,13 @@
 // Cluster benchmark: a no-op closure's schedule -> result latency and the closure throughput,
 // against the machine's own raw loopback TCP round trip measured in the same run.
 //
-// Everything runs in one process on 127.0.0.1 (servers on their own threads), so the raw round
-// trip and pscoro cross the same kernel path. Quote the ratios, not the absolute times: the
-// machine is shared and noisy.
+// Two layouts (--mode): the ps and workers as threads of this process, against a raw round trip
+// between two threads; and as processes of their own (forked at the start), against a raw round
+// trip between two processes, placed on the CPUs alike (--placement, process_cluster.hpp). All on
+// 127.0.0.1, so the raw round trip and pscoro cross the same kernel path. Quote the ratios, not the
+// absolute times: the machine is shared and noisy.
 #include "local_cluster.hpp"
+#include "process_cluster.hpp"
 #include "raw_limits.hpp"
 
 #include <pscoro/pscoro.hpp>
@@ -18,10 +21,12 @@
 #include <chrono>
 #include <ctime>
 #include <fstream>
-
-#include <unistd.h>
+#include <optional>
+#include <string_view>
 #include <thread>
 #include <vector>
+
+#include <unistd.h>
 
 namespace {
 
@@ -29,7 +34,6 @@ using bench::clock_type;
 using bench::median;
 using bench::micros;
 using bench::percentiles;
-using bench::raw_round_trip;
 using bench::summarize;
 
 // Smaller than the default bound, so that the flood fills the queue early and the plateau shows.
@@ -53,16 +57,19 @@ double resident_mib() {
   return static_cast<double>(resident) * static_cast<double>(::sysconf(_SC_PAGESIZE)) / (1 << 20);
 }
 
-closure_figures measure_closures(int workers, std::size_t in_flight, int latency_iterations, int throughput_closures,
-                                 int rounds, int flood) {
-  pscoro::testing::local_cluster cluster(1, workers, [](pscoro::server& s) {
-    s.bind(noop, []() -> asio::awaitable<void> { co_return; });
-  });
+void bind_noop(pscoro::server& s) {
+  s.bind(noop, []() -> asio::awaitable<void> { co_return; });
+}
+
+// `run_chief(body, options)` runs a chief with one ps and the workers measured.
+template <class RunChief>
+closure_figures measure_closures(RunChief run_chief, std::size_t in_flight, int latency_iterations,
+                                 int throughput_closures, int rounds, int flood) {
   closure_figures out{};
   pscoro::coordinator_options options;
   options.closures_per_worker = in_flight;
   options.max_queued_closures = flood_queue_bound;
-  cluster.run_chief(
+  run_chief(
       [&](pscoro::parameter_server_strategy&, pscoro::cluster_coordinator& coordinator) -> asio::awaitable<void> {
         std::vector<double> samples;
         samples.reserve(latency_iterations);
@@ -95,6 +102,43 @@ closure_figures measure_closures(int workers, std::size_t in_flight, int latency
   return out;
 }
 
+closure_figures measure_closures_threads(int workers, std::size_t in_flight, int latency_iterations,
+                                         int throughput_closures, int rounds, int flood) {
+  pscoro::testing::local_cluster cluster(1, workers, bind_noop);
+  return measure_closures([&](auto body, pscoro::coordinator_options options) { cluster.run_chief(body, options); },
+                          in_flight, latency_iterations, throughput_closures, rounds, flood);
+}
+
+closure_figures measure_closures_processes(bench::process_cluster& cluster, int workers, std::size_t in_flight,
+                                           int latency_iterations, int throughput_closures, int rounds) {
+  return measure_closures(
+      [&](auto body, pscoro::coordinator_options options) { cluster.run_chief(1, workers, body, {}, options); },
+      in_flight, latency_iterations, throughput_closures, rounds, 0);
+}
+
+// One layout's figures: the raw round trips and the closures with 1 and 2 workers.
+struct layout_figures {
+  percentiles raw64, raw4k;
+  closure_figures one, two;
+};
+
+void print_layout(std::string_view title, const layout_figures& f, std::size_t in_flight) {
+  fmt::print("{}\n", title);
+  fmt::print("{:<36} {:>10} {:>10} {:>16}\n", "latency (schedule -> result)", "p50 us", "p99 us", "p50 / raw 64 B");
+  auto latency_row = [&](std::string_view name, percentiles p) {
+    fmt::print("{:<36} {:>10.1f} {:>10.1f} {:>16.2f}\n", name, p.p50, p.p99, p.p50 / f.raw64.p50);
+  };
+  latency_row("raw TCP round trip, 64 B", f.raw64);
+  latency_row("raw TCP round trip, 4 KiB", f.raw4k);
+  latency_row("no-op closure, 1 worker", f.one.latency);
+  latency_row("no-op closure, 2 workers", f.two.latency);
+  fmt::print("\n{:<36} {:>21} {:>16}\n", fmt::format("throughput ({} in flight per worker)", in_flight),
+             "closures/s (median)", "/ 20,000 target");
+  fmt::print("{:<36} {:>21.0f} {:>16.2f}\n", "no-op closures, 1 worker", f.one.throughput, f.one.throughput / 20000);
+  fmt::print("{:<36} {:>21.0f} {:>16.2f}\n\n", "no-op closures, 2 workers", f.two.throughput,
+             f.two.throughput / 20000);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -104,44 +148,66 @@ int main(int argc, char** argv) {
   int rounds = 5;
   std::size_t in_flight = 8;
   int flood = 4000000;
+  std::string mode = "both";
+  std::string placement = "split";
   app.add_option("--iterations", iterations, "round trips per latency measurement")->check(CLI::PositiveNumber);
   app.add_option("--closures", closures, "closures per throughput round")->check(CLI::PositiveNumber);
   app.add_option("--rounds", rounds, "throughput rounds (the median is reported)")->check(CLI::PositiveNumber);
   app.add_option("--in-flight", in_flight, "closures in flight per worker for throughput")->check(CLI::PositiveNumber);
-  app.add_option("--flood", flood, "closures pushed through the bounded queue to check memory (0: skip)")
+  app.add_option("--flood", flood, "closures pushed through the bounded queue to check memory (0: skip; threads mode)")
       ->check(CLI::NonNegativeNumber);
+  app.add_option("--mode", mode, "the ps and workers as threads of this process, as processes of their own, or both")
+      ->check(CLI::IsMember({"threads", "processes", "both"}));
+  app.add_option("--placement", placement,
+                 "processes mode: the chief on one CPU and the ps and workers on the other (split), all on one CPU "
+                 "(one), or as the scheduler likes (any); the raw round trips are placed alike")
+      ->check(CLI::IsMember({"split", "one", "any"}));
   CLI11_PARSE(app, argc, argv);
   if (flood < 4) flood = 0;  // reported by quarters
   ::setenv("PSCORO_LOG_LEVEL", "warning", 0);
 
-  const auto raw64 = raw_round_trip(64, iterations);
-  const auto raw4k = raw_round_trip(4096, iterations);
-  const auto one = measure_closures(1, in_flight, iterations, closures, rounds, flood);
-  const auto two = measure_closures(2, in_flight, iterations, closures, rounds, 0);
+  // The processes are forked first, while this program has one thread.
+  std::optional<bench::process_cluster> processes;
+  std::optional<bench::raw_server_process> raw_server;
+  if (mode != "threads") {
+    processes.emplace(1, 2, bind_noop);
+    raw_server.emplace();
+  }
+  std::optional<layout_figures> threads, separate;
+  if (mode != "processes") {
+    threads.emplace();
+    threads->raw64 = summarize(bench::raw_exchanges(64, 64, iterations));
+    threads->raw4k = summarize(bench::raw_exchanges(4096, 4096, iterations));
+    threads->one = measure_closures_threads(1, in_flight, iterations, closures, rounds, flood);
+    threads->two = measure_closures_threads(2, in_flight, iterations, closures, rounds, 0);
+  }
+  if (mode != "threads") {
+    std::vector<pid_t> servers = processes->pids();
+    servers.push_back(raw_server->pid());
+    const bench::pinned_placement pinned(bench::parse_placement(placement), servers);
+    separate.emplace();
+    separate->raw64 = summarize(raw_server->exchanges(64, 64, iterations));
+    separate->raw4k = summarize(raw_server->exchanges(4096, 4096, iterations));
+    separate->one = measure_closures_processes(*processes, 1, in_flight, iterations, closures, rounds);
+    separate->two = measure_closures_processes(*processes, 2, in_flight, iterations, closures, rounds);
+  }
 
   const std::time_t now = std::time(nullptr);
   fmt::print("pscoro cluster benchmark, {:%Y-%m-%d}, {} hardware threads\n\n", fmt::localtime(now),
              std::thread::hardware_concurrency());
-  fmt::print("{:<36} {:>10} {:>10} {:>16}\n", "latency (schedule -> result)", "p50 us", "p99 us", "p50 / raw 64 B");
-  auto latency_row = [&](std::string_view name, percentiles p) {
-    fmt::print("{:<36} {:>10.1f} {:>10.1f} {:>16.2f}\n", name, p.p50, p.p99, p.p50 / raw64.p50);
-  };
-  latency_row("raw TCP round trip, 64 B", raw64);
-  latency_row("raw TCP round trip, 4 KiB", raw4k);
-  latency_row("no-op closure, 1 worker", one.latency);
-  latency_row("no-op closure, 2 workers", two.latency);
-  fmt::print("\n{:<36} {:>21} {:>16}\n", fmt::format("throughput ({} in flight per worker)", in_flight),
-             "closures/s (median)", "/ 20,000 target");
-  fmt::print("{:<36} {:>21.0f} {:>16.2f}\n", "no-op closures, 1 worker", one.throughput, one.throughput / 20000);
-  fmt::print("{:<36} {:>21.0f} {:>16.2f}\n", "no-op closures, 2 workers", two.throughput, two.throughput / 20000);
-  if (flood > 0) {
-    fmt::print("\nresident memory while {} closures flow through a queue bounded at {} (1 worker):\n"
-               "  {:.1f} MiB before; after each quarter:", flood, flood_queue_bound,
-               one.rss_before_mib);
-    for (const double mib : one.rss_quarters_mib) fmt::print(" {:.1f}", mib);
-    fmt::print(" MiB (it rises while the queue fills, then stays flat)\n");
+  if (threads) print_layout("chief, ps and workers as threads of one process (raw: two threads):", *threads, in_flight);
+  if (separate) {
+    print_layout(fmt::format("chief, ps and workers as processes (raw: two processes), placement {}:", placement),
+                 *separate, in_flight);
   }
-  fmt::print("\nraw TCP round trip at 1 closure in flight bounds latency; throughput is bounded by the\n"
+  if (threads && flood > 0) {
+    fmt::print("resident memory while {} closures flow through a queue bounded at {} (threads, 1 worker):\n"
+               "  {:.1f} MiB before; after each quarter:", flood, flood_queue_bound,
+               threads->one.rss_before_mib);
+    for (const double mib : threads->one.rss_quarters_mib) fmt::print(" {:.1f}", mib);
+    fmt::print(" MiB (it rises while the queue fills, then stays flat)\n\n");
+  }
+  fmt::print("raw TCP round trip at 1 closure in flight bounds latency; throughput is bounded by the\n"
              "per-closure CPU cost on {} hardware threads shared by chief, ps and workers.\n\n",
              std::thread::hardware_concurrency());
   return 0;

@@ -19,10 +19,12 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <array>
 #include <cstdint>
 #include <cstdlib>
 #include <fstream>
+#include <functional>
 #include <iterator>
 #include <stdexcept>
 #include <string>
@@ -102,7 +104,11 @@ inline std::uint64_t minor_faults(pid_t pid = 0) {
 
 class process_cluster {
  public:
-  process_cluster(int num_ps, int num_workers) {
+  using configure_worker = std::function<void(pscoro::server&)>;
+
+  /// Forks `num_ps` ps and `num_workers` workers; `configure` runs on each worker's server before it
+  /// starts (in the worker's process: it binds the worker functions).
+  process_cluster(int num_ps, int num_workers, const configure_worker& configure = {}) {
     pscoro::cluster_spec placeholder;
     for (int i = 0; i < num_ps; ++i) placeholder.add_task("ps", i, "127.0.0.1:0");
     for (int i = 0; i < num_workers; ++i) placeholder.add_task("worker", i, "127.0.0.1:0");
@@ -114,7 +120,7 @@ class process_cluster {
         if (pid < 0) throw std::runtime_error("fork failed");
         if (pid == 0) {
           ::close(pipe_ends[0]);
-          serve(placeholder, job, index, pipe_ends[1]);
+          serve(placeholder, job, index, pipe_ends[1], job == "worker" ? configure : configure_worker{});
         }
         ::close(pipe_ends[1]);
         std::string address;
@@ -142,20 +148,35 @@ class process_cluster {
     throw std::runtime_error(fmt::format("no task {}:{}", job, index));
   }
 
+  /// Every ps's and worker's process.
+  std::vector<pid_t> pids() const {
+    std::vector<pid_t> out;
+    for (const auto& t : tasks_) out.push_back(t.pid);
+    return out;
+  }
+
   /// Runs `body(strategy, coordinator)` as the chief on this thread, against the first `num_ps` ps
   /// and every worker, until it finishes; rethrows. The servers outlive it (another chief may follow).
   template <class Body>
   void run_chief(int num_ps, Body body, pscoro::variable_partitioner partitioner = {}) {
+    const auto workers = std::count_if(tasks_.begin(), tasks_.end(), [](const task& t) { return t.job == "worker"; });
+    run_chief(num_ps, static_cast<int>(workers), std::move(body), std::move(partitioner));
+  }
+
+  /// The same, against the first `num_ps` ps and the first `num_workers` workers, with `options`.
+  template <class Body>
+  void run_chief(int num_ps, int num_workers, Body body, pscoro::variable_partitioner partitioner,
+                 pscoro::coordinator_options coordinator_options = {}) {
     pscoro::cluster_spec spec;
     for (const auto& t : tasks_) {
-      if (t.job != "ps" || t.index < num_ps) spec.add_task(t.job, t.index, t.address);
+      if (t.index < (t.job == "ps" ? num_ps : num_workers)) spec.add_task(t.job, t.index, t.address);
     }
     asio::io_context io;
     pscoro::strategy_options options;
     options.keep_servers = true;
     pscoro::parameter_server_strategy strategy(io.get_executor(), pscoro::simple_cluster_resolver(spec),
                                                std::move(partitioner), options);
-    pscoro::cluster_coordinator coordinator(strategy);
+    pscoro::cluster_coordinator coordinator(strategy, coordinator_options);
     auto done = asio::co_spawn(io, chief_main(strategy, coordinator, std::move(body)), asio::use_future);
     io.run();
     done.get();
@@ -170,11 +191,13 @@ class process_cluster {
   };
 
   // The child: serves until it is killed; tells its parent its address through `out`.
-  [[noreturn]] static void serve(const pscoro::cluster_spec& placeholder, const std::string& job, int index, int out) {
+  [[noreturn]] static void serve(const pscoro::cluster_spec& placeholder, const std::string& job, int index, int out,
+                                 const configure_worker& configure) {
     try {
       asio::io_context io;
       auto guard = asio::make_work_guard(io);
       pscoro::server srv(io.get_executor(), pscoro::simple_cluster_resolver(placeholder, job, index));
+      if (configure) configure(srv);
       srv.start();
       const std::string line = srv.address() + "\n";
       if (::write(out, line.data(), line.size()) != static_cast<ssize_t>(line.size())) std::_Exit(1);

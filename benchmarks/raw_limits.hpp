@@ -184,11 +184,6 @@ class raw_server_process {
   pid_t pid_ = -1;
 };
 
-/// Round trip percentiles of a `size`-byte ping-pong.
-inline percentiles raw_round_trip(std::size_t size, int iterations) {
-  return summarize(raw_exchanges(size, size, iterations));
-}
-
 /// memcpy bandwidth (bytes/s, median) for `bytes`-byte buffers.
 inline double memcpy_bandwidth(std::size_t bytes, int iterations) {
   std::vector<char> a(bytes, 'a'), b(bytes, 'b');
