@@ -4,6 +4,8 @@
 // children are forked in the constructor), and read the children's page faults from /proc.
 #pragma once
 
+#include "local_cluster.hpp"
+
 #include <pscoro/coordinator.hpp>
 #include <pscoro/server.hpp>
 #include <pscoro/strategy.hpp>
@@ -177,7 +179,8 @@ class process_cluster {
     pscoro::parameter_server_strategy strategy(io.get_executor(), pscoro::simple_cluster_resolver(spec),
                                                std::move(partitioner), options);
     pscoro::cluster_coordinator coordinator(strategy, coordinator_options);
-    auto done = asio::co_spawn(io, chief_main(strategy, coordinator, std::move(body)), asio::use_future);
+    auto done =
+        asio::co_spawn(io, pscoro::testing::chief_main(strategy, coordinator, std::move(body)), asio::use_future);
     io.run();
     done.get();
   }
@@ -207,20 +210,6 @@ class process_cluster {
       fmt::print(stderr, "{}:{}: {}\n", job, index, e.what());
     }
     std::_Exit(1);
-  }
-
-  template <class Body>
-  static asio::awaitable<void> chief_main(pscoro::parameter_server_strategy& strategy,
-                                          pscoro::cluster_coordinator& coordinator, Body body) {
-    co_await strategy.connect();
-    std::exception_ptr failure;
-    try {
-      co_await body(strategy, coordinator);
-    } catch (...) {
-      failure = std::current_exception();
-    }
-    strategy.close();
-    if (failure) std::rethrow_exception(failure);
   }
 
   std::vector<task> tasks_;

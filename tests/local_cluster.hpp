@@ -21,6 +21,21 @@
 
 namespace pscoro::testing {
 
+/// A test's or benchmark's chief: connects, runs `body(strategy, coordinator)`, closes the strategy
+/// whether the body finished or threw, and rethrows what it threw.
+template <class Body>
+asio::awaitable<void> chief_main(parameter_server_strategy& strategy, cluster_coordinator& coordinator, Body body) {
+  co_await strategy.connect();
+  std::exception_ptr failure;
+  try {
+    co_await body(strategy, coordinator);
+  } catch (...) {
+    failure = std::current_exception();
+  }
+  strategy.close();
+  if (failure) std::rethrow_exception(failure);
+}
+
 class local_cluster {
  public:
   using configure_worker = std::function<void(server&)>;
@@ -146,20 +161,6 @@ class local_cluster {
   std::string chief_address;
 
  private:
-  template <class Body>
-  static asio::awaitable<void> chief_main(parameter_server_strategy& strategy, cluster_coordinator& coordinator,
-                                          Body body) {
-    co_await strategy.connect();
-    std::exception_ptr failure;
-    try {
-      co_await body(strategy, coordinator);
-    } catch (...) {
-      failure = std::current_exception();
-    }
-    strategy.close();
-    if (failure) std::rethrow_exception(failure);
-  }
-
   struct running_task {
     asio::io_context io;
     // A stopped server leaves its io_context without work: the thread must still run (restart).
