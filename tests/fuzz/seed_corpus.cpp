@@ -232,7 +232,17 @@ int main(int argc, char** argv) {
   }());
   put("ps", "truncated_request", flag(1) + requests.substr(0, requests.size() / 2));
   put("ps", "run_function_on_ps", flag(1) + run_function(1, "fuzz.add_one", "int64(int64)", {value(std::int64_t{1})}));
+  // The chief ends the job: the server obeys and stops; the harness starts a fresh one.
+  const std::string shutdown = [] {
+    wire::frame f;
+    f.kind = wire::frame_kind::request;
+    f.request_id = 99;
+    f.message.mutable_request()->mutable_shutdown()->set_exit_code(3);
+    return fuzz::wire_bytes(std::move(f));
+  }();
+  put("ps", "chief_shutdown", flag(1) + requests + shutdown);
   const std::string worker = worker_requests();
+  put("worker", "chief_shutdown", flag(1) + shutdown + fuzz::wire_bytes(fuzz::heartbeat(100)));
   put("worker", "requests", flag(1) + worker);
   put("worker", "own_hello", flag(0) + fuzz::wire_bytes(fuzz::hello("worker", 1)) + worker);
   put("worker", "wrong_signature", flag(1) + run_function(1, "fuzz.add_one", "int64(float64)", {value(1.5)}));
