@@ -73,6 +73,10 @@ cluster_spec cluster_from_json(const json& cluster, std::string_view source) {
           invalid(fmt::format("{}: task index '{}' of job '{}' is not a non-negative integer",
                               source, key, job));
         }
+        if (*index > cluster_spec::max_task_index) {
+          invalid(fmt::format("{}: task index {} of job '{}' is above {}, the largest pscoro accepts", source, key,
+                              job, cluster_spec::max_task_index));
+        }
         spec.add_task(job, *index, address_of(address, "index " + key));
       }
     } else {
@@ -111,6 +115,10 @@ void cluster_spec::add_job(const std::string& job) { jobs_[job]; }
 
 void cluster_spec::add_task(const std::string& job, int index, std::string address) {
   if (index < 0) invalid(fmt::format("task index {} of job '{}' is negative", index, job));
+  if (index > max_task_index) {
+    invalid(fmt::format("task index {} of job '{}' is above {}, the largest pscoro accepts", index, job,
+                        max_task_index));
+  }
   jobs_[job][index] = std::move(address);
 }
 

@@ -27,7 +27,12 @@ class PSCORO_API cluster_spec {
   cluster_spec(std::initializer_list<std::pair<const std::string, std::vector<std::string>>> jobs);
   explicit cluster_spec(const std::map<std::string, std::vector<std::string>>& jobs);
 
-  /// Adds (or replaces) task `index` of `job`; an empty task list is `add_job`.
+  /// The largest task index a spec holds (a million tasks per job): far beyond any cluster, and a
+  /// bound on what `job_tasks()` allocates for a sparse spec (`{"ps": {"33333300": ...}}`).
+  static constexpr int max_task_index = (1 << 20) - 1;
+
+  /// Adds (or replaces) task `index` of `job`; an empty task list is `add_job`. An index below 0 or
+  /// above max_task_index is errc::invalid_argument.
   void add_task(const std::string& job, int index, std::string address);
   /// Adds a job with no tasks (TF allows `"worker": []`).
   void add_job(const std::string& job);

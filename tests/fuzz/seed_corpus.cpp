@@ -260,6 +260,7 @@ int main(int argc, char** argv) {
   put("tf_config", "bare_cluster", R"({"worker": [], "ps": {"0": "[::1]:5"}, "evaluator": ["e:1"]})");
   put("tf_config", "broken", R"({"cluster": {"worker": ["a:1", 2]}, "task": {"type": "worker", "index": -1})");
   put("tf_config", "empty", "");
+  put("tf_config", "huge_sparse_index", R"({"worker": [], "ps": {"33333300": "[wr1]B5"}, "eva": ["~e:00"]})");
 
   // safetensors: a pscoro-style checkpoint (two tensors, step, scalars, checksums) and plain files.
   {

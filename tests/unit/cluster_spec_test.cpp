@@ -177,6 +177,19 @@ TEST_CASE("TF_CONFIG of the wrong shape is refused with the offending part") {
                  "task index \"one\" is not an integer"));
 }
 
+TEST_CASE("a task index past a million is refused, so a sparse spec cannot make job_tasks() huge") {
+  // Found by the tf_config fuzzer: {"ps": {"33333300": ...}} made job_tasks() allocate 1.3 GB.
+  CHECK(invalid_argument_message([] {
+          (void)tf_config_cluster_resolver::from_json(R"({"cluster": {"ps": {"33333300": "a:1"}}})");
+        }) == "TF_CONFIG: task index 33333300 of job 'ps' is above 1048575, the largest pscoro accepts");
+  cluster_spec spec;
+  CHECK(invalid_argument_message([&] { spec.add_task("worker", cluster_spec::max_task_index + 1, "w:1"); }) ==
+        "task index 1048576 of job 'worker' is above 1048575, the largest pscoro accepts");
+  CHECK_FALSE(spec.has_job("worker"));
+  spec.add_task("worker", cluster_spec::max_task_index, "w:1");
+  CHECK(spec.task_indices("worker") == std::vector<int>{cluster_spec::max_task_index});
+}
+
 TEST_CASE("parameter-server validation applies TF's rules with TF's messages") {
   const cluster_spec good{{"chief", {"c:1"}}, {"ps", {"p:1"}}, {"worker", {"w:1", "w:2"}}};
   pscoro::validate_parameter_server_cluster(good, "chief", 0);
