@@ -348,9 +348,11 @@ struct server::impl : std::enable_shared_from_this<impl> {
     }
     if (body.has_shutdown()) co_return self->shutdown(body.shutdown(), weak_connection.lock());
     if (self->ps) {
-      auto response = self->ps->handle(request);
-      self->ps->recycle(std::move(request));
-      co_return response;
+      // Not holding the server while the ps serves: a big kernel may run meanwhile, and a server
+      // stopped and destroyed then must not wait for it to let go (the ps checks it still lives).
+      auto& ps = *self->ps;
+      self.reset();
+      co_return co_await ps.serve(std::move(request));
     }
     co_return co_await self->worker->handle(std::move(request));
   }
