@@ -155,6 +155,7 @@ struct server::impl : std::enable_shared_from_this<impl> {
     connections.clear();
     for (const auto& [connection, _] : open) connection->close("server stopped");
     if (worker) worker->close_connections();
+    if (ps) ps->stop_kernels();
   }
 
   static asio::awaitable<void> accept_loop(std::shared_ptr<impl> self) {

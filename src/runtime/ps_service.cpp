@@ -342,7 +342,7 @@ ps_service::~ps_service() {
   alive_.reset();
   fail_waiting(make_error_code(errc::unavailable));
   // The kernel running, if any, only touches storage it shares; its continuation finds alive_ gone.
-  if (kernel_pool_) kernel_pool_->join();
+  if (kernel_pool_) kernel_pool_->join();  // runs what is queued too: each kernel's owner is waiting
 }
 
 void ps_service::clear() noexcept {

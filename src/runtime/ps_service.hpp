@@ -62,6 +62,16 @@ class ps_service {
   /// the request's segments to buffers() when done (recycle).
   asio::awaitable<wire::frame> serve(wire::frame request);
 
+  /// Waits for the kernels handed to the pool (their results reach the executor as usual) and runs
+  /// every later one on the executor. A stopped server calls it: no kernel thread is left to post
+  /// to an io_context that may be destroyed next (asio's shutdown does not expect a post from
+  /// another thread while it destroys what is queued).
+  void stop_kernels() {
+    if (!kernel_pool_) return;
+    kernel_pool_->join();  // not reset() alone: its destructor would drop the queued kernels
+    kernel_pool_.reset();
+  }
+
   /// Test hook: runs on the kernel thread before every kernel it runs (the product path is the
   /// same with or without it). Lets a test hold a kernel while it sends other requests.
   void set_kernel_hook(std::function<void()> hook) { kernel_hook_ = std::move(hook); }

@@ -315,3 +315,24 @@ TEST_CASE("a ps destroyed while a kernel runs answers its request and those wait
   CHECK(kp_code(f.response("read")) == static_cast<int>(errc::unavailable));
   CHECK(contains(kp_message(f.response("read")), "stopped"));
 }
+
+TEST_CASE("a ps whose kernels are stopped finishes the running one and runs later ones on the executor") {
+  kp_fixture f;
+  f.send("create", kp_create("w", kp_values(0, 1)));
+  f.settle();
+  f.send("add", kp_update("w", wire::UpdateVariable::ADD, kp_values(1, 0)));
+  f.send("read", kp_read("w"));
+  f.settle();
+  f.wait_held(1);
+  f.release();
+  f.ps->stop_kernels();  // what a stopped server does: waits for the kernel
+  CHECK(f.ps->offloaded_kernels() == 1);
+  f.send("add again", kp_update("w", wire::UpdateVariable::ADD, kp_values(1, 0)));
+  f.send("read again", kp_read("w"));
+  f.finish();
+  CHECK(kp_joined(f.order) == kp_joined(kp_list({"create", "add", "read", "add again", "read again"})));
+  CHECK(f.ps->offloaded_kernels() == 1);
+  auto expected = kp_floats(f.response("read"));
+  for (auto& x : expected) x += 1;
+  CHECK(kp_floats(f.response("read again")) == expected);
+}
