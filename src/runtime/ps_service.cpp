@@ -469,6 +469,7 @@ asio::awaitable<wire::frame> ps_service::serve(wire::frame request) {
   offloading_ = false;
   if (deferred_) {
     auto kernel = std::exchange(deferred_, nullptr);
+    const auto measured = deferred_timing_;
     if (!holds_lane) {
       if (!key) key = lane_of(request.message.request());
       lanes_.try_emplace(*key);
@@ -507,6 +508,11 @@ asio::awaitable<wire::frame> ps_service::serve(wire::frame request) {
     if (failure) {
       response = wire::frame{};
       *response.message.mutable_response()->mutable_status() = wire::status_of(failure, task_);
+      operation_errors_[measured.operation].inc();
+    }
+    if (measured.timed) {
+      operation_seconds_[measured.operation].observe(
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - measured.started).count());
     }
   }
   recycle(std::move(request));
@@ -569,7 +575,9 @@ wire::frame ps_service::handle(const wire::frame& request) {
     *response.message.mutable_response()->mutable_status() = wire::status_of(failure, task_);
     operation_errors_[operation].inc();
   }
-  if (timed) {
+  if (deferred_) {
+    deferred_timing_ = {operation, timed, started};  // serve() observes it once the kernel is done
+  } else if (timed) {
     operation_seconds_[operation].observe(
         std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count());
   }

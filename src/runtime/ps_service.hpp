@@ -21,6 +21,7 @@
 #include <asio/thread_pool.hpp>
 
 #include <array>
+#include <chrono>
 #include <cstdint>
 #include <deque>
 #include <functional>
@@ -177,6 +178,11 @@ class ps_service {
   std::uint64_t offload_bytes_;
   bool offloading_ = false;           // inside serve(): run_kernel may defer
   std::function<void()> deferred_;    // what run_kernel left for serve()
+  struct timing {
+    std::size_t operation = 0;
+    bool timed = false;
+    std::chrono::steady_clock::time_point started;
+  } deferred_timing_;                 // its request's latency metric, observed when it is done
   std::uint64_t generation_ = 0;      // counts clear(): a kernel's request outliving its session
   std::uint64_t offloaded_ = 0;
   std::function<void()> kernel_hook_;
