@@ -349,8 +349,9 @@ struct server::impl : std::enable_shared_from_this<impl> {
     }
     if (body.has_shutdown()) co_return self->shutdown(body.shutdown(), weak_connection.lock());
     if (self->ps) {
-      // Not holding the server while the ps serves: a big kernel may run meanwhile, and a server
-      // stopped and destroyed then must not wait for it to let go (the ps checks it still lives).
+      // Not holding the server while the ps serves: while a big kernel runs, this frame belongs to
+      // the kernel thread's task, which must never own (and so end up destroying) the server. The
+      // ps checks that it still lives when the kernel is done.
       auto& ps = *self->ps;
       self.reset();
       co_return co_await ps.serve(std::move(request));
