@@ -109,8 +109,9 @@ class process_cluster {
   using configure_worker = std::function<void(pscoro::server&)>;
 
   /// Forks `num_ps` ps and `num_workers` workers; `configure` runs on each worker's server before it
-  /// starts (in the worker's process: it binds the worker functions).
-  process_cluster(int num_ps, int num_workers, const configure_worker& configure = {}) {
+  /// starts (in the worker's process: it binds the worker functions); each ps runs with `ps_options`.
+  process_cluster(int num_ps, int num_workers, const configure_worker& configure = {},
+                  pscoro::server_options ps_options = {}) {
     pscoro::cluster_spec placeholder;
     for (int i = 0; i < num_ps; ++i) placeholder.add_task("ps", i, "127.0.0.1:0");
     for (int i = 0; i < num_workers; ++i) placeholder.add_task("worker", i, "127.0.0.1:0");
@@ -122,7 +123,8 @@ class process_cluster {
         if (pid < 0) throw std::runtime_error("fork failed");
         if (pid == 0) {
           ::close(pipe_ends[0]);
-          serve(placeholder, job, index, pipe_ends[1], job == "worker" ? configure : configure_worker{});
+          serve(placeholder, job, index, pipe_ends[1], job == "worker" ? configure : configure_worker{},
+                job == "ps" ? ps_options : pscoro::server_options{});
         }
         ::close(pipe_ends[1]);
         std::string address;
@@ -195,11 +197,12 @@ class process_cluster {
 
   // The child: serves until it is killed; tells its parent its address through `out`.
   [[noreturn]] static void serve(const pscoro::cluster_spec& placeholder, const std::string& job, int index, int out,
-                                 const configure_worker& configure) {
+                                 const configure_worker& configure, pscoro::server_options options) {
     try {
       asio::io_context io;
       auto guard = asio::make_work_guard(io);
-      pscoro::server srv(io.get_executor(), pscoro::simple_cluster_resolver(placeholder, job, index));
+      pscoro::server srv(io.get_executor(), pscoro::simple_cluster_resolver(placeholder, job, index),
+                         std::move(options));
       if (configure) configure(srv);
       srv.start();
       const std::string line = srv.address() + "\n";

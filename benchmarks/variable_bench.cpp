@@ -7,6 +7,14 @@
 // start), against raw exchanges between two processes; both print page faults per operation.
 // Everything runs on 127.0.0.1 (2 hardware threads shared by all), so pscoro and the raw figures
 // cross the same kernel path. Quote the ratios, not the absolute times.
+//
+// --mode kernels: small requests while a big optimizer step runs on the ps (issue 16). A ps and a
+// worker as processes; the chief applies 256 MiB Adagrad steps to one variable in a loop while the
+// worker, over its own connection, reads a 4 KiB variable and a 4-byte one (a heartbeat-sized
+// request) every millisecond; then the same reads with the ps idle. Latency is counted from when
+// each read was due (one every 2 ms per kind), so reads held up behind a step count as long as it
+// held them (no coordinated omission). --kernel-threads 0 runs every kernel on the ps's executor,
+// as before the kernel pool.
 #include "local_cluster.hpp"
 #include "process_cluster.hpp"
 #include "raw_limits.hpp"
@@ -17,6 +25,9 @@
 
 #include <fmt/chrono.h>
 #include <fmt/format.h>
+
+#include <asio/detached.hpp>
+#include <asio/steady_timer.hpp>
 
 #include <ctime>
 #include <optional>
@@ -258,6 +269,128 @@ pooling_figures measure_pooling(int scale) {
 }
 
 
+// ---- --mode kernels ----------------------------------------------------------------------------
+
+using small_read_latencies = xt::xarray<double>;
+const pscoro::worker_function<small_read_latencies(pscoro::variable<float>, pscoro::variable<float>, std::int64_t)>
+    small_reads{"bench.small_reads"};
+
+// On the worker: reads `small` then `tiny`, one pair due every 2 ms for `millis`, and returns each
+// read's latency in microseconds from when it was due ([pairs, 2]).
+asio::awaitable<small_read_latencies> time_small_reads(pscoro::variable<float> small, pscoro::variable<float> tiny,
+                                                       std::int64_t millis) {
+  asio::steady_timer timer(co_await asio::this_coro::executor);
+  xt::xarray<float> small_out, tiny_out;
+  std::vector<double> samples;
+  const auto start = clock_type::now();
+  const auto end = start + std::chrono::milliseconds(millis);
+  auto due = start;
+  // (No range-for over a braced list here: g++ 12 cannot put its array in a coroutine frame.)
+  for (std::size_t k = 0; due < end; ++k) {
+    const bool is_small = k % 2 == 0;
+    timer.expires_at(due);
+    co_await timer.async_wait(asio::use_awaitable);
+    co_await (is_small ? small : tiny).read(is_small ? small_out : tiny_out);
+    samples.push_back(micros(clock_type::now() - due).count());
+    due += std::chrono::milliseconds(1);
+  }
+  if (samples.size() % 2) samples.pop_back();
+  small_read_latencies out = xt::zeros<double>({samples.size() / 2, std::size_t{2}});
+  std::copy(samples.begin(), samples.end(), out.begin());
+  co_return out;
+}
+
+void bind_kernel_bench(pscoro::server& s) { s.bind(small_reads, time_small_reads); }
+
+// On the chief: Adagrad steps on `big` until `stop`, each step's time in `steps`.
+asio::awaitable<void> step_loop(pscoro::variable<float>& big, const xt::xarray<float>& gradient, const bool& stop,
+                                std::vector<double>& steps, bool& ended) {
+  const pscoro::optimizers::adagrad opt{.learning_rate = 0.01};
+  while (!stop) {
+    const auto start = clock_type::now();
+    co_await big.apply_gradient(opt, gradient);
+    steps.push_back(micros(clock_type::now() - start).count());
+  }
+  ended = true;
+}
+
+struct kernel_figures {
+  bench::percentiles small_idle, tiny_idle, small_busy, tiny_busy;
+  double small_max_busy = 0, tiny_max_busy = 0;
+  double step_us = 0;
+  std::size_t steps = 0, samples = 0;
+};
+
+kernel_figures measure_kernels(bench::process_cluster& cluster, int millis) {
+  kernel_figures out;
+  cluster.run_chief(1, [&](pscoro::parameter_server_strategy& strategy,
+                           pscoro::cluster_coordinator& coordinator) -> asio::awaitable<void> {
+    // Named: no braced lists inside a co_await expression (g++ 12).
+    const pscoro::shape_type big_shape{std::size_t{1} << 20, 64};  // 256 MiB of float32
+    const pscoro::shape_type small_shape{16, 64}, tiny_shape{1};
+    const pscoro::initializer ones = pscoro::initializers::ones{};
+    auto big = co_await strategy.scope().create_variable<float>("big", big_shape, ones);
+    auto small = co_await strategy.scope().create_variable<float>("small", small_shape, ones);
+    auto tiny = co_await strategy.scope().create_variable<float>("tiny", tiny_shape, ones);
+    const xt::xarray<float> gradient = xt::ones<float>(big_shape) * 0.001f;
+    auto split = [](const small_read_latencies& l, std::size_t column) {
+      std::vector<double> v;
+      for (std::size_t i = 0; i < l.shape()[0]; ++i) v.push_back(l(i, column));
+      return v;
+    };
+    // The first step creates the slot and pages everything in: not timed.
+    const pscoro::optimizers::adagrad first_step{.learning_rate = 0.01};
+    co_await big.apply_gradient(first_step, gradient);
+    bool stop = false, ended = false;
+    std::vector<double> steps;
+    auto executor = co_await asio::this_coro::executor;
+    asio::co_spawn(executor, step_loop(big, gradient, stop, steps, ended), asio::detached);
+    auto busy_reads = coordinator.schedule(small_reads, small, tiny, std::int64_t{millis});
+    const auto busy = co_await busy_reads.get();
+    stop = true;
+    asio::steady_timer timer(executor);
+    while (!ended) {
+      timer.expires_after(std::chrono::milliseconds(5));
+      co_await timer.async_wait(asio::use_awaitable);
+    }
+    auto idle_reads = coordinator.schedule(small_reads, small, tiny, std::int64_t{millis});
+    const auto idle = co_await idle_reads.get();
+    const auto small_busy = split(busy, 0), tiny_busy = split(busy, 1);
+    out.small_busy = bench::summarize(small_busy);
+    out.tiny_busy = bench::summarize(tiny_busy);
+    out.small_max_busy = *std::max_element(small_busy.begin(), small_busy.end());
+    out.tiny_max_busy = *std::max_element(tiny_busy.begin(), tiny_busy.end());
+    out.small_idle = bench::summarize(split(idle, 0));
+    out.tiny_idle = bench::summarize(split(idle, 1));
+    out.steps = steps.size();
+    out.samples = small_busy.size();
+    out.step_us = steps.empty() ? 0 : bench::median(steps);
+  });
+  return out;
+}
+
+int run_kernel_bench(int kernel_threads, int millis) {
+  pscoro::server_options ps_options;
+  ps_options.ps_kernel_threads = static_cast<std::size_t>(kernel_threads);
+  bench::process_cluster cluster(1, 1, bind_kernel_bench, ps_options);
+  const auto f = measure_kernels(cluster, millis);
+  fmt::print("pscoro ps kernel benchmark, {:%Y-%m-%d}, {} hardware threads; ps kernel threads: {}\n",
+             fmt::localtime(std::time(nullptr)), std::thread::hardware_concurrency(), kernel_threads);
+  fmt::print("a worker reads a 4 KiB and a 4-byte variable, one each per 2 ms for {} ms, while the chief runs\n"
+             "256 MiB Adagrad steps in a loop ({} steps, median {:.0f} ms each, the gradient's transfer included),\n"
+             "then with the ps idle; latency from when each read was due (us):\n",
+             millis, f.steps, f.step_us / 1000);
+  fmt::print("{:<14} {:>10} {:>10} {:>10} {:>10} {:>12} {:>12}   {}\n", "read", "idle p50", "idle p99", "step p50",
+             "step p99", "step max", "p99 ratio", "samples");
+  fmt::print("{:<14} {:>10.0f} {:>10.0f} {:>10.0f} {:>10.0f} {:>12.0f} {:>12.1f}   {}\n", "4 KiB", f.small_idle.p50,
+             f.small_idle.p99, f.small_busy.p50, f.small_busy.p99, f.small_max_busy,
+             f.small_busy.p99 / f.small_idle.p99, f.samples);
+  fmt::print("{:<14} {:>10.0f} {:>10.0f} {:>10.0f} {:>10.0f} {:>12.0f} {:>12.1f}   {}\n", "4 B", f.tiny_idle.p50,
+             f.tiny_idle.p99, f.tiny_busy.p50, f.tiny_busy.p99, f.tiny_max_busy, f.tiny_busy.p99 / f.tiny_idle.p99,
+             f.samples);
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -270,7 +403,14 @@ int main(int argc, char** argv) {
   std::string mode = "both";
   app.add_option("--mode", mode,
                  "dense operations with the ps as threads of this process, as processes of their own, or both")
-      ->check(CLI::IsMember({"threads", "processes", "both"}));
+      ->check(CLI::IsMember({"threads", "processes", "both", "kernels"}));
+  int kernel_threads = 1;
+  app.add_option("--kernel-threads", kernel_threads,
+                 "--mode kernels: the ps's kernel threads (0: every kernel on its executor, as before the pool)")
+      ->check(CLI::NonNegativeNumber);
+  int millis = 4000;
+  app.add_option("--millis", millis, "--mode kernels: how long the worker reads, busy and idle")
+      ->check(CLI::PositiveNumber);
   bool dense_only = false;
   app.add_flag("--dense-only", dense_only, "only the dense table");
   std::string placement = "split";
@@ -280,6 +420,7 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({"split", "one", "any"}));
   CLI11_PARSE(app, argc, argv);
   ::setenv("PSCORO_LOG_LEVEL", "warning", 0);
+  if (mode == "kernels") return run_kernel_bench(kernel_threads, millis);
 
   // The processes are forked first, while this program has one thread.
   std::optional<bench::process_cluster> processes;

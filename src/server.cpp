@@ -155,6 +155,7 @@ struct server::impl : std::enable_shared_from_this<impl> {
     connections.clear();
     for (const auto& [connection, _] : open) connection->close("server stopped");
     if (worker) worker->close_connections();
+    if (ps) ps->stop_kernels();
   }
 
   static asio::awaitable<void> accept_loop(std::shared_ptr<impl> self) {
@@ -348,9 +349,12 @@ struct server::impl : std::enable_shared_from_this<impl> {
     }
     if (body.has_shutdown()) co_return self->shutdown(body.shutdown(), weak_connection.lock());
     if (self->ps) {
-      auto response = self->ps->handle(request);
-      self->ps->recycle(std::move(request));
-      co_return response;
+      // Not holding the server while the ps serves: while a big kernel runs, this frame belongs to
+      // the kernel thread's task, which must never own (and so end up destroying) the server. The
+      // ps checks that it still lives when the kernel is done.
+      auto& ps = *self->ps;
+      self.reset();
+      co_return co_await ps.serve(std::move(request));
     }
     co_return co_await self->worker->handle(std::move(request));
   }

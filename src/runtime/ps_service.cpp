@@ -9,9 +9,18 @@
 #include "runtime/values.hpp"
 #include "wire/status.hpp"
 
+#include <asio/experimental/as_tuple.hpp>
+#include <asio/post.hpp>
+#include <asio/this_coro.hpp>
+#include <asio/use_awaitable.hpp>
+
 #include <fmt/format.h>
 
+#include <sys/resource.h>
+#include <sys/syscall.h>
 #include <unistd.h>
+
+#include <cerrno>
 
 #include <algorithm>
 #include <cmath>
@@ -120,15 +129,42 @@ shape_type rows_shape(std::size_t n, const shape_type& shape) {
   return out;
 }
 
-// Copies the bytes first if a reply still holds them (copy on write), so an update in place is
-// never seen by a read being written out.
-void make_writable(byte_buffer& bytes, wire::buffer_pool& pool) {
-  if (bytes.unique()) return;
+// Gives `bytes` storage of their own if a reply still holds them (copy on write), so an update in
+// place is never seen by a read being written out; returns the bytes the reply holds, which the
+// kernel copies in before it writes (empty when `bytes` were not shared). The copy is the kernel's:
+// it is as big as the variable.
+byte_buffer detach_shared(byte_buffer& bytes, wire::buffer_pool& pool) {
+  if (bytes.unique()) return {};
   byte_buffer fresh = pool.take(bytes.size());
   if (fresh.size() != bytes.size()) fresh = byte_buffer(bytes.size());
-  if (fresh.size()) std::memcpy(fresh.data(), bytes.data(), fresh.size());
-  bytes = std::move(fresh);
+  return std::exchange(bytes, std::move(fresh));
 }
+
+}  // namespace
+
+// Storage a kernel writes, made ready by the executor and shared with the kernel (which keeps it
+// alive if the variable goes meanwhile), with what must go in before the kernel writes: the bytes
+// a reply still holds (detach_shared), or a new slot's initial value.
+struct kernel_storage {
+  byte_buffer bytes;
+  byte_buffer copy_from;
+  std::optional<double> fill;
+  dtype type = dtype::float32;
+
+  // The bytes setting it up reads and writes, counted in the kernel's size.
+  std::uint64_t setup_bytes() const noexcept { return fill ? bytes.size() : copy_from.size(); }
+  void set_up() const {
+    if (fill) {
+      const shape_type shape{bytes.size() / size_of(type)};
+      kernels::initialize({.init = initializers::constant{.value = *fill}, .full_shape = shape}, type, shape,
+                          bytes.data());
+    } else if (copy_from.size()) {
+      std::memcpy(bytes.data(), copy_from.data(), copy_from.size());
+    }
+  }
+};
+
+namespace {
 
 constexpr std::uint64_t no_limit = std::numeric_limits<std::uint64_t>::max();
 
@@ -214,7 +250,9 @@ ps_service::ps_service(std::string task, const server_options& options)
                           .value_or(options.check_numerics)),
       // Buffers of 256 KiB and more (smaller ones are cheap to allocate), at most 8 and a quarter of
       // max_ps_bytes (the room it leaves beside the variables is for such buffers) or 1 GiB.
-      buffers_(std::make_shared<wire::buffer_pool>(256 << 10, 8, std::min(max_ps_bytes_ / 4, std::uint64_t{1} << 30))) {
+      buffers_(std::make_shared<wire::buffer_pool>(256 << 10, 8, std::min(max_ps_bytes_ / 4, std::uint64_t{1} << 30))),
+      offload_bytes_(options.ps_kernel_offload_bytes ? options.ps_kernel_offload_bytes : std::uint64_t{1} << 20) {
+  if (options.ps_kernel_threads) kernel_pool_.emplace(options.ps_kernel_threads);
   auto& r = metrics::process_registry();
   for (std::size_t i = 0; i < num_operations; ++i) {
     const metrics::labels operation{{"operation", std::string(operation_names[i])}};
@@ -304,6 +342,184 @@ void ps_service::remove(const wire::DeleteVariable& request) {
   release(variables_.find(name));
 }
 
+ps_service::~ps_service() {
+  alive_.reset();
+  fail_waiting(make_error_code(errc::unavailable));
+  // The kernel running, if any, only touches storage it shares; its continuation finds alive_ gone.
+  if (kernel_pool_) kernel_pool_->join();  // runs what is queued too: each kernel's owner is waiting
+}
+
+void ps_service::clear() noexcept {
+  ++generation_;
+  fail_waiting(make_error_code(errc::aborted));
+  variables_.clear();
+  buffers_->clear();
+  held_bytes_ = 0;
+  publish();
+}
+
+void ps_service::fail_waiting(std::error_code ec) noexcept {
+  auto lanes = std::move(lanes_);
+  lanes_.clear();
+  for (auto& [_, lane] : lanes) {
+    for (auto& waiter : lane.waiting) waiter(ec);
+  }
+}
+
+void ps_service::release_lane(const std::string& key) {
+  const auto it = lanes_.find(key);
+  if (it == lanes_.end()) return;
+  if (it->second.waiting.empty()) {
+    lanes_.erase(it);
+    return;
+  }
+  // Handed on: the lane stays, so whatever arrives before the next request resumes queues behind it.
+  auto next = std::move(it->second.waiting.front());
+  it->second.waiting.pop_front();
+  next(std::error_code{});
+}
+
+std::string ps_service::lane_of(const wire::Request& request) const {
+  const std::string* name = nullptr;
+  switch (request.body_case()) {
+    case wire::Request::kCreateVariable:
+      if (request.create_variable().has_slot_of()) return request.create_variable().slot_of().variable();
+      return request.create_variable().variable().name();
+    case wire::Request::kReadVariable: name = &request.read_variable().variable().name(); break;
+    case wire::Request::kUpdateVariable: name = &request.update_variable().variable().name(); break;
+    case wire::Request::kApplyGradient: name = &request.apply_gradient().variable().name(); break;
+    case wire::Request::kListSlots: name = &request.list_slots().variable().name(); break;
+    case wire::Request::kDeleteVariable: name = &request.delete_variable().variable().name(); break;
+    default: return {};
+  }
+  // A slot is written by its variable's optimizer steps: it shares the variable's lane.
+  if (const auto it = variables_.find(*name); it != variables_.end()) {
+    return it->second.slot_of.empty() ? *name : it->second.slot_of;
+  }
+  // Not there (yet): it may be a slot ("w/adagrad/accumulator") that a step waiting in its
+  // variable's lane creates; then it waits there too, as if served after that step.
+  for (auto slash = name->rfind('/'); slash != std::string::npos && slash > 0; slash = name->rfind('/', slash - 1)) {
+    std::string prefix = name->substr(0, slash);
+    if (lanes_.contains(prefix)) return prefix;
+  }
+  return *name;
+}
+
+void ps_service::run_kernel(std::uint64_t bytes, std::function<void()> kernel) {
+  if (offloading_ && bytes >= offload_bytes_) {
+    deferred_ = std::move(kernel);
+    return;
+  }
+  kernel();
+}
+
+namespace {
+using asio::experimental::as_tuple;
+
+// A kernel thread yields the CPU to the executor's (Linux: nice is per thread; +5 weighs it about
+// 3x less than a thread at the process's own nice): on a busy machine the executor then still
+// answers small requests at once while a big kernel runs. Once per thread; failure changes nothing.
+void lower_kernel_thread_priority() noexcept {
+  thread_local bool lowered = false;
+  if (lowered) return;
+  lowered = true;
+  errno = 0;
+  const int now = ::getpriority(PRIO_PROCESS, 0);
+  if (errno == 0) ::setpriority(PRIO_PROCESS, static_cast<id_t>(::syscall(SYS_gettid)), std::min(now + 5, 19));
+}
+
+wire::frame error_frame(std::error_code ec, std::string message, const std::string& task) {
+  wire::frame out;
+  wire::set_status(*out.message.mutable_response()->mutable_status(), ec, std::move(message), task);
+  return out;
+}
+}  // namespace
+
+asio::awaitable<wire::frame> ps_service::serve(wire::frame request) {
+  const std::weak_ptr<const bool> alive = alive_;
+  const auto generation = generation_;
+  std::optional<std::string> key;
+  bool holds_lane = false;
+  if (!lanes_.empty()) {
+    key = lane_of(request.message.request());
+    if (const auto it = key->empty() ? lanes_.end() : lanes_.find(*key); it != lanes_.end()) {
+      // Its variable has a kernel running: wait for the requests before this one.
+      const std::string task = task_;
+      const auto executor = co_await asio::this_coro::executor;
+      // as_tuple: the code comes back as a value (use_awaitable alone would throw it).
+      auto token = as_tuple(asio::use_awaitable);
+      const auto [ec] = co_await asio::async_initiate<decltype(token), void(std::error_code)>(
+          [&](auto handler) { it->second.waiting.emplace_back(std::move(handler), executor); }, token);
+      if (alive.expired() || ec == make_error_code(errc::unavailable)) {
+        co_return error_frame(make_error_code(errc::unavailable),
+                              fmt::format("{} stopped while a request for '{}' waited for its turn", task, *key), task);
+      }
+      if (ec || generation != generation_) {  // errc::aborted: clear()
+        co_return error_frame(make_error_code(errc::aborted),
+                              fmt::format("the coordinator session ended on {} while a request for '{}' waited for "
+                                          "its turn",
+                                          task, *key),
+                              task);
+      }
+      holds_lane = true;
+    }
+  }
+  offloading_ = kernel_pool_.has_value();
+  wire::frame response = handle(request);
+  offloading_ = false;
+  if (deferred_) {
+    auto kernel = std::exchange(deferred_, nullptr);
+    const auto measured = deferred_timing_;
+    if (!holds_lane) {
+      if (!key) key = lane_of(request.message.request());
+      lanes_.try_emplace(*key);
+      holds_lane = true;
+    }
+    ++offloaded_;
+    const std::string task = task_;
+    const auto executor = co_await asio::this_coro::executor;
+    auto token = as_tuple(asio::use_awaitable);
+    const auto [failure] = co_await asio::async_initiate<decltype(token), void(std::exception_ptr)>(
+        [&](auto handler) {
+          // Holds the executor's work while the kernel runs: its io_context keeps running for it.
+          detail::erased_handler<void(std::exception_ptr)> done(std::move(handler), executor);
+          asio::post(*kernel_pool_, [kernel = std::move(kernel), done = std::move(done), hook = kernel_hook_]() mutable {
+            lower_kernel_thread_priority();
+            std::exception_ptr failure;
+            try {
+              if (hook) hook();
+              kernel();
+            } catch (...) {
+              failure = std::current_exception();
+            }
+            kernel = nullptr;  // lets go of the storage before the executor looks at who shares it
+            done(failure);
+          });
+        },
+        token);
+    if (alive.expired()) {
+      co_return error_frame(make_error_code(errc::unavailable),
+                            fmt::format("{} stopped while it updated '{}'", task, *key), task);
+    }
+    if (generation != generation_) {
+      co_return error_frame(make_error_code(errc::aborted),
+                            fmt::format("the coordinator session ended on {} while it updated '{}'", task, *key), task);
+    }
+    if (failure) {
+      response = wire::frame{};
+      *response.message.mutable_response()->mutable_status() = wire::status_of(failure, task_);
+      operation_errors_[measured.operation].inc();
+    }
+    if (measured.timed) {
+      operation_seconds_[measured.operation].observe(
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - measured.started).count());
+    }
+  }
+  recycle(std::move(request));
+  if (holds_lane) release_lane(*key);
+  co_return response;
+}
+
 wire::frame ps_service::handle(const wire::frame& request) {
   const bool timed = metrics::enabled();  // no clock read while metrics are off
   const auto started = timed ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point{};
@@ -359,7 +575,9 @@ wire::frame ps_service::handle(const wire::frame& request) {
     *response.message.mutable_response()->mutable_status() = wire::status_of(failure, task_);
     operation_errors_[operation].inc();
   }
-  if (timed) {
+  if (deferred_) {
+    deferred_timing_ = {operation, timed, started};  // serve() observes it once the kernel is done
+  } else if (timed) {
     operation_seconds_[operation].observe(
         std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count());
   }
@@ -405,8 +623,12 @@ void ps_service::create(const wire::frame& request, const wire::CreateVariable& 
                          .bytes = fill ? byte_buffer(size) : initial.bytes(),
                          .slot_of = std::move(owner),
                          .slot_initial_value = create.has_slot_of() ? create.slot_of().initial_value() : 0.0};
-  if (fill) kernels::initialize(*fill, ref.type, ref.shape, stored.bytes.data());
-  hold(ref.name, std::move(stored));
+  const auto& held = hold(ref.name, std::move(stored));
+  if (fill) {
+    run_kernel(size, [bytes = held.bytes, fill = std::move(*fill), type = ref.type, shape = ref.shape] {
+      kernels::initialize(fill, type, shape, bytes.data());
+    });
+  }
 }
 
 ps_service::stored_variable& ps_service::find(const wire::VariableRef& ref, std::string_view operation) {
@@ -519,14 +741,18 @@ void ps_service::update(const wire::frame& request, const wire::UpdateVariable& 
     }
     check_finite(context, "value", value);
     kernels::check_divisors(op, stored.type, value.bytes().data(), value.size());
-    make_writable(stored.bytes, *buffers_);
-    std::byte* first =
-        stored.bytes.data() + update.rows().begin() * row_elements(stored.shape) * size_of(stored.type);
-    if (op == update_op::assign) {
-      if (value.bytes().size()) std::memcpy(first, value.bytes().data(), value.bytes().size());
-    } else {
-      kernels::combine(op, stored.type, first, value.bytes().data(), value.size());
-    }
+    auto copy_from = detach_shared(stored.bytes, *buffers_);
+    const kernel_storage target{stored.bytes, std::move(copy_from), std::nullopt, stored.type};
+    const std::size_t offset = update.rows().begin() * row_elements(stored.shape) * size_of(stored.type);
+    run_kernel(target.setup_bytes() + 2 * value.size_bytes(), [target, value, op, offset] {
+                 target.set_up();
+                 std::byte* first = target.bytes.data() + offset;
+                 if (op == update_op::assign) {
+                   if (value.bytes().size()) std::memcpy(first, value.bytes().data(), value.bytes().size());
+                 } else {
+                   kernels::combine(op, target.type, first, value.bytes().data(), value.size());
+                 }
+               });
     return;
   }
   if (!scatter) {
@@ -543,8 +769,12 @@ void ps_service::update(const wire::frame& request, const wire::UpdateVariable& 
       buffers_->give(std::exchange(stored.bytes, value.bytes()));
       return;
     }
-    make_writable(stored.bytes, *buffers_);
-    kernels::combine(op, stored.type, stored.bytes.data(), value.bytes().data(), value.size());
+    auto copy_from = detach_shared(stored.bytes, *buffers_);
+    const kernel_storage target{stored.bytes, std::move(copy_from), std::nullopt, stored.type};
+    run_kernel(target.setup_bytes() + 2 * value.size_bytes(), [target, value, op] {
+      target.set_up();
+      kernels::combine(op, target.type, target.bytes.data(), value.bytes().data(), value.size());
+    });
     return;
   }
   const tensor indices = wire::get_tensor(request, update.indices());
@@ -555,8 +785,14 @@ void ps_service::update(const wire::frame& request, const wire::UpdateVariable& 
   }
   check_finite(context, "rows", value);
   kernels::check_divisors(op, stored.type, value.bytes().data(), value.size());
-  make_writable(stored.bytes, *buffers_);
-  kernels::scatter(op, stored.type, stored.bytes.data(), ids, value.bytes().data(), row_elements(stored.shape));
+  auto copy_from = detach_shared(stored.bytes, *buffers_);
+  const kernel_storage target{stored.bytes, std::move(copy_from), std::nullopt, stored.type};
+  run_kernel(target.setup_bytes() + 2 * value.size_bytes() + indices.size_bytes(),
+             [target, value, indices, op, row_size = row_elements(stored.shape)] {
+               target.set_up();
+               const std::span<const std::int64_t> ids(indices.data<std::int64_t>(), indices.size());
+               kernels::scatter(op, target.type, target.bytes.data(), ids, value.bytes().data(), row_size);
+             });
 }
 
 void ps_service::check_slots(std::string_view context, const std::string& variable, const stored_variable& of,
@@ -575,17 +811,16 @@ void ps_service::check_slots(std::string_view context, const std::string& variab
   }
 }
 
-ps_service::stored_variable& ps_service::slot(const std::string& variable, const slot_plan& plan) {
+kernel_storage ps_service::slot(const std::string& variable, const slot_plan& plan) {
   auto it = variables_.find(plan.name);
   if (it == variables_.end()) {
-    const kernels::shard_initializer fill{.init = initializers::constant{.value = plan.initial_value},
-                                          .full_shape = plan.shape};
-    byte_buffer bytes(num_elements(plan.shape) * size_of(plan.type));
-    kernels::initialize(fill, plan.type, plan.shape, bytes.data());
-    return hold(plan.name, stored_variable{plan.type, plan.shape, std::move(bytes), variable, plan.initial_value});
+    // Held before its kernel fills it: whoever asks for it waits in its variable's lane meanwhile.
+    const byte_buffer bytes(num_elements(plan.shape) * size_of(plan.type));
+    hold(plan.name, stored_variable{plan.type, plan.shape, bytes, variable, plan.initial_value});
+    return {bytes, {}, plan.initial_value, plan.type};
   }
-  make_writable(it->second.bytes, *buffers_);
-  return it->second;
+  auto copy_from = detach_shared(it->second.bytes, *buffers_);
+  return {it->second.bytes, std::move(copy_from), std::nullopt, plan.type};
 }
 
 void ps_service::apply_gradient(const wire::frame& request, const wire::ApplyGradient& apply) {
@@ -628,21 +863,36 @@ void ps_service::apply_gradient(const wire::frame& request, const wire::ApplyGra
   if (kernels::counts_steps(opt)) plans.push_back({variable + "/" + optimizer + "/iterations", dtype::int64, {}, 0});
   check_slots(context, variable, stored, plans);
   // Everything is checked: from here on nothing throws, so variable and slots change together.
-  std::vector<std::byte*> slots;
-  for (std::size_t i = 0; i < specs.size(); ++i) slots.push_back(slot(variable, plans[i]).bytes.data());
+  std::vector<kernel_storage> slots;
+  for (std::size_t i = 0; i < specs.size(); ++i) slots.push_back(slot(variable, plans[i]));
   std::int64_t step = 0;
   if (kernels::counts_steps(opt)) {
-    auto& count = slot(variable, plans.back());
+    const auto count = slot(variable, plans.back());  // a scalar: set up here
+    count.set_up();
     step = ++*reinterpret_cast<std::int64_t*>(count.bytes.data());
   }
-  make_writable(stored.bytes, *buffers_);
-  if (sparse) {
-    kernels::apply_sparse(opt, stored.type, stored.bytes.data(), slots, step, ids, gradient.bytes().data(),
-                          row_elements(stored.shape));
-  } else {
-    kernels::apply_dense(opt, stored.type, stored.bytes.data(), slots, step, gradient.bytes().data(),
-                         gradient.size());
-  }
+  auto copy_from = detach_shared(stored.bytes, *buffers_);
+  const kernel_storage target{stored.bytes, std::move(copy_from), std::nullopt, stored.type};
+  // What it reads and writes: the gradient, and as many bytes of the variable and of each slot.
+  std::uint64_t work = target.setup_bytes() + (2 + slots.size()) * gradient.size_bytes();
+  for (const auto& s : slots) work += s.setup_bytes();
+  run_kernel(work, [target, slots = std::move(slots), opt, step, gradient, indices, sparse,
+                    row_size = row_elements(stored.shape)] {
+    target.set_up();
+    std::vector<std::byte*> slot_bytes;
+    for (const auto& s : slots) {
+      s.set_up();
+      slot_bytes.push_back(s.bytes.data());
+    }
+    if (sparse) {
+      const std::span<const std::int64_t> ids(indices.data<std::int64_t>(), indices.size());
+      kernels::apply_sparse(opt, target.type, target.bytes.data(), slot_bytes, step, ids, gradient.bytes().data(),
+                            row_size);
+    } else {
+      kernels::apply_dense(opt, target.type, target.bytes.data(), slot_bytes, step, gradient.bytes().data(),
+                           gradient.size());
+    }
+  });
 }
 
 void ps_service::list_slots(const wire::ListSlots& list, wire::frame& response) {

@@ -2,16 +2,31 @@
 // read, gather, update, scatter and optimizer requests. Every request is checked in full (dtype,
 // shape and its size, ids, the caller's idea of the variable, parameters, the memory limits, and
 // NaN/Inf when asked) before anything changes, so a bad request leaves every variable as it was.
+//
+// serve() runs the math of a big request (an optimizer step, an update or an initializer touching
+// at least server_options::ps_kernel_offload_bytes) on a small kernel thread pool and resumes on
+// the executor, so that requests for other variables and heartbeats pass meanwhile. Requests for
+// one variable (its slots included) are still served in arrival order: a variable whose kernel is
+// running has a lane, and whatever comes for it waits its turn there (docs/design.md, "ps kernels
+// off the event loop").
 #pragma once
 
 #include "wire/buffer_pool.hpp"
 #include "wire/frame.hpp"
 
+#include <pscoro/detail/completion.hpp>
 #include <pscoro/metrics.hpp>
 
+#include <asio/awaitable.hpp>
+#include <asio/thread_pool.hpp>
+
 #include <array>
+#include <chrono>
 #include <cstdint>
+#include <deque>
+#include <functional>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -23,6 +38,8 @@ struct server_options;
 
 namespace pscoro::runtime {
 
+struct kernel_storage;
+
 class ps_service {
  public:
   /// A ps `task` ("ps:0") with server_options' default limits.
@@ -32,9 +49,35 @@ class ps_service {
   ps_service(std::string task, const server_options& options);
   ps_service(const ps_service&) = delete;  // its metrics are registered by address
   ps_service& operator=(const ps_service&) = delete;
+  /// Waits for the kernel running on the pool, if any; requests waiting for a variable's turn get
+  /// errc::unavailable.
+  ~ps_service();
 
-  /// Serves one request frame; failures come back as an error status, never as an exception.
+  /// Serves one request frame on the calling thread, the math included; failures come back as an
+  /// error status, never as an exception. For a ps nobody else reaches meanwhile (tests, tools).
   wire::frame handle(const wire::frame& request);
+
+  /// Serves one request frame on `this`'s executor (the one every call comes from), as the server
+  /// does: a big kernel runs on the kernel pool meanwhile, and the request waits its variable's turn
+  /// (errc::aborted when the session ends first, errc::unavailable when the ps is destroyed). Gives
+  /// the request's segments to buffers() when done (recycle).
+  asio::awaitable<wire::frame> serve(wire::frame request);
+
+  /// Waits for the kernels handed to the pool (their results reach the executor as usual) and runs
+  /// every later one on the executor. A stopped server calls it: no kernel thread is left to post
+  /// to an io_context that may be destroyed next (asio's shutdown does not expect a post from
+  /// another thread while it destroys what is queued).
+  void stop_kernels() {
+    if (!kernel_pool_) return;
+    kernel_pool_->join();  // not reset() alone: its destructor would drop the queued kernels
+    kernel_pool_.reset();
+  }
+
+  /// Test hook: runs on the kernel thread before every kernel it runs (the product path is the
+  /// same with or without it). Lets a test hold a kernel while it sends other requests.
+  void set_kernel_hook(std::function<void()> hook) { kernel_hook_ = std::move(hook); }
+  /// Kernels that ran on the pool so far.
+  std::uint64_t offloaded_kernels() const noexcept { return offloaded_; }
 
   /// Gives `request`'s segments that nothing holds any more (a variable adopts an assign's) to
   /// buffers(), once handle() has served it.
@@ -48,13 +91,10 @@ class ps_service {
   std::size_t num_variables() const noexcept { return variables_.size(); }
   /// Bytes held for variables and slots, as server_options::max_ps_bytes counts them.
   std::uint64_t held_bytes() const noexcept { return held_bytes_; }
-  /// Drops every variable and slot (the coordinator session that made them ended).
-  void clear() noexcept {
-    variables_.clear();
-    buffers_->clear();
-    held_bytes_ = 0;
-    publish();
-  }
+  /// Drops every variable and slot (the coordinator session that made them ended). A kernel still
+  /// running keeps the storage it writes alive until it ends; its request and those waiting for
+  /// their variable's turn get errc::aborted.
+  void clear() noexcept;
 
  private:
   struct stored_variable {
@@ -97,8 +137,8 @@ class ps_service {
   /// changes nothing.
   void check_slots(std::string_view context, const std::string& variable, const stored_variable& of,
                    std::span<const slot_plan> plans) const;
-  /// The slot of `plan` (created on first use; check_slots passed), ready to be written.
-  stored_variable& slot(const std::string& variable, const slot_plan& plan);
+  /// The slot of `plan` (created on first use; check_slots passed), as its kernel writes it.
+  kernel_storage slot(const std::string& variable, const slot_plan& plan);
   /// Holds `stored` under `name`, counting its bytes.
   stored_variable& hold(const std::string& name, stored_variable stored);
   /// Validates `range` as rows of `variable`: begin <= end <= rows, and the variable has rows.
@@ -108,6 +148,19 @@ class ps_service {
   std::span<const std::int64_t> row_ids(const tensor& indices, const stored_variable& variable,
                                         std::string_view operation, const std::string& name) const;
 
+  /// Runs `kernel` now, or, inside serve() with a kernel pool and `bytes` (what it reads and
+  /// writes) at least offload_bytes_, leaves it for serve() to run on the pool. It must capture
+  /// what it touches by value (shared buffers): it may run after the request and the variable are
+  /// gone.
+  void run_kernel(std::uint64_t bytes, std::function<void()> kernel);
+  /// The variable whose lane `request` goes through: an optimizer slot's is its variable's; empty
+  /// for requests that concern no variable.
+  std::string lane_of(const wire::Request& request) const;
+  /// Gives the lane of `key` to the next request waiting for it, or drops it.
+  void release_lane(const std::string& key);
+  /// Completes every request waiting for a lane with `ec` and drops the lanes.
+  void fail_waiting(std::error_code ec) noexcept;
+
   std::string task_;
   std::uint64_t max_ps_bytes_;
   std::uint64_t max_variable_bytes_;
@@ -115,6 +168,28 @@ class ps_service {
   std::uint64_t held_bytes_ = 0;
   std::unordered_map<std::string, stored_variable> variables_;
   std::shared_ptr<wire::buffer_pool> buffers_;
+
+  // Kernels off the executor. A lane exists while a variable has a kernel running (or being handed
+  // on): requests for it wait there, in arrival order, and each is handed the lane in turn.
+  struct lane {
+    std::deque<detail::erased_handler<void(std::error_code)>> waiting;
+  };
+  std::unordered_map<std::string, lane> lanes_;
+  std::uint64_t offload_bytes_;
+  bool offloading_ = false;           // inside serve(): run_kernel may defer
+  std::function<void()> deferred_;    // what run_kernel left for serve()
+  struct timing {
+    std::size_t operation = 0;
+    bool timed = false;
+    std::chrono::steady_clock::time_point started;
+  } deferred_timing_;                 // its request's latency metric, observed when it is done
+  std::uint64_t generation_ = 0;      // counts clear(): a kernel's request outliving its session
+  std::uint64_t offloaded_ = 0;
+  std::function<void()> kernel_hook_;
+  // Whoever resumes after a kernel or a wait checks it first: the ps may be gone.
+  std::shared_ptr<const bool> alive_ = std::make_shared<const bool>(true);
+  // Last: destroyed (joined) first, before what its kernels' continuations would check.
+  std::optional<asio::thread_pool> kernel_pool_;
 
   // Metrics: per operation (create, read, update, apply_gradient, list_slots, delete, other) its
   // latency and its errors; what the ps holds. Registered in the process's registry.

@@ -1,0 +1,338 @@
+// The ps's kernel pool: big kernels run off the executor while requests for other variables pass,
+// requests for one variable keep their arrival order, and a variable deleted, a session ended or a
+// ps destroyed while a kernel runs gives its waiting requests a clear error. A test hook holds the
+// kernel on the pool thread until the test lets it go, so nothing here depends on timing: the
+// executor is driven with poll() (every request that can make progress does) before the release.
+#include "runtime/ps_service.hpp"
+#include "runtime/values.hpp"
+#include "wire/frame.hpp"
+
+#include <pscoro/server.hpp>
+
+#include "test_support.hpp"
+
+#include <asio/co_spawn.hpp>
+#include <asio/io_context.hpp>
+
+#include <atomic>
+#include <cstring>
+#include <map>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace {
+
+using namespace pscoro;
+
+constexpr std::size_t kp_rows = 256, kp_cols = 4;  // 4 KiB of float32
+
+variable_ref kp_ref(const std::string& name) { return {name, dtype::float32, {kp_rows, kp_cols}, 0}; }
+
+tensor kp_values(float first, float step, std::size_t rows = kp_rows) {
+  auto t = tensor::uninitialized(dtype::float32, {rows, kp_cols});
+  for (std::size_t i = 0; i < t.size(); ++i) t.mutable_data<float>()[i] = first + step * static_cast<float>(i % 97);
+  return t;
+}
+
+wire::frame kp_create(const std::string& name, const tensor& initial) {
+  wire::frame f;
+  f.kind = wire::frame_kind::request;
+  auto* body = f.message.mutable_request()->mutable_create_variable();
+  runtime::encode_ref(*body->mutable_variable(), kp_ref(name));
+  wire::put_tensor(f, *body->mutable_initial_value(), initial);
+  return f;
+}
+
+wire::frame kp_update(const std::string& name, wire::UpdateVariable::Op op, const tensor& value,
+                      std::optional<std::pair<std::uint64_t, std::uint64_t>> rows = std::nullopt) {
+  wire::frame f;
+  f.kind = wire::frame_kind::request;
+  auto* body = f.message.mutable_request()->mutable_update_variable();
+  runtime::encode_ref(*body->mutable_variable(), kp_ref(name));
+  body->set_op(op);
+  if (rows) {
+    body->mutable_rows()->set_begin(rows->first);
+    body->mutable_rows()->set_end(rows->second);
+  }
+  wire::put_tensor(f, *body->mutable_value(), value);
+  return f;
+}
+
+wire::frame kp_adagrad(const std::string& name, const tensor& gradient) {
+  wire::frame f;
+  f.kind = wire::frame_kind::request;
+  auto* body = f.message.mutable_request()->mutable_apply_gradient();
+  runtime::encode_ref(*body->mutable_variable(), kp_ref(name));
+  body->mutable_optimizer()->set_kind(wire::Optimizer::ADAGRAD);
+  body->mutable_optimizer()->set_learning_rate(0.1);
+  body->mutable_optimizer()->set_initial_accumulator_value(0.1);
+  body->mutable_optimizer()->set_epsilon(1e-7);
+  wire::put_tensor(f, *body->mutable_gradient(), gradient);
+  return f;
+}
+
+wire::frame kp_read(const std::string& name) {
+  wire::frame f;
+  f.kind = wire::frame_kind::request;
+  runtime::encode_ref(*f.message.mutable_request()->mutable_read_variable()->mutable_variable(), kp_ref(name));
+  return f;
+}
+
+wire::frame kp_delete(const std::string& name) {
+  wire::frame f;
+  f.kind = wire::frame_kind::request;
+  runtime::encode_ref(*f.message.mutable_request()->mutable_delete_variable()->mutable_variable(), kp_ref(name));
+  return f;
+}
+
+using kp_list = std::vector<std::string>;
+
+// "a, b, c": doctest prints a string, not a vector.
+std::string kp_joined(const kp_list& tags) {
+  std::string out;
+  for (const auto& tag : tags) out += (out.empty() ? "" : ", ") + tag;
+  return out;
+}
+
+int kp_code(const wire::frame& response) { return response.message.response().status().code(); }
+std::string kp_message(const wire::frame& response) { return response.message.response().status().message(); }
+
+std::vector<float> kp_floats(const wire::frame& response) {
+  REQUIRE_MESSAGE(kp_code(response) == 0, kp_message(response));
+  const auto t = wire::get_tensor(response, response.message.response().result().tensor());
+  return {t.data<float>(), t.data<float>() + t.size()};
+}
+
+// A ps whose kernels of at least `offload_bytes` run on its pool, each held by the hook until
+// release() (or run at once when the hook is off), and the executor the test drives.
+struct kp_fixture {
+  explicit kp_fixture(std::uint64_t offload_bytes = 1) {
+    server_options options;
+    options.ps_kernel_offload_bytes = offload_bytes;
+    ps.emplace("ps:0", options);
+    ps->set_kernel_hook([held = held, released = released] {
+      held->fetch_add(1);
+      while (!released->load()) std::this_thread::yield();
+    });
+  }
+  ~kp_fixture() {
+    release();
+    ps.reset();
+  }
+
+  // Serves `request` through serve(); its response lands in responses[tag] and tag in `order`.
+  void send(std::string tag, wire::frame request) {
+    asio::co_spawn(io, ps->serve(std::move(request)), [this, tag](std::exception_ptr e, wire::frame response) {
+      REQUIRE(e == nullptr);
+      order.push_back(tag);
+      responses.emplace(tag, std::move(response));
+    });
+  }
+  // Runs every handler that can run now (a held kernel's continuation cannot), without waiting.
+  void settle() {
+    io.restart();
+    io.poll();
+  }
+  void release() { released->store(true); }
+  // Until `n` kernels have reached the hook (the pool thread picks them up in its own time).
+  void wait_held(int n) const {
+    while (held->load() < n) std::this_thread::yield();
+  }
+  void finish() {
+    release();
+    io.restart();
+    io.run();
+  }
+  const wire::frame& response(const std::string& tag) {
+    const auto it = responses.find(tag);
+    REQUIRE_MESSAGE(it != responses.end(), "no response to " << tag);
+    return it->second;
+  }
+
+  asio::io_context io;
+  std::optional<runtime::ps_service> ps;
+  std::shared_ptr<std::atomic<int>> held = std::make_shared<std::atomic<int>>(0);
+  std::shared_ptr<std::atomic<bool>> released = std::make_shared<std::atomic<bool>>(false);
+  std::vector<std::string> order;
+  std::map<std::string, wire::frame> responses;
+};
+
+}  // namespace
+
+TEST_CASE("requests for one variable are applied in arrival order while its kernels run on the pool") {
+  // Whole-variable updates (8 KiB of work) go to the pool; one-row updates and reads stay small but
+  // must wait for them. The same requests served one by one by handle() give the expected values.
+  const std::vector<std::pair<std::string, wire::frame>> requests = {
+      {"add", kp_update("w", wire::UpdateVariable::ADD, kp_values(1, 0.5f))},
+      {"mul row 0", kp_update("w", wire::UpdateVariable::MUL, kp_values(2, 0, 1), std::pair{0, 1})},
+      {"read 1", kp_read("w")},
+      {"adagrad", kp_adagrad("w", kp_values(-0.25f, 0.01f))},
+      {"assign rows 3-5", kp_update("w", wire::UpdateVariable::ASSIGN, kp_values(7, 1, 2), std::pair{3, 5})},
+      {"read slot", kp_read("w/adagrad/accumulator")},
+      {"sub", kp_update("w", wire::UpdateVariable::SUB, kp_values(0.5f, 0.125f))},
+      {"adagrad 2", kp_adagrad("w", kp_values(0.75f, -0.02f))},
+      {"read 2", kp_read("w")},
+  };
+  runtime::ps_service sequential("ps:1");
+  REQUIRE(kp_code(sequential.handle(kp_create("w", kp_values(0, 1)))) == 0);
+  std::map<std::string, wire::frame> expected;
+  for (const auto& [tag, request] : requests) expected.emplace(tag, sequential.handle(request));
+
+  kp_fixture f(4096);
+  f.send("create", kp_create("w", kp_values(0, 1)));
+  f.settle();
+  for (const auto& [tag, request] : requests) f.send(tag, request);
+  f.settle();
+  // The first kernel holds the lane: nothing after it has been answered.
+  f.wait_held(1);
+  CHECK(kp_joined(f.order) == kp_joined(kp_list({"create"})));
+  f.finish();
+  std::vector<std::string> arrival{"create"};
+  for (const auto& [tag, _] : requests) arrival.push_back(tag);
+  CHECK(kp_joined(f.order) == kp_joined(arrival));
+  for (const auto& request : requests) {
+    const std::string& tag = request.first;  // a name, not a binding: doctest's lambdas capture it
+    const auto& got = f.response(tag);
+    CHECK_MESSAGE(kp_code(got) == kp_code(expected.at(tag)), tag << ": " << kp_message(got));
+    if (got.message.response().has_result()) {
+      CHECK_MESSAGE(kp_floats(got) == kp_floats(expected.at(tag)), tag);
+    }
+  }
+  // Four whole-variable kernels ran on the pool; the small ones ran on the executor.
+  CHECK(f.ps->offloaded_kernels() == 4);
+}
+
+TEST_CASE("a request for another variable is answered while a kernel runs") {
+  kp_fixture f;
+  f.send("create w", kp_create("w", kp_values(0, 1)));
+  f.send("create v", kp_create("v", kp_values(5, 0)));
+  f.settle();
+  f.send("adagrad w", kp_adagrad("w", kp_values(1, 0)));
+  f.send("read v", kp_read("v"));
+  f.send("add v", kp_update("v", wire::UpdateVariable::ADD, kp_values(1, 0)));
+  f.settle();
+  // The kernel of w is held on the pool thread; v's read was answered meanwhile, and v's update
+  // queued behind w's kernel on the one kernel thread (its lane is v's, not w's).
+  f.wait_held(1);
+  CHECK(kp_joined(f.order) == kp_joined(kp_list({"create w", "create v", "read v"})));
+  CHECK(kp_floats(f.response("read v")) == std::vector<float>(kp_rows * kp_cols, 5.0f));
+  f.finish();
+  CHECK(f.order.size() == 5);
+  CHECK(kp_code(f.response("adagrad w")) == 0);
+  CHECK(kp_code(f.response("add v")) == 0);
+}
+
+TEST_CASE("a small request on an idle variable runs on the executor at once; a big kernel goes to the pool") {
+  kp_fixture f(1 << 20);  // the default threshold: 1 MiB of work
+  f.release();
+  f.send("create", kp_create("w", kp_values(0, 1)));
+  f.send("add", kp_update("w", wire::UpdateVariable::ADD, kp_values(1, 0)));
+  f.settle();  // no kernel thread needed: both answered here
+  CHECK(kp_joined(f.order) == kp_joined(kp_list({"create", "add"})));
+  CHECK(f.ps->offloaded_kernels() == 0);
+
+  const std::size_t big_rows = (1 << 20) / (kp_cols * sizeof(float));  // 1 MiB
+  auto big = [&](const std::string& name) { return variable_ref{name, dtype::float32, {big_rows, kp_cols}, 0}; };
+  wire::frame create;
+  create.kind = wire::frame_kind::request;
+  runtime::encode_ref(*create.message.mutable_request()->mutable_create_variable()->mutable_variable(), big("big"));
+  wire::put_tensor(create, *create.message.mutable_request()->mutable_create_variable()->mutable_initial_value(),
+                   kp_values(1, 0, big_rows));
+  f.send("create big", std::move(create));
+  wire::frame add;
+  add.kind = wire::frame_kind::request;
+  auto* body = add.message.mutable_request()->mutable_update_variable();
+  runtime::encode_ref(*body->mutable_variable(), big("big"));
+  body->set_op(wire::UpdateVariable::ADD);
+  wire::put_tensor(add, *body->mutable_value(), kp_values(2, 0, big_rows));
+  f.send("add big", std::move(add));
+  f.finish();
+  CHECK(kp_code(f.response("add big")) == 0);
+  CHECK(f.ps->offloaded_kernels() == 1);
+}
+
+TEST_CASE("a variable deleted while its kernel runs is deleted after it, and a later read finds it gone") {
+  kp_fixture f;
+  f.send("create", kp_create("w", kp_values(0, 1)));
+  f.settle();
+  f.send("adagrad", kp_adagrad("w", kp_values(1, 0)));
+  f.send("delete", kp_delete("w"));
+  f.send("read", kp_read("w"));
+  f.settle();
+  f.wait_held(1);
+  CHECK(kp_joined(f.order) == kp_joined(kp_list({"create"})));
+  f.finish();
+  CHECK(kp_joined(f.order) == kp_joined(kp_list({"create", "adagrad", "delete", "read"})));
+  CHECK(kp_code(f.response("adagrad")) == 0);
+  CHECK(kp_code(f.response("delete")) == 0);
+  CHECK(kp_code(f.response("read")) == static_cast<int>(errc::not_found));
+  CHECK(f.ps->num_variables() == 0);
+  CHECK(f.ps->held_bytes() == 0);
+}
+
+TEST_CASE("a session ended while a kernel runs fails its request and those waiting, and the next session starts clean") {
+  kp_fixture f;
+  f.send("create", kp_create("w", kp_values(0, 1)));
+  f.settle();
+  f.send("adagrad", kp_adagrad("w", kp_values(1, 0)));
+  f.send("read", kp_read("w"));
+  f.settle();
+  f.wait_held(1);
+  f.ps->clear();
+  f.settle();
+  CHECK(kp_joined(f.order) == kp_joined(kp_list({"create", "read"})));
+  CHECK(kp_code(f.response("read")) == static_cast<int>(errc::aborted));
+  CHECK(contains(kp_message(f.response("read")), "session ended"));
+  // The next session's w is another variable: made at once, and its kernel queues behind the old
+  // one on the kernel thread.
+  f.send("create again", kp_create("w", kp_values(3, 0)));
+  f.send("add again", kp_update("w", wire::UpdateVariable::ADD, kp_values(1, 0)));
+  f.send("read again", kp_read("w"));
+  f.settle();
+  CHECK(kp_joined(f.order) == kp_joined(kp_list({"create", "read", "create again"})));
+  f.finish();
+  CHECK(kp_code(f.response("adagrad")) == static_cast<int>(errc::aborted));
+  CHECK(contains(kp_message(f.response("adagrad")), "session ended"));
+  CHECK(kp_code(f.response("add again")) == 0);
+  CHECK(kp_floats(f.response("read again")) == std::vector<float>(kp_rows * kp_cols, 4.0f));
+}
+
+TEST_CASE("a ps destroyed while a kernel runs answers its request and those waiting with unavailable") {
+  kp_fixture f;
+  f.send("create", kp_create("w", kp_values(0, 1)));
+  f.settle();
+  f.send("adagrad", kp_adagrad("w", kp_values(1, 0)));
+  f.send("read", kp_read("w"));
+  f.settle();
+  f.wait_held(1);
+  f.release();
+  f.ps.reset();  // waits for the kernel; the continuations run on the executor afterwards
+  f.finish();
+  REQUIRE(f.order.size() == 3);
+  CHECK(kp_code(f.response("adagrad")) == static_cast<int>(errc::unavailable));
+  CHECK(kp_code(f.response("read")) == static_cast<int>(errc::unavailable));
+  CHECK(contains(kp_message(f.response("read")), "stopped"));
+}
+
+TEST_CASE("a ps whose kernels are stopped finishes the running one and runs later ones on the executor") {
+  kp_fixture f;
+  f.send("create", kp_create("w", kp_values(0, 1)));
+  f.settle();
+  f.send("add", kp_update("w", wire::UpdateVariable::ADD, kp_values(1, 0)));
+  f.send("read", kp_read("w"));
+  f.settle();
+  f.wait_held(1);
+  f.release();
+  f.ps->stop_kernels();  // what a stopped server does: waits for the kernel
+  CHECK(f.ps->offloaded_kernels() == 1);
+  f.send("add again", kp_update("w", wire::UpdateVariable::ADD, kp_values(1, 0)));
+  f.send("read again", kp_read("w"));
+  f.finish();
+  CHECK(kp_joined(f.order) == kp_joined(kp_list({"create", "add", "read", "add again", "read again"})));
+  CHECK(f.ps->offloaded_kernels() == 1);
+  auto expected = kp_floats(f.response("read"));
+  for (auto& x : expected) x += 1;
+  CHECK(kp_floats(f.response("read again")) == expected);
+}
