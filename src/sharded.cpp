@@ -150,9 +150,12 @@ bool locate_ids(const sharded_layout& layout, std::span<const std::int64_t> ids,
   }
   tables.counts.assign(shards, 0);
   bool sorted = true;
+  // The range test inline (check_id is an exported function: a call through the PLT per id), the
+  // message only for a bad id.
+  const auto in_range = [total](std::int64_t id) { return id >= 0 && static_cast<std::uint64_t>(id) < total; };
   if (shards == 1) {
     for (std::size_t k = 0; k < ids.size(); ++k) {
-      check_id(ids[k], k, total, layout, operation);
+      if (!in_range(ids[k])) check_id(ids[k], k, total, layout, operation);
       sorted = sorted && (k == 0 || ids[k - 1] <= ids[k]);
     }
     tables.counts[0] = ids.size();
@@ -161,7 +164,7 @@ bool locate_ids(const sharded_layout& layout, std::span<const std::int64_t> ids,
   tables.shard_of.resize(ids.size());
   const shard_locator shard_of(layout);
   for (std::size_t k = 0; k < ids.size(); ++k) {
-    check_id(ids[k], k, total, layout, operation);
+    if (!in_range(ids[k])) check_id(ids[k], k, total, layout, operation);
     sorted = sorted && (k == 0 || ids[k - 1] <= ids[k]);
     const std::size_t s = shard_of(static_cast<std::size_t>(ids[k]));
     tables.shard_of[k] = static_cast<std::uint32_t>(s);
