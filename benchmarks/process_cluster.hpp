@@ -57,7 +57,9 @@ inline placement parse_placement(std::string_view text) {
 class pinned_placement {
  public:
   pinned_placement(placement how, const std::vector<pid_t>& servers) {
-    if (::sched_getaffinity(0, sizeof(allowed_), &allowed_) != 0) throw std::system_error(errno, std::generic_category(), "sched_getaffinity");
+    if (::sched_getaffinity(0, sizeof(allowed_), &allowed_) != 0) {
+      throw std::system_error(errno, std::generic_category(), "sched_getaffinity");
+    }
     if (how == placement::any) return;
     std::vector<int> cpus;
     for (int cpu = 0; cpu < CPU_SETSIZE; ++cpu) {
@@ -89,19 +91,29 @@ class pinned_placement {
   std::vector<pid_t> servers_;
 };
 
-/// Minor page faults of process `pid` so far (0: this process), from /proc/<pid>/stat.
-inline std::uint64_t minor_faults(pid_t pid = 0) {
+/// Field `number` (1-based, >= 3) of /proc/<pid>/stat (0: this process), as a number.
+inline std::uint64_t proc_stat_field(pid_t pid, std::size_t number) {
   std::ifstream in(pid ? fmt::format("/proc/{}/stat", pid) : std::string("/proc/self/stat"));
   const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   // The command name (field 2) is in parentheses and may hold spaces: count fields after the last ')'.
   const auto close = text.rfind(')');
   if (close == std::string::npos) throw std::runtime_error(fmt::format("cannot parse /proc/{}/stat", pid));
   std::size_t field = 2, at = close + 1;
-  while (field < 10 && at < text.size()) {
+  while (field < number && at < text.size()) {
     if (text[at] == ' ') ++field;
     ++at;
   }
-  return std::strtoull(text.c_str() + at, nullptr, 10);  // field 10: minflt
+  return std::strtoull(text.c_str() + at, nullptr, 10);
+}
+
+/// Minor page faults of process `pid` so far (0: this process), from /proc/<pid>/stat.
+inline std::uint64_t minor_faults(pid_t pid = 0) { return proc_stat_field(pid, 10); }
+
+/// CPU time (user + system) of process `pid` so far, in seconds (clock-tick resolution; 0: this
+/// process).
+inline double cpu_seconds(pid_t pid = 0) {
+  return static_cast<double>(proc_stat_field(pid, 14) + proc_stat_field(pid, 15)) /
+         static_cast<double>(::sysconf(_SC_CLK_TCK));
 }
 
 class process_cluster {

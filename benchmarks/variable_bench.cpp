@@ -59,12 +59,42 @@ struct dense_figures {
 };
 
 struct sparse_figures {
-  std::string what;
   std::size_t ids;
   std::size_t width;
   double lookup_us;
   double scatter_us;
   double adagrad_us;
+  double raw_lookup_us;   // per ps in turn: its ids out (8 bytes each), their rows back
+  double raw_scatter_us;  // per ps in turn: its ids and rows out, 64 bytes back
+  double lookup_ratio;    // lookup / raw_lookup (time, per round)
+  double scatter_ratio;   // scatter_add / raw_scatter
+  double adagrad_ratio;   // apply_sparse_gradient / raw_scatter (same bytes)
+  double lookup_faults, lookup_ps_faults, scatter_faults, scatter_ps_faults;
+  // CPU time per operation (us; the chief's process, the ps processes' together: -1 for threads of
+  // one process, all in the chief's): robust where wall times are not, on a busy machine.
+  double lookup_cpu, lookup_ps_cpu, scatter_cpu, scatter_ps_cpu;
+};
+
+// CPU time per awaited operation of median_us(n, ...), as fault_counter counts faults.
+struct cpu_counter {
+  std::vector<pid_t> ps;
+  double self = 0, others = 0;
+  static double own() {
+    timespec t{};
+    ::clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t);
+    return static_cast<double>(t.tv_sec) + static_cast<double>(t.tv_nsec) * 1e-9;
+  }
+  void start() {
+    self = own();
+    others = 0;
+    for (const pid_t pid : ps) others += bench::cpu_seconds(pid);
+  }
+  std::pair<double, double> per_operation(int n) const {
+    const double calls = n + std::max(1, n / 10);
+    double now = 0;
+    for (const pid_t pid : ps) now += bench::cpu_seconds(pid);
+    return {(own() - self) / calls * 1e6, ps.empty() ? -1.0 : (now - others) / calls * 1e6};
+  }
 };
 
 int iterations_for(std::size_t bytes, int scale) {
@@ -200,32 +230,96 @@ void print_dense(const std::vector<dense_figures>& dense) {
   }
 }
 
-std::vector<sparse_figures> measure_sparse(int scale) {
+// Embedding lookups and scatter_add of uniform ids over a 1M-row table on 2 ps, each round against
+// the raw exchanges of the same bytes right before. The raw limit is sequential: per ps, the ids it
+// holds go out (8 bytes each) and their rows come back (lookup), or ids and rows go out and 64 bytes
+// come back (scatter), one exchange after the other over one connection; the medians are summed.
+// pscoro asks both ps at once, so the limit is a conservative one (on 2 cores shared by chief, 2 ps
+// and the raw server, two concurrent raw streams gain little over one).
+template <class RunChief, class Raw>
+std::vector<sparse_figures> measure_sparse(int scale, int rounds, RunChief run_chief, Raw raw,
+                                           std::vector<pid_t> ps_pids, std::size_t only_width) {
   std::vector<sparse_figures> out;
-  pscoro::testing::local_cluster cluster(2, 1);
-  cluster.run_chief(
-      [&](pscoro::parameter_server_strategy& strategy, pscoro::cluster_coordinator&) -> asio::awaitable<void> {
-        constexpr std::size_t rows = 1000000;
-        std::mt19937_64 random(7);
-        for (const auto& [ids, width] : {std::pair<std::size_t, std::size_t>{100000, 1}, {100000, 16}, {1000000, 1}}) {
-          const pscoro::shape_type shape{rows, width};
-          auto table = co_await strategy.scope().create_sharded_variable<float>(
-              fmt::format("table_{}x{}", ids, width), shape, pscoro::initializers::random_uniform{});
-          xt::xarray<std::int64_t> id_array = xt::zeros<std::int64_t>({ids});
-          std::uniform_int_distribution<std::int64_t> pick(0, rows - 1);
-          for (auto& id : id_array) id = pick(random);
-          const xt::xarray<float> updates = xt::ones<float>({ids, width});
-          const int n = 10 * scale;
-          const double lookup = co_await median_us(n, [&] { return table.embedding_lookup(id_array); });
-          const double scatter = co_await median_us(n, [&] { return table.scatter_add(id_array, updates); });
-          const pscoro::optimizers::adagrad opt{.learning_rate = 0.01};
-          const double adagrad =
-              co_await median_us(n, [&] { return table.apply_sparse_gradient(opt, id_array, updates); });
-          out.push_back({"uniform ids, 2 ps", ids, width, lookup, scatter, adagrad});
+  run_chief([&](pscoro::parameter_server_strategy& strategy, pscoro::cluster_coordinator&) -> asio::awaitable<void> {
+    constexpr std::size_t rows = 1000000;
+    std::mt19937_64 random(7);
+    for (const auto& [ids, width] : {std::pair<std::size_t, std::size_t>{100000, 1}, {100000, 16}, {1000000, 1}}) {
+      if (only_width && width != only_width) continue;
+      const pscoro::shape_type shape{rows, width};
+      auto table = co_await strategy.scope().create_sharded_variable<float>(
+          fmt::format("table_{}x{}", ids, width), shape, pscoro::initializers::random_uniform{});
+      xt::xarray<std::int64_t> id_array = xt::zeros<std::int64_t>({ids});
+      std::uniform_int_distribution<std::int64_t> pick(0, rows - 1);
+      for (auto& id : id_array) id = pick(random);
+      std::vector<std::size_t> per_shard(table.num_shards());
+      for (const auto id : id_array) {
+        std::size_t s = 0;
+        while (static_cast<std::size_t>(id) >= table.offsets()[s + 1]) ++s;
+        ++per_shard[s];
+      }
+      const xt::xarray<float> updates = xt::ones<float>({ids, width});
+      const int n = 10 * scale;
+      std::vector<double> raw_lookup, raw_scatter, lookup, scatter, adagrad, lookup_ratio, scatter_ratio,
+          adagrad_ratio;
+      std::vector<double> faults[4], cpu[4];
+      fault_counter counter{ps_pids};
+      cpu_counter cpu_time{ps_pids};
+      auto start = [&] {
+        counter.start();
+        cpu_time.start();
+      };
+      auto count = [&](int first) {
+        const auto [self, ps] = counter.per_operation(n);
+        faults[first].push_back(self);
+        faults[first + 1].push_back(ps);
+        const auto [self_cpu, ps_cpu] = cpu_time.per_operation(n);
+        cpu[first].push_back(self_cpu);
+        cpu[first + 1].push_back(ps_cpu);
+      };
+      const pscoro::optimizers::adagrad opt{.learning_rate = 0.01};
+      for (int round = 0; round < rounds; ++round) {
+        double pull = 0, push = 0;
+        for (const std::size_t k : per_shard) {
+          pull += bench::median(raw(k * sizeof(std::int64_t), k * width * sizeof(float), n));
+          push += bench::median(raw(k * (sizeof(std::int64_t) + width * sizeof(float)), 64, n));
         }
-      },
-      {}, {}, pscoro::fixed_shards_partitioner{2});
+        raw_lookup.push_back(pull);
+        raw_scatter.push_back(push);
+        start();
+        lookup.push_back(co_await median_us(n, [&] { return table.embedding_lookup(id_array); }));
+        count(0);
+        start();
+        scatter.push_back(co_await median_us(n, [&] { return table.scatter_add(id_array, updates); }));
+        count(2);
+        adagrad.push_back(co_await median_us(n, [&] { return table.apply_sparse_gradient(opt, id_array, updates); }));
+        lookup_ratio.push_back(lookup.back() / pull);
+        scatter_ratio.push_back(scatter.back() / push);
+        adagrad_ratio.push_back(adagrad.back() / push);
+      }
+      using bench::median;
+      out.push_back({ids, width, median(lookup), median(scatter), median(adagrad), median(raw_lookup),
+                     median(raw_scatter), median(lookup_ratio), median(scatter_ratio), median(adagrad_ratio),
+                     median(faults[0]), median(faults[1]), median(faults[2]), median(faults[3]), median(cpu[0]),
+                     median(cpu[1]), median(cpu[2]), median(cpu[3])});
+    }
+  });
   return out;
+}
+
+void print_sparse(const std::vector<sparse_figures>& sparse) {
+  fmt::print("{:>8} {:>5} {:>9} {:>9} {:>6} {:>10} {:>10} {:>6} {:>10} {:>6}   {:<22} {}\n", "ids", "width",
+             "raw lk us", "lookup us", "x raw", "raw sc us", "scatter us", "x raw", "adagrad us", "x raw",
+             "faults/op chief|ps", "CPU us/op chief|ps (lookup, scatter_add)");
+  auto pair = [](double self, double ps) {
+    return ps < 0 ? fmt::format("{:.0f}", self) : fmt::format("{:.0f}|{:.0f}", self, ps);
+  };
+  for (const auto& f : sparse) {
+    fmt::print("{:>8} {:>5} {:>9.0f} {:>9.0f} {:>6.2f} {:>10.0f} {:>10.0f} {:>6.2f} {:>10.0f} {:>6.2f}   {:<22} {}\n",
+               f.ids, f.width, f.raw_lookup_us, f.lookup_us, f.lookup_ratio, f.raw_scatter_us, f.scatter_us,
+               f.scatter_ratio, f.adagrad_us, f.adagrad_ratio,
+               fmt::format("{}, {}", pair(f.lookup_faults, f.lookup_ps_faults), pair(f.scatter_faults, f.scatter_ps_faults)),
+               fmt::format("{}, {}", pair(f.lookup_cpu, f.lookup_ps_cpu), pair(f.scatter_cpu, f.scatter_ps_cpu)));
+  }
 }
 
 struct pooling_figures {
@@ -418,6 +512,10 @@ int main(int argc, char** argv) {
                  "processes mode: chief | ps on two CPUs (split), all on one CPU (one), or as the scheduler likes (any); "
                  "the raw exchanges are placed alike")
       ->check(CLI::IsMember({"split", "one", "any"}));
+  bool sparse_only = false;
+  app.add_flag("--sparse-only", sparse_only, "only the sparse tables (embedding lookups, scatters)");
+  std::size_t sparse_width = 0;
+  app.add_option("--sparse-width", sparse_width, "only the sparse cases of this row width (1 or 16; 0: all)");
   CLI11_PARSE(app, argc, argv);
   ::setenv("PSCORO_LOG_LEVEL", "warning", 0);
   if (mode == "kernels") return run_kernel_bench(kernel_threads, millis);
@@ -431,6 +529,7 @@ int main(int argc, char** argv) {
   }
   std::vector<dense_figures> dense_threads, dense_processes;
   for (const int ps : {1, 2}) {
+    if (sparse_only) break;
     // Interleaved: a slow phase of the machine falls on both modes.
     if (mode != "processes") {
       for (auto& f : measure_dense_threads(ps, scale, rounds)) dense_threads.push_back(f);
@@ -462,16 +561,40 @@ int main(int argc, char** argv) {
   fmt::print("\nTargets: a 4 KiB read within 2x a raw round trip; 64 MiB: assign <= 1.3x the raw push, read into a\n"
              "fresh array <= 1.3x the raw pull, read(out) <= 1.0x (the raw pull reuses its buffer, like read(out)).\n");
   if (dense_only) return 0;
-  const auto sparse = measure_sparse(scale);
-  const auto pooling = measure_pooling(scale);
-  fmt::print("\n{:<20} {:>9} {:>6} {:>12} {:>12} {:>12} {:>12} {:>14}\n", "sparse (1M rows)", "ids", "width",
-             "lookup us", "Mids/s", "rows GB/s", "scatter us", "adagrad us");
-  for (const auto& f : sparse) {
-    const double bytes = static_cast<double>(f.ids * f.width * sizeof(float));
-    fmt::print("{:<20} {:>9} {:>6} {:>12.0f} {:>12.2f} {:>12.2f} {:>12.0f} {:>14.0f}\n", f.what, f.ids, f.width,
-               f.lookup_us, static_cast<double>(f.ids) / f.lookup_us, bytes / (f.lookup_us * 1e-6) / 1e9,
-               f.scatter_us, f.adagrad_us);
+  std::vector<sparse_figures> sparse_threads, sparse_processes;
+  if (mode != "processes") {
+    pscoro::testing::local_cluster cluster(2, 1);
+    sparse_threads = measure_sparse(
+        scale, rounds,
+        [&](auto body) { cluster.run_chief(body, {}, {}, pscoro::fixed_shards_partitioner{2}); },
+        [](std::size_t request, std::size_t response, int n) { return bench::raw_exchanges(request, response, n); },
+        {}, sparse_width);
   }
+  if (mode != "threads") {
+    const bench::pinned_placement pinned(bench::parse_placement(placement),
+                                         {processes->pid("ps", 0), processes->pid("ps", 1), raw_server->pid()});
+    sparse_processes = measure_sparse(
+        scale, rounds,
+        [&](auto body) { processes->run_chief(2, body, pscoro::fixed_shards_partitioner{2}); },
+        [&](std::size_t request, std::size_t response, int n) { return raw_server->exchanges(request, response, n); },
+        {processes->pid("ps", 0), processes->pid("ps", 1)}, sparse_width);
+  }
+  const auto pooling = sparse_width ? pooling_figures{} : measure_pooling(scale);
+  fmt::print("\nsparse, uniform ids over a 1M-row float table on 2 ps: medians of {} rounds; each round measures the\n"
+             "raw exchanges of the same bytes right before pscoro: per ps in turn, its ids out (8 bytes each) and\n"
+             "their rows back (raw lk), or its ids and rows out and 64 bytes back (raw sc, also adagrad's limit).\n"
+             "Sequential over one connection: pscoro asks both ps at once. ps-lite is not a Debian package, so\n"
+             "the raw exchange is the comparison. faults/op as above.\n",
+             rounds);
+  if (!sparse_threads.empty()) {
+    fmt::print("\nchief and ps as threads of one process (raw: two threads):\n");
+    print_sparse(sparse_threads);
+  }
+  if (!sparse_processes.empty()) {
+    fmt::print("\nchief and ps as processes (raw: two processes), placement {}:\n", placement);
+    print_sparse(sparse_processes);
+  }
+  fmt::print("\nTargets: embedding_lookup and scatter_add of 100k x 16 <= 2x raw.\n");
   fmt::print("\npooled (1M x 16, 2 ps): 4,096 rows x 26 ids, weighted mean: embedding_lookup of the 106,496 ids\n"
              "{:.0f} us; embedding_lookup_sparse {:.0f} us; safe_embedding_lookup_sparse (every 10th id -1) {:.0f} us\n",
              pooling.lookup_us, pooling.sparse_us, pooling.safe_us);

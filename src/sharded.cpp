@@ -40,10 +40,10 @@ std::size_t huge_page_bytes() {
 // for 64 MiB, about half the time a read into a fresh array took beyond the transfer itself), and
 // unmaps it as cheaply. Only the whole huge pages inside the array are advised; systems whose THP
 // setting is "never" ignore it, and nothing depends on it but speed.
-void advise_huge_pages(void* data, std::size_t bytes) {
+void advise_huge_pages(void* data, std::size_t bytes, std::size_t at_least = 4) {
 #ifdef MADV_HUGEPAGE
   const std::size_t huge = huge_page_bytes();
-  if (huge == 0 || bytes < 4 * huge) return;
+  if (huge == 0 || bytes < at_least * huge) return;
   const auto first = reinterpret_cast<std::uintptr_t>(data);
   const std::uintptr_t begin = (first + huge - 1) & ~(std::uintptr_t{huge} - 1);
   const std::uintptr_t end = (first + bytes) & ~(std::uintptr_t{huge} - 1);
@@ -51,7 +51,135 @@ void advise_huge_pages(void* data, std::size_t bytes) {
 #else
   (void)data;
   (void)bytes;
+  (void)at_least;
 #endif
+}
+
+
+// Large buffers of row operations, kept by the calling thread and reused (docs/design.md, "Lookups
+// and scatters without fresh buffers"): a lookup's per-shard id lists and reply rows, a scatter's
+// per-shard ids and rows. Fresh buffers of a few MiB cost a page fault per 4 KiB each time (and
+// glibc trims them back to the kernel when they are freed), about half of a 100k-id lookup's time.
+// A buffer is handed out as a slice that shares it; it is free again once no slice lives (nothing
+// else holds it: no frame being written, no reply), so a buffer is never reused under a transfer.
+// At most 8 buffers and 256 MiB stay per thread; larger or further ones are allocated and freed.
+class scratch_buffers {
+ public:
+  /// `size` bytes (uninitialised), from a free buffer of this thread when one is large enough.
+  static byte_buffer take(std::size_t size) {
+    if (size == 0) return {};
+    auto& cache = buffers();
+    byte_buffer* best = nullptr;
+    for (auto& b : cache) {
+      if (b.unique() && b.size() >= size && (!best || b.size() < best->size())) best = &b;
+    }
+    if (best) return best->slice(0, size);
+    byte_buffer fresh(size);
+    std::size_t kept = 0;
+    for (const auto& b : cache) kept += b.size();
+    if (size <= max_bytes) {
+      // Room by dropping free buffers, smallest first, when needed.
+      while (cache.size() >= max_buffers || kept + size > max_bytes) {
+        auto victim = cache.end();
+        for (auto it = cache.begin(); it != cache.end(); ++it) {
+          if (it->unique() && (victim == cache.end() || it->size() < victim->size())) victim = it;
+        }
+        if (victim == cache.end()) return fresh;  // all in use: not kept
+        kept -= victim->size();
+        cache.erase(victim);
+      }
+      cache.push_back(fresh);
+    }
+    return fresh.slice(0, size);
+  }
+
+ private:
+  static constexpr std::size_t max_buffers = 8;
+  static constexpr std::size_t max_bytes = std::size_t{256} << 20;
+
+  static std::vector<byte_buffer>& buffers() {
+    thread_local std::vector<byte_buffer> cache;
+    return cache;
+  }
+};
+
+// Tables used while a lookup or a scatter is planned (synchronously, so one set per thread is
+// enough): kept between calls, as their storage is.
+struct plan_tables {
+  runtime::id_map asked{0};
+  std::vector<std::uint32_t> reply_row;  // by first-seen index
+  std::vector<std::uint32_t> shard_of;   // by position
+  std::vector<std::size_t> counts, start, fill, distinct;
+
+  // Not inline: g++ would compute the thread-local's address (a call, with -fPIC) at every use in
+  // the planning loops instead of keeping it (a third of a lookup's planning time).
+  [[gnu::noinline]] static plan_tables& local() {
+    thread_local plan_tables tables;
+    return tables;
+  }
+};
+
+// The shard of a valid row id (div_locate's answer, as the offsets are TF's "div" partition) without
+// a division per id (a 64-bit division was a third of the time of locating ids): an estimate by one
+// multiplication, corrected against the offsets.
+struct shard_locator {
+  explicit shard_locator(const sharded_layout& layout)
+      : offsets(layout.offsets.data()),
+        scale(static_cast<double>(layout.num_shards()) / static_cast<double>(std::max<std::size_t>(1, layout.rows()))),
+        last(layout.num_shards() - 1) {}
+  std::size_t operator()(std::size_t id) const noexcept {
+    std::size_t s = std::min(static_cast<std::size_t>(static_cast<double>(id) * scale), last);
+    while (id < offsets[s]) --s;
+    while (id >= offsets[s + 1]) ++s;
+    return s;
+  }
+  const std::size_t* offsets;
+  double scale;
+  std::size_t last;
+};
+
+// Checks every id and counts them per shard (tables.shard_of[k]: the shard of ids[k] when there are
+// several); returns whether the ids are non-decreasing.
+bool locate_ids(const sharded_layout& layout, std::span<const std::int64_t> ids, plan_tables& tables,
+                std::string_view operation) {
+  const std::size_t total = layout.rows();
+  const std::size_t shards = layout.num_shards();
+  if (ids.size() > std::numeric_limits<std::uint32_t>::max()) {
+    invalid(fmt::format("{} of '{}': {} ids are more than one request takes (at most {})", operation,
+                        layout.ref.name, ids.size(), std::numeric_limits<std::uint32_t>::max()));
+  }
+  tables.counts.assign(shards, 0);
+  bool sorted = true;
+  // The range test inline (check_id is an exported function: a call through the PLT per id), the
+  // message only for a bad id.
+  const auto in_range = [total](std::int64_t id) { return id >= 0 && static_cast<std::uint64_t>(id) < total; };
+  if (shards == 1) {
+    for (std::size_t k = 0; k < ids.size(); ++k) {
+      if (!in_range(ids[k])) check_id(ids[k], k, total, layout, operation);
+      sorted = sorted && (k == 0 || ids[k - 1] <= ids[k]);
+    }
+    tables.counts[0] = ids.size();
+    return sorted;
+  }
+  tables.shard_of.resize(ids.size());
+  const shard_locator shard_of(layout);
+  for (std::size_t k = 0; k < ids.size(); ++k) {
+    if (!in_range(ids[k])) check_id(ids[k], k, total, layout, operation);
+    sorted = sorted && (k == 0 || ids[k - 1] <= ids[k]);
+    const std::size_t s = shard_of(static_cast<std::size_t>(ids[k]));
+    tables.shard_of[k] = static_cast<std::uint32_t>(s);
+    ++tables.counts[s];
+  }
+  return sorted;
+}
+
+// Where each shard's entries start in arrays grouped by shard (tables.start), fill counts zeroed.
+void group_by_shard(plan_tables& tables) {
+  const std::size_t shards = tables.counts.size();
+  tables.start.assign(shards, 0);
+  for (std::size_t s = 1; s < shards; ++s) tables.start[s] = tables.start[s - 1] + tables.counts[s - 1];
+  tables.fill.assign(shards, 0);
+  tables.distinct.assign(shards, 0);
 }
 
 }  // namespace
@@ -153,79 +281,158 @@ std::vector<shard_rows> split_by_shard(const sharded_layout& layout, const id_li
   const std::span<const std::int64_t> ids(list.ids);
   const tensor& rows = source.rows;
   check_rows(layout, ids.size(), rows, operation);
-  const std::size_t total = layout.rows();
+  auto& tables = plan_tables::local();
+  locate_ids(layout, ids, tables, operation);
   const std::size_t shards = layout.num_shards();
-  for (std::size_t k = 0; k < ids.size(); ++k) check_id(ids[k], k, total, layout, operation);
   const std::size_t row_bytes = layout.row_elements() * size_of(layout.ref.type);
+  // One buffer for all shards' ids and one for their rows, reused once the sends are done; each
+  // shard's part is a slice.
+  const byte_buffer id_storage = scratch_buffers::take(ids.size() * sizeof(std::int64_t));
+  auto* local = reinterpret_cast<std::int64_t*>(id_storage.data());
   if (shards == 1) {
-    // One shard: the ids and rows go as they are, rows copied only if they are the caller's.
-    tensor own = source.owned ? rows : tensor::uninitialized(rows.type(), rows.shape());
-    if (!source.owned && rows.size_bytes()) std::memcpy(own.bytes().data(), rows.bytes().data(), rows.size_bytes());
-    return {shard_rows{0, vector_tensor(list.ids), std::move(own), {}}};
-  }
-  std::vector<std::vector<std::int64_t>> local(shards);
-  std::vector<std::vector<std::size_t>> positions(shards);
-  for (std::size_t k = 0; k < ids.size(); ++k) {
-    const auto where = div_locate(static_cast<std::size_t>(ids[k]), total, shards);
-    local[where.shard].push_back(static_cast<std::int64_t>(where.row));
-    positions[where.shard].push_back(k);
-  }
-  std::vector<shard_rows> out;
-  for (std::size_t s = 0; s < shards; ++s) {
-    if (local[s].empty()) continue;
-    shard_rows part{s, vector_tensor(local[s]), {}, {}};
-    shape_type shape = rows.shape();
-    shape[0] = local[s].size();
-    part.rows = tensor::uninitialized(rows.type(), std::move(shape));
-    std::byte* to = part.rows.bytes().data();
-    const std::byte* from = rows.bytes().data();
-    runtime::with_row_size(row_bytes, [&](auto size) {
-      for (std::size_t j = 0; j < positions[s].size(); ++j) std::memcpy(to + j * size, from + positions[s][j] * size, size);
-    });
-    out.push_back(std::move(part));
-  }
-  return out;
-}
-
-std::vector<shard_rows> plan_lookup(const sharded_layout& layout, std::span<const std::int64_t> ids,
-                                    std::string_view operation) {
-  const std::size_t total = layout.rows();
-  const std::size_t shards = layout.num_shards();
-  if (layout.ref.shape.empty()) invalid(fmt::format("{} of '{}': a scalar variable has no rows", operation, layout.ref.name));
-  for (std::size_t k = 0; k < ids.size(); ++k) check_id(ids[k], k, total, layout, operation);
-  std::vector<std::vector<std::int64_t>> local(shards);
-  std::vector<std::vector<std::pair<std::size_t, std::size_t>>> places(shards);
-  // Each (shard, row) is asked for once: skewed ids (the usual case for embeddings) travel once.
-  runtime::id_map asked(ids.size());
-  std::vector<std::size_t> reply_row;  // by first-seen index: the row of its shard's reply
-  for (std::size_t k = 0; k < ids.size(); ++k) {
-    const auto where = div_locate(static_cast<std::size_t>(ids[k]), total, shards);
-    const std::size_t index = asked.index_of(ids[k]);
-    if (index == reply_row.size()) {
-      reply_row.push_back(local[where.shard].size());
-      local[where.shard].push_back(static_cast<std::int64_t>(where.row));
+    // One shard: the ids as they are, the rows copied only if they are the caller's.
+    if (!ids.empty()) std::memcpy(local, ids.data(), ids.size() * sizeof(std::int64_t));
+    tensor own = rows;
+    if (!source.owned) {
+      own = tensor(rows.type(), rows.shape(), scratch_buffers::take(rows.size_bytes()));
+      if (rows.size_bytes()) std::memcpy(own.bytes().data(), rows.bytes().data(), rows.size_bytes());
     }
-    places[where.shard].emplace_back(k, reply_row[index]);
+    return {shard_rows{0, tensor(dtype::int64, {ids.size()}, id_storage), std::move(own)}};
   }
+  group_by_shard(tables);
+  const byte_buffer row_storage = scratch_buffers::take(ids.size() * row_bytes);
+  std::byte* to = row_storage.data();
+  const std::byte* from = rows.bytes().data();
+  const std::vector<std::size_t>& offsets = layout.offsets;
+  runtime::with_row_size(row_bytes, [&](auto size) {
+    for (std::size_t k = 0; k < ids.size(); ++k) {
+      const std::uint32_t s = tables.shard_of[k];
+      const std::size_t at = tables.start[s] + tables.fill[s]++;
+      local[at] = ids[k] - static_cast<std::int64_t>(offsets[s]);
+      std::memcpy(to + at * size, from + k * size, size);
+    }
+  });
   std::vector<shard_rows> out;
   for (std::size_t s = 0; s < shards; ++s) {
-    if (local[s].empty()) continue;
-    out.push_back(shard_rows{s, vector_tensor(local[s]), {}, std::move(places[s])});
+    const std::size_t n = tables.counts[s];
+    if (n == 0) continue;
+    shape_type shape = rows.shape();
+    shape[0] = n;
+    out.push_back(shard_rows{
+        s, tensor(dtype::int64, {n}, id_storage.slice(tables.start[s] * sizeof(std::int64_t), n * sizeof(std::int64_t))),
+        tensor(rows.type(), std::move(shape), row_storage.slice(tables.start[s] * row_bytes, n * row_bytes))});
   }
   return out;
 }
 
-void place_rows(std::byte* out, const tensor& reply, const shard_rows& plan, std::size_t row_bytes) {
-  const std::size_t asked = plan.ids.size();
+// Where a reply row goes: output row `position` takes row `row` of its shard's reply.
+struct row_place {
+  std::size_t position;
+  std::size_t row;
+};
+
+// One shard's part of a lookup: the distinct rows it is asked for, in first-seen order, and where
+// its reply rows go. `direct`: the reply is output rows [places[0].position, + ids) as they are (no
+// id repeated, positions consecutive: sorted ids, or one shard's distinct ones), so it is received
+// straight into the result.
+struct lookup_part {
+  std::size_t shard;
+  tensor ids;
+  std::span<const row_place> places;
+  bool direct;
+};
+
+namespace {
+
+struct lookup_plan {
+  std::vector<lookup_part> parts;
+  byte_buffer places;  // the storage of every part's places
+};
+
+// Checks every id (errc::invalid_argument naming the bad one and its position) and plans the lookup:
+// each (shard, row) asked once (skewed ids, the usual case for embeddings, travel once). Sorted ids
+// need no table: their repeats are neighbours; `distinct` ones (a sparse lookup's, made unique
+// already) have none.
+lookup_plan plan_lookup(const sharded_layout& layout, std::span<const std::int64_t> ids, std::string_view operation,
+                        bool distinct) {
+  if (layout.ref.shape.empty()) invalid(fmt::format("{} of '{}': a scalar variable has no rows", operation, layout.ref.name));
+  auto& tables = plan_tables::local();
+  const bool sorted = locate_ids(layout, ids, tables, operation);
+  const std::size_t shards = layout.num_shards();
+  group_by_shard(tables);
+  const byte_buffer id_storage = scratch_buffers::take(ids.size() * sizeof(std::int64_t));
+  lookup_plan plan{{}, scratch_buffers::take(ids.size() * sizeof(row_place))};
+  auto* local = reinterpret_cast<std::int64_t*>(id_storage.data());
+  auto* places = reinterpret_cast<row_place*>(plan.places.data());
+  const std::uint32_t* shard_of = shards == 1 ? nullptr : tables.shard_of.data();
+  // Per shard: where its next distinct id and its next place go.
+  std::vector<std::int64_t*> next_id(shards);
+  std::vector<row_place*> next_place(shards);
+  std::vector<std::int64_t> first_row(shards);
+  for (std::size_t s = 0; s < shards; ++s) {
+    next_id[s] = local + tables.start[s];
+    next_place[s] = places + tables.start[s];
+    first_row[s] = static_cast<std::int64_t>(layout.offsets[s]);
+  }
+  if (sorted || distinct) {
+    for (std::size_t k = 0; k < ids.size(); ++k) {
+      const std::size_t s = shard_of ? shard_of[k] : 0;
+      if (distinct || k == 0 || ids[k] != ids[k - 1]) *next_id[s]++ = ids[k] - first_row[s];
+      *next_place[s]++ = {k, static_cast<std::size_t>(next_id[s] - (local + tables.start[s])) - 1};
+    }
+  } else {
+    runtime::id_map& asked = tables.asked;
+    asked.reset(ids.size());
+    tables.reply_row.resize(ids.size());
+    std::uint32_t* reply_row = tables.reply_row.data();
+    std::size_t seen = 0;
+    constexpr std::size_t ahead = 16;  // ids whose slots are being loaded while one is looked up
+    for (std::size_t k = 0; k < ids.size(); ++k) {
+      if (k + ahead < ids.size()) asked.prefetch(ids[k + ahead]);
+      const std::size_t s = shard_of ? shard_of[k] : 0;
+      const std::uint32_t index = asked.index_of(ids[k]);
+      if (index == seen) {  // first seen
+        ++seen;
+        reply_row[index] = static_cast<std::uint32_t>(next_id[s] - (local + tables.start[s]));
+        *next_id[s]++ = ids[k] - first_row[s];
+      }
+      *next_place[s]++ = {k, reply_row[index]};
+    }
+  }
+  for (std::size_t s = 0; s < shards; ++s) tables.distinct[s] = static_cast<std::size_t>(next_id[s] - (local + tables.start[s]));
+  for (std::size_t s = 0; s < shards; ++s) {
+    const std::size_t asked = tables.distinct[s], n = tables.counts[s];
+    if (n == 0) continue;
+    const row_place* first = places + tables.start[s];
+    const bool direct = asked == n && first[n - 1].position - first[0].position == n - 1;
+    plan.parts.push_back(lookup_part{
+        s, tensor(dtype::int64, {asked}, id_storage.slice(tables.start[s] * sizeof(std::int64_t), asked * sizeof(std::int64_t))),
+        std::span<const row_place>(first, n), direct});
+  }
+  return plan;
+}
+
+// Copies reply rows to their places in `out` (rows of `row_bytes`); a reply of the wrong size is
+// errc::protocol_error.
+void place_rows(std::byte* out, const tensor& reply, const lookup_part& part, std::size_t row_bytes) {
+  const std::size_t asked = part.ids.size();
   if (reply.size_bytes() != asked * row_bytes || reply.shape().empty() || reply.shape()[0] != asked) {
     throw error(errc::protocol_error, fmt::format("a lookup of {} rows was answered with {} {}", asked,
                                                   name_of(reply.type()), to_string(reply.shape())));
   }
   const std::byte* from = reply.bytes().data();
+  if (part.direct) {
+    // Received into place, unless the transport could not use the result's storage.
+    std::byte* to = out + part.places[0].position * row_bytes;
+    if (from != to && reply.size_bytes()) std::memcpy(to, from, reply.size_bytes());
+    return;
+  }
   runtime::with_row_size(row_bytes, [&](auto size) {
-    for (const auto& [position, row] : plan.places) std::memcpy(out + position * size, from + row * size, size);
+    for (const auto& [position, row] : part.places) std::memcpy(out + position * size, from + row * size, size);
   });
 }
+
+}  // namespace
 
 std::vector<std::int64_t> slice_rows(std::uint64_t rows, std::optional<std::int64_t> begin,
                                      std::optional<std::int64_t> end, std::int64_t step) {
@@ -309,26 +516,34 @@ asio::awaitable<void> sharded_ops<T>::update(io_ptr io, layout_ptr layout, updat
   co_await run_all(parts.size(), [&](std::size_t i) { return channel.update(layout->ref.shards[i], op, parts[i]); });
 }
 
+// A shard's reply is received straight into the result when its rows land there as they are (the
+// part is direct), else into a reused buffer of this thread, and then placed.
 template <class T>
-asio::awaitable<void> sharded_ops<T>::lookup_shard(variable_io& io, variable_ref shard, const shard_rows& plan,
+asio::awaitable<void> sharded_ops<T>::lookup_shard(variable_io& io, variable_ref shard, const lookup_part& part,
                                                    std::byte* out, std::size_t row_bytes) {
-  const tensor reply = co_await io.gather(std::move(shard), plan.ids);
-  place_rows(out, reply, plan, row_bytes);
+  const std::size_t bytes = part.ids.size() * row_bytes;
+  byte_buffer into = part.direct ? byte_buffer::borrow(out + part.places[0].position * row_bytes, bytes)
+                                 : scratch_buffers::take(bytes);
+  const tensor reply = co_await io.gather(std::move(shard), part.ids, std::move(into));
+  place_rows(out, reply, part, row_bytes);
 }
 
 template <class T>
 asio::awaitable<xt::xarray<T>> sharded_ops<T>::gather(io_ptr io, layout_ptr layout, id_list ids, bool flat,
-                                                      const char* operation) {
+                                                      const char* operation, bool distinct) {
   auto& channel = bound(io, *layout);
   if (flat) check_one_dimensional(ids, operation);
-  const auto plan = plan_lookup(*layout, ids.ids, operation);
+  const lookup_plan plan = plan_lookup(*layout, ids.ids, operation, distinct);
   shape_type shape = std::move(ids.shape);
   shape.insert(shape.end(), layout->ref.shape.begin() + 1, layout->ref.shape.end());
   xt::xarray<T> out(shape);
+  // A large result is usually fresh pages (glibc maps a block of this size anew each time): huge
+  // pages where they fit, as for a read into a fresh array.
+  advise_huge_pages(out.data(), out.size() * sizeof(T), 2);
   auto* bytes = reinterpret_cast<std::byte*>(out.data());
   const std::size_t row_bytes = layout->row_elements() * sizeof(T);
-  co_await run_all(plan.size(), [&](std::size_t i) {
-    return lookup_shard(channel, layout->ref.shards[plan[i].shard], plan[i], bytes, row_bytes);
+  co_await run_all(plan.parts.size(), [&](std::size_t i) {
+    return lookup_shard(channel, layout->ref.shards[plan.parts[i].shard], plan.parts[i], bytes, row_bytes);
   });
   co_return out;
 }

@@ -116,13 +116,13 @@ asio::awaitable<tensor> ps_client::read(variable_ref variable, byte_buffer into)
   co_return co_await read_tensor(ps, std::move(request), variable, std::move(into));
 }
 
-asio::awaitable<tensor> ps_client::gather(variable_ref variable, tensor ids) {
+asio::awaitable<tensor> ps_client::gather(variable_ref variable, tensor ids, byte_buffer into) {
   peer& ps = ps_of(variable);
   wire::frame request;
   auto* read = request.message.mutable_request()->mutable_read_variable();
   encode_ref(*read->mutable_variable(), variable);
   wire::put_tensor(request, *read->mutable_indices(), ids);
-  co_return co_await read_tensor(ps, std::move(request), variable);
+  co_return co_await read_tensor(ps, std::move(request), variable, std::move(into));
 }
 
 asio::awaitable<void> ps_client::update(variable_ref variable, update_op op, tensor value) {

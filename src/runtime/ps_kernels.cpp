@@ -1,6 +1,7 @@
 #include "runtime/ps_kernels.hpp"
 
 #include "runtime/id_map.hpp"
+#include "runtime/rows.hpp"
 
 #include <pscoro/error.hpp>
 
@@ -394,12 +395,20 @@ void scatter(update_op op, dtype type, std::byte* destination, std::span<const s
     using T = decltype(zero);
     T* d = reinterpret_cast<T*>(destination);
     const T* s = reinterpret_cast<const T*>(rows);
-    with_op<T>(op, [&](auto f) {
-      for (std::size_t k = 0; k < ids.size(); ++k) {
-        T* row = d + static_cast<std::size_t>(ids[k]) * row_elements;
-        const T* from = s + k * row_elements;
-        for (std::size_t i = 0; i < row_elements; ++i) row[i] = f(row[i], from[i]);
-      }
+    // Rows named by random ids of a large variable are cache misses: the row a few ids ahead is
+    // loaded while this one is combined (ids are checked: every one names a row). Common row sizes
+    // are compile-time constants, so a row's loop is a few vector instructions.
+    constexpr std::size_t ahead = 8;
+    runtime::with_row_size(row_elements * sizeof(T), [&](auto row_bytes) {
+      const std::size_t elements = row_bytes / sizeof(T);
+      with_op<T>(op, [&](auto f) {
+        for (std::size_t k = 0; k < ids.size(); ++k) {
+          if (k + ahead < ids.size()) __builtin_prefetch(d + static_cast<std::size_t>(ids[k + ahead]) * elements, 1);
+          T* row = d + static_cast<std::size_t>(ids[k]) * elements;
+          const T* from = s + k * elements;
+          for (std::size_t i = 0; i < elements; ++i) row[i] = f(row[i], from[i]);
+        }
+      });
     });
   });
 }

@@ -9,8 +9,12 @@
 
 #include <xtensor/xview.hpp>
 
+#include <pscoro/detail/parallel.hpp>
+
 #include <algorithm>
 #include <cmath>
+#include <numeric>
+#include <random>
 #include <set>
 #include <vector>
 #include <optional>
@@ -47,7 +51,124 @@ xt::xarray<T> iota_rows(std::size_t rows, std::size_t columns) {
   return out;
 }
 
+// The rows `ids` of `table` (a dense copy), as a lookup must return them.
+xt::xarray<float> rows_of_table(const xt::xarray<float>& table, const std::vector<std::int64_t>& ids) {
+  xt::xarray<float> out = xt::zeros<float>({ids.size(), table.shape()[1]});
+  for (std::size_t k = 0; k < ids.size(); ++k) {
+    for (std::size_t j = 0; j < table.shape()[1]; ++j) out(k, j) = table(static_cast<std::size_t>(ids[k]), j);
+  }
+  return out;
+}
+
+// Looks `ids` up in `table` and checks the rows against `initial`'s (a coroutine of its own, so
+// several can be in flight at once).
+asio::awaitable<void> check_lookup(sharded_variable<float> table, const xt::xarray<float>& initial,
+                                   std::vector<std::int64_t> ids) {
+  const auto id_array = xt::adapt(ids);
+  const auto rows = co_await table.embedding_lookup(id_array);
+  CHECK_MESSAGE((rows == rows_of_table(initial, ids)), ids.size(), " ids, first ", ids.empty() ? -1 : ids[0]);
+}
+
 }  // namespace
+
+TEST_CASE("lookups of sorted, unsorted and repeated ids, small and large, alone and at once, return their rows") {
+  local_cluster cluster(2, 1);
+  cluster.run_chief(
+      [](parameter_server_strategy& strategy, cluster_coordinator&) -> asio::awaitable<void> {
+        // 3 shards of ~6,700 rows of 4 floats: a reply of a few thousand rows is larger than the
+        // transport's read buffer, so direct receives land partly through the socket.
+        const auto initial = iota_rows<float>(20011, 4);
+        auto table = co_await strategy.scope().create_sharded_variable("lookup_paths", initial);
+        REQUIRE(table.num_shards() == 3);
+        auto one_shard = co_await strategy.scope().create_variable("lookup_one", initial);
+        std::vector<std::int64_t> all(20011);
+        std::iota(all.begin(), all.end(), 0);
+        std::vector<std::int64_t> shuffled = all;
+        std::mt19937_64 random(5);
+        std::shuffle(shuffled.begin(), shuffled.end(), random);
+        std::vector<std::int64_t> repeated;  // unsorted, every id several times
+        std::uniform_int_distribution<std::int64_t> pick(0, 999);
+        for (int k = 0; k < 30000; ++k) repeated.push_back(pick(random) * 20);
+        std::vector<std::int64_t> sorted_repeats = repeated;
+        std::sort(sorted_repeats.begin(), sorted_repeats.end());
+        const std::vector<std::vector<std::int64_t>> cases{
+            all,                                   // sorted, distinct: each shard's reply lands in place
+            shuffled,                              // unsorted, distinct
+            repeated,                              // unsorted, repeats
+            sorted_repeats,                        // sorted, repeats
+            {6669, 6670, 6671, 13339, 13340},      // sorted across shard borders (6,671 / 13,341)
+            {20010, 0, 20010, 3, 3, 6671},         // small, unsorted, repeats
+            {7},
+            {},
+        };
+        for (int pass = 0; pass < 2; ++pass) {  // the second pass reuses the first's buffers
+          for (const auto& ids : cases) co_await check_lookup(table, initial, ids);
+        }
+        // One shard: distinct ids, sorted or not, are received straight into the result.
+        for (const auto& ids : cases) {
+          const auto id_array = xt::adapt(ids);
+          CHECK((co_await one_shard.embedding_lookup(id_array) == rows_of_table(initial, ids)));
+        }
+        // Lookups in flight at once each get their own buffers.
+        co_await detail::run_all(cases.size(), [&](std::size_t i) { return check_lookup(table, initial, cases[i]); });
+        // Ids of rank 2 keep their shape.
+        const xt::xarray<std::int64_t> grid{{20010, 1}, {1, 6671}};
+        const auto looked_up = co_await table.embedding_lookup(grid);
+        CHECK(looked_up.shape() == std::vector<std::size_t>{2, 2, 4});
+        CHECK((xt::view(looked_up, 1, 1) == xt::view(initial, 6671)));
+        // A bad id is found wherever it is, sorted or not, and nothing is sent.
+        const xt::xarray<std::int64_t> sorted_bad{0, 5, 20011};
+        const xt::xarray<std::int64_t> unsorted_bad{9, 2, -3, 4};
+        auto e = co_await failure_of(table.embedding_lookup(sorted_bad));
+        CHECK(message_of(e) == "embedding_lookup of 'lookup_paths': id 20011 (position 2) is out of range [0, 20011)");
+        e = co_await failure_of(table.sparse_read(unsorted_bad));
+        CHECK(message_of(e) == "sparse_read of 'lookup_paths': id -3 (position 2) is out of range [0, 20011)");
+      },
+      {}, {}, fixed_shards_partitioner{3});
+}
+
+TEST_CASE("scatters of sorted, unsorted and repeated ids, at once, equal the same scatters on a dense variable") {
+  local_cluster cluster(2, 1);
+  cluster.run_chief(
+      [](parameter_server_strategy& strategy, cluster_coordinator&) -> asio::awaitable<void> {
+        auto initial = iota_rows<float>(5003, 2);
+        auto table = co_await strategy.scope().create_sharded_variable("scatter_paths", initial);
+        REQUIRE(table.num_shards() == 3);
+        std::mt19937_64 random(9);
+        std::uniform_int_distribution<std::int64_t> pick(0, 5002);
+        std::vector<std::int64_t> ids;
+        for (int k = 0; k < 4000; ++k) ids.push_back(pick(random));
+        std::vector<std::int64_t> sorted_ids = ids;
+        std::sort(sorted_ids.begin(), sorted_ids.end());
+        xt::xarray<float> rows = xt::zeros<float>({ids.size(), std::size_t{2}});
+        for (std::size_t k = 0; k < ids.size(); ++k) rows(k, 0) = rows(k, 1) = static_cast<float>(k % 7) + 1;
+        // Two scatters in flight at once: each holds its own per-shard buffers until it is sent.
+        const auto id_array = xt::adapt(ids);
+        const auto sorted_array = xt::adapt(sorted_ids);
+        auto first = table.scatter_add(id_array, rows);
+        auto second = table.scatter_add(sorted_array, rows);
+        co_await std::move(first);
+        co_await std::move(second);
+        co_await table.scatter_add(id_array, rows);  // reuses the buffers
+        for (int pass = 0; pass < 2; ++pass) {
+          for (std::size_t k = 0; k < ids.size(); ++k) {
+            const auto& id = pass == 0 ? ids : sorted_ids;
+            for (std::size_t j = 0; j < 2; ++j) initial(static_cast<std::size_t>(id[k]), j) += rows(k, j);
+          }
+        }
+        for (std::size_t k = 0; k < ids.size(); ++k) {
+          for (std::size_t j = 0; j < 2; ++j) initial(static_cast<std::size_t>(ids[k]), j) += rows(k, j);
+        }
+        CHECK((co_await table.read() == initial));
+        // An empty scatter sends nothing and changes nothing.
+        const std::vector<std::int64_t> none;
+        const xt::xarray<float> no_rows = xt::zeros<float>({std::size_t{0}, std::size_t{2}});
+        const auto no_ids = xt::adapt(none);
+        co_await table.scatter_add(no_ids, no_rows);
+        CHECK((co_await table.read() == initial));
+      },
+      {}, {}, fixed_shards_partitioner{3});
+}
 
 TEST_CASE_TEMPLATE("every sharded operation equals the same operation on a dense variable", T, float, double) {
   local_cluster cluster(2, 1);

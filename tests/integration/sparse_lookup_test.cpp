@@ -110,7 +110,7 @@ class recording_io : public detail::variable_io {
   /// Per shard name, the ids of each gather it received, in order.
   std::map<std::string, std::vector<std::vector<std::int64_t>>> gathers;
 
-  asio::awaitable<tensor> gather(variable_ref variable, tensor ids) override {
+  asio::awaitable<tensor> gather(variable_ref variable, tensor ids, byte_buffer) override {
     const auto* asked = ids.data<std::int64_t>();
     gathers[variable.name].emplace_back(asked, asked + ids.size());
     const std::size_t columns = table_.shape()[1];

@@ -76,14 +76,16 @@ id_list to_id_list(const xt::xexpression<E>& ids) {
   return out;
 }
 
-/// One shard's part of a row operation: its local row ids as an int64 tensor (shards with no ids get
-/// no request) and, for scatters and sparse gradients, the matching rows.
+/// One shard's part of a scatter or sparse gradient: its local row ids as an int64 tensor (shards
+/// with no ids get no request) and the matching rows.
 struct shard_rows {
   std::size_t shard;
   tensor ids;
-  tensor rows;                                               // scatter / sparse gradient only
-  std::vector<std::pair<std::size_t, std::size_t>> places;  // lookups: (output row, row of the reply)
+  tensor rows;
 };
+
+/// One shard's part of a planned lookup (src/sharded.cpp).
+struct lookup_part;
 
 /// Rows as the caller gave them: a view of their storage when they are a row-major container (then
 /// `owned` is false and the view is only valid during the call), else a copy.
@@ -149,14 +151,11 @@ inline constexpr bool is_expression_v = xt::is_xexpression<std::remove_cvref_t<E
 /// Checks a row operation (1-D ids in range, rows of shape [n] + the row shape and the variable's
 /// dtype) and splits ids and rows by shard, keeping their order within each shard. Rows are copied
 /// once into per-shard buffers (not at all for one shard when `rows.owned`), so the result never
-/// refers to the caller's storage. Throws errc::invalid_argument naming the operation, the
+/// refers to the caller's storage; the buffers are reused from the calling thread's earlier row
+/// operations once nothing holds them (src/sharded.cpp, scratch_buffers). Throws errc::invalid_argument naming the operation, the
 /// variable, and the bad id with its position and the row count: a bad id sends nothing.
 PSCORO_API std::vector<shard_rows> split_by_shard(const sharded_layout& layout, const id_list& ids, row_source rows,
                                        std::string_view operation);
-/// The same for a lookup: each shard is asked for each of its rows once (duplicates are answered
-/// from one reply row), with `places` saying where reply rows go.
-PSCORO_API std::vector<shard_rows> plan_lookup(const sharded_layout& layout, std::span<const std::int64_t> ids,
-                                    std::string_view operation);
 /// The rows that [begin:end:step] selects of `rows`, in order, as Python's slice.indices(rows)
 /// gives them: a negative bound counts from the end, a bound past either end is clamped, an absent
 /// one is the start or the end in the step's direction, and a negative step walks backwards.
@@ -164,9 +163,6 @@ PSCORO_API std::vector<shard_rows> plan_lookup(const sharded_layout& layout, std
 /// rows than int64 counts. No arithmetic overflows, whatever the values.
 PSCORO_API std::vector<std::int64_t> slice_rows(std::uint64_t rows, std::optional<std::int64_t> begin,
                                                 std::optional<std::int64_t> end, std::int64_t step);
-/// Copies reply rows to their places in `out` (rows of `row_bytes`); a reply of the wrong size is
-/// errc::protocol_error.
-PSCORO_API void place_rows(std::byte* out, const tensor& reply, const shard_rows& plan, std::size_t row_bytes);
 /// Splits a dense value of the whole variable's shape into per-shard views (no copy); throws
 /// errc::invalid_argument when its dtype or shape is not the variable's.
 PSCORO_API std::vector<tensor> split_dense(const sharded_layout& layout, const tensor& value,
@@ -241,8 +237,9 @@ struct PSCORO_API sharded_ops {
   static asio::awaitable<void> read_to(io_ptr io, layout_ptr layout, xt::xarray<T>& out);
   static asio::awaitable<xt::xarray<T>> read(io_ptr io, layout_ptr layout);
   static asio::awaitable<void> update(io_ptr io, layout_ptr layout, update_op op, tensor value, const char* operation);
+  /// `distinct`: the caller knows no id repeats (then none is looked for).
   static asio::awaitable<xt::xarray<T>> gather(io_ptr io, layout_ptr layout, id_list ids, bool flat,
-                                               const char* operation);
+                                               const char* operation, bool distinct = false);
   static asio::awaitable<xt::xarray<T>> slice(io_ptr io, layout_ptr layout, std::optional<std::int64_t> begin,
                                               std::optional<std::int64_t> end, std::int64_t step);
   /// An awaitable that fails with `e` where it is awaited (for checks done at call time).
@@ -255,7 +252,7 @@ struct PSCORO_API sharded_ops {
  private:
   static variable_io& bound(const io_ptr& io, const sharded_layout& layout);
   static asio::awaitable<void> read_into(variable_io& io, variable_ref shard, std::byte* out);
-  static asio::awaitable<void> lookup_shard(variable_io& io, variable_ref shard, const shard_rows& plan,
+  static asio::awaitable<void> lookup_shard(variable_io& io, variable_ref shard, const lookup_part& part,
                                             std::byte* out, std::size_t row_bytes);
 };
 

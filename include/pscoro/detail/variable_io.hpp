@@ -27,8 +27,9 @@ class PSCORO_API variable_io {
   /// The whole variable, received straight into `into` when that has the variable's size (then the
   /// result shares it); else into a buffer of its own.
   virtual asio::awaitable<tensor> read(variable_ref variable, byte_buffer into) = 0;
-  /// The rows `ids` (a 1-D int64 tensor) in that order, duplicates allowed.
-  virtual asio::awaitable<tensor> gather(variable_ref variable, tensor ids) = 0;
+  /// The rows `ids` (a 1-D int64 tensor) in that order, duplicates allowed, received straight into
+  /// `into` when that has their size (then the result shares it); else into a buffer of its own.
+  virtual asio::awaitable<tensor> gather(variable_ref variable, tensor ids, byte_buffer into) = 0;
   /// `value` has the variable's shape.
   virtual asio::awaitable<void> update(variable_ref variable, update_op op, tensor value) = 0;
   /// `rows` holds one row per id of `ids`; applied in order, so a repeated id sees every row.
