@@ -709,12 +709,7 @@ void ps_service::read(const wire::frame& request, const wire::ReadVariable& read
                             bytes_text(max_variable_bytes_), task_));
   }
   tensor rows = tensor::uninitialized(stored.type, std::move(reply_shape));
-  const std::size_t row_bytes = row_elements(stored.shape) * size_of(stored.type);
-  std::byte* to = rows.bytes().data();
-  const std::byte* from = stored.bytes.data();
-  with_row_size(row_bytes, [&](auto size) {
-    for (std::size_t k = 0; k < ids.size(); ++k) std::memcpy(to + k * size, from + ids[k] * size, size);
-  });
+  gather_rows(rows.bytes().data(), stored.bytes.data(), ids, row_elements(stored.shape) * size_of(stored.type));
   wire::put_tensor(response, out, rows);
 }
 

@@ -3,6 +3,9 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <span>
 #include <type_traits>
 
 namespace pscoro::runtime {
@@ -19,6 +22,20 @@ void with_row_size(std::size_t row_bytes, F&& f) {
     case 64: return f(std::integral_constant<std::size_t, 64>{});
     default: return f(row_bytes);
   }
+}
+
+/// Copies the rows `ids` of `from` (rows of `row_bytes`, every id checked to name one) one after
+/// another into `to`. Rows named by random ids of a large variable are cache misses: the row a few
+/// ids ahead is loaded while this one is copied, as the scatter kernel does.
+inline void gather_rows(std::byte* to, const std::byte* from, std::span<const std::int64_t> ids,
+                        std::size_t row_bytes) {
+  constexpr std::size_t ahead = 8;
+  with_row_size(row_bytes, [&](auto size) {
+    for (std::size_t k = 0; k < ids.size(); ++k) {
+      if (k + ahead < ids.size()) __builtin_prefetch(from + static_cast<std::size_t>(ids[k + ahead]) * size);
+      std::memcpy(to + k * size, from + static_cast<std::size_t>(ids[k]) * size, size);
+    }
+  });
 }
 
 }  // namespace pscoro::runtime
