@@ -238,7 +238,9 @@ void print_dense(const std::vector<dense_figures>& dense) {
 // and the raw server, two concurrent raw streams gain little over one).
 template <class RunChief, class Raw>
 std::vector<sparse_figures> measure_sparse(int scale, int rounds, RunChief run_chief, Raw raw,
-                                           std::vector<pid_t> ps_pids, std::size_t only_width) {
+                                           std::vector<pid_t> ps_pids, std::size_t only_width,
+                                           std::string_view only_op) {
+  const auto runs = [&](std::string_view op) { return only_op == "all" || only_op == op; };
   std::vector<sparse_figures> out;
   run_chief([&](pscoro::parameter_server_strategy& strategy, pscoro::cluster_coordinator&) -> asio::awaitable<void> {
     constexpr std::size_t rows = 1000000;
@@ -285,13 +287,21 @@ std::vector<sparse_figures> measure_sparse(int scale, int rounds, RunChief run_c
         }
         raw_lookup.push_back(pull);
         raw_scatter.push_back(push);
+        // An operation left out (--sparse-op) prints as 0. No co_await inside a conditional
+        // expression: g++ 12 mishandles it.
+        double lookup_us = 0, scatter_us = 0, adagrad_us = 0;
         start();
-        lookup.push_back(co_await median_us(n, [&] { return table.embedding_lookup(id_array); }));
+        if (runs("lookup")) lookup_us = co_await median_us(n, [&] { return table.embedding_lookup(id_array); });
         count(0);
         start();
-        scatter.push_back(co_await median_us(n, [&] { return table.scatter_add(id_array, updates); }));
+        if (runs("scatter_add")) scatter_us = co_await median_us(n, [&] { return table.scatter_add(id_array, updates); });
         count(2);
-        adagrad.push_back(co_await median_us(n, [&] { return table.apply_sparse_gradient(opt, id_array, updates); }));
+        if (runs("adagrad")) {
+          adagrad_us = co_await median_us(n, [&] { return table.apply_sparse_gradient(opt, id_array, updates); });
+        }
+        lookup.push_back(lookup_us);
+        scatter.push_back(scatter_us);
+        adagrad.push_back(adagrad_us);
         lookup_ratio.push_back(lookup.back() / pull);
         scatter_ratio.push_back(scatter.back() / push);
         adagrad_ratio.push_back(adagrad.back() / push);
@@ -516,6 +526,9 @@ int main(int argc, char** argv) {
   app.add_flag("--sparse-only", sparse_only, "only the sparse tables (embedding lookups, scatters)");
   std::size_t sparse_width = 0;
   app.add_option("--sparse-width", sparse_width, "only the sparse cases of this row width (1 or 16; 0: all)");
+  std::string sparse_op = "all";
+  app.add_option("--sparse-op", sparse_op, "only this sparse operation (to profile one; the others print 0)")
+      ->check(CLI::IsMember({"all", "lookup", "scatter_add", "adagrad"}));
   CLI11_PARSE(app, argc, argv);
   ::setenv("PSCORO_LOG_LEVEL", "warning", 0);
   if (mode == "kernels") return run_kernel_bench(kernel_threads, millis);
@@ -568,7 +581,7 @@ int main(int argc, char** argv) {
         scale, rounds,
         [&](auto body) { cluster.run_chief(body, {}, {}, pscoro::fixed_shards_partitioner{2}); },
         [](std::size_t request, std::size_t response, int n) { return bench::raw_exchanges(request, response, n); },
-        {}, sparse_width);
+        {}, sparse_width, sparse_op);
   }
   if (mode != "threads") {
     const bench::pinned_placement pinned(bench::parse_placement(placement),
@@ -577,9 +590,10 @@ int main(int argc, char** argv) {
         scale, rounds,
         [&](auto body) { processes->run_chief(2, body, pscoro::fixed_shards_partitioner{2}); },
         [&](std::size_t request, std::size_t response, int n) { return raw_server->exchanges(request, response, n); },
-        {processes->pid("ps", 0), processes->pid("ps", 1)}, sparse_width);
+        {processes->pid("ps", 0), processes->pid("ps", 1)}, sparse_width, sparse_op);
   }
-  const auto pooling = sparse_width ? pooling_figures{} : measure_pooling(scale);
+  const bool pooled = sparse_width == 0 && sparse_op == "all";
+  const auto pooling = pooled ? measure_pooling(scale) : pooling_figures{};
   fmt::print("\nsparse, uniform ids over a 1M-row float table on 2 ps: medians of {} rounds; each round measures the\n"
              "raw exchanges of the same bytes right before pscoro: per ps in turn, its ids out (8 bytes each) and\n"
              "their rows back (raw lk), or its ids and rows out and 64 bytes back (raw sc, also adagrad's limit).\n"
@@ -595,6 +609,7 @@ int main(int argc, char** argv) {
     print_sparse(sparse_processes);
   }
   fmt::print("\nTargets: embedding_lookup and scatter_add of 100k x 16 <= 2x raw.\n");
+  if (!pooled) return 0;
   fmt::print("\npooled (1M x 16, 2 ps): 4,096 rows x 26 ids, weighted mean: embedding_lookup of the 106,496 ids\n"
              "{:.0f} us; embedding_lookup_sparse {:.0f} us; safe_embedding_lookup_sparse (every 10th id -1) {:.0f} us\n",
              pooling.lookup_us, pooling.sparse_us, pooling.safe_us);

@@ -5,13 +5,11 @@
 #include <fmt/format.h>
 
 #include "runtime/id_map.hpp"
+#include "runtime/memory.hpp"
 #include "runtime/rows.hpp"
-
-#include <sys/mman.h>
 
 #include <algorithm>
 #include <cstdint>
-#include <fstream>
 #include <limits>
 #include <optional>
 
@@ -24,37 +22,6 @@ namespace {
 std::size_t row_elements_of(const shape_type& shape) {
   return shape.empty() ? 1 : num_elements(std::span(shape).subspan(1));
 }
-
-// The size of a transparent huge page, if the system has them (0: none, or unknown).
-std::size_t huge_page_bytes() {
-  static const std::size_t bytes = [] {
-    std::ifstream in("/sys/kernel/mm/transparent_hugepage/hpage_pmd_size");
-    std::size_t size = 0;
-    return in >> size && size > 0 && (size & (size - 1)) == 0 ? size : std::size_t{0};
-  }();
-  return bytes;
-}
-
-// Asks for transparent huge pages under a large array about to be filled for the first time (a
-// read's result): the kernel then maps it in a few hundred faults, not one per 4 KiB page (16,384
-// for 64 MiB, about half the time a read into a fresh array took beyond the transfer itself), and
-// unmaps it as cheaply. Only the whole huge pages inside the array are advised; systems whose THP
-// setting is "never" ignore it, and nothing depends on it but speed.
-void advise_huge_pages(void* data, std::size_t bytes, std::size_t at_least = 4) {
-#ifdef MADV_HUGEPAGE
-  const std::size_t huge = huge_page_bytes();
-  if (huge == 0 || bytes < at_least * huge) return;
-  const auto first = reinterpret_cast<std::uintptr_t>(data);
-  const std::uintptr_t begin = (first + huge - 1) & ~(std::uintptr_t{huge} - 1);
-  const std::uintptr_t end = (first + bytes) & ~(std::uintptr_t{huge} - 1);
-  if (end > begin) ::madvise(reinterpret_cast<void*>(begin), end - begin, MADV_HUGEPAGE);
-#else
-  (void)data;
-  (void)bytes;
-  (void)at_least;
-#endif
-}
-
 
 // Large buffers of row operations, kept by the calling thread and reused (docs/design.md, "Lookups
 // and scatters without fresh buffers"): a lookup's per-shard id lists and reply rows, a scatter's
@@ -503,7 +470,8 @@ asio::awaitable<void> sharded_ops<T>::read_to(io_ptr io, layout_ptr layout, xt::
 template <class T>
 asio::awaitable<xt::xarray<T>> sharded_ops<T>::read(io_ptr io, layout_ptr layout) {
   xt::xarray<T> out(layout->ref.shape);
-  advise_huge_pages(out.data(), out.size() * sizeof(T));
+  // Fresh pages (glibc maps a large block anew each time): huge pages fault in far fewer times.
+  runtime::advise_huge_pages(out.data(), out.size() * sizeof(T));
   co_await read_to(std::move(io), std::move(layout), out);
   co_return out;
 }
@@ -537,9 +505,8 @@ asio::awaitable<xt::xarray<T>> sharded_ops<T>::gather(io_ptr io, layout_ptr layo
   shape_type shape = std::move(ids.shape);
   shape.insert(shape.end(), layout->ref.shape.begin() + 1, layout->ref.shape.end());
   xt::xarray<T> out(shape);
-  // A large result is usually fresh pages (glibc maps a block of this size anew each time): huge
-  // pages where they fit, as for a read into a fresh array.
-  advise_huge_pages(out.data(), out.size() * sizeof(T), 2);
+  // Fresh pages, as for a read into a fresh array.
+  runtime::advise_huge_pages(out.data(), out.size() * sizeof(T));
   auto* bytes = reinterpret_cast<std::byte*>(out.data());
   const std::size_t row_bytes = layout->row_elements() * sizeof(T);
   co_await run_all(plan.parts.size(), [&](std::size_t i) {

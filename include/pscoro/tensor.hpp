@@ -57,8 +57,9 @@ class PSCORO_API byte_buffer {
  public:
   byte_buffer() = default;
   /// Allocates `size` uninitialised bytes.
-  explicit byte_buffer(std::size_t size)
-      : data_(size ? std::shared_ptr<std::byte[]>(new std::byte[size]) : nullptr), size_(size) {}
+  /// `size` uninitialised bytes, aligned to a cache line (64 bytes); 4 MiB or more are advised
+  /// transparent huge pages.
+  explicit byte_buffer(std::size_t size);
 
   std::byte* data() const noexcept { return data_.get(); }
   std::size_t size() const noexcept { return size_; }

@@ -189,6 +189,26 @@ class step_math {
     std::visit([&](const auto& o) { step(o, var + offset, slots, offset, g, n); }, opt_);
   }
 
+  /// Steps the rows `rows[u]` (of n elements; every one names a row) with gradient rows g, g + n...
+  /// Rows named by random ids of a large variable are cache misses, in the variable and in each
+  /// slot: the row a few ids ahead is loaded while this one is stepped, as the scatter kernel does.
+  void rows(T* var, std::span<T* const> slots, std::span<const std::int64_t> rows, const T* g, std::size_t n) const {
+    constexpr std::size_t ahead = 8;
+    std::visit(
+        [&](const auto& o) {
+          for (std::size_t u = 0; u < rows.size(); ++u) {
+            if (u + ahead < rows.size()) {
+              const std::size_t next = static_cast<std::size_t>(rows[u + ahead]) * n;
+              __builtin_prefetch(var + next, 1);
+              for (T* slot : slots) __builtin_prefetch(slot + next, 1);
+            }
+            const std::size_t offset = static_cast<std::size_t>(rows[u]) * n;
+            step(o, var + offset, slots.data(), offset, g + u * n, n);
+          }
+        },
+        opt_);
+  }
+
  private:
   void step(const optimizers::sgd& o, T* var, T* const*, std::size_t, const T* g, std::size_t n) const {
     const T lr = static_cast<T>(o.learning_rate);
@@ -493,28 +513,47 @@ void apply_sparse(const optimizer& opt, dtype type, std::byte* variable, std::sp
     using T = decltype(zero);
     if constexpr (std::is_floating_point_v<T>) {
       const T* g = reinterpret_cast<const T*>(rows);
+      const auto typed_slots = typed<T>(slots);
+      const step_math<T> math(opt, step);
       // Duplicates are summed first, in input order (TF's _deduplicate_indexed_slices): one step per
-      // distinct row.
-      id_map rows_seen(ids.size());
-      std::vector<std::int64_t> distinct;
-      std::vector<T> summed;
+      // distinct row. The tables are this thread's, kept between requests (no allocation, no fresh
+      // pages for a steady stream of steps); ids without repeats, the usual case, step the request's
+      // rows as they are.
+      struct tables {
+        id_map seen{0};
+        std::vector<std::uint32_t> index;  // by position: the id's first-seen index
+        std::vector<std::int64_t> distinct;
+        std::vector<T> summed;
+      };
+      thread_local tables local;
+      local.seen.reset(ids.size());
+      local.index.resize(ids.size());
+      constexpr std::size_t ahead = 16;
       for (std::size_t k = 0; k < ids.size(); ++k) {
-        const std::size_t index = rows_seen.index_of(ids[k]);
+        if (k + ahead < ids.size()) local.seen.prefetch(ids[k + ahead]);
+        local.index[k] = local.seen.index_of(ids[k]);
+      }
+      const std::size_t distinct = local.seen.size();
+      if (distinct == ids.size()) {
+        math.rows(reinterpret_cast<T*>(variable), typed_slots, ids, g, row_elements);
+        return;
+      }
+      local.distinct.resize(distinct);
+      local.summed.resize(distinct * row_elements);
+      std::size_t next = 0;
+      for (std::size_t k = 0; k < ids.size(); ++k) {
+        const std::uint32_t u = local.index[k];
         const T* from = g + k * row_elements;
-        if (index == distinct.size()) {
-          distinct.push_back(ids[k]);
-          summed.insert(summed.end(), from, from + row_elements);
+        T* into = local.summed.data() + u * row_elements;
+        if (u == next) {
+          ++next;
+          local.distinct[u] = ids[k];
+          std::copy(from, from + row_elements, into);
         } else {
-          T* into = summed.data() + index * row_elements;
           for (std::size_t i = 0; i < row_elements; ++i) into[i] += from[i];
         }
       }
-      const auto typed_slots = typed<T>(slots);
-      const step_math<T> math(opt, step);
-      for (std::size_t u = 0; u < distinct.size(); ++u) {
-        math(reinterpret_cast<T*>(variable), typed_slots.data(), static_cast<std::size_t>(distinct[u]) * row_elements,
-             summed.data() + u * row_elements, row_elements);
-      }
+      math.rows(reinterpret_cast<T*>(variable), typed_slots, local.distinct, local.summed.data(), row_elements);
     } else {
       invalid(fmt::format("{} updates float32 or float64 variables, not {}", optimizer_name(opt), name_of(type)));
     }

@@ -6,7 +6,10 @@
 #include <pscoro/worker_function.hpp>
 #include <pscoro/xtensor.hpp>
 
+#include <cinttypes>
 #include <cstdint>
+#include <cstdio>
+#include <fstream>
 #include <limits>
 #include <map>
 #include <memory>
@@ -55,6 +58,39 @@ TEST_CASE("a shared byte buffer views another owner's bytes and keeps that owner
   CHECK(copy.data<float>()[2] == 3.0f);
   const byte_buffer part = copy.bytes().slice(sizeof(float), sizeof(float));
   CHECK(part.data() == data + sizeof(float));
+}
+
+// The THPeligible line of the mapping of /proc/self/smaps that holds `address` (empty: none).
+std::string huge_page_eligibility(const void* address) {
+  std::ifstream smaps("/proc/self/smaps");
+  const auto at = reinterpret_cast<std::uintptr_t>(address);
+  bool inside = false;
+  for (std::string line; std::getline(smaps, line);) {
+    std::uintptr_t begin = 0, end = 0;
+    // A mapping's first line is "begin-end perms ..."; the lines after it are "Key: value".
+    if (std::sscanf(line.c_str(), "%" SCNxPTR "-%" SCNxPTR, &begin, &end) == 2) {
+      inside = begin <= at && at < end;
+    } else if (inside && line.rfind("THPeligible:", 0) == 0) {
+      return line;
+    }
+  }
+  return {};
+}
+
+TEST_CASE("a byte buffer is aligned to a cache line, and a large one is advised huge pages") {
+  for (const std::size_t size : {std::size_t{1}, std::size_t{100}, std::size_t{1} << 20, std::size_t{8} << 20}) {
+    const byte_buffer buffer(size);
+    CHECK_MESSAGE(reinterpret_cast<std::uintptr_t>(buffer.data()) % 64 == 0, size, " bytes at ",
+                  static_cast<const void*>(buffer.data()));
+  }
+  std::ifstream setting("/sys/kernel/mm/transparent_hugepage/enabled");
+  std::string modes;
+  std::getline(setting, modes);
+  if (modes.empty() || modes.find("[never]") != std::string::npos) return;  // no THP here: nothing to advise
+  const byte_buffer large(8 << 20);
+  // The middle of 8 MiB is inside a whole huge page, which is advised.
+  const std::string eligible = huge_page_eligibility(large.data() + (4 << 20));
+  CHECK_MESSAGE(eligible.find('1') != std::string::npos, "THP setting '", modes, "', smaps says '", eligible, "'");
 }
 
 TEST_CASE("integers are range-checked in both directions") {
