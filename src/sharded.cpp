@@ -70,13 +70,15 @@ class scratch_buffers {
   }
 };
 
-// Tables used while a lookup or a scatter is planned (synchronously, so one set per thread is
-// enough): kept between calls, as their storage is.
+// Tables used while a lookup or a scatter is planned, kept between calls, as their storage is. Each
+// planning step runs without suspending, so one set per thread is enough; what a lookup keeps
+// between its steps is its own (lookup_plan).
 struct plan_tables {
   runtime::id_map asked{0};
-  std::vector<std::uint32_t> reply_row;  // by first-seen index
-  std::vector<std::uint32_t> shard_of;   // by position
-  std::vector<std::size_t> counts, start, fill, distinct;
+  std::vector<std::uint32_t> shard_of;  // by position
+  std::vector<std::uint64_t> seen, repeated;  // bit per row of a shard (plan_part)
+  std::vector<std::uint32_t> reply_row;       // by index in `asked`
+  std::vector<std::size_t> counts, start, fill;
 
   // Not inline: g++ would compute the thread-local's address (a call, with -fPIC) at every use in
   // the planning loops instead of keeping it (a third of a lookup's planning time).
@@ -146,7 +148,6 @@ void group_by_shard(plan_tables& tables) {
   tables.start.assign(shards, 0);
   for (std::size_t s = 1; s < shards; ++s) tables.start[s] = tables.start[s - 1] + tables.counts[s - 1];
   tables.fill.assign(shards, 0);
-  tables.distinct.assign(shards, 0);
 }
 
 }  // namespace
@@ -311,72 +312,133 @@ struct lookup_part {
 
 namespace {
 
+// A lookup with its ids checked and grouped by shard; each shard's part is planned (plan_part) just
+// before its request is sent. Owns its storage: the planning of one part and the sending of
+// another may interleave with other lookups on the same thread.
 struct lookup_plan {
-  std::vector<lookup_part> parts;
-  byte_buffer places;  // the storage of every part's places
+  byte_buffer ids;     // each part's distinct ids, shard-local, from start[s]
+  byte_buffer places;  // each part's places, from start[s]; before plan_part, row = the shard-local id
+  std::vector<std::size_t> start, count;  // per shard
+  bool sorted;
+  bool distinct;
+  std::vector<lookup_part> parts;  // room for every shard's: a part's address never changes
+
+  row_place* places_of(std::size_t s) const noexcept { return reinterpret_cast<row_place*>(places.data()) + start[s]; }
+  std::int64_t* ids_of(std::size_t s) const noexcept { return reinterpret_cast<std::int64_t*>(ids.data()) + start[s]; }
 };
 
-// Checks every id (errc::invalid_argument naming the bad one and its position) and plans the lookup:
-// each (shard, row) asked once (skewed ids, the usual case for embeddings, travel once). Sorted ids
-// need no table: their repeats are neighbours; `distinct` ones (a sparse lookup's, made unique
-// already) have none.
-lookup_plan plan_lookup(const sharded_layout& layout, std::span<const std::int64_t> ids, std::string_view operation,
-                        bool distinct) {
+// Checks every id (errc::invalid_argument naming the bad one and its position) and groups the ids
+// by shard, in input order. `distinct`: the caller knows no id repeats (a sparse lookup's ids, made
+// unique already).
+lookup_plan prepare_lookup(const sharded_layout& layout, std::span<const std::int64_t> ids,
+                           std::string_view operation, bool distinct) {
   if (layout.ref.shape.empty()) invalid(fmt::format("{} of '{}': a scalar variable has no rows", operation, layout.ref.name));
   auto& tables = plan_tables::local();
   const bool sorted = locate_ids(layout, ids, tables, operation);
   const std::size_t shards = layout.num_shards();
   group_by_shard(tables);
-  const byte_buffer id_storage = scratch_buffers::take(ids.size() * sizeof(std::int64_t));
-  lookup_plan plan{{}, scratch_buffers::take(ids.size() * sizeof(row_place))};
-  auto* local = reinterpret_cast<std::int64_t*>(id_storage.data());
-  auto* places = reinterpret_cast<row_place*>(plan.places.data());
-  const std::uint32_t* shard_of = shards == 1 ? nullptr : tables.shard_of.data();
-  // Per shard: where its next distinct id and its next place go.
-  std::vector<std::int64_t*> next_id(shards);
-  std::vector<row_place*> next_place(shards);
-  std::vector<std::int64_t> first_row(shards);
-  for (std::size_t s = 0; s < shards; ++s) {
-    next_id[s] = local + tables.start[s];
-    next_place[s] = places + tables.start[s];
-    first_row[s] = static_cast<std::int64_t>(layout.offsets[s]);
+  lookup_plan plan{scratch_buffers::take(ids.size() * sizeof(std::int64_t)),
+                   scratch_buffers::take(ids.size() * sizeof(row_place)),
+                   tables.start,
+                   tables.counts,
+                   sorted,
+                   distinct,
+                   {}};
+  plan.parts.reserve(shards);
+  if (shards == 1) {
+    row_place* places = plan.places_of(0);
+    for (std::size_t k = 0; k < ids.size(); ++k) places[k] = {k, static_cast<std::size_t>(ids[k])};
+    return plan;
   }
-  if (sorted || distinct) {
-    for (std::size_t k = 0; k < ids.size(); ++k) {
-      const std::size_t s = shard_of ? shard_of[k] : 0;
-      if (distinct || k == 0 || ids[k] != ids[k - 1]) *next_id[s]++ = ids[k] - first_row[s];
-      *next_place[s]++ = {k, static_cast<std::size_t>(next_id[s] - (local + tables.start[s])) - 1};
-    }
-  } else {
-    runtime::id_map& asked = tables.asked;
-    asked.reset(ids.size());
-    tables.reply_row.resize(ids.size());
-    std::uint32_t* reply_row = tables.reply_row.data();
-    std::size_t seen = 0;
-    constexpr std::size_t ahead = 16;  // ids whose slots are being loaded while one is looked up
-    for (std::size_t k = 0; k < ids.size(); ++k) {
-      if (k + ahead < ids.size()) asked.prefetch(ids[k + ahead]);
-      const std::size_t s = shard_of ? shard_of[k] : 0;
-      const std::uint32_t index = asked.index_of(ids[k]);
-      if (index == seen) {  // first seen
-        ++seen;
-        reply_row[index] = static_cast<std::uint32_t>(next_id[s] - (local + tables.start[s]));
-        *next_id[s]++ = ids[k] - first_row[s];
-      }
-      *next_place[s]++ = {k, reply_row[index]};
-    }
-  }
-  for (std::size_t s = 0; s < shards; ++s) tables.distinct[s] = static_cast<std::size_t>(next_id[s] - (local + tables.start[s]));
-  for (std::size_t s = 0; s < shards; ++s) {
-    const std::size_t asked = tables.distinct[s], n = tables.counts[s];
-    if (n == 0) continue;
-    const row_place* first = places + tables.start[s];
-    const bool direct = asked == n && first[n - 1].position - first[0].position == n - 1;
-    plan.parts.push_back(lookup_part{
-        s, tensor(dtype::int64, {asked}, id_storage.slice(tables.start[s] * sizeof(std::int64_t), asked * sizeof(std::int64_t))),
-        std::span<const row_place>(first, n), direct});
+  std::vector<row_place*> next(shards);
+  for (std::size_t s = 0; s < shards; ++s) next[s] = plan.places_of(s);
+  const std::uint32_t* shard_of = tables.shard_of.data();
+  const std::size_t* first_row = layout.offsets.data();
+  for (std::size_t k = 0; k < ids.size(); ++k) {
+    const std::uint32_t s = shard_of[k];
+    *next[s]++ = {k, static_cast<std::size_t>(ids[k]) - first_row[s]};
   }
   return plan;
+}
+
+// Plans shard `s`'s part of `plan`: each of its rows asked once, in first-seen order (skewed ids,
+// the usual case for embeddings, travel once), and where each reply row goes. Sorted ids need no
+// table (their repeats are neighbours), distinct ones none at all. Others are found out by a bit
+// per row of the shard when that is small next to a hash table of the ids (a table of 64 KiB for
+// 500k rows stays in cache, where random probes of a 2 MiB hash table of 50k ids miss it): a first
+// pass marks the rows seen and the rows seen again, and only those repeated go through the hash
+// table.
+const lookup_part& plan_part(lookup_plan& plan, std::size_t s, std::size_t shard_rows) {
+  const std::size_t n = plan.count[s];
+  row_place* places = plan.places_of(s);
+  std::int64_t* asked_ids = plan.ids_of(s);
+  std::size_t asked = 0;
+  auto& tables = plan_tables::local();
+  if (plan.distinct) {
+    for (std::size_t j = 0; j < n; ++j) {
+      asked_ids[j] = static_cast<std::int64_t>(places[j].row);
+      places[j].row = j;
+    }
+    asked = n;
+  } else if (plan.sorted) {
+    for (std::size_t j = 0; j < n; ++j) {
+      const auto id = static_cast<std::int64_t>(places[j].row);
+      if (asked == 0 || asked_ids[asked - 1] != id) asked_ids[asked++] = id;
+      places[j].row = asked - 1;
+    }
+  } else if (shard_rows / 256 <= n) {  // the bits: at most 64 bytes per id, as the hash table's 32
+    const std::size_t words = shard_rows / 64 + 1;
+    tables.seen.assign(words, 0);
+    tables.repeated.assign(words, 0);
+    std::uint64_t* seen = tables.seen.data();
+    std::uint64_t* repeated = tables.repeated.data();
+    std::size_t repeated_rows = 0;
+    for (std::size_t j = 0; j < n; ++j) {
+      const std::size_t row = places[j].row, word = row / 64;
+      const std::uint64_t bit = std::uint64_t{1} << (row % 64);
+      if ((seen[word] & bit) && !(repeated[word] & bit)) {
+        repeated[word] |= bit;
+        ++repeated_rows;
+      }
+      seen[word] |= bit;
+    }
+    runtime::id_map& first = tables.asked;
+    first.reset(repeated_rows);
+    tables.reply_row.resize(repeated_rows);
+    std::uint32_t* reply_row = tables.reply_row.data();
+    std::size_t known = 0;  // repeated rows met so far
+    for (std::size_t j = 0; j < n; ++j) {
+      const std::size_t row = places[j].row;
+      if (!(repeated[row / 64] & (std::uint64_t{1} << (row % 64)))) {
+        asked_ids[asked] = static_cast<std::int64_t>(row);
+        places[j].row = asked++;
+        continue;
+      }
+      const std::uint32_t index = first.index_of(static_cast<std::int64_t>(row));
+      if (index == known) {  // its first time
+        ++known;
+        reply_row[index] = static_cast<std::uint32_t>(asked);
+        asked_ids[asked++] = static_cast<std::int64_t>(row);
+      }
+      places[j].row = reply_row[index];
+    }
+  } else {
+    // This shard's own table: first-seen indices are reply rows.
+    runtime::id_map& seen = tables.asked;
+    seen.reset(n);
+    constexpr std::size_t ahead = 16;  // ids whose slots are being loaded while one is looked up
+    for (std::size_t j = 0; j < n; ++j) {
+      if (j + ahead < n) seen.prefetch(static_cast<std::int64_t>(places[j + ahead].row));
+      const auto id = static_cast<std::int64_t>(places[j].row);
+      const std::uint32_t index = seen.index_of(id);
+      if (index == asked) asked_ids[asked++] = id;
+      places[j].row = index;
+    }
+  }
+  const bool direct = asked == n && places[n - 1].position - places[0].position == n - 1;
+  return plan.parts.emplace_back(lookup_part{
+      s, tensor(dtype::int64, {asked}, plan.ids.slice(plan.start[s] * sizeof(std::int64_t), asked * sizeof(std::int64_t))),
+      std::span<const row_place>(places, n), direct});
 }
 
 // Copies reply rows to their places in `out` (rows of `row_bytes`); a reply of the wrong size is
@@ -501,7 +563,7 @@ asio::awaitable<xt::xarray<T>> sharded_ops<T>::gather(io_ptr io, layout_ptr layo
                                                       const char* operation, bool distinct) {
   auto& channel = bound(io, *layout);
   if (flat) check_one_dimensional(ids, operation);
-  const lookup_plan plan = plan_lookup(*layout, ids.ids, operation, distinct);
+  lookup_plan plan = prepare_lookup(*layout, ids.ids, operation, distinct);
   shape_type shape = std::move(ids.shape);
   shape.insert(shape.end(), layout->ref.shape.begin() + 1, layout->ref.shape.end());
   xt::xarray<T> out(shape);
@@ -509,9 +571,32 @@ asio::awaitable<xt::xarray<T>> sharded_ops<T>::gather(io_ptr io, layout_ptr layo
   runtime::advise_huge_pages(out.data(), out.size() * sizeof(T));
   auto* bytes = reinterpret_cast<std::byte*>(out.data());
   const std::size_t row_bytes = layout->row_elements() * sizeof(T);
-  co_await run_all(plan.parts.size(), [&](std::size_t i) {
-    return lookup_shard(channel, layout->ref.shards[plan.parts[i].shard], plan.parts[i], bytes, row_bytes);
-  });
+  std::vector<std::size_t> shards;  // those asked for rows
+  for (std::size_t s = 0; s < layout->num_shards(); ++s) {
+    if (plan.count[s] > 0) shards.push_back(s);
+  }
+  if (shards.size() == 1) {
+    const lookup_part& part = plan_part(plan, shards[0], layout->offsets[shards[0] + 1] - layout->offsets[shards[0]]);
+    co_await lookup_shard(channel, layout->ref.shards[shards[0]], part, bytes, row_bytes);
+    co_return out;
+  }
+  // A part's request goes out before the next part is planned: a ps gathers its rows while this
+  // thread finds the next shard's repeats (docs/design.md, "Lookups and scatters without fresh
+  // buffers").
+  const auto executor = co_await asio::this_coro::executor;
+  task_group requests(executor);
+  std::exception_ptr failure;
+  for (std::size_t i = 0; i < shards.size() && !failure; ++i) {
+    try {
+      const lookup_part& part = plan_part(plan, shards[i], layout->offsets[shards[i] + 1] - layout->offsets[shards[i]]);
+      requests.spawn(lookup_shard(channel, layout->ref.shards[shards[i]], part, bytes, row_bytes));
+    } catch (...) {
+      failure = std::current_exception();
+    }
+    if (!failure && i + 1 < shards.size()) co_await requests.let_run();
+  }
+  co_await requests.wait(!failure);
+  if (failure) std::rethrow_exception(failure);
   co_return out;
 }
 

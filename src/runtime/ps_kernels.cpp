@@ -155,15 +155,17 @@ struct ops {
   }
 };
 
-// Calls f(binary operation) for `op`, so each loop is compiled per operation.
+// Calls f(binary operation) for `op`, so each loop is compiled per operation. Each operation is a
+// lambda of its own type: function pointers (&ops<T>::add, &ops<T>::sub...) share one type, so the
+// loop was compiled once for all four with a call per element, and never vectorized.
 template <class T, class F>
 void with_op(update_op op, F&& f) {
   switch (op) {
     case update_op::assign: return f([](T, T b) { return b; });
-    case update_op::add: return f(&ops<T>::add);
-    case update_op::sub: return f(&ops<T>::sub);
-    case update_op::mul: return f(&ops<T>::mul);
-    case update_op::div: return f(&ops<T>::div);
+    case update_op::add: return f([](T a, T b) { return ops<T>::add(a, b); });
+    case update_op::sub: return f([](T a, T b) { return ops<T>::sub(a, b); });
+    case update_op::mul: return f([](T a, T b) { return ops<T>::mul(a, b); });
+    case update_op::div: return f([](T a, T b) { return ops<T>::div(a, b); });
     case update_op::min: return f([](T a, T b) { return std::min(a, b); });
     case update_op::max: return f([](T a, T b) { return std::max(a, b); });
   }

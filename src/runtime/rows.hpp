@@ -29,7 +29,7 @@ void with_row_size(std::size_t row_bytes, F&& f) {
 /// ids ahead is loaded while this one is copied, as the scatter kernel does.
 inline void gather_rows(std::byte* to, const std::byte* from, std::span<const std::int64_t> ids,
                         std::size_t row_bytes) {
-  constexpr std::size_t ahead = 8;
+  constexpr std::size_t ahead = 32;
   with_row_size(row_bytes, [&](auto size) {
     for (std::size_t k = 0; k < ids.size(); ++k) {
       if (k + ahead < ids.size()) __builtin_prefetch(from + static_cast<std::size_t>(ids[k + ahead]) * size);
