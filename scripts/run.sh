@@ -8,7 +8,7 @@
 #   scripts/run.sh test       install what is missing, build, run the whole test suite
 #   scripts/run.sh sanitize   the test suite under AddressSanitizer + UndefinedBehaviorSanitizer
 #   scripts/run.sh bench      the cluster, variable, checkpoint, TLS, metrics and end-to-end benchmarks (print tables of ratios)
-#   scripts/run.sh fuzz SECONDS   each libFuzzer target (tests/fuzz) for SECONDS under ASan + UBSan
+#   scripts/run.sh fuzz SECONDS [TARGET...]   each libFuzzer target (tests/fuzz), or those named, for SECONDS under ASan + UBSan
 #                                 (clang), from the seed corpus; prints a summary per target
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -145,6 +145,7 @@ case "${1:-}" in
     CXX=clang++ configure build-fuzz fuzz=true b_sanitize=address,undefined b_lundef=false \
       default_library=static examples=false benchmarks=false
     targets=(frame_reader ps worker tf_config safetensors tfrecord idx)
+    if [ $# -gt 2 ]; then targets=("${@:3}"); fi  # fuzz SECONDS TARGET...: only those
     meson compile -C build-fuzz "${targets[@]/%/_fuzzer}"
     # New inputs go to a scratch corpus, never into the committed one (copy a finding there by
     # hand, with the fix); crash files go to build-fuzz/fuzz-artifacts/.
@@ -179,7 +180,7 @@ case "${1:-}" in
     [ "$failed" -eq 0 ]
     ;;
   *)
-    echo "usage: scripts/run.sh example [fashion_mnist|ctr|dlrm|hello_cluster] | test | sanitize | bench | fuzz SECONDS" >&2
+    echo "usage: scripts/run.sh example [fashion_mnist|ctr|dlrm|hello_cluster] | test | sanitize | bench | fuzz SECONDS [TARGET...]" >&2
     exit 2
     ;;
 esac
