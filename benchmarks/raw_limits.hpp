@@ -8,7 +8,9 @@
 #include <asio/read.hpp>
 #include <asio/write.hpp>
 
+#include <poll.h>
 #include <signal.h>
+#include <sys/socket.h>
 #include <sys/mman.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -22,6 +24,7 @@
 #include <cstdint>
 #include <cstring>
 #include <memory>
+#include <stdexcept>
 #include <thread>
 #include <vector>
 
@@ -150,14 +153,20 @@ class raw_server_process {
   /// As raw_exchanges(), with the server in the child process.
   std::vector<double> exchanges(std::size_t request, std::size_t response, int iterations,
                                 receive_into where = receive_into::reused) {
+    auto client = connect(request, response);
+    auto samples = detail::time_exchanges(client, request, response, iterations, where);
+    client.close();
+    return samples;
+  }
+
+  /// A connection whose exchanges are `request` bytes answered by `response` bytes.
+  asio::ip::tcp::socket connect(std::size_t request, std::size_t response) {
     asio::ip::tcp::socket client(io_);
     client.connect({asio::ip::address_v4::loopback(), port_});
     client.set_option(asio::ip::tcp::no_delay(true));
     const std::array<std::uint64_t, 2> sizes{request, response};
     asio::write(client, asio::buffer(sizes));
-    auto samples = detail::time_exchanges(client, request, response, iterations, where);
-    client.close();
-    return samples;
+    return client;
   }
 
  private:
@@ -183,6 +192,45 @@ class raw_server_process {
   std::uint16_t port_ = acceptor_.local_endpoint().port();
   pid_t pid_ = -1;
 };
+
+/// Pulls from several raw servers at once, as a chief reads a sharded variable from its ps: each
+/// exchange sends `request` bytes to every server and ends when every one has answered its
+/// `response` bytes, all received by this one thread (poll, then non-blocking reads as data comes)
+/// into reused buffers. Returns the times of `iterations` exchanges in microseconds (after a tenth
+/// as many to warm up).
+inline std::vector<double> concurrent_pulls(std::vector<raw_server_process*> servers, std::size_t request,
+                                            std::size_t response, int iterations) {
+  std::vector<asio::ip::tcp::socket> clients;
+  for (auto* server : servers) clients.push_back(server->connect(request, response));
+  const std::vector<char> out(request, 'x');
+  std::vector<std::vector<char>> in(clients.size(), std::vector<char>(response));
+  std::vector<pollfd> polled(clients.size());
+  std::vector<double> samples;
+  for (int i = -std::max(1, iterations / 10); i < iterations; ++i) {
+    const auto start = clock_type::now();
+    for (auto& client : clients) asio::write(client, asio::buffer(out));
+    std::vector<std::size_t> got(clients.size(), 0);
+    std::size_t done = 0;
+    while (done < clients.size()) {
+      std::size_t waiting = 0;
+      for (std::size_t c = 0; c < clients.size(); ++c) {
+        if (got[c] < response) polled[waiting++] = {clients[c].native_handle(), POLLIN, 0};
+      }
+      if (::poll(polled.data(), waiting, -1) < 0 && errno != EINTR) throw std::system_error(errno, std::generic_category(), "poll");
+      for (std::size_t c = 0; c < clients.size(); ++c) {
+        if (got[c] == response) continue;
+        const auto n = ::recv(clients[c].native_handle(), in[c].data() + got[c], response - got[c], MSG_DONTWAIT);
+        if (n == 0) throw std::runtime_error("a raw server closed its connection");
+        if (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) {
+          throw std::system_error(errno, std::generic_category(), "recv");
+        }
+        if (n > 0 && (got[c] += static_cast<std::size_t>(n)) == response) ++done;
+      }
+    }
+    if (i >= 0) samples.push_back(micros(clock_type::now() - start).count());
+  }
+  return samples;
+}
 
 /// memcpy bandwidth (bytes/s, median) for `bytes`-byte buffers.
 inline double memcpy_bandwidth(std::size_t bytes, int iterations) {

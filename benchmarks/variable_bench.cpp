@@ -53,6 +53,11 @@ struct dense_figures {
   double fresh_ratio;   // read / raw pull into a fresh buffer (time)
   double reuse_ratio;   // read(out) / raw pull (time)
   double assign_ratio;  // assign / raw push (time)
+  // The raw pull of the same bytes split among the ps, from as many raw servers at once into one
+  // thread (what read(out) of a sharded variable does), and read(out) / it; -1: not measured
+  // (threads mode, one ps, 4 KiB).
+  double split_pull_us;
+  double split_reuse_ratio;
   // Minor page faults per operation: the chief's process, and the ps processes' (-1: threads of one
   // process, all counted in the chief's).
   double read_faults, read_ps_faults, reuse_faults, reuse_ps_faults, assign_faults, assign_ps_faults;
@@ -129,10 +134,11 @@ struct fault_counter {
 };
 
 // `run_chief(body)` runs a chief over `num_ps` ps; `raw(request, response, n, receive_into)` times raw
-// exchanges.
-template <class RunChief, class Raw>
+// exchanges; `split_pull(request, response, n)`, concurrent pulls of `response` bytes from each of
+// `num_ps` raw servers (empty: not measured).
+template <class RunChief, class Raw, class SplitPull>
 std::vector<dense_figures> measure_dense(int num_ps, int scale, int rounds, RunChief run_chief, Raw raw,
-                                         std::vector<pid_t> ps_pids) {
+                                         SplitPull split_pull, std::vector<pid_t> ps_pids) {
   std::vector<dense_figures> out;
   run_chief([&](pscoro::parameter_server_strategy& strategy, pscoro::cluster_coordinator&) -> asio::awaitable<void> {
     for (const std::size_t bytes : {std::size_t{4} << 10, std::size_t{1} << 20, std::size_t{64} << 20}) {
@@ -143,7 +149,7 @@ std::vector<dense_figures> measure_dense(int num_ps, int scale, int rounds, RunC
       const xt::xarray<float> value = xt::zeros<float>(shape);
       xt::xarray<float> into(shape);
       std::vector<double> pull, push, fresh_pull, read, reuse, assign, read_ratio, fresh_ratio, reuse_ratio,
-          assign_ratio;
+          assign_ratio, split, split_ratio;
       std::vector<double> faults[6];
       fault_counter counter{ps_pids};
       auto count = [&](int first) {
@@ -160,6 +166,10 @@ std::vector<dense_figures> measure_dense(int num_ps, int scale, int rounds, RunC
                                                    : raw(bytes, 64, n, receive_into::reused)));
         fresh_pull.push_back(bench::median(bytes <= 4096 ? raw(bytes, bytes, n, receive_into::fresh)
                                                          : raw(64, bytes, n, receive_into::fresh)));
+        const auto split_samples = bytes <= 4096 || num_ps == 1
+                                       ? std::vector<double>{}
+                                       : split_pull(64, bytes / static_cast<std::size_t>(num_ps), n);
+        if (!split_samples.empty()) split.push_back(bench::median(split_samples));
         counter.start();
         read.push_back(co_await median_us(n, [&] { return v.read(); }));
         count(0);
@@ -172,12 +182,14 @@ std::vector<dense_figures> measure_dense(int num_ps, int scale, int rounds, RunC
         read_ratio.push_back(read.back() / pull.back());
         fresh_ratio.push_back(read.back() / fresh_pull.back());
         reuse_ratio.push_back(reuse.back() / pull.back());
+        if (!split.empty()) split_ratio.push_back(reuse.back() / split.back());
         assign_ratio.push_back(assign.back() / push.back());
       }
       using bench::median;
       out.push_back({bytes, num_ps, median(pull), median(push), median(fresh_pull), median(read), median(reuse),
                      median(assign), median(read_ratio), median(fresh_ratio), median(reuse_ratio),
-                     median(assign_ratio), median(faults[0]),
+                     median(assign_ratio), split.empty() ? -1.0 : median(split),
+                     split_ratio.empty() ? -1.0 : median(split_ratio), median(faults[0]),
                      median(faults[1]), median(faults[2]), median(faults[3]), median(faults[4]),
                      median(faults[5])});
     }
@@ -193,38 +205,43 @@ std::vector<dense_figures> measure_dense_threads(int num_ps, int scale, int roun
       [](std::size_t request, std::size_t response, int n, bench::receive_into where) {
         return bench::raw_exchanges(request, response, n, where);
       },
-      {});
+      [](std::size_t, std::size_t, int) { return std::vector<double>{}; }, {});
 }
 
-std::vector<dense_figures> measure_dense_processes(bench::process_cluster& cluster, bench::raw_server_process& raw,
-                                                   int num_ps, int scale, int rounds, bench::placement placement) {
+// `raw`: the raw servers, as many as ps (the first also answers the single-server exchanges).
+std::vector<dense_figures> measure_dense_processes(bench::process_cluster& cluster,
+                                                   std::vector<bench::raw_server_process*> raw, int num_ps, int scale,
+                                                   int rounds, bench::placement placement) {
   std::vector<pid_t> pids;
   for (int i = 0; i < num_ps; ++i) pids.push_back(cluster.pid("ps", i));
   std::vector<pid_t> servers = pids;
-  servers.push_back(raw.pid());
+  for (auto* server : raw) servers.push_back(server->pid());
   const bench::pinned_placement pinned(placement, servers);
   return measure_dense(
       num_ps, scale, rounds,
       [&](auto body) { cluster.run_chief(num_ps, body, pscoro::fixed_shards_partitioner{num_ps}); },
       [&](std::size_t request, std::size_t response, int n, bench::receive_into where) {
-        return raw.exchanges(request, response, n, where);
+        return raw[0]->exchanges(request, response, n, where);
       },
+      [&](std::size_t request, std::size_t response, int n) { return bench::concurrent_pulls(raw, request, response, n); },
       pids);
 }
 
 void print_dense(const std::vector<dense_figures>& dense) {
-  fmt::print("{:<8} {:>3} {:>9} {:>9} {:>9} {:>9} {:>6} {:>7} {:>12} {:>6} {:>9} {:>6} {:>11}   {}\n", "size", "ps",
-             "pull us", "push us", "fresh us", "read us", "x pull", "x fresh", "read(out) us", "x pull", "assign us",
-             "x push", "assign GB/s", "faults/op chief|ps: read, read(out), assign");
+  fmt::print("{:<8} {:>3} {:>9} {:>9} {:>9} {:>9} {:>6} {:>7} {:>12} {:>6} {:>9} {:>8} {:>9} {:>6} {:>11}   {}\n",
+             "size", "ps", "pull us", "push us", "fresh us", "read us", "x pull", "x fresh", "read(out) us", "x pull",
+             "split us", "x split", "assign us", "x push", "assign GB/s", "faults/op chief|ps: read, read(out), assign");
   auto faults = [](double self, double ps) {
     return ps < 0 ? fmt::format("{:.0f}", self) : fmt::format("{:.0f}|{:.0f}", self, ps);
   };
   for (const auto& f : dense) {
+    const bool split = f.split_pull_us >= 0;
     fmt::print(
-        "{:<8} {:>3} {:>9.1f} {:>9.1f} {:>9.1f} {:>9.1f} {:>6.2f} {:>7.2f} {:>12.1f} {:>6.2f} {:>9.1f} {:>6.2f} "
-        "{:>11.2f}   {}, {}, {}\n",
+        "{:<8} {:>3} {:>9.1f} {:>9.1f} {:>9.1f} {:>9.1f} {:>6.2f} {:>7.2f} {:>12.1f} {:>6.2f} {:>9} {:>8} {:>9.1f} "
+        "{:>6.2f} {:>11.2f}   {}, {}, {}\n",
         size_name(f.bytes), f.ps, f.pull_us, f.push_us, f.fresh_pull_us, f.read_us, f.read_ratio, f.fresh_ratio,
-        f.reuse_us, f.reuse_ratio, f.assign_us, f.assign_ratio,
+        f.reuse_us, f.reuse_ratio, split ? fmt::format("{:.1f}", f.split_pull_us) : "-",
+        split ? fmt::format("{:.2f}", f.split_reuse_ratio) : "-", f.assign_us, f.assign_ratio,
         static_cast<double>(f.bytes) / (f.assign_us * 1e-6) / 1e9, faults(f.read_faults, f.read_ps_faults),
         faults(f.reuse_faults, f.reuse_ps_faults), faults(f.assign_faults, f.assign_ps_faults));
   }
@@ -535,10 +552,11 @@ int main(int argc, char** argv) {
 
   // The processes are forked first, while this program has one thread.
   std::optional<bench::process_cluster> processes;
-  std::optional<bench::raw_server_process> raw_server;
+  std::optional<bench::raw_server_process> raw_server, second_raw_server;  // 2 ps: a split pull from both
   if (mode != "threads") {
     processes.emplace(2, 1);
     raw_server.emplace();
+    second_raw_server.emplace();
   }
   std::vector<dense_figures> dense_threads, dense_processes;
   for (const int ps : {1, 2}) {
@@ -549,7 +567,9 @@ int main(int argc, char** argv) {
     }
     if (mode != "threads") {
       const auto figures =
-          measure_dense_processes(*processes, *raw_server, ps, scale, rounds, bench::parse_placement(placement));
+          measure_dense_processes(*processes,
+                                  ps == 1 ? std::vector{&*raw_server} : std::vector{&*raw_server, &*second_raw_server},
+                                  ps, scale, rounds, bench::parse_placement(placement));
       dense_processes.insert(dense_processes.end(), figures.begin(), figures.end());
     }
   }
