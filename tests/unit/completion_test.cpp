@@ -367,3 +367,32 @@ TEST_CASE("run_all of one failing task rethrows its failure") {
   CHECK(contains(e.what(), "the only task failed"));
   CHECK(counted::alive == 0);
 }
+
+namespace {
+
+// make_task throws for task 2, after tasks 0 and 1 (which refer to the caller's counts) were spawned.
+asio::awaitable<void> run_until_make_task_throws(step_counts& p, bool& spawned_finished_first) {
+  const auto make_task = [&p](std::size_t i) {
+    if (i == 2) throw pscoro::error(errc::invalid_argument, "no task 2");
+    return step(p, 3, counted{});
+  };
+  try {
+    co_await run_all(4, make_task);
+  } catch (...) {
+    spawned_finished_first = p.finished == 2 && p.running == 0;
+    throw;
+  }
+}
+
+}  // namespace
+
+TEST_CASE("run_all whose make_task throws waits for the tasks already spawned, then rethrows") {
+  step_counts p;
+  bool spawned_finished_first = false;
+  const auto e = error_in(run(run_until_make_task_throws(p, spawned_finished_first)));
+  CHECK(e.code() == errc::invalid_argument);
+  CHECK(contains(e.what(), "no task 2"));
+  CHECK(p.started == 2);
+  CHECK(spawned_finished_first);
+  CHECK(counted::alive == 0);
+}
