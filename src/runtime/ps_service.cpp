@@ -709,8 +709,15 @@ void ps_service::read(const wire::frame& request, const wire::ReadVariable& read
                             bytes_text(max_variable_bytes_), task_));
   }
   tensor rows = tensor::uninitialized(stored.type, std::move(reply_shape));
-  gather_rows(rows.bytes().data(), stored.bytes.data(), ids, row_elements(stored.shape) * size_of(stored.type));
   wire::put_tensor(response, out, rows);
+  // The reply's rows are filled before it is sent: a large gather (a lookup of a million ids) runs
+  // on the kernel pool like an update, holding the variable's lane, so no update of it runs
+  // meanwhile; the request's ids and the storage stay alive with the kernel.
+  run_kernel(2 * *reply_bytes, [rows, storage = stored.bytes, indices, row_bytes = row_elements(stored.shape) *
+                                                                                   size_of(stored.type)] {
+    const std::span<const std::int64_t> ids(indices.data<std::int64_t>(), indices.size());
+    gather_rows(rows.bytes().data(), storage.data(), ids, row_bytes);
+  });
 }
 
 void ps_service::update(const wire::frame& request, const wire::UpdateVariable& update) {

@@ -80,6 +80,16 @@ wire::frame kp_read(const std::string& name) {
   return f;
 }
 
+// A sparse read of rows `ids`.
+wire::frame kp_gather(const std::string& name, const std::vector<std::int64_t>& ids) {
+  wire::frame f;
+  f.kind = wire::frame_kind::request;
+  auto* body = f.message.mutable_request()->mutable_read_variable();
+  runtime::encode_ref(*body->mutable_variable(), kp_ref(name));
+  wire::put_tensor(f, *body->mutable_indices(), detail::vector_tensor(ids));
+  return f;
+}
+
 wire::frame kp_delete(const std::string& name) {
   wire::frame f;
   f.kind = wire::frame_kind::request;
@@ -222,6 +232,31 @@ TEST_CASE("a request for another variable is answered while a kernel runs") {
   CHECK(f.order.size() == 5);
   CHECK(kp_code(f.response("adagrad w")) == 0);
   CHECK(kp_code(f.response("add v")) == 0);
+}
+
+TEST_CASE("a sparse read's gather runs on the pool: another variable's read passes it, its variable's update waits") {
+  kp_fixture f;
+  const tensor initial = kp_values(0, 1);
+  f.send("create w", kp_create("w", initial));
+  f.send("create v", kp_create("v", kp_values(5, 0)));
+  f.settle();
+  const std::vector<std::int64_t> ids{3, 0, 3, 255};
+  f.send("gather w", kp_gather("w", ids));
+  f.send("add w", kp_update("w", wire::UpdateVariable::ADD, kp_values(1, 0)));
+  f.send("read v", kp_read("v"));
+  f.settle();
+  f.wait_held(1);  // the gather, held on the pool thread
+  CHECK(kp_joined(f.order) == kp_joined(kp_list({"create w", "create v", "read v"})));
+  f.finish();
+  CHECK(kp_joined(f.order) == kp_joined(kp_list({"create w", "create v", "read v", "gather w", "add w"})));
+  // The rows as they were before the add, which waited for the gather.
+  std::vector<float> expected;
+  for (const auto id : ids) {
+    const float* row = initial.data<float>() + static_cast<std::size_t>(id) * kp_cols;
+    expected.insert(expected.end(), row, row + kp_cols);
+  }
+  CHECK(kp_floats(f.response("gather w")) == expected);
+  CHECK(f.ps->offloaded_kernels() == 2);
 }
 
 TEST_CASE("a small request on an idle variable runs on the executor at once; a big kernel goes to the pool") {
