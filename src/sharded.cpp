@@ -78,6 +78,7 @@ struct plan_tables {
   std::vector<std::uint32_t> shard_of;  // by position
   std::vector<std::uint64_t> seen, repeated;  // bit per row of a shard (plan_part)
   std::vector<std::uint32_t> reply_row;       // by index in `asked`
+  std::vector<std::uint32_t> row_index;       // by row of a shard: reply row + 1, or 0; zero between calls
   std::vector<std::size_t> counts, start, fill;
 
   // Not inline: g++ would compute the thread-local's address (a call, with -fPIC) at every use in
@@ -363,11 +364,14 @@ lookup_plan prepare_lookup(const sharded_layout& layout, std::span<const std::in
 
 // Plans shard `s`'s part of `plan`: each of its rows asked once, in first-seen order (skewed ids,
 // the usual case for embeddings, travel once), and where each reply row goes. Sorted ids need no
-// table (their repeats are neighbours), distinct ones none at all. Others are found out by a bit
-// per row of the shard when that is small next to a hash table of the ids (a table of 64 KiB for
-// 500k rows stays in cache, where random probes of a 2 MiB hash table of 50k ids miss it): a first
-// pass marks the rows seen and the rows seen again, and only those repeated go through the hash
-// table.
+// table (their repeats are neighbours), distinct ones none at all. Others, by what costs least for
+// the shard's rows against the ids (each at most the 32 bytes per id of a hash table):
+// - rows <= 8 ids: a reply index per row (4 bytes each), looked up directly (random ids over
+//   most of a shard repeat a lot: 1M ids over 1M rows, 63% of them);
+// - rows <= 256 ids: a bit per row (64 KiB for 500k rows stays in cache, where random probes of a
+//   2 MiB hash table of 50k ids miss it): a first pass marks the rows seen and the rows seen
+//   again, and only those repeated go through the hash table;
+// - else the hash table.
 const lookup_part& plan_part(lookup_plan& plan, std::size_t s, std::size_t shard_rows) {
   const std::size_t n = plan.count[s];
   row_place* places = plan.places_of(s);
@@ -386,6 +390,24 @@ const lookup_part& plan_part(lookup_plan& plan, std::size_t s, std::size_t shard
       if (asked == 0 || asked_ids[asked - 1] != id) asked_ids[asked++] = id;
       places[j].row = asked - 1;
     }
+  } else if (shard_rows / 8 <= n) {
+    auto& row_index = tables.row_index;
+    if (row_index.size() < shard_rows || row_index.size() / 4 > shard_rows) {
+      row_index = std::vector<std::uint32_t>(shard_rows, 0);  // a new vector: shrinking frees the old storage
+    }
+    std::uint32_t* index = row_index.data();
+    constexpr std::size_t ahead = 16;
+    for (std::size_t j = 0; j < n; ++j) {
+      if (j + ahead < n) __builtin_prefetch(index + places[j + ahead].row, 1);
+      const std::size_t row = places[j].row;
+      std::uint32_t& at = index[row];
+      if (at == 0) {  // its first time; asked < n <= 2^32 - 1, so asked + 1 fits
+        asked_ids[asked] = static_cast<std::int64_t>(row);
+        at = static_cast<std::uint32_t>(++asked);
+      }
+      places[j].row = at - 1;
+    }
+    for (std::size_t u = 0; u < asked; ++u) index[asked_ids[u]] = 0;  // zero again for the next call
   } else if (shard_rows / 256 <= n) {  // the bits: at most 64 bytes per id, as the hash table's 32
     const std::size_t words = shard_rows / 64 + 1;
     tables.seen.assign(words, 0);

@@ -91,13 +91,21 @@ TEST_CASE("lookups of sorted, unsorted and repeated ids, small and large, alone 
         for (int k = 0; k < 30000; ++k) repeated.push_back(pick(random) * 20);
         std::vector<std::int64_t> sorted_repeats = repeated;
         std::sort(sorted_repeats.begin(), sorted_repeats.end());
+        std::vector<std::int64_t> few;  // ~100 ids per shard of ~6,700 rows, two of them repeated
+        std::uniform_int_distribution<std::int64_t> any(0, 20010);
+        for (int k = 0; k < 300; ++k) few.push_back(any(random));
+        few.push_back(few[7]);
+        few.push_back(few[100]);
+        // Repeats in unsorted ids are found by a reply index per row (ids >= rows / 8 per shard), a
+        // bit per row (>= rows / 256) or a hash table (fewer): src/sharded.cpp, plan_part.
         const std::vector<std::vector<std::int64_t>> cases{
             all,                                   // sorted, distinct: each shard's reply lands in place
-            shuffled,                              // unsorted, distinct
-            repeated,                              // unsorted, repeats
+            shuffled,                              // unsorted, distinct (index per row)
+            repeated,                              // unsorted, repeats (index per row)
             sorted_repeats,                        // sorted, repeats
+            few,                                   // unsorted, a few repeats (bit per row)
             {6669, 6670, 6671, 13339, 13340},      // sorted across shard borders (6,671 / 13,341)
-            {20010, 0, 20010, 3, 3, 6671},         // small, unsorted, repeats
+            {20010, 0, 20010, 3, 3, 6671},         // small, unsorted, repeats (hash table)
             {7},
             {},
         };
