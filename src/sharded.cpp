@@ -199,11 +199,11 @@ std::shared_ptr<const sharded_layout> single_layout(variable_ref ref) {
   return std::make_shared<const sharded_layout>(sharded_layout{std::move(whole), {0, rows}});
 }
 
-void check_one_dimensional(const id_list& ids, std::string_view operation) {
-  if (ids.shape.size() != 1) {
+void check_one_dimensional(const shape_type& shape, std::string_view operation) {
+  if (shape.size() != 1) {
     // TF's wording (sharded_variable.py).
     invalid(fmt::format("{}: indices must be 1D Tensor for sparse operations. Received shape: {}", operation,
-                        to_string(ids.shape)));
+                        to_string(shape)));
   }
 }
 
@@ -246,7 +246,7 @@ std::vector<tensor> split_dense(const sharded_layout& layout, const tensor& valu
 
 std::vector<shard_rows> split_by_shard(const sharded_layout& layout, const id_list& list, row_source source,
                                        std::string_view operation) {
-  check_one_dimensional(list, operation);
+  check_one_dimensional(list.shape, operation);
   const std::span<const std::int64_t> ids(list.ids);
   const tensor& rows = source.rows;
   check_rows(layout, ids.size(), rows, operation);
@@ -311,8 +311,6 @@ struct lookup_part {
   bool direct;
 };
 
-namespace {
-
 // A lookup with its ids checked and grouped by shard; each shard's part is planned (plan_part) just
 // before its request is sent. Owns its storage: the planning of one part and the sending of
 // another may interleave with other lookups on the same thread.
@@ -327,6 +325,8 @@ struct lookup_plan {
   row_place* places_of(std::size_t s) const noexcept { return reinterpret_cast<row_place*>(places.data()) + start[s]; }
   std::int64_t* ids_of(std::size_t s) const noexcept { return reinterpret_cast<std::int64_t*>(ids.data()) + start[s]; }
 };
+
+namespace {
 
 // Checks every id (errc::invalid_argument naming the bad one and its position) and groups the ids
 // by shard, in input order. `distinct`: the caller knows no id repeats (a sparse lookup's ids, made
@@ -581,12 +581,30 @@ asio::awaitable<void> sharded_ops<T>::lookup_shard(variable_io& io, variable_ref
 }
 
 template <class T>
-asio::awaitable<xt::xarray<T>> sharded_ops<T>::gather(io_ptr io, layout_ptr layout, id_list ids, bool flat,
-                                                      const char* operation, bool distinct) {
+asio::awaitable<xt::xarray<T>> sharded_ops<T>::gather(io_ptr io, layout_ptr layout, std::span<const std::int64_t> ids,
+                                                      shape_type shape, bool flat, const char* operation,
+                                                      bool distinct) {
+  std::optional<lookup_plan> plan;
+  try {
+    bound(io, *layout);
+    if (flat) check_one_dimensional(shape, operation);
+    plan.emplace(prepare_lookup(*layout, ids, operation, distinct));
+  } catch (...) {
+    return failed_lookup(std::current_exception());
+  }
+  return send_lookup(std::move(io), std::move(layout), std::move(*plan), std::move(shape));
+}
+
+template <class T>
+asio::awaitable<xt::xarray<T>> sharded_ops<T>::failed_lookup(std::exception_ptr e) {
+  std::rethrow_exception(e);
+  co_return xt::xarray<T>{};
+}
+
+template <class T>
+asio::awaitable<xt::xarray<T>> sharded_ops<T>::send_lookup(io_ptr io, layout_ptr layout, lookup_plan plan,
+                                                           shape_type shape) {
   auto& channel = bound(io, *layout);
-  if (flat) check_one_dimensional(ids, operation);
-  lookup_plan plan = prepare_lookup(*layout, ids.ids, operation, distinct);
-  shape_type shape = std::move(ids.shape);
   shape.insert(shape.end(), layout->ref.shape.begin() + 1, layout->ref.shape.end());
   xt::xarray<T> out(shape);
   // Fresh pages, as for a read into a fresh array.
@@ -597,8 +615,9 @@ asio::awaitable<xt::xarray<T>> sharded_ops<T>::gather(io_ptr io, layout_ptr layo
   for (std::size_t s = 0; s < layout->num_shards(); ++s) {
     if (plan.count[s] > 0) shards.push_back(s);
   }
+  const auto rows_of_shard = [&](std::size_t s) { return layout->offsets[s + 1] - layout->offsets[s]; };
   if (shards.size() == 1) {
-    const lookup_part& part = plan_part(plan, shards[0], layout->offsets[shards[0] + 1] - layout->offsets[shards[0]]);
+    const lookup_part& part = plan_part(plan, shards[0], rows_of_shard(shards[0]));
     co_await lookup_shard(channel, layout->ref.shards[shards[0]], part, bytes, row_bytes);
     co_return out;
   }
@@ -610,7 +629,7 @@ asio::awaitable<xt::xarray<T>> sharded_ops<T>::gather(io_ptr io, layout_ptr layo
   std::exception_ptr failure;
   for (std::size_t i = 0; i < shards.size() && !failure; ++i) {
     try {
-      const lookup_part& part = plan_part(plan, shards[i], layout->offsets[shards[i] + 1] - layout->offsets[shards[i]]);
+      const lookup_part& part = plan_part(plan, shards[i], rows_of_shard(shards[i]));
       requests.spawn(lookup_shard(channel, layout->ref.shards[shards[i]], part, bytes, row_bytes));
     } catch (...) {
       failure = std::current_exception();
@@ -629,14 +648,15 @@ asio::awaitable<xt::xarray<T>> sharded_ops<T>::slice(io_ptr io, layout_ptr layou
     throw error(errc::invalid_argument,
                 fmt::format("read_rows of '{}': a scalar variable has no rows", layout->ref.name));
   }
-  id_list rows;
+  std::vector<std::int64_t> rows;
   try {
-    rows.ids = slice_rows(layout->ref.shape[0], begin, end, step);
+    rows = slice_rows(layout->ref.shape[0], begin, end, step);
   } catch (const error& e) {
     throw error(e.code(), fmt::format("read_rows of '{}': {}", layout->ref.name, e.what()));
   }
-  rows.shape = {rows.ids.size()};
-  co_return co_await gather(std::move(io), std::move(layout), std::move(rows), true, "read_rows");
+  // Named: g++ 12 destroys a co_await's temporaries early.
+  auto gathered = gather(std::move(io), std::move(layout), rows, {rows.size()}, true, "read_rows");
+  co_return co_await std::move(gathered);
 }
 
 template <class T>

@@ -154,8 +154,9 @@ asio::awaitable<xt::xarray<T>> sparse_ops<T>::lookup(std::shared_ptr<variable_io
                                                      sparse_request request, const char* operation) {
   const sparse_plan plan = plan_sparse_lookup(*layout, batch, request, operation);
   batch = {};  // the plan has what is needed; the copy of the caller's ids can go before the wait
-  id_list asked{plan.distinct_ids, {plan.distinct_ids.size()}};
-  xt::xarray<T> distinct_rows = co_await sharded_ops<T>::gather(io, layout, std::move(asked), true, operation, true);
+  // Planned as the call returns: the plan's ids are not used after it.
+  auto gathered = sharded_ops<T>::gather(io, layout, plan.distinct_ids, {plan.distinct_ids.size()}, true, operation, true);
+  xt::xarray<T> distinct_rows = co_await std::move(gathered);
   const std::size_t elements = layout->row_elements();
   if (request.max_norm) {
     const auto max_norm = static_cast<T>(*request.max_norm);

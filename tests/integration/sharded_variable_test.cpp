@@ -13,6 +13,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <memory>
 #include <numeric>
 #include <random>
 #include <set>
@@ -119,6 +120,16 @@ TEST_CASE("lookups of sorted, unsorted and repeated ids, small and large, alone 
         }
         // Lookups in flight at once each get their own buffers.
         co_await detail::run_all(cases.size(), [&](std::size_t i) { return check_lookup(table, initial, cases[i]); });
+        // The ids are read when the lookup is called: changing or freeing them before the await
+        // changes nothing.
+        {
+          auto changing = std::make_unique<xt::xarray<std::int64_t>>(xt::xarray<std::int64_t>{20010, 6671, 3});
+          auto pending = table.embedding_lookup(*changing);
+          (*changing)(0) = 0;
+          changing.reset();
+          const auto looked = co_await std::move(pending);
+          CHECK((looked == rows_of_table(initial, {20010, 6671, 3})));
+        }
         // Ids of rank 2 keep their shape.
         const xt::xarray<std::int64_t> grid{{20010, 1}, {1, 6671}};
         const auto looked_up = co_await table.embedding_lookup(grid);

@@ -65,14 +65,36 @@ std::int64_t to_int64_id(Id id) {
   return static_cast<std::int64_t>(id);
 }
 
+/// Whether a C's elements lie in its own storage, row-major and contiguous, as a tensor's bytes do.
+template <class C>
+inline constexpr bool is_dense_container_v = [] {
+  if constexpr (std::is_base_of_v<xt::xcontainer<C>, C>) {
+    return C::static_layout == xt::layout_type::row_major && is_element_type_v<typename C::value_type>;
+  } else {
+    return false;
+  }
+}();
+
 /// Evaluates `ids` (an integral expression) once; throws errc::invalid_argument for a value that
-/// does not fit in int64.
+/// does not fit in int64. A row-major container's storage is read straight (an xtensor iterator
+/// costs several times a plain loop: a million ids are copied in well under a millisecond).
 template <class E>
 id_list to_id_list(const xt::xexpression<E>& ids) {
-  const auto& evaluated = detail::evaluated(ids.derived_cast());  // not xt::eval (see there)
+  const auto& evaluated = detail::evaluated(ids.derived_cast());
+  using C = std::remove_cvref_t<decltype(evaluated)>;
   id_list out{{}, shape_type(evaluated.shape().begin(), evaluated.shape().end())};
-  out.ids.reserve(evaluated.size());
-  for (const auto id : evaluated) out.ids.push_back(to_int64_id(id));
+  if constexpr (is_dense_container_v<C>) {
+    const auto* data = evaluated.data();
+    if constexpr (std::is_same_v<typename C::value_type, std::int64_t>) {
+      out.ids.assign(data, data + evaluated.size());
+    } else {
+      out.ids.resize(evaluated.size());
+      for (std::size_t k = 0; k < out.ids.size(); ++k) out.ids[k] = to_int64_id(data[k]);
+    }
+  } else {
+    out.ids.reserve(evaluated.size());
+    for (const auto id : evaluated) out.ids.push_back(to_int64_id(id));
+  }
   return out;
 }
 
@@ -84,7 +106,9 @@ struct shard_rows {
   tensor rows;
 };
 
-/// One shard's part of a planned lookup (src/sharded.cpp).
+/// A lookup planned (its ids checked and grouped by shard), and one shard's part of it
+/// (src/sharded.cpp).
+struct lookup_plan;
 struct lookup_part;
 
 /// Rows as the caller gave them: a view of their storage when they are a row-major container (then
@@ -93,16 +117,6 @@ struct row_source {
   tensor rows;
   bool owned;
 };
-
-/// Whether a C's elements lie in its own storage, row-major and contiguous, as a tensor's bytes do.
-template <class C>
-inline constexpr bool is_dense_container_v = [] {
-  if constexpr (std::is_base_of_v<xt::xcontainer<C>, C>) {
-    return C::static_layout == xt::layout_type::row_major && is_element_type_v<typename C::value_type>;
-  } else {
-    return false;
-  }
-}();
 
 /// A tensor over the elements of `c` (a dense container, see above): no copy.
 template <class C>
@@ -171,8 +185,8 @@ PSCORO_API std::vector<tensor> split_dense(const sharded_layout& layout, const t
 /// naming the operation, the variable, the id, its position and the row count otherwise.
 PSCORO_API void check_id(std::int64_t id, std::size_t position, std::size_t rows, const sharded_layout& layout,
                          std::string_view operation);
-/// TF's check for sparse operations: ids must be 1-D (errc::invalid_argument).
-PSCORO_API void check_one_dimensional(const id_list& ids, std::string_view operation);
+/// TF's check for sparse operations: ids (of `shape`) must be 1-D (errc::invalid_argument).
+PSCORO_API void check_one_dimensional(const shape_type& shape, std::string_view operation);
 /// Checks that a ps answered a read of `shard` with its dtype and shape (errc::protocol_error).
 PSCORO_API void check_reply(const variable_ref& shard, const tensor& reply);
 /// Checks `rows` against `ids` for a scatter: shape [n] + the row shape, the variable's dtype.
@@ -237,9 +251,13 @@ struct PSCORO_API sharded_ops {
   static asio::awaitable<void> read_to(io_ptr io, layout_ptr layout, xt::xarray<T>& out);
   static asio::awaitable<xt::xarray<T>> read(io_ptr io, layout_ptr layout);
   static asio::awaitable<void> update(io_ptr io, layout_ptr layout, update_op op, tensor value, const char* operation);
-  /// `distinct`: the caller knows no id repeats (then none is looked for).
-  static asio::awaitable<xt::xarray<T>> gather(io_ptr io, layout_ptr layout, id_list ids, bool flat,
-                                               const char* operation, bool distinct = false);
+  /// The rows `ids`, as an array of `shape` + the row shape. The ids are checked and planned now
+  /// (they are not used once this returns: no copy of them is kept); a bad one fails where the
+  /// result is awaited. `flat`: `shape` must be 1-D. `distinct`: the caller knows no id repeats
+  /// (then none is looked for).
+  static asio::awaitable<xt::xarray<T>> gather(io_ptr io, layout_ptr layout, std::span<const std::int64_t> ids,
+                                               shape_type shape, bool flat, const char* operation,
+                                               bool distinct = false);
   static asio::awaitable<xt::xarray<T>> slice(io_ptr io, layout_ptr layout, std::optional<std::int64_t> begin,
                                               std::optional<std::int64_t> end, std::int64_t step);
   /// An awaitable that fails with `e` where it is awaited (for checks done at call time).
@@ -252,6 +270,8 @@ struct PSCORO_API sharded_ops {
  private:
   static variable_io& bound(const io_ptr& io, const sharded_layout& layout);
   static asio::awaitable<void> read_into(variable_io& io, variable_ref shard, std::byte* out);
+  static asio::awaitable<xt::xarray<T>> send_lookup(io_ptr io, layout_ptr layout, lookup_plan plan, shape_type shape);
+  static asio::awaitable<xt::xarray<T>> failed_lookup(std::exception_ptr e);
   static asio::awaitable<void> lookup_shard(variable_io& io, variable_ref shard, const lookup_part& part,
                                             std::byte* out, std::size_t row_bytes);
 };
@@ -284,13 +304,13 @@ class row_operations {
   /// The rows `ids` (1-D) in input order, duplicates allowed: shape [ids.size()] + row shape.
   template <class E>
   asio::awaitable<xt::xarray<T>> sparse_read(const xt::xexpression<E>& ids) const {
-    return ops::gather(io(), layout(), to_id_list(ids), true, "sparse_read");
+    return lookup(ids, true, "sparse_read");
   }
   /// The rows `ids` (any shape) in input order: shape ids.shape + row shape. Only those rows
   /// travel, each once per request however often it is named.
   template <class E>
   asio::awaitable<xt::xarray<T>> embedding_lookup(const xt::xexpression<E>& ids) const {
-    return ops::gather(io(), layout(), to_id_list(ids), false, "embedding_lookup");
+    return lookup(ids, false, "embedding_lookup");
   }
 
   /// TF's embedding_lookup_sparse: output row r combines the rows of the ids whose row index is r,
@@ -393,6 +413,22 @@ class row_operations {
 
  private:
   using ops = sharded_ops<T>;
+
+  // The lookup is planned before this returns: an int64 container's ids are read where they are
+  // (no copy: a million ids are 8 MiB of fresh pages per call otherwise), others are converted first.
+  template <class E>
+  asio::awaitable<xt::xarray<T>> lookup(const xt::xexpression<E>& ids, bool flat, const char* operation) const {
+    using C = std::remove_cvref_t<E>;
+    if constexpr (is_dense_container_v<C> && std::is_same_v<typename C::value_type, std::int64_t>) {
+      const C& container = ids.derived_cast();
+      return ops::gather(io(), layout(), std::span<const std::int64_t>(container.data(), container.size()),
+                         shape_type(container.shape().begin(), container.shape().end()), flat, operation);
+    } else {
+      id_list list = to_id_list(ids);
+      return ops::gather(io(), layout(), list.ids, std::move(list.shape), flat, operation);
+    }
+  }
+
   std::shared_ptr<const sharded_layout> layout() const { return static_cast<const Derived&>(*this).row_layout(); }
   const std::shared_ptr<variable_io>& io() const { return static_cast<const Derived&>(*this).row_io(); }
 
