@@ -165,16 +165,19 @@ case "${1:-}" in
         "$scratch" "tests/fuzz/corpus/$t" >"$log" 2>&1 || status=$?
       runs=$(grep -oE '^stat::number_of_executed_units: *[0-9]+' "$log" | grep -oE '[0-9]+$' || true)
       speed=$(grep -oE '^stat::average_exec_per_sec: *[0-9]+' "$log" | grep -oE '[0-9]+$' || true)
+      added=$(grep -oE '^stat::new_units_added: *[0-9]+' "$log" | grep -oE '[0-9]+$' || true)
       cov=$(grep -oE '#[0-9]+[[:space:]]+(INITED|DONE)[[:space:]]+cov: [0-9]+ ft: [0-9]+' "$log" | sed -E 's/.*cov: ([0-9]+) ft: ([0-9]+)/\1 \2/' |
             tr '\n' ' ' || true)
-      read -r cov0 ft0 cov1 ft1 <<<"$cov ? ? ? ?"
+      read -r cov0 ft0 cov1 ft1 _ <<<"$cov ? ? ? ?"  # _: the padding left over, not in ft1
       found="none"
       if [ "$status" -ne 0 ]; then
         found="CRASH (exit $status): $(grep -m1 -E 'ERROR: |==[0-9]+==|fuzz invariant broken|Assertion' "$log" || echo see log)"
         failed=$((failed + 1))
       fi
-      summary+=("$(printf '%-13s execs %-9s exec/s %-6s cov %s -> %s  features %s -> %s  corpus +%s  findings: %s' \
-        "$t" "${runs:-?}" "${speed:-?}" "$cov0" "$cov1" "$ft0" "$ft1" "$(ls "$scratch" | wc -l)" "$found")")
+      # new units: libFuzzer's count of inputs it kept (reductions of kept ones too); the scratch
+      # corpus outlives a run, so its file count is not what this run found
+      summary+=("$(printf '%-13s execs %-9s exec/s %-6s cov %s -> %s  features %s -> %s  new units %s (scratch corpus %s files)  findings: %s' \
+        "$t" "${runs:-?}" "${speed:-?}" "$cov0" "$cov1" "$ft0" "$ft1" "${added:-?}" "$(ls "$scratch" | wc -l)" "$found")")
     done
     printf '%s\n' "${summary[@]}"
     [ "$failed" -eq 0 ]

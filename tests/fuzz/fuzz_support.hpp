@@ -182,6 +182,10 @@ class live_server {
     options.transport.max_handshake_bytes = 64u << 10;
     options.max_variable_bytes = 16u << 20;
     options.max_ps_bytes = 64u << 20;
+    // A ps runs kernels of 4 KiB and more on its kernel thread (the default 1 MiB is out of reach of
+    // a 4 KiB input but for an initializer), so that lanes, the hand-off back to the executor and a
+    // session ending under a running kernel are fuzzed too (seed kernel_pool; docs/design.md).
+    options.ps_kernel_offload_bytes = 4u << 10;
     options.on_shutdown = [this](int) { ended_ = true; };
     ended_ = false;
     server_.reset();

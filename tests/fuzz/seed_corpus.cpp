@@ -129,6 +129,40 @@ std::string ps_requests() {
   return out;
 }
 
+// Kernels on the fuzz ps's kernel thread (8 KiB each, past its 4 KiB ps_kernel_offload_bytes),
+// sent at once: an initializer, then an Adam step, a read and a slot list that wait in the
+// variable's lane, and a dense update.
+std::string ps_kernel_requests() {
+  const shape_type shape{64, 32};
+  std::string out;
+  auto init = request(1);
+  auto* i = init.message.mutable_request()->mutable_create_variable();
+  set_ref(*i->mutable_variable(), "big", shape);
+  i->mutable_initializer()->set_kind(wire::Initializer::RANDOM_UNIFORM);
+  i->mutable_initializer()->set_a(-1);
+  i->mutable_initializer()->set_b(1);
+  for (const auto d : shape) i->mutable_initializer()->add_full_shape(d);
+  out += fuzz::wire_bytes(std::move(init));
+
+  auto adam = request(2);
+  auto* g = adam.message.mutable_request()->mutable_apply_gradient();
+  set_ref(*g->mutable_variable(), "big", shape);
+  g->mutable_optimizer()->set_kind(wire::Optimizer::ADAM);
+  g->mutable_optimizer()->set_learning_rate(0.1);
+  wire::put_tensor(adam, *g->mutable_gradient(), floats(std::vector<float>(32, 0.5f), {1, 32}));
+  wire::put_tensor(adam, *g->mutable_indices(), int64s({5}));
+  out += fuzz::wire_bytes(std::move(adam));
+
+  auto read = request(3);
+  set_ref(*read.message.mutable_request()->mutable_read_variable()->mutable_variable(), "big", shape);
+  out += fuzz::wire_bytes(std::move(read));
+
+  auto slots = request(4);
+  set_ref(*slots.message.mutable_request()->mutable_list_slots()->mutable_variable(), "big/adam/m", shape);
+  out += fuzz::wire_bytes(std::move(slots));
+  return out;
+}
+
 std::string run_function(std::uint64_t id, const std::string& name, const std::string& signature,
                          const std::vector<value>& args) {
   auto f = request(id);
@@ -224,6 +258,7 @@ int main(int argc, char** argv) {
 
   // ps and worker: byte 0 bit 0 = a valid Hello of a new session goes first.
   put("ps", "requests", flag(1) + requests);
+  put("ps", "kernel_pool", flag(1) + ps_kernel_requests());
   put("ps", "own_hello", flag(0) + hello_ps + fuzz::wire_bytes(fuzz::heartbeat(1)));
   put("ps", "worker_hello", flag(0) + [] {
     auto h = fuzz::hello("ps", 1);
