@@ -407,7 +407,11 @@ const lookup_part& plan_part(lookup_plan& plan, std::size_t s, std::size_t shard
       }
       places[j].row = at - 1;
     }
-    for (std::size_t u = 0; u < asked; ++u) index[asked_ids[u]] = 0;  // zero again for the next call
+    if (row_index.size() * sizeof(std::uint32_t) > (std::size_t{64} << 20)) {
+      row_index = std::vector<std::uint32_t>();  // a thread keeps at most 64 MiB of it between calls
+    } else {
+      for (std::size_t u = 0; u < asked; ++u) index[asked_ids[u]] = 0;  // zero again for the next call
+    }
   } else if (shard_rows / 256 <= n) {  // the bits: at most 64 bytes per id, as the hash table's 32
     const std::size_t words = shard_rows / 64 + 1;
     tables.seen.assign(words, 0);

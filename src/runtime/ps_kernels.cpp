@@ -538,24 +538,31 @@ void apply_sparse(const optimizer& opt, dtype type, std::byte* variable, std::sp
       const std::size_t distinct = local.seen.size();
       if (distinct == ids.size()) {
         math.rows(reinterpret_cast<T*>(variable), typed_slots, ids, g, row_elements);
-        return;
-      }
-      local.distinct.resize(distinct);
-      local.summed.resize(distinct * row_elements);
-      std::size_t next = 0;
-      for (std::size_t k = 0; k < ids.size(); ++k) {
-        const std::uint32_t u = local.index[k];
-        const T* from = g + k * row_elements;
-        T* into = local.summed.data() + u * row_elements;
-        if (u == next) {
-          ++next;
-          local.distinct[u] = ids[k];
-          std::copy(from, from + row_elements, into);
-        } else {
-          for (std::size_t i = 0; i < row_elements; ++i) into[i] += from[i];
+      } else {
+        local.distinct.resize(distinct);
+        local.summed.resize(distinct * row_elements);
+        std::size_t next = 0;
+        for (std::size_t k = 0; k < ids.size(); ++k) {
+          const std::uint32_t u = local.index[k];
+          const T* from = g + k * row_elements;
+          T* into = local.summed.data() + u * row_elements;
+          if (u == next) {
+            ++next;
+            local.distinct[u] = ids[k];
+            std::copy(from, from + row_elements, into);
+          } else {
+            for (std::size_t i = 0; i < row_elements; ++i) into[i] += from[i];
+          }
         }
+        math.rows(reinterpret_cast<T*>(variable), typed_slots, local.distinct, local.summed.data(), row_elements);
       }
-      math.rows(reinterpret_cast<T*>(variable), typed_slots, local.distinct, local.summed.data(), row_elements);
+      // A thread keeps about 64 MiB of these tables at most for the next request: one huge step
+      // does not hold its memory for the life of the ps.
+      constexpr std::size_t keep = std::size_t{64} << 20;
+      if (ids.size() * 32 > keep) local.seen = id_map(0);  // an id_map takes up to 32 bytes per id
+      if (local.index.capacity() * sizeof(std::uint32_t) > keep) local.index = std::vector<std::uint32_t>();
+      if (local.distinct.capacity() * sizeof(std::int64_t) > keep) local.distinct = std::vector<std::int64_t>();
+      if (local.summed.capacity() * sizeof(T) > keep) local.summed = std::vector<T>();
     } else {
       invalid(fmt::format("{} updates float32 or float64 variables, not {}", optimizer_name(opt), name_of(type)));
     }
