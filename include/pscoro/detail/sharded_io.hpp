@@ -76,11 +76,11 @@ inline constexpr bool is_dense_container_v = [] {
 }();
 
 /// Evaluates `ids` (an integral expression) once; throws errc::invalid_argument for a value that
-/// does not fit in int64. A row-major container's storage is read straight (an xtensor iterator
-/// costs several times a plain loop: a million ids are copied in well under a millisecond).
+/// does not fit in int64. A row-major container's storage is read straight, not through xtensor's
+/// iterators.
 template <class E>
 id_list to_id_list(const xt::xexpression<E>& ids) {
-  const auto& evaluated = detail::evaluated(ids.derived_cast());
+  const auto& evaluated = detail::evaluated(ids.derived_cast());  // not xt::eval (see there)
   using C = std::remove_cvref_t<decltype(evaluated)>;
   id_list out{{}, shape_type(evaluated.shape().begin(), evaluated.shape().end())};
   if constexpr (is_dense_container_v<C>) {
