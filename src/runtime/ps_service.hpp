@@ -3,12 +3,12 @@
 // shape and its size, ids, the caller's idea of the variable, parameters, the memory limits, and
 // NaN/Inf when asked) before anything changes, so a bad request leaves every variable as it was.
 //
-// serve() runs the math of a big request (an optimizer step, an update or an initializer touching
-// at least server_options::ps_kernel_offload_bytes) on a small kernel thread pool and resumes on
-// the executor, so that requests for other variables and heartbeats pass meanwhile. Requests for
-// one variable (its slots included) are still served in arrival order: a variable whose kernel is
-// running has a lane, and whatever comes for it waits its turn there (docs/design.md, "ps kernels
-// off the event loop").
+// serve() runs the math of a big request (an optimizer step, an update, an initializer or a sparse
+// read's gather touching at least server_options::ps_kernel_offload_bytes) on a small kernel
+// thread pool and resumes on the executor, so that requests for other variables and heartbeats
+// pass meanwhile. Requests for one variable (its slots included) are still served in arrival
+// order: a variable whose kernel is running has a lane, and whatever comes for it waits its turn
+// there (docs/design.md, "ps kernels off the event loop").
 #pragma once
 
 #include "wire/buffer_pool.hpp"
