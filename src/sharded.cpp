@@ -467,25 +467,53 @@ const lookup_part& plan_part(lookup_plan& plan, std::size_t s, std::size_t shard
       std::span<const row_place>(places, n), direct});
 }
 
-// Copies reply rows to their places in `out` (rows of `row_bytes`); a reply of the wrong size is
-// errc::protocol_error.
-void place_rows(std::byte* out, const tensor& reply, const lookup_part& part, std::size_t row_bytes) {
-  const std::size_t asked = part.ids.size();
-  if (reply.size_bytes() != asked * row_bytes || reply.shape().empty() || reply.shape()[0] != asked) {
-    throw error(errc::protocol_error, fmt::format("a lookup of {} rows was answered with {} {}", asked,
-                                                  name_of(reply.type()), to_string(reply.shape())));
+// Copies a part's reply rows to their places in `out` (rows of `row_bytes`) as they arrive, while
+// they are in cache and while the rest of the reply is still on its way. A part's places come in
+// first-seen order: a place waits only for reply rows before its own.
+class row_placer {
+ public:
+  row_placer(std::byte* out, const lookup_part& part, std::size_t row_bytes) noexcept
+      : out_(out), part_(part), row_bytes_(row_bytes) {}
+
+  // Places what the front of the reply that has arrived allows.
+  void place(std::span<const std::byte> arrived) noexcept {
+    const std::size_t rows = arrived.size() / row_bytes_;
+    const std::byte* from = arrived.data();
+    const row_place* places = part_.places.data();
+    const std::size_t n = part_.places.size();
+    std::size_t j = placed_;
+    runtime::with_row_size(row_bytes_, [&](auto size) {
+      for (; j < n && places[j].row < rows; ++j) {
+        std::memcpy(out_ + places[j].position * size, from + places[j].row * size, size);
+      }
+    });
+    placed_ = j;
   }
-  const std::byte* from = reply.bytes().data();
-  if (part.direct) {
-    // Received into place, unless the transport could not use the result's storage.
-    std::byte* to = out + part.places[0].position * row_bytes;
-    if (from != to && reply.size_bytes()) std::memcpy(to, from, reply.size_bytes());
-    return;
+
+  // Checks the whole reply (a reply of the wrong size is errc::protocol_error) and places the rows
+  // not placed yet.
+  void finish(const tensor& reply) {
+    const std::size_t asked = part_.ids.size();
+    if (reply.size_bytes() != asked * row_bytes_ || reply.shape().empty() || reply.shape()[0] != asked) {
+      throw error(errc::protocol_error, fmt::format("a lookup of {} rows was answered with {} {}", asked,
+                                                    name_of(reply.type()), to_string(reply.shape())));
+    }
+    const std::byte* from = reply.bytes().data();
+    if (part_.direct) {
+      // Received into place, unless the transport could not use the result's storage.
+      std::byte* to = out_ + part_.places[0].position * row_bytes_;
+      if (from != to && reply.size_bytes()) std::memcpy(to, from, reply.size_bytes());
+      return;
+    }
+    place({from, reply.size_bytes()});
   }
-  runtime::with_row_size(row_bytes, [&](auto size) {
-    for (const auto& [position, row] : part.places) std::memcpy(out + position * size, from + row * size, size);
-  });
-}
+
+ private:
+  std::byte* out_;
+  const lookup_part& part_;
+  std::size_t row_bytes_;
+  std::size_t placed_ = 0;  // places [0, placed_) are done
+};
 
 }  // namespace
 
@@ -573,15 +601,18 @@ asio::awaitable<void> sharded_ops<T>::update(io_ptr io, layout_ptr layout, updat
 }
 
 // A shard's reply is received straight into the result when its rows land there as they are (the
-// part is direct), else into a reused buffer of this thread, and then placed.
+// part is direct), else into a reused buffer of this thread, its rows placed as they arrive.
 template <class T>
 asio::awaitable<void> sharded_ops<T>::lookup_shard(variable_io& io, variable_ref shard, const lookup_part& part,
                                                    std::byte* out, std::size_t row_bytes) {
   const std::size_t bytes = part.ids.size() * row_bytes;
+  row_placer placer(out, part, row_bytes);
   byte_buffer into = part.direct ? byte_buffer::borrow(out + part.places[0].position * row_bytes, bytes)
                                  : scratch_buffers::take(bytes);
-  const tensor reply = co_await io.gather(std::move(shard), part.ids, std::move(into));
-  place_rows(out, reply, part, row_bytes);
+  variable_io::arrival_handler on_arrival;
+  if (!part.direct) on_arrival = [&placer](std::span<const std::byte> arrived) { placer.place(arrived); };
+  const tensor reply = co_await io.gather(std::move(shard), part.ids, std::move(into), std::move(on_arrival));
+  placer.finish(reply);
 }
 
 template <class T>

@@ -603,7 +603,7 @@ asio::awaitable<std::shared_ptr<wire::connection>> peer::connect_once() {
   co_return connection_;
 }
 
-asio::awaitable<wire::frame> peer::call(wire::frame request, std::vector<byte_buffer> receive_into) {
+asio::awaitable<wire::frame> peer::call(wire::frame request, std::vector<wire::segment_target> receive_into) {
   // In a closure the chief has cancelled, no new operation starts (this_closure::check_cancelled,
   // inlined: no coroutine frame for the common case).
   if ((co_await asio::this_coro::cancellation_state).cancelled() != asio::cancellation_type::none) {

@@ -150,8 +150,8 @@ class peer {
 
   /// Sends `request` and returns the response; a task that cannot be reached or a lost connection
   /// throws a remote_error of errc::unavailable whose origin is this task, naming the reason; an
-  /// error status throws its remote_error.
-  asio::awaitable<wire::frame> call(wire::frame request, std::vector<byte_buffer> receive_into = {});
+  /// error status throws its remote_error. `receive_into`: as wire::connection::async_call's.
+  asio::awaitable<wire::frame> call(wire::frame request, std::vector<wire::segment_target> receive_into = {});
 
  private:
   struct connect_attempt;

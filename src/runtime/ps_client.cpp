@@ -98,9 +98,9 @@ asio::awaitable<void> ps_client::remove(variable_ref variable) {
 }
 
 asio::awaitable<tensor> ps_client::read_tensor(peer& ps, wire::frame request, const variable_ref& variable,
-                                               byte_buffer into) {
-  std::vector<byte_buffer> receive_into;
-  if (into.size()) receive_into.push_back(std::move(into));
+                                               byte_buffer into, arrival_handler on_arrival) {
+  std::vector<wire::segment_target> receive_into;
+  if (into.size()) receive_into.push_back({std::move(into), std::move(on_arrival)});
   const auto response = co_await ps.call(std::move(request), std::move(receive_into));
   const auto& result = response.message.response().result();
   if (!result.has_tensor()) {
@@ -116,13 +116,14 @@ asio::awaitable<tensor> ps_client::read(variable_ref variable, byte_buffer into)
   co_return co_await read_tensor(ps, std::move(request), variable, std::move(into));
 }
 
-asio::awaitable<tensor> ps_client::gather(variable_ref variable, tensor ids, byte_buffer into) {
+asio::awaitable<tensor> ps_client::gather(variable_ref variable, tensor ids, byte_buffer into,
+                                          arrival_handler on_arrival) {
   peer& ps = ps_of(variable);
   wire::frame request;
   auto* read = request.message.mutable_request()->mutable_read_variable();
   encode_ref(*read->mutable_variable(), variable);
   wire::put_tensor(request, *read->mutable_indices(), ids);
-  co_return co_await read_tensor(ps, std::move(request), variable, std::move(into));
+  co_return co_await read_tensor(ps, std::move(request), variable, std::move(into), std::move(on_arrival));
 }
 
 asio::awaitable<void> ps_client::update(variable_ref variable, update_op op, tensor value) {

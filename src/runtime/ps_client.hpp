@@ -27,7 +27,7 @@ class ps_client final : public detail::variable_io {
   asio::awaitable<void> remove(variable_ref variable);
 
   asio::awaitable<tensor> read(variable_ref variable, byte_buffer into) override;
-  asio::awaitable<tensor> gather(variable_ref variable, tensor ids, byte_buffer into) override;
+  asio::awaitable<tensor> gather(variable_ref variable, tensor ids, byte_buffer into, arrival_handler on_arrival) override;
   asio::awaitable<void> update(variable_ref variable, update_op op, tensor value) override;
   asio::awaitable<void> scatter(variable_ref variable, update_op op, tensor ids, tensor rows) override;
   asio::awaitable<void> apply_gradient(variable_ref variable, optimizer opt, tensor gradient,
@@ -41,7 +41,7 @@ class ps_client final : public detail::variable_io {
  private:
   peer& ps_of(const variable_ref& variable) const;
   asio::awaitable<tensor> read_tensor(peer& ps, wire::frame request, const variable_ref& variable,
-                                      byte_buffer into = {});
+                                      byte_buffer into = {}, arrival_handler on_arrival = {});
   std::vector<std::shared_ptr<peer>> ps_;
 };
 

@@ -74,12 +74,22 @@ asio::awaitable<void> connection::read_loop(std::shared_ptr<connection> self) {
   // A response's segments go where its caller asked, if it did (see async_call); a request's into a
   // pooled buffer of their size, if there is one.
   const segment_destination destination = [raw = self.get()](const fixed_header& header, std::size_t index,
-                                                              std::uint64_t size) -> byte_buffer {
-    if (header.kind == frame_kind::request) return raw->request_buffers_ ? raw->request_buffers_->take(size) : byte_buffer{};
+                                                              std::uint64_t size) -> segment_target {
+    if (header.kind == frame_kind::request) {
+      return {raw->request_buffers_ ? raw->request_buffers_->take(size) : byte_buffer{}, {}};
+    }
     if (header.kind != frame_kind::response) return {};
     auto it = raw->pending_.find(header.request_id);
     if (it == raw->pending_.end() || index >= it->second.receive_into.size()) return {};
-    return it->second.receive_into[index];
+    segment_target target = std::move(it->second.receive_into[index]);
+    if (target.on_arrival) {
+      // A close fails the call (its caller may be gone by the time a read finished before the close
+      // completes): from then on its segments' arrival is nobody's business.
+      target.on_arrival = [raw, on_arrival = std::move(target.on_arrival)](std::span<const std::byte> arrived) {
+        if (!raw->closed_) on_arrival(arrived);
+      };
+    }
+    return target;
   };
   try {
     while (!self->closed_) {

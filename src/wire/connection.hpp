@@ -76,11 +76,12 @@ class connection : public std::enable_shared_from_this<connection> {
 
   /// Sends `request` and completes with its response: void(std::error_code, frame). The code is
   /// errc::unavailable when the connection closes first (see close_reason()). Segment i of the
-  /// response is read into `receive_into[i]` when that has its size (no copy after the read).
+  /// response is read into `receive_into[i]` when that has its size (no copy after the read), its
+  /// arrival told as segment_target says while the call is pending (never after it failed).
   template <class CompletionToken>
-  auto async_call(frame request, std::vector<byte_buffer> receive_into, CompletionToken&& token) {
+  auto async_call(frame request, std::vector<segment_target> receive_into, CompletionToken&& token) {
     return asio::async_initiate<CompletionToken, void(std::error_code, frame)>(
-        [self = shared_from_this()](auto handler, frame request, std::vector<byte_buffer> receive_into) {
+        [self = shared_from_this()](auto handler, frame request, std::vector<segment_target> receive_into) {
           detail::erased_handler<void(std::error_code, frame)> stored(std::move(handler), self->get_executor());
           if (self->closed_) {
             stored(make_error_code(errc::unavailable), frame{});
@@ -131,7 +132,7 @@ class connection : public std::enable_shared_from_this<connection> {
   std::uint64_t next_request_id_ = 1;
   struct pending_call {
     detail::erased_handler<void(std::error_code, frame)> handler;
-    std::vector<byte_buffer> receive_into;
+    std::vector<segment_target> receive_into;
   };
   std::unordered_map<std::uint64_t, pending_call> pending_;
   std::deque<encoded_frame> write_queue_;

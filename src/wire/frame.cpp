@@ -226,24 +226,56 @@ asio::awaitable<std::optional<frame>> frame_reader::read(Stream& socket, const s
   // Segments: take what is already buffered, then read the rest straight into the segments.
   std::vector<asio::mutable_buffer> rest;
   std::size_t offset = fixed_header_size + header.header_bytes;
+  // The segments whose destination follows their arrival; `unread_at`: where their unread part
+  // starts within `rest`.
+  struct followed_segment {
+    std::span<const std::byte> bytes;
+    std::size_t have;
+    std::size_t unread_at;
+    std::size_t told;
+    arrival_handler on_arrival;
+  };
+  std::vector<followed_segment> followed;
+  std::size_t unread = 0;
   for (const auto size : f.message.segment_sizes()) {
-    byte_buffer segment = destination ? (*destination)(header, f.segments.size(), size) : byte_buffer{};
-    if (segment.size() != size) segment = byte_buffer(size);
+    segment_target target = destination ? (*destination)(header, f.segments.size(), size) : segment_target{};
+    if (target.buffer.size() != size) target = {byte_buffer(size), {}};
+    byte_buffer& segment = target.buffer;
     const std::size_t have = std::min<std::size_t>(size, buffered());
     if (have) std::memcpy(segment.data(), buffer_.data() + begin_, have);
     begin_ += have;
-    if (have < size) rest.emplace_back(segment.data() + have, size - have);
+    if (target.on_arrival && size) {
+      followed.push_back({std::span<const std::byte>(segment.data(), size), have, unread, 0, std::move(target.on_arrival)});
+    }
+    if (have < size) {
+      rest.emplace_back(segment.data() + have, size - have);
+      unread += size - have;
+    }
     offset += size;
     f.segments.push_back(std::move(segment));
   }
+  // Tells each followed segment how much of it has arrived once `transferred` bytes of `rest` have.
+  const auto tell_arrivals = [&followed](std::size_t transferred) {
+    for (auto& segment : followed) {
+      const std::size_t missing = segment.bytes.size() - segment.have;
+      const std::size_t arrived =
+          segment.have + (transferred > segment.unread_at ? std::min(missing, transferred - segment.unread_at) : 0);
+      if (arrived > segment.told) {
+        segment.told = arrived;
+        segment.on_arrival(segment.bytes.first(arrived));
+      }
+    }
+  };
   if (!rest.empty()) {
     mid_frame_ = true;
     // Progress is counted as it arrives: a large segment that keeps coming is not a stall.
     auto [ec, got] = co_await asio::async_read(
         socket, rest,
-        [this](const std::error_code& error, std::size_t transferred) -> std::size_t {
+        [this, &tell_arrivals](const std::error_code& error, std::size_t transferred) -> std::size_t {
           segment_progress_ = transferred;
-          return error ? 0 : 65536;  // asio::transfer_all's step
+          if (error) return 0;
+          tell_arrivals(transferred);
+          return 65536;  // asio::transfer_all's step
         },
         asio::experimental::as_tuple(asio::use_awaitable));
     segment_progress_ = 0;
@@ -255,6 +287,8 @@ asio::awaitable<std::optional<frame>> frame_reader::read(Stream& socket, const s
     }
     if (ec) throw std::system_error(ec);
   }
+  // The last read is not shown to the completion condition (asio stops when the buffers are full).
+  tell_arrivals(unread);
   if (begin_ == end_) begin_ = end_ = 0;
   mid_frame_ = buffered() > 0;
   co_return f;

@@ -75,10 +75,23 @@ void put_tensor(frame& f, TensorRef& ref, const tensor& t);
 /// The tensor `ref` describes; throws errc::invalid_argument if it does not match its segment.
 tensor get_tensor(const frame& f, const TensorRef& ref);
 
-/// Where segment `index` (of `size` bytes) of the frame with `header` is read to: a buffer of exactly
-/// `size` bytes the reader should fill, or an empty one for a fresh buffer.
+/// Told, while a segment is read, the front of it that has arrived: a longer prefix each call, the
+/// last one the whole segment, all before the frame is returned. A caller can so use the first rows
+/// of a large reply while the rest is still on its way, while they are in cache. Runs inside the
+/// read, on its executor; must not throw.
+using arrival_handler = std::function<void(std::span<const std::byte> arrived)>;
+
+/// Where a segment is read to: `buffer` when it has exactly the segment's size (else a fresh buffer,
+/// and `on_arrival` is not called), telling `on_arrival` (if set) of its progress.
+struct segment_target {
+  byte_buffer buffer;
+  arrival_handler on_arrival;
+};
+
+/// Where segment `index` (of `size` bytes) of the frame with `header` is read to (an empty target:
+/// a fresh buffer).
 using segment_destination =
-    std::function<byte_buffer(const fixed_header& header, std::size_t index, std::uint64_t size)>;
+    std::function<segment_target(const fixed_header& header, std::size_t index, std::uint64_t size)>;
 
 /// Reads frames from a stream through a buffer; segments large enough are read straight into
 /// their own storage, or into the destination the caller names (no copy), small frames arrive in

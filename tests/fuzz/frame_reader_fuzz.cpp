@@ -3,7 +3,8 @@
 // every refusal must be a protocol_error, and nothing may be allocated beyond the limits.
 //
 // Byte 0 picks the limits (the handshake's, or small ones for frames with payload) and whether
-// segments are read into buffers a segment_destination names; the rest is the stream.
+// segments are read into buffers a segment_destination names (segment 0 followed as it arrives:
+// longer prefixes of its own buffer, the last one whole); the rest is the stream.
 #include "fuzz_support.hpp"
 
 #include <asio/read.hpp>
@@ -14,15 +15,37 @@ namespace {
 
 asio::awaitable<void> read_all(asio::ip::tcp::socket& socket, wire::frame_limits limits, bool with_destination) {
   wire::frame_reader reader(limits);
-  // Segment 0 of every frame goes to a buffer of its size; the others to one of a wrong size, which
-  // the reader must replace.
-  const wire::segment_destination destination = [](const wire::fixed_header&, std::size_t index, std::uint64_t size) {
-    return byte_buffer(index == 0 ? size : size / 2);
+  // Segment 0 of every frame goes to a buffer of its size, its arrival followed; the others to one
+  // of a wrong size, which the reader must replace (and then never tell of its arrival).
+  struct arrival {
+    const std::byte* data;
+    std::size_t size;
+  };
+  std::vector<arrival> told;  // of the frame being read
+  const wire::segment_destination destination = [&told](const wire::fixed_header&, std::size_t index, std::uint64_t size) {
+    wire::segment_target target{byte_buffer(index == 0 ? size : size / 2), {}};
+    target.on_arrival = [&told, index](std::span<const std::byte> arrived) {
+      if (index != 0) fuzz::broken("the arrival of a segment read into a fresh buffer was told");
+      told.push_back({arrived.data(), arrived.size()});
+    };
+    return target;
   };
   try {
     while (true) {
+      told.clear();
       auto f = co_await reader.read(socket, with_destination ? &destination : nullptr);
       if (!f) break;
+      if (with_destination && !f->segments.empty() && f->segments[0].size()) {
+        const auto& segment = f->segments[0];
+        if (told.empty() || told.back().size != segment.size()) fuzz::broken("segment 0's whole arrival was not told");
+        for (std::size_t k = 0; k < told.size(); ++k) {
+          if (told[k].data != segment.data() || (k > 0 && told[k].size <= told[k - 1].size)) {
+            fuzz::broken("an arrival told was not a longer prefix of segment 0's buffer");
+          }
+        }
+      } else if (!told.empty()) {
+        fuzz::broken("the arrival of an empty or absent segment was told");
+      }
       std::uint64_t payload = 0;
       for (const auto& segment : f->segments) payload += segment.size();
       if (f->segments.size() > limits.max_segments || payload > limits.max_payload_bytes ||

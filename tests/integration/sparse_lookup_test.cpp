@@ -110,15 +110,27 @@ class recording_io : public detail::variable_io {
   /// Per shard name, the ids of each gather it received, in order.
   std::map<std::string, std::vector<std::vector<std::int64_t>>> gathers;
 
-  asio::awaitable<tensor> gather(variable_ref variable, tensor ids, byte_buffer) override {
+  /// The reply goes into `into` when that has its size, its arrival told in uneven pieces (the
+  /// first byte, then every row and a half and a byte), as a connection tells it: rows arrive cut
+  /// anywhere. Else into a fresh tensor, nothing told.
+  asio::awaitable<tensor> gather(variable_ref variable, tensor ids, byte_buffer into, arrival_handler on_arrival) override {
     const auto* asked = ids.data<std::int64_t>();
     gathers[variable.name].emplace_back(asked, asked + ids.size());
     const std::size_t columns = table_.shape()[1];
-    tensor out = tensor::uninitialized(dtype::float32, {ids.size(), columns});
+    const std::size_t row_bytes = columns * sizeof(float);
+    shape_type shape{ids.size(), columns};
+    const bool into_given = into.size() == ids.size() * row_bytes;
+    tensor out = into_given ? tensor(dtype::float32, std::move(shape), std::move(into))
+                            : tensor::uninitialized(dtype::float32, std::move(shape));
     for (std::size_t k = 0; k < ids.size(); ++k) {
       for (std::size_t j = 0; j < columns; ++j) {
         out.mutable_data<float>()[k * columns + j] = table_(offsets_.at(variable.name) + static_cast<std::size_t>(asked[k]), j);
       }
+    }
+    if (into_given && on_arrival && out.size_bytes()) {
+      const std::span<const std::byte> bytes(out.bytes().data(), out.size_bytes());
+      for (std::size_t told = 1; told < bytes.size(); told += row_bytes * 3 / 2 + 1) on_arrival(bytes.first(told));
+      on_arrival(bytes);
     }
     co_return out;
   }

@@ -51,8 +51,8 @@ struct socket_pair {
     for (const auto& s : owned->segments) buffers.emplace_back(s.data(), s.size());
     asio::async_write(a, buffers, [owned](std::error_code ec, std::size_t) { REQUIRE_FALSE(ec); });
   }
-  std::optional<frame> read(frame_reader& reader) {
-    auto result = asio::co_spawn(io, reader.read(b), asio::use_future);
+  std::optional<frame> read(frame_reader& reader, const segment_destination* destination = nullptr) {
+    auto result = asio::co_spawn(io, reader.read(b, destination), asio::use_future);
     io.run();
     io.restart();
     return result.get();
@@ -162,6 +162,51 @@ TEST_CASE("a frame with segments crosses a real socket intact, small and large")
     REQUIRE(back.size() == elements);
     CHECK(back.data<double>()[elements - 1] == static_cast<double>(elements - 1) * 0.5);
   }
+}
+
+TEST_CASE("a segment read into its destination's buffer is told as it arrives: longer prefixes, then all of it") {
+  socket_pair pair;
+  frame_reader reader({});
+  // 8 MiB: more than the socket buffers hold, so it arrives in many reads.
+  constexpr std::size_t elements = std::size_t{1} << 20;
+  frame f;
+  f.kind = frame_kind::response;
+  f.request_id = 7;
+  auto t = tensor::uninitialized(dtype::float64, {elements});
+  for (std::size_t i = 0; i < elements; ++i) t.mutable_data<double>()[i] = static_cast<double>(i);
+  put_tensor(f, *f.message.mutable_response()->mutable_result()->mutable_tensor(), t);
+  pair.write(encode(f));
+
+  byte_buffer into(elements * sizeof(double));
+  std::vector<std::size_t> told;
+  bool prefix_intact = true;  // each prefix told holds the bytes sent, in `into`
+  const segment_destination destination = [&](const fixed_header& header, std::size_t index, std::uint64_t size) {
+    CHECK(header.request_id == 7);
+    CHECK(index == 0);
+    CHECK(size == elements * sizeof(double));
+    return segment_target{into, [&](std::span<const std::byte> arrived) {
+                            prefix_intact = prefix_intact && arrived.data() == into.data() &&
+                                            std::memcmp(arrived.data(), t.bytes().data(), arrived.size()) == 0;
+                            told.push_back(arrived.size());
+                          }};
+  };
+  auto got = pair.read(reader, &destination);
+  REQUIRE(got);
+  CHECK(got->segments.at(0).data() == into.data());
+  CHECK(prefix_intact);
+  REQUIRE(told.size() > 1);
+  CHECK(std::is_sorted(told.begin(), told.end()));
+  CHECK(std::adjacent_find(told.begin(), told.end()) == told.end());  // each one longer
+  CHECK(told.back() == into.size());
+
+  // A destination buffer of the wrong size is replaced by a fresh one, whose arrival is not told.
+  pair.write(encode(f));
+  told.clear();
+  into = byte_buffer(16);
+  got = pair.read(reader, &destination);
+  REQUIRE(got);
+  CHECK(got->segments.at(0).size() == elements * sizeof(double));
+  CHECK(told.empty());
 }
 
 TEST_CASE("a clean close between frames is the end, a close inside a frame is a truncated frame") {

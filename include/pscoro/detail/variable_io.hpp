@@ -9,8 +9,11 @@
 
 #include <asio/awaitable.hpp>
 
+#include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <optional>
+#include <span>
 #include <vector>
 
 namespace pscoro {
@@ -27,9 +30,16 @@ class PSCORO_API variable_io {
   /// The whole variable, received straight into `into` when that has the variable's size (then the
   /// result shares it); else into a buffer of its own.
   virtual asio::awaitable<tensor> read(variable_ref variable, byte_buffer into) = 0;
+  /// Told, while rows are received into the buffer a caller gave, the front of the reply that has
+  /// arrived (a longer prefix each call; the last, the whole reply): the caller can use the first
+  /// rows while the rest is on its way. Runs on the io's executor before the operation completes,
+  /// only while it has not failed; must not throw. An io may call it never, or only once at the end.
+  using arrival_handler = std::function<void(std::span<const std::byte> arrived)>;
   /// The rows `ids` (a 1-D int64 tensor) in that order, duplicates allowed, received straight into
-  /// `into` when that has their size (then the result shares it); else into a buffer of its own.
-  virtual asio::awaitable<tensor> gather(variable_ref variable, tensor ids, byte_buffer into) = 0;
+  /// `into` when that has their size (then the result shares it, and `on_arrival`, if set, is told
+  /// of their arrival); else into a buffer of its own.
+  virtual asio::awaitable<tensor> gather(variable_ref variable, tensor ids, byte_buffer into,
+                                         arrival_handler on_arrival) = 0;
   /// `value` has the variable's shape.
   virtual asio::awaitable<void> update(variable_ref variable, update_op op, tensor value) = 0;
   /// `rows` holds one row per id of `ids`; applied in order, so a repeated id sees every row.
