@@ -275,7 +275,7 @@ asio::awaitable<std::optional<frame>> frame_reader::read(Stream& socket, const s
           segment_progress_ = transferred;
           if (error) return 0;
           tell_arrivals(transferred);
-          return 65536;  // asio::transfer_all's step
+          return segment_read_step;
         },
         asio::experimental::as_tuple(asio::use_awaitable));
     segment_progress_ = 0;
