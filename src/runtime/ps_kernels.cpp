@@ -193,9 +193,9 @@ class step_math {
 
   /// Steps the rows `rows[u]` (of n elements; every one names a row) with gradient rows g, g + n...
   /// Rows named by random ids of a large variable are cache misses, in the variable and in each
-  /// slot: the row a few ids ahead is loaded while this one is stepped, as the scatter kernel does.
+  /// slot: their rows random_row_prefetch_distance ids ahead are loaded while this one is stepped.
   void rows(T* var, std::span<T* const> slots, std::span<const std::int64_t> rows, const T* g, std::size_t n) const {
-    constexpr std::size_t ahead = 8;
+    constexpr std::size_t ahead = runtime::random_row_prefetch_distance;
     std::visit(
         [&](const auto& o) {
           for (std::size_t u = 0; u < rows.size(); ++u) {
@@ -417,10 +417,11 @@ void scatter(update_op op, dtype type, std::byte* destination, std::span<const s
     using T = decltype(zero);
     T* d = reinterpret_cast<T*>(destination);
     const T* s = reinterpret_cast<const T*>(rows);
-    // Rows named by random ids of a large variable are cache misses: the row a few ids ahead is
-    // loaded while this one is combined (ids are checked: every one names a row). Common row sizes
-    // are compile-time constants, so a row's loop is a few vector instructions.
-    constexpr std::size_t ahead = 8;
+    // Rows named by random ids of a large variable are cache misses: the row
+    // random_row_prefetch_distance ids ahead is loaded while this one is combined (ids are checked:
+    // every one names a row). Common row sizes are compile-time constants, so a row's loop is a few
+    // vector instructions.
+    constexpr std::size_t ahead = runtime::random_row_prefetch_distance;
     runtime::with_row_size(row_elements * sizeof(T), [&](auto row_bytes) {
       const std::size_t elements = row_bytes / sizeof(T);
       with_op<T>(op, [&](auto f) {
