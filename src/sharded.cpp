@@ -477,6 +477,8 @@ class row_placer {
 
   // Places what the front of the reply that has arrived allows.
   void place(std::span<const std::byte> arrived) noexcept {
+    if (row_bytes_ == 0) return;  // rows of no elements: nothing to copy
+    told_from_ = arrived.data();
     const std::size_t rows = arrived.size() / row_bytes_;
     const std::byte* from = arrived.data();
     const row_place* places = part_.places.data();
@@ -505,6 +507,10 @@ class row_placer {
       if (from != to && reply.size_bytes()) std::memcpy(to, from, reply.size_bytes());
       return;
     }
+    // Rows told as they arrived came from the buffer given for the reply; a ps that put its
+    // tensor in another segment (a protocol violation the checks above cannot see) is placed
+    // again whole, from the tensor.
+    if (from != told_from_) placed_ = 0;
     place({from, reply.size_bytes()});
   }
 
@@ -513,6 +519,7 @@ class row_placer {
   const lookup_part& part_;
   std::size_t row_bytes_;
   std::size_t placed_ = 0;  // places [0, placed_) are done
+  const std::byte* told_from_ = nullptr;  // where the rows placed so far were read
 };
 
 }  // namespace

@@ -65,6 +65,8 @@ struct strategy_options {
 class PSCORO_API parameter_server_strategy {
  public:
   /// Validates the cluster as TF does (errc::invalid_argument with TF's message); connects nothing.
+  /// `executor` runs one handler at a time (an io_context run by one thread, or a strand): the
+  /// chief's state, its connections and the buffers replies are received into have no locks.
   parameter_server_strategy(asio::any_io_executor executor, const simple_cluster_resolver& resolver,
                             strategy_options options = {});
   /// The same, splitting variables made by create_sharded_variable as `partitioner` says.

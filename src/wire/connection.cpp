@@ -182,7 +182,8 @@ void connection::send(frame f) {
 }
 
 void connection::write_next() {
-  // Gather as many queued frames as fit in one writev (the kernel's IOV_MAX is 1024).
+  // Gather as many queued frames as fit in one write operation (asio hands at most 64 buffers to
+  // each sendmsg; the kernel's IOV_MAX is 1024).
   static constexpr std::size_t max_buffers = 256;
   write_buffers_.clear();
   writing_ = 0;
@@ -212,10 +213,11 @@ void connection::write_next() {
       self->write_next();
     }
   };
-  // As much per system call as the socket takes: asio's default completion condition writes 64 KiB
-  // per operation, each completing through the scheduler (a sendmsg, an epoll_wait and a handler
-  // per 64 KiB); one non-blocking sendmsg of a whole 3 MB reply costs the sender ~25% less CPU on
-  // loopback (docs/design.md, "Writes and reads in large steps").
+  // As much per system call as the socket takes (up to 64 buffers): asio's default completion
+  // condition writes 64 KiB per operation, each completing through the scheduler (a sendmsg, an
+  // epoll_wait and a handler per 64 KiB); one non-blocking sendmsg of a whole 3 MB reply costs the
+  // sender ~25% less CPU on loopback (docs/design.md, "Writes and reads in large steps"). Over TLS
+  // each operation still writes one record (~16 KiB): the condition changes nothing there.
   const auto whole = [](const std::error_code& error, std::size_t) -> std::size_t {
     return error ? 0 : std::numeric_limits<std::size_t>::max();
   };

@@ -3,11 +3,16 @@
 // every refusal must be a protocol_error, and nothing may be allocated beyond the limits.
 //
 // Byte 0 picks the limits (the handshake's, or small ones for frames with payload) and whether
-// segments are read into buffers a segment_destination names (segment 0 followed as it arrives:
-// longer prefixes of its own buffer, the last one whole); the rest is the stream.
+// segments are read into buffers a segment_destination names (those at even indices followed as
+// they arrive: longer prefixes of their own buffer, each already holding its final bytes, the last
+// one whole); the rest is the stream.
 #include "fuzz_support.hpp"
 
 #include <asio/read.hpp>
+
+#include <cstring>
+#include <map>
+#include <string>
 
 using namespace pscoro;
 
@@ -15,18 +20,21 @@ namespace {
 
 asio::awaitable<void> read_all(asio::ip::tcp::socket& socket, wire::frame_limits limits, bool with_destination) {
   wire::frame_reader reader(limits);
-  // Segment 0 of every frame goes to a buffer of its size, its arrival followed; the others to one
-  // of a wrong size, which the reader must replace (and then never tell of its arrival).
+  // Segments at even indices go to a buffer of their size, their arrival followed; the others to
+  // one of a wrong size, which the reader must replace (and then never tell of its arrival). Each
+  // prefix told is copied when it is told: it must already hold its final bytes.
   struct arrival {
     const std::byte* data;
     std::size_t size;
+    std::string bytes;  // as they were when told
   };
-  std::vector<arrival> told;  // of the frame being read
+  std::map<std::size_t, std::vector<arrival>> told;  // by segment, of the frame being read
   const wire::segment_destination destination = [&told](const wire::fixed_header&, std::size_t index, std::uint64_t size) {
-    wire::segment_target target{byte_buffer(index == 0 ? size : size / 2), {}};
+    wire::segment_target target{byte_buffer(index % 2 == 0 ? size : size / 2), {}};
     target.on_arrival = [&told, index](std::span<const std::byte> arrived) {
-      if (index != 0) fuzz::broken("the arrival of a segment read into a fresh buffer was told");
-      told.push_back({arrived.data(), arrived.size()});
+      if (index % 2 != 0) fuzz::broken("the arrival of a segment read into a fresh buffer was told");
+      told[index].push_back({arrived.data(), arrived.size(),
+                             std::string(reinterpret_cast<const char*>(arrived.data()), arrived.size())});
     };
     return target;
   };
@@ -35,17 +43,27 @@ asio::awaitable<void> read_all(asio::ip::tcp::socket& socket, wire::frame_limits
       told.clear();
       auto f = co_await reader.read(socket, with_destination ? &destination : nullptr);
       if (!f) break;
-      if (with_destination && !f->segments.empty() && f->segments[0].size()) {
-        const auto& segment = f->segments[0];
-        if (told.empty() || told.back().size != segment.size()) fuzz::broken("segment 0's whole arrival was not told");
-        for (std::size_t k = 0; k < told.size(); ++k) {
-          if (told[k].data != segment.data() || (k > 0 && told[k].size <= told[k - 1].size)) {
-            fuzz::broken("an arrival told was not a longer prefix of segment 0's buffer");
+      for (std::size_t i = 0; with_destination && i < f->segments.size(); ++i) {
+        const auto& segment = f->segments[i];
+        const auto it = told.find(i);
+        if (i % 2 != 0 || segment.size() == 0) {
+          if (it != told.end()) fuzz::broken("the arrival of an empty or replaced segment was told");
+          continue;
+        }
+        if (it == told.end() || it->second.back().size != segment.size()) {
+          fuzz::broken("segment " + std::to_string(i) + "'s whole arrival was not told");
+        }
+        for (std::size_t k = 0; k < it->second.size(); ++k) {
+          const auto& a = it->second[k];
+          if (a.data != segment.data() || (k > 0 && a.size <= it->second[k - 1].size)) {
+            fuzz::broken("an arrival told was not a longer prefix of segment " + std::to_string(i) + "'s buffer");
+          }
+          if (std::memcmp(a.bytes.data(), segment.data(), a.size) != 0) {
+            fuzz::broken("segment " + std::to_string(i) + "'s arrival was told before its bytes were in place");
           }
         }
-      } else if (!told.empty()) {
-        fuzz::broken("the arrival of an empty or absent segment was told");
       }
+      if (!with_destination && !told.empty()) fuzz::broken("an arrival was told without a destination");
       std::uint64_t payload = 0;
       for (const auto& segment : f->segments) payload += segment.size();
       if (f->segments.size() > limits.max_segments || payload > limits.max_payload_bytes ||

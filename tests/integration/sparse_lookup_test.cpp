@@ -13,13 +13,17 @@
 #include <asio/io_context.hpp>
 #include <asio/use_future.hpp>
 
+#include <xtensor/xadapt.hpp>
 #include <xtensor/xio.hpp>
 #include <xtensor/xview.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <limits>
 #include <map>
+#include <span>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -112,26 +116,33 @@ class recording_io : public detail::variable_io {
 
   /// The reply goes into `into` when that has its size, its arrival told in uneven pieces (the
   /// first byte, then every row and a half and a byte), as a connection tells it: rows arrive cut
-  /// anywhere. Else into a fresh tensor, nothing told.
+  /// anywhere, and what has not arrived yet is NaN (a caller that read it would be seen). Else
+  /// into a fresh tensor, nothing told.
   asio::awaitable<tensor> gather(variable_ref variable, tensor ids, byte_buffer into, arrival_handler on_arrival) override {
     const auto* asked = ids.data<std::int64_t>();
     gathers[variable.name].emplace_back(asked, asked + ids.size());
     const std::size_t columns = table_.shape()[1];
     const std::size_t row_bytes = columns * sizeof(float);
     shape_type shape{ids.size(), columns};
-    const bool into_given = into.size() == ids.size() * row_bytes;
-    tensor out = into_given ? tensor(dtype::float32, std::move(shape), std::move(into))
-                            : tensor::uninitialized(dtype::float32, std::move(shape));
+    tensor rows = tensor::uninitialized(dtype::float32, shape);
     for (std::size_t k = 0; k < ids.size(); ++k) {
       for (std::size_t j = 0; j < columns; ++j) {
-        out.mutable_data<float>()[k * columns + j] = table_(offsets_.at(variable.name) + static_cast<std::size_t>(asked[k]), j);
+        rows.mutable_data<float>()[k * columns + j] = table_(offsets_.at(variable.name) + static_cast<std::size_t>(asked[k]), j);
       }
     }
-    if (into_given && on_arrival && out.size_bytes()) {
-      const std::span<const std::byte> bytes(out.bytes().data(), out.size_bytes());
-      for (std::size_t told = 1; told < bytes.size(); told += row_bytes * 3 / 2 + 1) on_arrival(bytes.first(told));
-      on_arrival(bytes);
-    }
+    if (into.size() != rows.size_bytes()) co_return rows;
+    tensor out(dtype::float32, std::move(shape), std::move(into));
+    std::fill_n(out.mutable_data<float>(), out.size(), std::numeric_limits<float>::quiet_NaN());
+    const std::span<const std::byte> sent(rows.bytes().data(), rows.size_bytes());
+    std::byte* arrived = out.bytes().data();
+    std::size_t told = 0;
+    const auto arrive = [&](std::size_t upto) {
+      std::memcpy(arrived + told, sent.data() + told, upto - told);
+      told = upto;
+      if (on_arrival) on_arrival({arrived, told});
+    };
+    for (std::size_t step = 1; told + step < sent.size(); step = row_bytes * 3 / 2 + 1) arrive(told + step);
+    if (told < sent.size()) arrive(sent.size());
     co_return out;
   }
 
@@ -152,17 +163,19 @@ class recording_io : public detail::variable_io {
   std::map<std::string, std::size_t> offsets_;
 };
 
-// `rows` rows of 2 floats in TF's div layout over `shards` shards, served by a recording_io.
+// `rows` rows of `columns` floats (row i: i, 10 i, 100 i...) in TF's div layout over `shards`
+// shards, served by a recording_io.
 struct recorded_table {
-  recorded_table(std::size_t rows, std::size_t shards) : value(xt::zeros<float>({rows, std::size_t{2}})) {
+  recorded_table(std::size_t rows, std::size_t shards, std::size_t columns = 2)
+      : value(xt::zeros<float>({rows, columns})) {
     for (std::size_t i = 0; i < rows; ++i) {
-      value(i, 0) = static_cast<float>(i);
-      value(i, 1) = static_cast<float>(i) * 10.0f;
+      float scale = 1;
+      for (std::size_t j = 0; j < columns; ++j, scale *= 10) value(i, j) = static_cast<float>(i) * scale;
     }
-    sharded_variable_ref ref{"t", dtype::float32, {rows, 2}, {}};
+    sharded_variable_ref ref{"t", dtype::float32, {rows, columns}, {}};
     const auto offsets = div_offsets(rows, shards);
     for (std::size_t s = 0; s < shards; ++s) {
-      ref.shards.push_back({"t/part_" + std::to_string(s), dtype::float32, {offsets[s + 1] - offsets[s], 2}, 0});
+      ref.shards.push_back({"t/part_" + std::to_string(s), dtype::float32, {offsets[s + 1] - offsets[s], columns}, 0});
     }
     io = std::make_shared<recording_io>(value, ref);
     handle = sharded_variable<float>(ref, io);
@@ -393,6 +406,26 @@ TEST_CASE("each distinct id's row is asked for once, from the shard that holds i
   CHECK(safe_plan.rows == std::vector<std::size_t>{0, 1, 2, 3});
   CHECK(safe_plan.distinct == std::vector<std::size_t>{0, 0, 1, 0});
   CHECK(safe_plan.weights == std::vector<double>{1.0, 1.0, 2.0, 1.0});
+}
+
+TEST_CASE("a lookup places each reply's rows as they arrive, repeats and rows cut anywhere included") {
+  // 12 rows of 3 floats in 2 shards; ids repeat within and across shards, so no part is received
+  // straight into the result: every row goes through the placement as its bytes arrive.
+  recorded_table t(12, 2, 3);
+  const std::vector<std::int64_t> ids{7, 1, 7, 11, 0, 1, 5, 6, 6, 2, 11};
+  const xt::xarray<std::int64_t> id_array = xt::adapt(ids, {ids.size()});
+  const auto rows = run(t.handle.embedding_lookup(id_array));
+  REQUIRE(rows.shape() == std::vector<std::size_t>{ids.size(), 3});
+  for (std::size_t k = 0; k < ids.size(); ++k) {
+    for (std::size_t j = 0; j < 3; ++j) {
+      CHECK_MESSAGE(rows(k, j) == t.value(static_cast<std::size_t>(ids[k]), j), "id " << ids[k] << " column " << j);
+    }
+  }
+  // Rows of no elements: nothing to place, and nothing divides by the row size.
+  recorded_table empty(6, 2, 0);
+  const xt::xarray<std::int64_t> repeated{4, 0, 4, 5, 1, 0};
+  const auto none = run(empty.handle.embedding_lookup(repeated));
+  CHECK(none.shape() == std::vector<std::size_t>{6, 0});
 }
 
 TEST_CASE("bad sparse input is refused before anything is sent, naming what is wrong") {
