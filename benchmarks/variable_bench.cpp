@@ -78,6 +78,10 @@ struct sparse_figures {
   // CPU time per operation (us; the chief's process, the ps processes' together: -1 for threads of
   // one process, all in the chief's): robust where wall times are not, on a busy machine.
   double lookup_cpu, lookup_ps_cpu, scatter_cpu, scatter_ps_cpu;
+  // The same for the raw exchanges: the client's (this process) and the raw server's, per lookup
+  // (or scatter) of all shards' bytes: what moving the bytes costs each side, the floor under
+  // pscoro's figures.
+  double raw_lookup_cpu, raw_lookup_server_cpu, raw_scatter_cpu, raw_scatter_server_cpu;
 };
 
 // CPU time per awaited operation of median_us(n, ...), as fault_counter counts faults.
@@ -255,7 +259,8 @@ void print_dense(const std::vector<dense_figures>& dense) {
 // and the raw server, two concurrent raw streams gain little over one).
 template <class RunChief, class Raw>
 std::vector<sparse_figures> measure_sparse(int scale, int rounds, RunChief run_chief, Raw raw,
-                                           std::vector<pid_t> ps_pids, std::size_t only_width,
+                                           std::vector<pid_t> ps_pids, std::vector<pid_t> raw_pids,
+                                           std::size_t only_width,
                                            std::string_view only_op) {
   const auto runs = [&](std::string_view op) { return only_op == "all" || only_op == op; };
   std::vector<sparse_figures> out;
@@ -280,9 +285,9 @@ std::vector<sparse_figures> measure_sparse(int scale, int rounds, RunChief run_c
       const int n = 10 * scale;
       std::vector<double> raw_lookup, raw_scatter, lookup, scatter, adagrad, lookup_ratio, scatter_ratio,
           adagrad_ratio;
-      std::vector<double> faults[4], cpu[4];
+      std::vector<double> faults[4], cpu[4], raw_cpu[4];
       fault_counter counter{ps_pids};
-      cpu_counter cpu_time{ps_pids};
+      cpu_counter cpu_time{ps_pids}, raw_cpu_time{raw_pids};
       auto start = [&] {
         counter.start();
         cpu_time.start();
@@ -298,10 +303,16 @@ std::vector<sparse_figures> measure_sparse(int scale, int rounds, RunChief run_c
       const pscoro::optimizers::adagrad opt{.learning_rate = 0.01};
       for (int round = 0; round < rounds; ++round) {
         double pull = 0, push = 0;
-        for (const std::size_t k : per_shard) {
-          pull += bench::median(raw(k * sizeof(std::int64_t), k * width * sizeof(float), n));
-          push += bench::median(raw(k * (sizeof(std::int64_t) + width * sizeof(float)), 64, n));
-        }
+        raw_cpu_time.start();
+        for (const std::size_t k : per_shard) pull += bench::median(raw(k * sizeof(std::int64_t), k * width * sizeof(float), n));
+        auto [client, server] = raw_cpu_time.per_operation(n);
+        raw_cpu[0].push_back(client);
+        raw_cpu[1].push_back(server);
+        raw_cpu_time.start();
+        for (const std::size_t k : per_shard) push += bench::median(raw(k * (sizeof(std::int64_t) + width * sizeof(float)), 64, n));
+        std::tie(client, server) = raw_cpu_time.per_operation(n);
+        raw_cpu[2].push_back(client);
+        raw_cpu[3].push_back(server);
         raw_lookup.push_back(pull);
         raw_scatter.push_back(push);
         // An operation left out (--sparse-op) prints as 0. No co_await inside a conditional
@@ -327,7 +338,8 @@ std::vector<sparse_figures> measure_sparse(int scale, int rounds, RunChief run_c
       out.push_back({ids, width, median(lookup), median(scatter), median(adagrad), median(raw_lookup),
                      median(raw_scatter), median(lookup_ratio), median(scatter_ratio), median(adagrad_ratio),
                      median(faults[0]), median(faults[1]), median(faults[2]), median(faults[3]), median(cpu[0]),
-                     median(cpu[1]), median(cpu[2]), median(cpu[3])});
+                     median(cpu[1]), median(cpu[2]), median(cpu[3]), median(raw_cpu[0]), median(raw_cpu[1]),
+                     median(raw_cpu[2]), median(raw_cpu[3])});
     }
   });
   return out;
@@ -336,7 +348,7 @@ std::vector<sparse_figures> measure_sparse(int scale, int rounds, RunChief run_c
 void print_sparse(const std::vector<sparse_figures>& sparse) {
   fmt::print("{:>8} {:>5} {:>9} {:>9} {:>6} {:>10} {:>10} {:>6} {:>10} {:>6}   {:<22} {}\n", "ids", "width",
              "raw lk us", "lookup us", "x raw", "raw sc us", "scatter us", "x raw", "adagrad us", "x raw",
-             "faults/op chief|ps", "CPU us/op chief|ps (lookup, scatter_add)");
+             "faults/op chief|ps", "CPU us/op chief|ps (raw client|server): lookup, scatter_add");
   auto pair = [](double self, double ps) {
     return ps < 0 ? fmt::format("{:.0f}", self) : fmt::format("{:.0f}|{:.0f}", self, ps);
   };
@@ -345,7 +357,9 @@ void print_sparse(const std::vector<sparse_figures>& sparse) {
                f.ids, f.width, f.raw_lookup_us, f.lookup_us, f.lookup_ratio, f.raw_scatter_us, f.scatter_us,
                f.scatter_ratio, f.adagrad_us, f.adagrad_ratio,
                fmt::format("{}, {}", pair(f.lookup_faults, f.lookup_ps_faults), pair(f.scatter_faults, f.scatter_ps_faults)),
-               fmt::format("{}, {}", pair(f.lookup_cpu, f.lookup_ps_cpu), pair(f.scatter_cpu, f.scatter_ps_cpu)));
+               fmt::format("{} ({}), {} ({})", pair(f.lookup_cpu, f.lookup_ps_cpu),
+                           pair(f.raw_lookup_cpu, f.raw_lookup_server_cpu), pair(f.scatter_cpu, f.scatter_ps_cpu),
+                           pair(f.raw_scatter_cpu, f.raw_scatter_server_cpu)));
   }
 }
 
@@ -601,7 +615,7 @@ int main(int argc, char** argv) {
         scale, rounds,
         [&](auto body) { cluster.run_chief(body, {}, {}, pscoro::fixed_shards_partitioner{2}); },
         [](std::size_t request, std::size_t response, int n) { return bench::raw_exchanges(request, response, n); },
-        {}, sparse_width, sparse_op);
+        {}, {}, sparse_width, sparse_op);
   }
   if (mode != "threads") {
     const bench::pinned_placement pinned(bench::parse_placement(placement),
@@ -610,7 +624,7 @@ int main(int argc, char** argv) {
         scale, rounds,
         [&](auto body) { processes->run_chief(2, body, pscoro::fixed_shards_partitioner{2}); },
         [&](std::size_t request, std::size_t response, int n) { return raw_server->exchanges(request, response, n); },
-        {processes->pid("ps", 0), processes->pid("ps", 1)}, sparse_width, sparse_op);
+        {processes->pid("ps", 0), processes->pid("ps", 1)}, {raw_server->pid()}, sparse_width, sparse_op);
   }
   const bool pooled = sparse_width == 0 && sparse_op == "all";
   const auto pooling = pooled ? measure_pooling(scale) : pooling_figures{};
@@ -618,7 +632,8 @@ int main(int argc, char** argv) {
              "raw exchanges of the same bytes right before pscoro: per ps in turn, its ids out (8 bytes each) and\n"
              "their rows back (raw lk), or its ids and rows out and 64 bytes back (raw sc, also adagrad's limit).\n"
              "Sequential over one connection: pscoro asks both ps at once. ps-lite is not a Debian package, so\n"
-             "the raw exchange is the comparison. faults/op as above.\n",
+             "the raw exchange is the comparison. faults/op as above; CPU us/op: CPU time per operation of this\n"
+             "process (the chief, or the raw client) and of the ps processes together (or the raw server).\n",
              rounds);
   if (!sparse_threads.empty()) {
     fmt::print("\nchief and ps as threads of one process (raw: two threads):\n");
