@@ -21,8 +21,6 @@ namespace {
 
 [[noreturn]] void invalid(std::string message) { throw error(errc::invalid_argument, std::move(message)); }
 
-bool is_float(dtype type) { return type == dtype::float32 || type == dtype::float64; }
-
 // ---- Initializers -------------------------------------------------------------------------------
 
 // splitmix64's output function. Element i of a variable draws from the splitmix64 stream of its
@@ -131,7 +129,7 @@ struct parameter_check {
 // ---- Element-wise operations ----------------------------------------------------------------------
 
 // Integers wrap (two's complement) instead of overflowing into undefined behaviour; x / -1 is a
-// negation for the same reason. Divisors of zero are refused before any write (check_divisors).
+// negation for the same reason. Divisors of zero are refused before any write (first_zero_divisor).
 template <class T>
 struct ops {
   using U = std::make_unsigned_t<std::conditional_t<std::is_integral_v<T>, T, int>>;
@@ -436,15 +434,14 @@ void scatter(update_op op, dtype type, std::byte* destination, std::span<const s
   });
 }
 
-void check_divisors(update_op op, dtype type, const std::byte* source, std::size_t n) {
-  if (op != update_op::div || is_float(type)) return;
-  visit_dtype(type, [&](auto zero) {
+bool is_float(dtype type) { return type == dtype::float32 || type == dtype::float64; }
+
+std::size_t first_zero_divisor(update_op op, dtype type, const std::byte* divisors, std::size_t n) {
+  if (op != update_op::div || is_float(type)) return n;
+  return visit_dtype(type, [&](auto zero) -> std::size_t {
     using T = decltype(zero);
-    const T* s = reinterpret_cast<const T*>(source);
-    const auto* found = std::find(s, s + n, T(0));
-    if (found != s + n) {
-      invalid(fmt::format("integer division by zero (element {} of the divisor)", found - s));
-    }
+    const T* d = reinterpret_cast<const T*>(divisors);
+    return static_cast<std::size_t>(std::find(d, d + n, T(0)) - d);
   });
 }
 

@@ -45,8 +45,11 @@ void combine(update_op op, dtype type, std::byte* destination, const std::byte* 
 /// The same per row: row `ids[k]` of `destination` with row k of `rows`, in order.
 void scatter(update_op op, dtype type, std::byte* destination, std::span<const std::int64_t> ids,
              const std::byte* rows, std::size_t row_elements);
-/// Throws errc::invalid_argument when an integer division in `op` would divide by zero.
-void check_divisors(update_op op, dtype type, const std::byte* source, std::size_t n);
+/// Whether `type` is float32 or float64 (values that can be NaN or Inf, divisors that can be 0).
+bool is_float(dtype type);
+/// The index of the first zero among n divisors of `type` at `divisors` when `op` is an integer
+/// division (n if none, and for other operations and floating types: they never divide by zero).
+std::size_t first_zero_divisor(update_op op, dtype type, const std::byte* divisors, std::size_t n);
 /// The index of the first NaN or infinity among n elements of `type` at `values` (n if none, and
 /// for integer types).
 std::size_t first_non_finite(dtype type, const std::byte* values, std::size_t n);

@@ -307,7 +307,9 @@ std::uint64_t ps_service::check_room(std::string_view context, std::string_view 
 
 void ps_service::check_finite(std::string_view context, std::string_view what, const tensor& values) const {
   if (!check_numerics_) return;
-  const std::size_t at = kernels::first_non_finite(values.type(), values.bytes().data(), values.size());
+  const value_scan* scan = scanned(values);
+  const std::size_t at =
+      scan ? scan->non_finite_at : kernels::first_non_finite(values.type(), values.bytes().data(), values.size());
   if (at == values.size()) return;
   const double x =
       visit_dtype(values.type(), [&](auto zero) { return static_cast<double>(values.data<decltype(zero)>()[at]); });
@@ -316,6 +318,56 @@ void ps_service::check_finite(std::string_view context, std::string_view what, c
                                 ? fmt::format("the {}", what)
                                 : fmt::format("element {} of the {}", index_text(at, values.shape()), what);
   invalid(fmt::format("{}: {} is {} (server_options::check_numerics is on)", context, where, bad));
+}
+
+void ps_service::check_divisors(std::string_view context, update_op op, const tensor& divisors) const {
+  const value_scan* scan = scanned(divisors);
+  const std::size_t at = scan ? scan->zero_at
+                              : kernels::first_zero_divisor(op, divisors.type(), divisors.bytes().data(), divisors.size());
+  if (at == divisors.size()) return;
+  invalid(fmt::format("{}: integer division by zero (element {} of the divisor)", context,
+                      index_text(at, divisors.shape())));
+}
+
+std::vector<ps_service::value_scan> ps_service::values_to_scan(const wire::frame& request) const {
+  std::vector<value_scan> out;
+  if (!kernel_pool_) return out;
+  std::uint64_t bytes = 0;
+  try {
+    const auto add = [&](const wire::TensorRef& ref, update_op op) {
+      const tensor values = wire::get_tensor(request, ref);
+      const bool numerics = check_numerics_ && kernels::is_float(values.type());
+      const bool divisors = op == update_op::div && !kernels::is_float(values.type());
+      if (!numerics && !divisors) return;
+      out.push_back({values, op, values.size(), values.size()});
+      bytes += values.size_bytes();
+    };
+    const auto& body = request.message.request();
+    switch (body.body_case()) {
+      case wire::Request::kCreateVariable:
+        if (!body.create_variable().has_initializer()) add(body.create_variable().initial_value(), update_op::assign);
+        break;
+      case wire::Request::kUpdateVariable:
+        add(body.update_variable().value(), decode_op(body.update_variable().op()));
+        break;
+      case wire::Request::kApplyGradient: add(body.apply_gradient().gradient(), update_op::assign); break;
+      default: break;
+    }
+  } catch (const std::exception&) {
+    return {};
+  }
+  if (bytes < offload_bytes_) out.clear();
+  return out;
+}
+
+const ps_service::value_scan* ps_service::scanned(const tensor& values) const noexcept {
+  for (const auto& scan : value_scans_) {
+    if (scan.values.bytes().data() == values.bytes().data() && scan.values.size_bytes() == values.size_bytes() &&
+        scan.values.type() == values.type()) {
+      return &scan;
+    }
+  }
+  return nullptr;
 }
 
 ps_service::stored_variable& ps_service::hold(const std::string& name, stored_variable stored) {
@@ -464,39 +516,52 @@ asio::awaitable<wire::frame> ps_service::serve(wire::frame request) {
       holds_lane = true;
     }
   }
+  const auto take_lane = [&] {
+    if (holds_lane) return;
+    if (!key) key = lane_of(request.message.request());
+    lanes_.try_emplace(*key);
+    holds_lane = true;
+  };
+  // A big request's values are scanned (check_numerics, zero divisors) on the pool before handle()
+  // changes anything, holding the variable's lane: requests after it still wait their turn.
+  if (auto to_scan = values_to_scan(request); !to_scan.empty()) {
+    take_lane();
+    ++offloaded_scans_;
+    auto scans = std::make_shared<std::vector<value_scan>>(std::move(to_scan));
+    const std::string task = task_;
+    const bool numerics = check_numerics_;
+    auto scanning = on_pool([scans, numerics] {
+      for (auto& scan : *scans) {
+        const auto* bytes = scan.values.bytes().data();
+        if (numerics) scan.non_finite_at = kernels::first_non_finite(scan.values.type(), bytes, scan.values.size());
+        scan.zero_at = kernels::first_zero_divisor(scan.op, scan.values.type(), bytes, scan.values.size());
+      }
+    });
+    const std::exception_ptr failure = co_await std::move(scanning);
+    if (alive.expired()) {
+      co_return error_frame(make_error_code(errc::unavailable),
+                            fmt::format("{} stopped while it checked the values for '{}'", task, *key), task);
+    }
+    if (generation != generation_) {
+      co_return error_frame(make_error_code(errc::aborted),
+                            fmt::format("the coordinator session ended on {} while it checked the values for '{}'",
+                                        task, *key),
+                            task);
+    }
+    if (!failure) value_scans_ = std::move(*scans);  // the scans cannot throw; if they did, handle() scans again
+  }
   offloading_ = kernel_pool_.has_value();
   wire::frame response = handle(request);
   offloading_ = false;
+  value_scans_.clear();  // before recycle(): they share the request's segments
   if (deferred_) {
     auto kernel = std::exchange(deferred_, nullptr);
     const auto measured = deferred_timing_;
-    if (!holds_lane) {
-      if (!key) key = lane_of(request.message.request());
-      lanes_.try_emplace(*key);
-      holds_lane = true;
-    }
+    take_lane();
     ++offloaded_;
     const std::string task = task_;
-    const auto executor = co_await asio::this_coro::executor;
-    auto token = as_tuple(asio::use_awaitable);
-    const auto [failure] = co_await asio::async_initiate<decltype(token), void(std::exception_ptr)>(
-        [&](auto handler) {
-          // Holds the executor's work while the kernel runs: its io_context keeps running for it.
-          detail::erased_handler<void(std::exception_ptr)> done(std::move(handler), executor);
-          asio::post(*kernel_pool_, [kernel = std::move(kernel), done = std::move(done), hook = kernel_hook_]() mutable {
-            lower_kernel_thread_priority();
-            std::exception_ptr failure;
-            try {
-              if (hook) hook();
-              kernel();
-            } catch (...) {
-              failure = std::current_exception();
-            }
-            kernel = nullptr;  // lets go of the storage before the executor looks at who shares it
-            done(failure);
-          });
-        },
-        token);
+    auto running = on_pool(std::move(kernel));
+    const std::exception_ptr failure = co_await std::move(running);
     if (alive.expired()) {
       co_return error_frame(make_error_code(errc::unavailable),
                             fmt::format("{} stopped while it updated '{}'", task, *key), task);
@@ -518,6 +583,30 @@ asio::awaitable<wire::frame> ps_service::serve(wire::frame request) {
   recycle(std::move(request));
   if (holds_lane) release_lane(*key);
   co_return response;
+}
+
+asio::awaitable<std::exception_ptr> ps_service::on_pool(std::function<void()> job) {
+  const auto executor = co_await asio::this_coro::executor;
+  auto token = as_tuple(asio::use_awaitable);
+  const auto [failure] = co_await asio::async_initiate<decltype(token), void(std::exception_ptr)>(
+      [&](auto handler) {
+        // Holds the executor's work while the job runs: its io_context keeps running for it.
+        detail::erased_handler<void(std::exception_ptr)> done(std::move(handler), executor);
+        asio::post(*kernel_pool_, [job = std::move(job), done = std::move(done), hook = kernel_hook_]() mutable {
+          lower_kernel_thread_priority();
+          std::exception_ptr failure;
+          try {
+            if (hook) hook();
+            job();
+          } catch (...) {
+            failure = std::current_exception();
+          }
+          job = nullptr;  // lets go of the storage before the executor looks at who shares it
+          done(failure);
+        });
+      },
+      token);
+  co_return failure;
 }
 
 wire::frame ps_service::handle(const wire::frame& request) {
@@ -742,7 +831,7 @@ void ps_service::update(const wire::frame& request, const wire::UpdateVariable& 
                           to_string(rows_shape(count, stored.shape))));
     }
     check_finite(context, "value", value);
-    kernels::check_divisors(op, stored.type, value.bytes().data(), value.size());
+    check_divisors(context, op, value);
     auto copy_from = detach_shared(stored.bytes, *buffers_);
     const kernel_storage target{stored.bytes, std::move(copy_from), std::nullopt, stored.type};
     const std::size_t offset = update.rows().begin() * row_elements(stored.shape) * size_of(stored.type);
@@ -763,7 +852,7 @@ void ps_service::update(const wire::frame& request, const wire::UpdateVariable& 
                           to_string(value.shape()), to_string(stored.shape)));
     }
     check_finite(context, "value", value);
-    kernels::check_divisors(op, stored.type, value.bytes().data(), value.size());
+    check_divisors(context, op, value);
     if (op == update_op::assign) {
       // Adopt the received segment (no copy); the storage it replaces receives a later request's
       // segment of its size, unless a reply being written still holds it (then it goes when the
@@ -786,7 +875,7 @@ void ps_service::update(const wire::frame& request, const wire::UpdateVariable& 
                         to_string(rows_shape(ids.size(), stored.shape)), to_string(value.shape())));
   }
   check_finite(context, "rows", value);
-  kernels::check_divisors(op, stored.type, value.bytes().data(), value.size());
+  check_divisors(context, op, value);
   auto copy_from = detach_shared(stored.bytes, *buffers_);
   const kernel_storage target{stored.bytes, std::move(copy_from), std::nullopt, stored.type};
   run_kernel(target.setup_bytes() + 2 * value.size_bytes() + indices.size_bytes(),

@@ -6,7 +6,8 @@
 // serve() runs the math of a big request (an optimizer step, an update, an initializer or a sparse
 // read's gather touching at least server_options::ps_kernel_offload_bytes) on a small kernel
 // thread pool and resumes on the executor, so that requests for other variables and heartbeats
-// pass meanwhile. Requests for one variable (its slots included) are still served in arrival
+// pass meanwhile; so are the scans of a big request's values for NaN and Inf (check_numerics) and
+// zero divisors, before anything changes. Requests for one variable (its slots included) are still served in arrival
 // order: a variable whose kernel is running has a lane, and whatever comes for it waits its turn
 // there (docs/design.md, "ps kernels off the event loop").
 #pragma once
@@ -15,6 +16,7 @@
 #include "wire/frame.hpp"
 
 #include <pscoro/detail/completion.hpp>
+#include <pscoro/detail/variable_io.hpp>
 #include <pscoro/metrics.hpp>
 
 #include <asio/awaitable.hpp>
@@ -24,6 +26,7 @@
 #include <chrono>
 #include <cstdint>
 #include <deque>
+#include <exception>
 #include <functional>
 #include <memory>
 #include <optional>
@@ -31,6 +34,7 @@
 #include <string>
 #include <string_view>
 #include <unordered_map>
+#include <vector>
 
 namespace pscoro {
 struct server_options;
@@ -73,11 +77,13 @@ class ps_service {
     kernel_pool_.reset();
   }
 
-  /// Test hook: runs on the kernel thread before every kernel it runs (the product path is the
-  /// same with or without it). Lets a test hold a kernel while it sends other requests.
+  /// Test hook: runs on the kernel thread before every job it runs, kernels and scans (the product
+  /// path is the same with or without it). Lets a test hold one while it sends other requests.
   void set_kernel_hook(std::function<void()> hook) { kernel_hook_ = std::move(hook); }
   /// Kernels that ran on the pool so far.
   std::uint64_t offloaded_kernels() const noexcept { return offloaded_; }
+  /// Requests whose values were scanned (check_numerics, zero divisors) on the pool so far.
+  std::uint64_t offloaded_scans() const noexcept { return offloaded_scans_; }
 
   /// Gives `request`'s segments that nothing holds any more (a variable adopts an assign's) to
   /// buffers(), once handle() has served it.
@@ -116,6 +122,26 @@ class ps_service {
                            const shape_type& shape, std::uint64_t pending) const;
   /// Refuses (errc::invalid_argument) `values` holding NaN or Inf when check_numerics is on.
   void check_finite(std::string_view context, std::string_view what, const tensor& values) const;
+  /// Refuses (errc::invalid_argument) `divisors` holding a zero when `op` is an integer division.
+  void check_divisors(std::string_view context, update_op op, const tensor& divisors) const;
+
+  /// What check_finite and check_divisors find in one of a request's values, found before handle()
+  /// runs (on the pool: a scan of 256 MiB takes tens of milliseconds).
+  struct value_scan {
+    tensor values;  // as handle() decodes it: the scan is used for the same bytes only
+    update_op op;   // what the request does with them (assign: they are not an update's)
+    std::size_t non_finite_at;  // values.size(): none, or check_numerics is off
+    std::size_t zero_at;        // values.size(): none, or not an integer division
+  };
+  /// The values of `request` that check_finite or check_divisors would scan, when together they
+  /// are at least offload_bytes_ (else none: the executor scans them as it goes). A request that
+  /// does not decode gives none: handle() reports what is wrong with it.
+  std::vector<value_scan> values_to_scan(const wire::frame& request) const;
+  /// The scan of `values` made for the request being handled, if any.
+  const value_scan* scanned(const tensor& values) const noexcept;
+  /// Runs `job` on the kernel pool (after the test hook) and resumes on the executor with what it
+  /// threw. `job` must capture what it touches by value: the request may be gone when it runs.
+  asio::awaitable<std::exception_ptr> on_pool(std::function<void()> job);
 
   void create(const wire::frame& request, const wire::CreateVariable& create);
   void read(const wire::frame& request, const wire::ReadVariable& read, wire::frame& response);
@@ -185,6 +211,8 @@ class ps_service {
   } deferred_timing_;                 // its request's latency metric, observed when it is done
   std::uint64_t generation_ = 0;      // counts clear(): a kernel's request outliving its session
   std::uint64_t offloaded_ = 0;
+  std::uint64_t offloaded_scans_ = 0;
+  std::vector<value_scan> value_scans_;  // of the request handle() serves, made on the pool
   std::function<void()> kernel_hook_;
   // Whoever resumes after a kernel or a wait checks it first: the ps may be gone.
   std::shared_ptr<const bool> alive_ = std::make_shared<const bool>(true);

@@ -16,6 +16,7 @@
 
 #include <atomic>
 #include <cstring>
+#include <limits>
 #include <map>
 #include <optional>
 #include <string>
@@ -118,9 +119,10 @@ std::vector<float> kp_floats(const wire::frame& response) {
 // A ps whose kernels of at least `offload_bytes` run on its pool, each held by the hook until
 // release() (or run at once when the hook is off), and the executor the test drives.
 struct kp_fixture {
-  explicit kp_fixture(std::uint64_t offload_bytes = 1) {
+  explicit kp_fixture(std::uint64_t offload_bytes = 1, bool check_numerics = false) {
     server_options options;
     options.ps_kernel_offload_bytes = offload_bytes;
+    options.check_numerics = check_numerics;
     ps.emplace("ps:0", options);
     ps->set_kernel_hook([held = held, released = released] {
       held->fetch_add(1);
@@ -370,4 +372,91 @@ TEST_CASE("a ps whose kernels are stopped finishes the running one and runs late
   auto expected = kp_floats(f.response("read"));
   for (auto& x : expected) x += 1;
   CHECK(kp_floats(f.response("read again")) == expected);
+}
+
+TEST_CASE("with check_numerics on, a big value is scanned on the pool before anything changes") {
+  kp_fixture f(1, true);
+  const tensor initial = kp_values(0, 1);
+  f.send("create w", kp_create("w", initial));
+  f.send("create v", kp_create("v", kp_values(5, 0)));
+  f.settle();
+  // The creates' initial values were scanned on the pool (the hook let them through: nothing held yet).
+  f.release();
+  f.finish();
+  REQUIRE(f.ps->offloaded_scans() == 2);
+  f.released->store(false);
+
+  auto with_nan = kp_values(1, 0);
+  with_nan.mutable_data<float>()[1 * kp_cols + 2] = std::numeric_limits<float>::quiet_NaN();
+  f.send("add NaN to w", kp_update("w", wire::UpdateVariable::ADD, with_nan));
+  f.send("read v", kp_read("v"));
+  f.send("read w", kp_read("w"));
+  f.settle();
+  // The scan is held on the pool thread: v's read passed it, w's read waits its turn.
+  REQUIRE_MESSAGE(f.ps->offloaded_scans() == 3, "the add's value was not sent to the pool to be scanned");
+  f.wait_held(3);
+  CHECK(kp_joined(f.order) == kp_joined(kp_list({"create w", "create v", "read v"})));
+  f.finish();
+  CHECK(kp_joined(f.order) == kp_joined(kp_list({"create w", "create v", "read v", "add NaN to w", "read w"})));
+  CHECK(kp_code(f.response("add NaN to w")) == static_cast<int>(errc::invalid_argument));
+  CHECK(kp_message(f.response("add NaN to w")) ==
+        "assign_add to 'w': element [1, 2] of the value is NaN (server_options::check_numerics is on)");
+  CHECK(kp_floats(f.response("read w")) == std::vector<float>(initial.data<float>(), initial.data<float>() + initial.size()));
+  CHECK(f.ps->offloaded_scans() == 3);
+  CHECK(f.ps->offloaded_kernels() == 0);  // the add never ran
+
+  // A finite value passes its scan, then its kernel runs, both on the pool.
+  f.send("add 1 to w", kp_update("w", wire::UpdateVariable::ADD, kp_values(1, 0)));
+  f.send("read w again", kp_read("w"));
+  f.finish();
+  CHECK(kp_code(f.response("add 1 to w")) == 0);
+  auto expected = std::vector<float>(initial.data<float>(), initial.data<float>() + initial.size());
+  for (auto& x : expected) x += 1;
+  CHECK(kp_floats(f.response("read w again")) == expected);
+  CHECK(f.ps->offloaded_scans() == 4);
+  CHECK(f.ps->offloaded_kernels() == 1);
+}
+
+TEST_CASE("an integer division's divisors are scanned on the pool: a zero is refused, naming the element") {
+  kp_fixture f;  // check_numerics off: only the divisors are scanned
+  f.release();
+  const variable_ref ref{"n", dtype::int32, {kp_rows, kp_cols}, 0};
+  auto ints = [](std::int32_t value) {
+    auto t = tensor::uninitialized(dtype::int32, {kp_rows, kp_cols});
+    for (std::size_t i = 0; i < t.size(); ++i) t.mutable_data<std::int32_t>()[i] = value;
+    return t;
+  };
+  wire::frame create;
+  create.kind = wire::frame_kind::request;
+  runtime::encode_ref(*create.message.mutable_request()->mutable_create_variable()->mutable_variable(), ref);
+  wire::put_tensor(create, *create.message.mutable_request()->mutable_create_variable()->mutable_initial_value(),
+                   ints(12));
+  f.send("create n", std::move(create));
+  auto divide = [&](const tensor& divisors) {
+    wire::frame div;
+    div.kind = wire::frame_kind::request;
+    auto* body = div.message.mutable_request()->mutable_update_variable();
+    runtime::encode_ref(*body->mutable_variable(), ref);
+    body->set_op(wire::UpdateVariable::DIV);
+    wire::put_tensor(div, *body->mutable_value(), divisors);
+    return div;
+  };
+  auto with_zero = ints(3);
+  with_zero.mutable_data<std::int32_t>()[2 * kp_cols + 1] = 0;
+  f.send("divide by a zero", divide(with_zero));
+  f.send("divide by 3", divide(ints(3)));
+  wire::frame read;
+  read.kind = wire::frame_kind::request;
+  runtime::encode_ref(*read.message.mutable_request()->mutable_read_variable()->mutable_variable(), ref);
+  f.send("read n", std::move(read));
+  f.finish();
+  CHECK(kp_joined(f.order) == kp_joined(kp_list({"create n", "divide by a zero", "divide by 3", "read n"})));
+  CHECK(kp_message(f.response("divide by a zero")) ==
+        "assign_div to 'n': integer division by zero (element [2, 1] of the divisor)");
+  REQUIRE(kp_code(f.response("read n")) == 0);
+  const auto& got = f.response("read n");
+  const auto values = wire::get_tensor(got, got.message.response().result().tensor());
+  CHECK(std::vector<std::int32_t>(values.data<std::int32_t>(), values.data<std::int32_t>() + values.size()) ==
+        std::vector<std::int32_t>(kp_rows * kp_cols, 4));  // 12 / 3 once: the refused division changed nothing
+  CHECK(f.ps->offloaded_scans() == 2);  // the two divisions'; the create's int values need no scan
 }
