@@ -418,6 +418,10 @@ void ps_service::fail_waiting(std::error_code ec) noexcept {
   }
 }
 
+ps_service::lane_hold::~lane_hold() {
+  if (!alive_.expired() && ps_->generation_ == generation_) ps_->release_lane(key_);
+}
+
 void ps_service::release_lane(const std::string& key) {
   const auto it = lanes_.find(key);
   if (it == lanes_.end()) return;
@@ -551,9 +555,28 @@ asio::awaitable<wire::frame> ps_service::serve(wire::frame request) {
     if (!failure) value_scans_ = std::move(*scans);  // the scans cannot throw; if they did, handle() scans again
   }
   offloading_ = kernel_pool_.has_value();
+  serving_ = true;
   wire::frame response = handle(request);
   offloading_ = false;
+  serving_ = false;
   value_scans_.clear();  // before recycle(): they share the request's segments
+  if (response.produce_last) {
+    // A reply filled as it is sent (read): the variable's lane goes with its producer, released
+    // once the last row is gathered (the storage let go first, so the next update finds it
+    // unshared), or when the frame is dropped with its connection.
+    take_lane();
+    holds_lane = false;
+    auto hold = std::make_shared<lane_hold>(this, alive_, generation_, *key);
+    const std::size_t size = response.segments.back().size();
+    response.produce_last = [fill = std::move(response.produce_last), hold = std::move(hold), size]() mutable {
+      const std::size_t filled = fill();
+      if (filled >= size) {
+        fill = nullptr;
+        hold.reset();
+      }
+      return filled;
+    };
+  }
   if (deferred_) {
     auto kernel = std::exchange(deferred_, nullptr);
     const auto measured = deferred_timing_;
@@ -799,14 +822,24 @@ void ps_service::read(const wire::frame& request, const wire::ReadVariable& read
   }
   tensor rows = tensor::uninitialized(stored.type, std::move(reply_shape));
   wire::put_tensor(response, out, rows);
-  // The reply's rows are filled before it is sent: a large gather (a lookup of a million ids) runs
-  // on the kernel pool like an update, holding the variable's lane, so no update of it runs
-  // meanwhile; the request's ids and the storage stay alive with the kernel.
-  run_kernel(2 * *reply_bytes, [rows, storage = stored.bytes, indices, row_bytes = row_elements(stored.shape) *
-                                                                                   size_of(stored.type)] {
-    const std::span<const std::int64_t> ids(indices.data<std::int64_t>(), indices.size());
-    gather_rows(rows.bytes().data(), storage.data(), ids, row_bytes);
-  });
+  const std::size_t row_bytes = row_elements(stored.shape) * size_of(stored.type);
+  if (serving_ && 2 * *reply_bytes >= offload_bytes_ && row_bytes > 0) {
+    // A large reply is gathered as it is sent, a step per turn of the executor, each step sent
+    // while it is in cache (wire::segment_producer); serve() holds the variable's lane until the
+    // last row is gathered, so no update of it runs meanwhile. The request's ids and the storage
+    // stay alive with the producer.
+    response.produce_last = [rows, storage = stored.bytes, indices, row_bytes, filled = std::size_t{0}]() mutable {
+      const std::size_t step = std::max<std::size_t>(wire::segment_produce_step / row_bytes, 1);
+      const std::size_t first = filled / row_bytes;
+      const std::size_t count = std::min(step, indices.size() - first);
+      gather_rows(rows.bytes().data() + filled, storage.data(),
+                  std::span<const std::int64_t>(indices.data<std::int64_t>() + first, count), row_bytes);
+      filled += count * row_bytes;
+      return filled;
+    };
+    return;
+  }
+  gather_rows(rows.bytes().data(), stored.bytes.data(), ids, row_bytes);
 }
 
 void ps_service::update(const wire::frame& request, const wire::UpdateVariable& update) {

@@ -3,11 +3,12 @@
 // shape and its size, ids, the caller's idea of the variable, parameters, the memory limits, and
 // NaN/Inf when asked) before anything changes, so a bad request leaves every variable as it was.
 //
-// serve() runs the math of a big request (an optimizer step, an update, an initializer or a sparse
-// read's gather touching at least server_options::ps_kernel_offload_bytes) on a small kernel
-// thread pool and resumes on the executor, so that requests for other variables and heartbeats
-// pass meanwhile; so are the scans of a big request's values for NaN and Inf (check_numerics) and
-// zero divisors, before anything changes. Requests for one variable (its slots included) are still served in arrival
+// serve() runs the math of a big request (an optimizer step, an update or an initializer touching
+// at least server_options::ps_kernel_offload_bytes) on a small kernel thread pool and resumes on
+// the executor, so that requests for other variables and heartbeats pass meanwhile; so are the
+// scans of a big request's values for NaN and Inf (check_numerics) and zero divisors, before
+// anything changes. A big sparse read's reply is gathered as the connection sends it, a step per
+// turn of the executor (wire::segment_producer). Requests for one variable (its slots included) are still served in arrival
 // order: a variable whose kernel is running has a lane, and whatever comes for it waits its turn
 // there (docs/design.md, "ps kernels off the event loop").
 #pragma once
@@ -64,7 +65,9 @@ class ps_service {
   /// Serves one request frame on `this`'s executor (the one every call comes from), as the server
   /// does: a big kernel runs on the kernel pool meanwhile, and the request waits its variable's turn
   /// (errc::aborted when the session ends first, errc::unavailable when the ps is destroyed). Gives
-  /// the request's segments to buffers() when done (recycle).
+  /// the request's segments to buffers() when done (recycle). A big sparse read's response comes
+  /// back with a producer (frame::produce_last) that gathers its rows as a connection sends it,
+  /// holding the variable's lane until it is done or dropped; elsewhere, wire::produce_whole.
   asio::awaitable<wire::frame> serve(wire::frame request);
 
   /// Waits for the kernels handed to the pool (their results reach the executor as usual) and runs
@@ -184,6 +187,22 @@ class ps_service {
   std::string lane_of(const wire::Request& request) const;
   /// Gives the lane of `key` to the next request waiting for it, or drops it.
   void release_lane(const std::string& key);
+  /// A lane held by what outlives serve(): a reply filled as it is sent. Released when destroyed,
+  /// unless the ps is gone or its session ended since (clear() dropped the lanes).
+  class lane_hold {
+   public:
+    lane_hold(ps_service* ps, std::weak_ptr<const bool> alive, std::uint64_t generation, std::string key)
+        : ps_(ps), alive_(std::move(alive)), generation_(generation), key_(std::move(key)) {}
+    lane_hold(const lane_hold&) = delete;
+    lane_hold& operator=(const lane_hold&) = delete;
+    ~lane_hold();
+
+   private:
+    ps_service* ps_;
+    std::weak_ptr<const bool> alive_;
+    std::uint64_t generation_;
+    std::string key_;
+  };
   /// Completes every request waiting for a lane with `ec` and drops the lanes.
   void fail_waiting(std::error_code ec) noexcept;
 
@@ -203,6 +222,7 @@ class ps_service {
   std::unordered_map<std::string, lane> lanes_;
   std::uint64_t offload_bytes_;
   bool offloading_ = false;           // inside serve(): run_kernel may defer
+  bool serving_ = false;              // inside serve(): a large read's reply may be filled as it is sent
   std::function<void()> deferred_;    // what run_kernel left for serve()
   struct timing {
     std::size_t operation = 0;

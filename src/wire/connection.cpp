@@ -4,11 +4,13 @@
 
 #include <asio/co_spawn.hpp>
 #include <asio/detached.hpp>
+#include <asio/post.hpp>
 #include <asio/experimental/as_tuple.hpp>
 #include <asio/use_awaitable.hpp>
 #include <asio/ssl/stream.hpp>
 #include <asio/write.hpp>
 
+#include <algorithm>
 #include <limits>
 
 namespace pscoro::wire {
@@ -178,35 +180,73 @@ asio::awaitable<void> connection::serve(std::shared_ptr<connection> self, frame 
 void connection::send(frame f) {
   if (closed_) return;
   write_queue_.push_back(encode(std::move(f)));
+  if (!write_queue_.back().complete() && !producing_) {
+    producing_ = true;
+    asio::post(socket_.get_executor(), [self = shared_from_this()] { self->produce_step(); });
+  }
+  if (!writing_) write_next();
+}
+
+void connection::produce_step() {
+  producing_ = false;
+  if (closed_) return;
+  // The first frame still being filled: frames are filled in the order they are sent.
+  const auto it = std::find_if(write_queue_.begin(), write_queue_.end(), [](const encoded_frame& f) { return !f.complete(); });
+  if (it == write_queue_.end()) return;
+  try {
+    it->produced = it->produce_last();
+  } catch (const std::exception& e) {
+    close(fmt::format("could not fill a frame to send: {}", e.what()));
+    return;
+  }
+  if (it->produced >= it->segments.back().size()) it->produce_last = nullptr;  // done: what it holds goes now
+  // Another turn for the rest, whatever the peer reads: a producer holds what it fills from (a
+  // ps's variable waits for it), so it must end in bounded time.
+  if (std::any_of(it, write_queue_.end(), [](const encoded_frame& f) { return !f.complete(); })) {
+    producing_ = true;
+    asio::post(socket_.get_executor(), [self = shared_from_this()] { self->produce_step(); });
+  }
   if (!writing_) write_next();
 }
 
 void connection::write_next() {
   // Gather as many queued frames as fit in one write operation (asio hands at most 64 buffers to
-  // each sendmsg; the kernel's IOV_MAX is 1024).
+  // each sendmsg; the kernel's IOV_MAX is 1024). A frame whose last segment is still being filled
+  // goes out as far as it is filled, and the frames behind it wait.
   static constexpr std::size_t max_buffers = 256;
   write_buffers_.clear();
-  writing_ = 0;
-  for (const auto& f : write_queue_) {
-    if (writing_ > 0 && write_buffers_.size() + 1 + f.segments.size() > max_buffers) break;
-    write_buffers_.emplace_back(f.head.data(), f.head.size());
-    for (const auto& segment : f.segments) {
-      if (segment.size()) write_buffers_.emplace_back(segment.data(), segment.size());
+  finishing_ = 0;
+  for (auto& f : write_queue_) {
+    const std::size_t filled = f.complete() ? (f.segments.empty() ? 0 : f.segments.back().size()) : f.produced;
+    if (!f.started) {
+      if (!write_buffers_.empty() && write_buffers_.size() + 1 + f.segments.size() > max_buffers) break;
+      write_buffers_.emplace_back(f.head.data(), f.head.size());
+      for (std::size_t i = 0; i + 1 < f.segments.size(); ++i) {
+        if (f.segments[i].size()) write_buffers_.emplace_back(f.segments[i].data(), f.segments[i].size());
+      }
+      f.started = true;
     }
-    ++writing_;
+    if (filled > f.sent) {
+      write_buffers_.emplace_back(f.segments.back().data() + f.sent, filled - f.sent);
+      f.sent = filled;
+    }
+    if (!f.complete() || f.sent < filled) break;  // the rest once it is filled
+    ++finishing_;
   }
-  if (!writing_) return;
+  if (write_buffers_.empty()) return;  // nothing filled yet: produce_step calls again
+  writing_ = true;
   auto written = [self = shared_from_this()](std::error_code ec, std::size_t bytes) {
+    self->writing_ = false;
     if (ec) {
       self->close(fmt::format("write failed: {}", ec.message()));
       return;
     }
     if (auto* traffic = self->traffic_) {
-      traffic->frames_sent.inc(self->writing_);
+      traffic->frames_sent.inc(self->finishing_);
       traffic->bytes_sent.inc(bytes);
     }
-    self->write_queue_.erase(self->write_queue_.begin(), self->write_queue_.begin() + self->writing_);
-    self->writing_ = 0;
+    self->write_queue_.erase(self->write_queue_.begin(), self->write_queue_.begin() + self->finishing_);
+    self->finishing_ = 0;
     if (self->write_queue_.empty() && self->close_when_flushed_) {
       self->close(*self->close_when_flushed_);
     } else if (!self->closed_) {
@@ -278,6 +318,8 @@ void connection::close(const std::string& reason) {
   if (stall_timer_) stall_timer_->cancel();
   if (auto room = room_) room->set();
   log::debug("connection to {} closed: {}", peer_, reason);
+  // Producers let go of what they fill from (a ps's variable) now: their frames will not be sent.
+  for (auto& f : write_queue_) f.produce_last = nullptr;
   std::error_code ignored;
   socket_.shutdown(asio::ip::tcp::socket::shutdown_both, ignored);
   socket_.close(ignored);

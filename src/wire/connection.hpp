@@ -71,7 +71,8 @@ class connection : public std::enable_shared_from_this<connection> {
   /// `on_close` runs once when the connection closes for any reason.
   void start(request_handler on_request, close_handler on_close);
 
-  /// Queues `f` for writing.
+  /// Queues `f` for writing. A frame with a producer is filled a step per turn from now on, and
+  /// written as it is filled.
   void send(frame f);
 
   /// Sends `request` and completes with its response: void(std::error_code, frame). The code is
@@ -117,6 +118,8 @@ class connection : public std::enable_shared_from_this<connection> {
                                               std::chrono::milliseconds timeout);
   void dispatch(frame f);
   void write_next();
+  /// Fills the next step of the first frame being filled (segment_producer), writes what is new.
+  void produce_step();
 
   asio::ip::tcp::socket socket_;
   // With TLS, every read and write goes through it; it shares socket_ (and keeps its context).
@@ -136,7 +139,9 @@ class connection : public std::enable_shared_from_this<connection> {
   };
   std::unordered_map<std::uint64_t, pending_call> pending_;
   std::deque<encoded_frame> write_queue_;
-  std::size_t writing_ = 0;  // frames of write_queue_ in the write under way
+  bool writing_ = false;       // a write is under way
+  std::size_t finishing_ = 0;  // frames of write_queue_ that the write under way ends
+  bool producing_ = false;     // a produce_step is queued
   std::vector<asio::const_buffer> write_buffers_;
   std::optional<std::string> close_when_flushed_;
   std::chrono::steady_clock::time_point last_received_ = std::chrono::steady_clock::now();

@@ -136,7 +136,16 @@ encoded_frame encode(frame f) {
   std::memcpy(out.head.data(), fixed.data(), fixed.size());
   f.message.SerializeWithCachedSizesToArray(reinterpret_cast<std::uint8_t*>(out.head.data() + fixed_header_size));
   out.segments = std::move(f.segments);
+  if (f.produce_last && !out.segments.empty()) out.produce_last = std::move(f.produce_last);
   return out;
+}
+
+void produce_whole(frame& f) {
+  if (!f.produce_last) return;
+  const std::size_t size = f.segments.empty() ? 0 : f.segments.back().size();
+  while (f.produce_last() < size) {
+  }
+  f.produce_last = nullptr;
 }
 
 void put_tensor(frame& f, TensorRef& ref, const tensor& t) {

@@ -51,13 +51,30 @@ fixed_header parse_fixed_header(std::span<const std::byte, fixed_header_size> by
                                 const frame_limits& limits);
 std::array<std::byte, fixed_header_size> encode_fixed_header(const fixed_header& header);
 
+/// Fills the last segment of a frame being sent, a step at a time, so that each part is sent while
+/// it is in cache: each call fills the next part (about segment_produce_step bytes) and returns how
+/// much of the segment is filled now, all of it when done. A connection calls it on its executor,
+/// once per turn whatever the peer reads (so what it holds, a ps's variable, is let go in bounded
+/// time), and drops it when done, or with the frame when the connection closes.
+using segment_producer = std::function<std::size_t()>;
+
+/// How much a segment_producer fills per call: a turn of the executor stays short (a heartbeat
+/// waits at most this long), and the part is still in the L2 cache when it is sent.
+inline constexpr std::size_t segment_produce_step = std::size_t{256} << 10;
+
 struct frame {
   frame_kind kind = frame_kind::request;
   std::uint64_t request_id = 0;
   FrameHeader message;  ///< the protobuf part (the body and the segment sizes)
   std::vector<byte_buffer> segments;
   std::uint64_t wire_bytes = 0;  ///< of a frame read: its size on the wire, headers included
+  /// Fills the last segment as it is sent (see segment_producer); empty: the segments are complete.
+  segment_producer produce_last;
 };
+
+/// Runs `f`'s producer to the end, if it has one: for a frame used where it is not sent by a
+/// connection (a test, a tool calling ps_service::serve).
+void produce_whole(frame& f);
 
 /// Checks that `message` fits `header`: its body matches the kind and its segment sizes add up to
 /// the payload; throws errc::protocol_error.
@@ -67,6 +84,12 @@ void check_body(const FrameHeader& message, const fixed_header& header, const fr
 struct encoded_frame {
   std::string head;
   std::vector<byte_buffer> segments;
+  segment_producer produce_last;  ///< the frame's, until the last segment is filled
+  std::size_t produced = 0;       ///< bytes of the last segment filled, while produce_last runs
+  std::size_t sent = 0;           ///< bytes of the last segment handed to a write, once it started
+  bool started = false;           ///< whether its head went out (the rest follows as produced)
+  /// Whether all of the last segment is filled.
+  bool complete() const noexcept { return !produce_last; }
 };
 encoded_frame encode(frame f);
 

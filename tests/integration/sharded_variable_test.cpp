@@ -269,6 +269,38 @@ TEST_CASE_TEMPLATE("every sharded operation equals the same operation on a dense
       {}, {}, fixed_shards_partitioner{3});
 }
 
+TEST_CASE("large replies are gathered as they are sent, their rows right, with an update of them sent right after") {
+  local_cluster cluster(2, 1);
+  cluster.run_chief(
+      [](parameter_server_strategy& strategy, cluster_coordinator&) -> asio::awaitable<void> {
+        // 3 shards of ~100k rows of 4 floats; a lookup of every row makes replies of ~1.6 MB, past
+        // the 1 MiB of work from which a ps fills a reply as it sends it (docs/design.md).
+        const auto initial = iota_rows<float>(300007, 4);
+        auto table = co_await strategy.scope().create_sharded_variable("streamed", initial);
+        std::vector<std::int64_t> ids(300007);
+        std::iota(ids.begin(), ids.end(), 0);
+        std::mt19937_64 random(11);
+        std::shuffle(ids.begin(), ids.end(), random);
+        ids.insert(ids.end(), ids.begin(), ids.begin() + 1000);  // repeats too
+        const auto id_array = xt::adapt(ids);
+        // The lookup leaves first; the update of every row it reads leaves right after it, and the
+        // lookup must not see it (that the update waits for the last gathered row whenever it
+        // comes is tested step by step in tests/unit/ps_kernel_pool_test.cpp).
+        xt::xarray<float> ones = xt::ones<float>({ids.size(), std::size_t{4}});
+        auto looking = table.embedding_lookup(id_array);
+        auto updating = table.scatter_add(id_array, ones);
+        const auto rows = co_await std::move(looking);
+        co_await std::move(updating);
+        CHECK((rows == rows_of_table(initial, ids)));
+        // Once more, after the update: repeated ids were added twice.
+        xt::xarray<float> updated = initial;
+        for (const auto id : ids) xt::view(updated, id) += 1.0f;
+        const auto again = co_await table.embedding_lookup(id_array);
+        CHECK((again == rows_of_table(updated, ids)));
+      },
+      {}, {}, fixed_shards_partitioner{3});
+}
+
 TEST_CASE("lookups return rows in input order, duplicates included") {
   local_cluster cluster(2, 1);
   cluster.run_chief(

@@ -236,8 +236,9 @@ TEST_CASE("a request for another variable is answered while a kernel runs") {
   CHECK(kp_code(f.response("add v")) == 0);
 }
 
-TEST_CASE("a sparse read's gather runs on the pool: another variable's read passes it, its variable's update waits") {
-  kp_fixture f;
+TEST_CASE("a big sparse read's reply is gathered as it is sent: another variable's read passes, its update waits for the last row") {
+  kp_fixture f;  // offload_bytes 1: every sparse read's reply is filled as it is sent
+  f.release();
   const tensor initial = kp_values(0, 1);
   f.send("create w", kp_create("w", initial));
   f.send("create v", kp_create("v", kp_values(5, 0)));
@@ -247,18 +248,61 @@ TEST_CASE("a sparse read's gather runs on the pool: another variable's read pass
   f.send("add w", kp_update("w", wire::UpdateVariable::ADD, kp_values(1, 0)));
   f.send("read v", kp_read("v"));
   f.settle();
-  f.wait_held(1);  // the gather, held on the pool thread
-  CHECK(kp_joined(f.order) == kp_joined(kp_list({"create w", "create v", "read v"})));
+  // The gather's answer is out, with its rows still to be filled; the add waits for them.
+  CHECK(kp_joined(f.order) == kp_joined(kp_list({"create w", "create v", "gather w", "read v"})));
+  auto& gathered = f.responses.at("gather w");
+  REQUIRE(gathered.produce_last);
+  wire::produce_whole(gathered);  // what the connection does, a step per turn, as it sends it
+  CHECK_FALSE(gathered.produce_last);
   f.finish();
-  CHECK(kp_joined(f.order) == kp_joined(kp_list({"create w", "create v", "read v", "gather w", "add w"})));
-  // The rows as they were before the add, which waited for the gather.
+  CHECK(kp_joined(f.order) == kp_joined(kp_list({"create w", "create v", "gather w", "read v", "add w"})));
+  // The rows as they were before the add, which waited for the last of them.
   std::vector<float> expected;
   for (const auto id : ids) {
     const float* row = initial.data<float>() + static_cast<std::size_t>(id) * kp_cols;
     expected.insert(expected.end(), row, row + kp_cols);
   }
-  CHECK(kp_floats(f.response("gather w")) == expected);
-  CHECK(f.ps->offloaded_kernels() == 2);
+  CHECK(kp_floats(gathered) == expected);
+  CHECK(kp_code(f.response("add w")) == 0);
+}
+
+TEST_CASE("a reply dropped before it is filled lets its variable go; an old session's reply does not touch the next's") {
+  // Sparse reads of 2048 rows (32 KiB) are filled as they are sent; the 4 KiB adds run on the
+  // executor at once when their turn comes, so every step here is decided by poll() alone.
+  kp_fixture f(64 << 10);
+  const std::vector<std::int64_t> many(2048, 5);
+  f.send("create w", kp_create("w", kp_values(0, 1)));
+  f.settle();
+  f.send("gather w", kp_gather("w", many));
+  f.send("add w", kp_update("w", wire::UpdateVariable::ADD, kp_values(1, 0)));
+  f.settle();
+  CHECK(kp_joined(f.order) == kp_joined(kp_list({"create w", "gather w"})));
+  // As a connection that closes drops the frames it has not sent.
+  REQUIRE(f.responses.at("gather w").produce_last);
+  f.responses.at("gather w").produce_last = nullptr;
+  f.settle();
+  CHECK(kp_joined(f.order) == kp_joined(kp_list({"create w", "gather w", "add w"})));
+  CHECK(kp_code(f.response("add w")) == 0);
+
+  // A reply of a session that ended, dropped after the next session holds the same name's lane.
+  f.send("gather old", kp_gather("w", many));
+  f.settle();
+  auto old = std::move(f.responses.at("gather old").produce_last);
+  REQUIRE(old);
+  f.ps->clear();
+  f.send("create w again", kp_create("w", kp_values(7, 0)));
+  f.send("gather new", kp_gather("w", many));
+  f.send("add again", kp_update("w", wire::UpdateVariable::ADD, kp_values(1, 0)));
+  f.settle();
+  old = nullptr;  // must not let "add again" pass "gather new"'s unfilled rows
+  f.settle();
+  CHECK(kp_joined(f.order) ==
+        kp_joined(kp_list({"create w", "gather w", "add w", "gather old", "create w again", "gather new"})));
+  auto& fresh = f.responses.at("gather new");
+  wire::produce_whole(fresh);
+  f.settle();
+  CHECK(kp_floats(fresh) == std::vector<float>(many.size() * kp_cols, 7.0f));
+  CHECK(kp_code(f.response("add again")) == 0);
 }
 
 TEST_CASE("a small request on an idle variable runs on the executor at once; a big kernel goes to the pool") {

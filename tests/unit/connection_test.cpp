@@ -1,0 +1,143 @@
+// A connection's write path with frames filled as they are sent (wire::segment_producer): over a
+// real loopback socket, the frame arrives whole and in order, its producer is called a step per
+// turn of the executor whatever the peer reads, and it is dropped when done or when the
+// connection closes. Nothing here depends on timing: the executor is driven with poll().
+#include "wire/connection.hpp"
+
+#include "test_support.hpp"
+
+#include <asio/co_spawn.hpp>
+#include <asio/io_context.hpp>
+#include <asio/use_future.hpp>
+
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace {
+
+using namespace pscoro;
+
+// A connection that sends, and the raw socket at its other end, which reads frames when asked.
+struct connection_pair {
+  asio::io_context io;
+  std::shared_ptr<wire::connection> sender;
+  asio::ip::tcp::socket peer{io};
+  wire::frame_reader reader{{}};
+  std::string closed;
+
+  connection_pair() {
+    asio::ip::tcp::acceptor acceptor(io, {asio::ip::address_v4::loopback(), 0});
+    asio::ip::tcp::socket socket(io);
+    socket.connect(acceptor.local_endpoint());
+    peer = acceptor.accept();
+    sender = std::make_shared<wire::connection>(std::move(socket), wire::frame_limits{}, "the peer");
+    sender->start(nullptr, [this](const std::string& reason) { closed = reason; });
+  }
+  ~connection_pair() { sender->close("test over"); }
+
+  // Runs what can run now, without waiting (what those post included).
+  void poll() {
+    io.restart();
+    io.poll();
+  }
+  wire::frame read() {
+    auto got = asio::co_spawn(io, reader.read(peer), asio::use_future);
+    io.restart();
+    io.run_one();  // until the read completes (the sender's handlers run meanwhile)
+    while (got.wait_for(std::chrono::seconds(0)) != std::future_status::ready) {
+      io.restart();
+      io.run_one();
+    }
+    auto frame = got.get();
+    REQUIRE(frame);
+    return std::move(*frame);
+  }
+};
+
+wire::frame response(std::uint64_t id, std::size_t segment_bytes) {
+  wire::frame f;
+  f.kind = wire::frame_kind::response;
+  f.request_id = id;
+  f.message.mutable_response();
+  if (segment_bytes) f.segments.emplace_back(segment_bytes);
+  return f;
+}
+
+std::byte pattern(std::size_t i) { return static_cast<std::byte>(i % 251); }
+
+// Fills `segment` a step at a time with pattern(), counting the calls; `held` lives as long as
+// the producer does.
+wire::segment_producer filler(byte_buffer segment, std::shared_ptr<int> calls, std::shared_ptr<int> held) {
+  return [segment, calls, held, filled = std::size_t{0}]() mutable {
+    ++*calls;
+    const std::size_t end = std::min(segment.size(), filled + wire::segment_produce_step);
+    for (std::size_t i = filled; i < end; ++i) segment.data()[i] = pattern(i);
+    filled = end;
+    return filled;
+  };
+}
+
+}  // namespace
+
+TEST_CASE("a frame filled as it is sent arrives whole, after the frames before it and before those after") {
+  connection_pair pair;
+  constexpr std::size_t bytes = std::size_t{8} << 20;  // more than the socket buffers hold
+  auto calls = std::make_shared<int>(0);
+  auto held = std::make_shared<int>(0);
+  const std::weak_ptr<int> producer_alive = held;
+  pair.sender->send(response(1, 100));
+  auto filled = response(2, bytes);
+  filled.produce_last = filler(filled.segments.back(), calls, std::move(held));
+  pair.sender->send(std::move(filled));
+  pair.sender->send(response(3, 0));
+
+  const auto first = pair.read();
+  CHECK(first.request_id == 1);
+  const auto second = pair.read();
+  CHECK(second.request_id == 2);
+  REQUIRE(second.segments.size() == 1);
+  const auto& got = second.segments[0];
+  REQUIRE(got.size() == bytes);
+  std::size_t wrong = 0;
+  for (std::size_t i = 0; i < bytes; ++i) wrong += got.data()[i] != pattern(i);
+  CHECK(wrong == 0);
+  CHECK(pair.read().request_id == 3);
+  CHECK(*calls == static_cast<int>(bytes / wire::segment_produce_step));  // a step per call
+  CHECK(producer_alive.expired());  // dropped once done
+  CHECK(pair.closed.empty());
+}
+
+TEST_CASE("a frame is filled to the end whatever the peer reads, and a closed connection drops its producer") {
+  connection_pair pair;
+  constexpr std::size_t bytes = std::size_t{64} << 20;  // far more than the socket buffers hold
+  constexpr int steps = static_cast<int>(bytes / wire::segment_produce_step);
+  auto calls = std::make_shared<int>(0);
+  auto held = std::make_shared<int>(0);
+  const std::weak_ptr<int> producer_alive = held;
+  auto filled = response(1, bytes);
+  filled.produce_last = filler(filled.segments.back(), calls, std::move(held));
+  pair.sender->send(std::move(filled));
+  // The peer reads nothing; a turn of the executor fills a step all the same.
+  pair.poll();
+  CHECK(*calls == steps);
+  CHECK(producer_alive.expired());  // what it held (a ps's variable) is let go
+  CHECK(pair.closed.empty());
+
+  // Another one, closed after its first step: the producer goes with the connection.
+  auto calls_2 = std::make_shared<int>(0);
+  auto held_2 = std::make_shared<int>(0);
+  const std::weak_ptr<int> second_alive = held_2;
+  auto unfinished = response(2, bytes);
+  unfinished.produce_last = filler(unfinished.segments.back(), calls_2, std::move(held_2));
+  pair.sender->send(std::move(unfinished));
+  pair.io.restart();
+  pair.io.poll_one();  // the first step (a poll() would run every one: each posts the next)
+  CHECK(*calls_2 == 1);
+  REQUIRE_FALSE(second_alive.expired());
+  pair.sender->close("the peer went away");
+  CHECK(second_alive.expired());
+  pair.poll();
+  CHECK(*calls_2 == 1);  // no step after the close
+}
