@@ -198,6 +198,9 @@ void connection::produce_step() {
   } catch (const std::exception& e) {
     close(fmt::format("could not fill a frame to send: {}", e.what()));
     return;
+  } catch (...) {
+    close("could not fill a frame to send");
+    return;
   }
   if (it->produced >= it->segments.back().size()) it->produce_last = nullptr;  // done: what it holds goes now
   // Another turn for the rest, whatever the peer reads: a producer holds what it fills from (a

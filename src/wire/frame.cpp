@@ -136,14 +136,20 @@ encoded_frame encode(frame f) {
   std::memcpy(out.head.data(), fixed.data(), fixed.size());
   f.message.SerializeWithCachedSizesToArray(reinterpret_cast<std::uint8_t*>(out.head.data() + fixed_header_size));
   out.segments = std::move(f.segments);
-  if (f.produce_last && !out.segments.empty()) out.produce_last = std::move(f.produce_last);
+  // A producer of an empty segment has nothing to fill: dropped here, with what it holds.
+  if (f.produce_last && !out.segments.empty() && out.segments.back().size() > 0) {
+    out.produce_last = std::move(f.produce_last);
+  }
   return out;
 }
 
 void produce_whole(frame& f) {
   if (!f.produce_last) return;
   const std::size_t size = f.segments.empty() ? 0 : f.segments.back().size();
-  while (f.produce_last() < size) {
+  for (std::size_t filled = 0; filled < size;) {
+    const std::size_t now = f.produce_last();
+    if (now <= filled) throw error(errc::internal, "a segment producer stopped short of its segment");
+    filled = now;
   }
   f.produce_last = nullptr;
 }

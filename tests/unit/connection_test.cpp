@@ -42,13 +42,15 @@ struct connection_pair {
     io.restart();
     io.poll();
   }
+  // The next frame at the peer (the sender's handlers run meanwhile); fails, rather than hangs,
+  // when none arrives within 30 s (a writer that went idle with bytes left).
   wire::frame read() {
     auto got = asio::co_spawn(io, reader.read(peer), asio::use_future);
-    io.restart();
-    io.run_one();  // until the read completes (the sender's handlers run meanwhile)
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
     while (got.wait_for(std::chrono::seconds(0)) != std::future_status::ready) {
+      REQUIRE_MESSAGE(std::chrono::steady_clock::now() < deadline, "no whole frame reached the peer in 30 s");
       io.restart();
-      io.run_one();
+      io.run_one_for(std::chrono::milliseconds(100));
     }
     auto frame = got.get();
     REQUIRE(frame);

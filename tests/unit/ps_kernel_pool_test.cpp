@@ -252,6 +252,7 @@ TEST_CASE("a big sparse read's reply is gathered as it is sent: another variable
   CHECK(kp_joined(f.order) == kp_joined(kp_list({"create w", "create v", "gather w", "read v"})));
   auto& gathered = f.responses.at("gather w");
   REQUIRE(gathered.produce_last);
+  CHECK(f.ps->offloaded_kernels() == 0);  // the add's kernel was not handed to the pool either
   wire::produce_whole(gathered);  // what the connection does, a step per turn, as it sends it
   CHECK_FALSE(gathered.produce_last);
   f.finish();
@@ -424,7 +425,7 @@ TEST_CASE("with check_numerics on, a big value is scanned on the pool before any
   f.send("create w", kp_create("w", initial));
   f.send("create v", kp_create("v", kp_values(5, 0)));
   f.settle();
-  // The creates' initial values were scanned on the pool (the hook let them through: nothing held yet).
+  // The creates' initial values are being scanned on the pool, held by the hook: let them go.
   f.release();
   f.finish();
   REQUIRE(f.ps->offloaded_scans() == 2);
