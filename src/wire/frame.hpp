@@ -55,7 +55,8 @@ std::array<std::byte, fixed_header_size> encode_fixed_header(const fixed_header&
 /// it is in cache: each call fills the next part (about segment_produce_step bytes) and returns how
 /// much of the segment is filled now, all of it when done. A connection calls it on its executor,
 /// once per turn whatever the peer reads (so what it holds, a ps's variable, is let go in bounded
-/// time), and drops it when done, or with the frame when the connection closes.
+/// time), and drops it when done, or with the frame when the connection closes (a producer of an
+/// empty segment is dropped at once: encode()).
 using segment_producer = std::function<std::size_t()>;
 
 /// How much a segment_producer fills per call: a turn of the executor stays short (a heartbeat
