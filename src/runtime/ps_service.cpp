@@ -495,7 +495,9 @@ asio::awaitable<wire::frame> ps_service::serve(wire::frame request) {
   const std::weak_ptr<const bool> alive = alive_;
   const auto generation = generation_;
   std::optional<std::string> key;
-  bool holds_lane = false;
+  // The variable's lane while this request holds it: let go however serve() ends (unless the ps is
+  // gone or its session ended since), or handed on to a reply filled as it is sent.
+  std::shared_ptr<lane_hold> lane;
   if (!lanes_.empty()) {
     key = lane_of(request.message.request());
     if (const auto it = key->empty() ? lanes_.end() : lanes_.find(*key); it != lanes_.end()) {
@@ -517,14 +519,15 @@ asio::awaitable<wire::frame> ps_service::serve(wire::frame request) {
                                           task, *key),
                               task);
       }
-      holds_lane = true;
+      lane = std::make_shared<lane_hold>(this, alive_, generation_, *key);
     }
   }
   const auto take_lane = [&] {
-    if (holds_lane) return;
+    if (lane) return;
     if (!key) key = lane_of(request.message.request());
+    auto hold = std::make_shared<lane_hold>(this, alive_, generation_, *key);
     lanes_.try_emplace(*key);
-    holds_lane = true;
+    lane = std::move(hold);
   };
   // A big request's values are scanned (check_numerics, zero divisors) on the pool before handle()
   // changes anything, holding the variable's lane: requests after it still wait their turn.
@@ -565,10 +568,8 @@ asio::awaitable<wire::frame> ps_service::serve(wire::frame request) {
     // once the last row is gathered (the storage let go first, so the next update finds it
     // unshared), or when the frame is dropped with its connection.
     take_lane();
-    holds_lane = false;
-    auto hold = std::make_shared<lane_hold>(this, alive_, generation_, *key);
     const std::size_t size = response.segments.back().size();
-    response.produce_last = [fill = std::move(response.produce_last), hold = std::move(hold), size]() mutable {
+    response.produce_last = [fill = std::move(response.produce_last), hold = std::move(lane), size]() mutable {
       const std::size_t filled = fill();
       if (filled >= size) {
         fill = nullptr;
@@ -604,7 +605,7 @@ asio::awaitable<wire::frame> ps_service::serve(wire::frame request) {
     }
   }
   recycle(std::move(request));
-  if (holds_lane) release_lane(*key);
+  lane.reset();
   co_return response;
 }
 

@@ -187,8 +187,9 @@ class ps_service {
   std::string lane_of(const wire::Request& request) const;
   /// Gives the lane of `key` to the next request waiting for it, or drops it.
   void release_lane(const std::string& key);
-  /// A lane held by what outlives serve(): a reply filled as it is sent. Released when destroyed,
-  /// unless the ps is gone or its session ended since (clear() dropped the lanes).
+  /// A lane held by a request in serve(), or by the reply filled as it is sent that it hands it to.
+  /// Released when destroyed, however serve() ends (an exception included), unless the ps is gone
+  /// or its session ended since (clear() dropped the lanes; one of that name now is another's).
   class lane_hold {
    public:
     lane_hold(ps_service* ps, std::weak_ptr<const bool> alive, std::uint64_t generation, std::string key)
