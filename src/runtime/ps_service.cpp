@@ -489,6 +489,17 @@ wire::frame error_frame(std::error_code ec, std::string message, const std::stri
   wire::set_status(*out.message.mutable_response()->mutable_status(), ec, std::move(message), task);
   return out;
 }
+
+// The answer of a request whose job ran on the pool while the ps stopped (`gone`) or the
+// coordinator session ended (`ended`), if either; `doing` says what it was doing ("it updated 'w'").
+std::optional<wire::frame> interrupted(bool gone, bool ended, const std::string& task, std::string_view doing) {
+  if (gone) return error_frame(make_error_code(errc::unavailable), fmt::format("{} stopped while {}", task, doing), task);
+  if (ended) {
+    return error_frame(make_error_code(errc::aborted),
+                       fmt::format("the coordinator session ended on {} while {}", task, doing), task);
+  }
+  return std::nullopt;
+}
 }  // namespace
 
 asio::awaitable<wire::frame> ps_service::serve(wire::frame request) {
@@ -545,15 +556,10 @@ asio::awaitable<wire::frame> ps_service::serve(wire::frame request) {
       }
     });
     const std::exception_ptr failure = co_await std::move(scanning);
-    if (alive.expired()) {
-      co_return error_frame(make_error_code(errc::unavailable),
-                            fmt::format("{} stopped while it checked the values for '{}'", task, *key), task);
-    }
-    if (generation != generation_) {
-      co_return error_frame(make_error_code(errc::aborted),
-                            fmt::format("the coordinator session ended on {} while it checked the values for '{}'",
-                                        task, *key),
-                            task);
+    const bool gone = alive.expired();  // then `this` is too: nothing of it is read
+    if (auto answer = interrupted(gone, !gone && generation != generation_, task,
+                                  fmt::format("it checked the values for '{}'", *key))) {
+      co_return std::move(*answer);
     }
     if (!failure) value_scans_ = std::move(*scans);  // the scans cannot throw; if they did, handle() scans again
   }
@@ -586,13 +592,9 @@ asio::awaitable<wire::frame> ps_service::serve(wire::frame request) {
     const std::string task = task_;
     auto running = on_pool(std::move(kernel));
     const std::exception_ptr failure = co_await std::move(running);
-    if (alive.expired()) {
-      co_return error_frame(make_error_code(errc::unavailable),
-                            fmt::format("{} stopped while it updated '{}'", task, *key), task);
-    }
-    if (generation != generation_) {
-      co_return error_frame(make_error_code(errc::aborted),
-                            fmt::format("the coordinator session ended on {} while it updated '{}'", task, *key), task);
+    const bool gone = alive.expired();  // then `this` is too: nothing of it is read
+    if (auto answer = interrupted(gone, !gone && generation != generation_, task, fmt::format("it updated '{}'", *key))) {
+      co_return std::move(*answer);
     }
     if (failure) {
       response = wire::frame{};
