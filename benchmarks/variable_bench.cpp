@@ -449,6 +449,18 @@ asio::awaitable<void> step_loop(pscoro::variable<float>& big, const xt::xarray<f
   ended = true;
 }
 
+// On the chief: sparse reads of `ids` from `big` until `stop` (each reply gathered by the ps as it
+// is sent, a step per turn of its executor), each read's time in `steps`.
+asio::awaitable<void> lookup_loop(pscoro::variable<float>& big, const xt::xarray<std::int64_t>& ids, const bool& stop,
+                                  std::vector<double>& steps, bool& ended) {
+  while (!stop) {
+    const auto start = clock_type::now();
+    const auto rows = co_await big.sparse_read(ids);
+    steps.push_back(micros(clock_type::now() - start).count());
+  }
+  ended = true;
+}
+
 struct kernel_figures {
   bench::percentiles small_idle, tiny_idle, small_busy, tiny_busy;
   double small_max_busy = 0, tiny_max_busy = 0;
@@ -456,7 +468,8 @@ struct kernel_figures {
   std::size_t steps = 0, samples = 0;
 };
 
-kernel_figures measure_kernels(bench::process_cluster& cluster, int millis) {
+// `load`: "adagrad" (256 MiB Adagrad steps) or "lookup" (sparse reads of 256k random rows of it).
+kernel_figures measure_kernels(bench::process_cluster& cluster, int millis, const std::string& load) {
   kernel_figures out;
   cluster.run_chief(1, [&](pscoro::parameter_server_strategy& strategy,
                            pscoro::cluster_coordinator& coordinator) -> asio::awaitable<void> {
@@ -479,7 +492,15 @@ kernel_figures measure_kernels(bench::process_cluster& cluster, int millis) {
     bool stop = false, ended = false;
     std::vector<double> steps;
     auto executor = co_await asio::this_coro::executor;
-    asio::co_spawn(executor, step_loop(big, gradient, stop, steps, ended), asio::detached);
+    xt::xarray<std::int64_t> ids = xt::zeros<std::int64_t>({std::size_t{1} << 18});
+    std::mt19937_64 random(3);
+    std::uniform_int_distribution<std::int64_t> pick(0, static_cast<std::int64_t>(big_shape[0]) - 1);
+    for (auto& id : ids) id = pick(random);
+    if (load == "lookup") {
+      asio::co_spawn(executor, lookup_loop(big, ids, stop, steps, ended), asio::detached);
+    } else {
+      asio::co_spawn(executor, step_loop(big, gradient, stop, steps, ended), asio::detached);
+    }
     auto busy_reads = coordinator.schedule(small_reads, small, tiny, std::int64_t{millis});
     const auto busy = co_await busy_reads.get();
     stop = true;
@@ -504,17 +525,20 @@ kernel_figures measure_kernels(bench::process_cluster& cluster, int millis) {
   return out;
 }
 
-int run_kernel_bench(int kernel_threads, int millis) {
+int run_kernel_bench(int kernel_threads, int millis, const std::string& load) {
   pscoro::server_options ps_options;
   ps_options.ps_kernel_threads = static_cast<std::size_t>(kernel_threads);
   bench::process_cluster cluster(1, 1, bind_kernel_bench, ps_options);
-  const auto f = measure_kernels(cluster, millis);
+  const auto f = measure_kernels(cluster, millis, load);
   fmt::print("pscoro ps kernel benchmark, {:%Y-%m-%d}, {} hardware threads; ps kernel threads: {}\n",
              fmt::localtime(std::time(nullptr)), std::thread::hardware_concurrency(), kernel_threads);
   fmt::print("a worker reads a 4 KiB and a 4-byte variable, one each per 2 ms for {} ms, while the chief runs\n"
-             "256 MiB Adagrad steps in a loop ({} steps, median {:.0f} ms each, the gradient's transfer included),\n"
+             "{} in a loop ({} of them, median {:.0f} ms each, transfers included),\n"
              "then with the ps idle; latency from when each read was due (us):\n",
-             millis, f.steps, f.step_us / 1000);
+             millis,
+             load == "lookup" ? "sparse reads of 256k random rows of a 256 MiB variable (~58 MB replies)"
+                              : "256 MiB Adagrad steps",
+             f.steps, f.step_us / 1000);
   fmt::print("{:<14} {:>10} {:>10} {:>10} {:>10} {:>12} {:>12}   {}\n", "read", "idle p50", "idle p99", "step p50",
              "step p99", "step max", "p99 ratio", "samples");
   fmt::print("{:<14} {:>10.0f} {:>10.0f} {:>10.0f} {:>10.0f} {:>12.0f} {:>12.1f}   {}\n", "4 KiB", f.small_idle.p50,
@@ -546,6 +570,11 @@ int main(int argc, char** argv) {
   int millis = 4000;
   app.add_option("--millis", millis, "--mode kernels: how long the worker reads, busy and idle")
       ->check(CLI::PositiveNumber);
+  std::string kernel_load = "adagrad";
+  app.add_option("--kernel-load", kernel_load,
+                 "--mode kernels: what keeps the ps busy: 256 MiB Adagrad steps (adagrad), or sparse reads whose "
+                 "replies the ps gathers as it sends them (lookup)")
+      ->check(CLI::IsMember({"adagrad", "lookup"}));
   bool dense_only = false;
   app.add_flag("--dense-only", dense_only, "only the dense table");
   std::string placement = "split";
@@ -562,7 +591,7 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({"all", "lookup", "scatter_add", "adagrad"}));
   CLI11_PARSE(app, argc, argv);
   ::setenv("PSCORO_LOG_LEVEL", "warning", 0);
-  if (mode == "kernels") return run_kernel_bench(kernel_threads, millis);
+  if (mode == "kernels") return run_kernel_bench(kernel_threads, millis, kernel_load);
 
   // The processes are forked first, while this program has one thread.
   std::optional<bench::process_cluster> processes;
