@@ -462,7 +462,7 @@ std::string ps_service::lane_of(const wire::Request& request) const {
 }
 
 void ps_service::run_kernel(std::uint64_t bytes, std::function<void()> kernel) {
-  if (offloading_ && bytes >= offload_bytes_) {
+  if (serving_ && kernel_pool_ && bytes >= offload_bytes_) {
     deferred_ = std::move(kernel);
     return;
   }
@@ -563,10 +563,8 @@ asio::awaitable<wire::frame> ps_service::serve(wire::frame request) {
     }
     if (!failure) value_scans_ = std::move(*scans);  // the scans cannot throw; if they did, handle() scans again
   }
-  offloading_ = kernel_pool_.has_value();
   serving_ = true;
   wire::frame response = handle(request);
-  offloading_ = false;
   serving_ = false;
   value_scans_.clear();  // before recycle(): they share the request's segments
   if (response.produce_last) {

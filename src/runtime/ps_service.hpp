@@ -8,9 +8,9 @@
 // the executor, so that requests for other variables and heartbeats pass meanwhile; so are the
 // scans of a big request's values for NaN and Inf (check_numerics) and zero divisors, before
 // anything changes. A big sparse read's reply is gathered as the connection sends it, a step per
-// turn of the executor (wire::segment_producer). Requests for one variable (its slots included) are still served in arrival
-// order: a variable whose kernel is running has a lane, and whatever comes for it waits its turn
-// there (docs/design.md, "ps kernels off the event loop").
+// turn of the executor (wire::segment_producer). Requests for one variable (its slots included)
+// are still served in arrival order: a variable whose kernel is running has a lane, and whatever
+// comes for it waits its turn there (docs/design.md, "ps kernels off the event loop").
 #pragma once
 
 #include "wire/buffer_pool.hpp"
@@ -222,8 +222,8 @@ class ps_service {
   };
   std::unordered_map<std::string, lane> lanes_;
   std::uint64_t offload_bytes_;
-  bool offloading_ = false;           // inside serve(): run_kernel may defer
-  bool serving_ = false;              // inside serve(): a large read's reply may be filled as it is sent
+  // Inside serve(): run_kernel may defer to the pool, a large read's reply may be filled as it is sent.
+  bool serving_ = false;
   std::function<void()> deferred_;    // what run_kernel left for serve()
   struct timing {
     std::size_t operation = 0;

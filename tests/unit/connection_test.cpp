@@ -12,6 +12,7 @@
 
 #include <memory>
 #include <random>
+#include <stdexcept>
 #include <optional>
 #include <string>
 #include <vector>
@@ -82,18 +83,27 @@ wire::segment_producer filler(byte_buffer segment, std::shared_ptr<int> calls, s
   };
 }
 
+// A response of `bytes` that filler() fills: how often it was called, and whether it still lives.
+struct watched_frame {
+  wire::frame frame;
+  std::shared_ptr<int> calls = std::make_shared<int>(0);
+  std::weak_ptr<int> producer;
+};
+watched_frame filled_response(std::uint64_t id, std::size_t bytes) {
+  auto held = std::make_shared<int>(0);
+  watched_frame out{response(id, bytes), std::make_shared<int>(0), held};
+  out.frame.produce_last = filler(out.frame.segments.back(), out.calls, std::move(held));
+  return out;
+}
+
 }  // namespace
 
 TEST_CASE("a frame filled as it is sent arrives whole, after the frames before it and before those after") {
   connection_pair pair;
   constexpr std::size_t bytes = std::size_t{8} << 20;  // more than the socket buffers hold
-  auto calls = std::make_shared<int>(0);
-  auto held = std::make_shared<int>(0);
-  const std::weak_ptr<int> producer_alive = held;
+  auto filled = filled_response(2, bytes);
   pair.sender->send(response(1, 100));
-  auto filled = response(2, bytes);
-  filled.produce_last = filler(filled.segments.back(), calls, std::move(held));
-  pair.sender->send(std::move(filled));
+  pair.sender->send(std::move(filled.frame));
   pair.sender->send(response(3, 0));
 
   const auto first = pair.read();
@@ -107,8 +117,8 @@ TEST_CASE("a frame filled as it is sent arrives whole, after the frames before i
   for (std::size_t i = 0; i < bytes; ++i) wrong += got.data()[i] != pattern(i);
   CHECK(wrong == 0);
   CHECK(pair.read().request_id == 3);
-  CHECK(*calls == static_cast<int>(bytes / wire::segment_produce_step));  // a step per call
-  CHECK(producer_alive.expired());  // dropped once done
+  CHECK(*filled.calls == static_cast<int>(bytes / wire::segment_produce_step));  // a step per call
+  CHECK(filled.producer.expired());  // dropped once done
   CHECK(pair.closed.empty());
 }
 
@@ -116,33 +126,25 @@ TEST_CASE("a frame is filled to the end whatever the peer reads, and a closed co
   connection_pair pair;
   constexpr std::size_t bytes = std::size_t{64} << 20;  // far more than the socket buffers hold
   constexpr int steps = static_cast<int>(bytes / wire::segment_produce_step);
-  auto calls = std::make_shared<int>(0);
-  auto held = std::make_shared<int>(0);
-  const std::weak_ptr<int> producer_alive = held;
-  auto filled = response(1, bytes);
-  filled.produce_last = filler(filled.segments.back(), calls, std::move(held));
-  pair.sender->send(std::move(filled));
+  auto filled = filled_response(1, bytes);
+  pair.sender->send(std::move(filled.frame));
   // The peer reads nothing; a turn of the executor fills a step all the same.
   pair.poll();
-  CHECK(*calls == steps);
-  CHECK(producer_alive.expired());  // what it held (a ps's variable) is let go
+  CHECK(*filled.calls == steps);
+  CHECK(filled.producer.expired());  // what it held (a ps's variable) is let go
   CHECK(pair.closed.empty());
 
   // Another one, closed after its first step: the producer goes with the connection.
-  auto calls_2 = std::make_shared<int>(0);
-  auto held_2 = std::make_shared<int>(0);
-  const std::weak_ptr<int> second_alive = held_2;
-  auto unfinished = response(2, bytes);
-  unfinished.produce_last = filler(unfinished.segments.back(), calls_2, std::move(held_2));
-  pair.sender->send(std::move(unfinished));
+  auto unfinished = filled_response(2, bytes);
+  pair.sender->send(std::move(unfinished.frame));
   pair.io.restart();
   pair.io.poll_one();  // the first step (a poll() would run every one: each posts the next)
-  CHECK(*calls_2 == 1);
-  REQUIRE_FALSE(second_alive.expired());
+  CHECK(*unfinished.calls == 1);
+  REQUIRE_FALSE(unfinished.producer.expired());
   pair.sender->close("the peer went away");
-  CHECK(second_alive.expired());
+  CHECK(unfinished.producer.expired());
   pair.poll();
-  CHECK(*calls_2 == 1);  // no step after the close
+  CHECK(*unfinished.calls == 1);  // no step after the close
 }
 
 TEST_CASE("frames filled as they are sent, mixed with whole ones of every size, all arrive intact and in order") {
@@ -211,4 +213,28 @@ TEST_CASE("frames filled as they are sent, mixed with whole ones of every size, 
   while (read < sent.size()) check_next();
   for (const auto& producer : producers) CHECK(producer.expired());
   CHECK(pair.closed.empty());
+}
+
+TEST_CASE("a producer that fails closes its connection, saying why; one that stops short is refused by produce_whole") {
+  connection_pair pair;
+  auto held = std::make_shared<int>(0);
+  const std::weak_ptr<int> producer = held;
+  auto f = response(1, 1000);
+  f.produce_last = [held]() -> std::size_t { throw std::runtime_error("the rows are gone"); };
+  held.reset();
+  pair.sender->send(std::move(f));
+  pair.poll();
+  CHECK(pair.closed == "could not fill a frame to send: the rows are gone");
+  CHECK(producer.expired());
+
+  // Outside a connection: a producer that makes no progress is a bug, not an endless loop.
+  auto stuck = response(2, 1000);
+  stuck.produce_last = [] { return std::size_t{10}; };
+  try {
+    wire::produce_whole(stuck);
+    FAIL("produce_whole must refuse a producer that stops short");
+  } catch (const error& e) {
+    CHECK(e.code() == make_error_code(errc::internal));
+    CHECK(std::string(e.what()) == "a segment producer stopped short of its segment");
+  }
 }
