@@ -9,6 +9,7 @@
 #include "runtime/rows.hpp"
 
 #include <algorithm>
+#include <array>
 #include <cstdint>
 #include <limits>
 #include <optional>
@@ -60,9 +61,10 @@ class scratch_buffers {
     return fresh.slice(0, size);
   }
 
- private:
   static constexpr std::size_t max_buffers = 8;
-  static constexpr std::size_t max_bytes = std::size_t{256} << 20;
+  static constexpr std::size_t max_bytes = std::size_t{256} << 20;  // kept per thread
+
+ private:
 
   static std::vector<byte_buffer>& buffers() {
     thread_local std::vector<byte_buffer> cache;
@@ -75,11 +77,10 @@ class scratch_buffers {
 // between its steps is its own (lookup_plan).
 struct plan_tables {
   runtime::id_map asked{0};
-  std::vector<std::uint32_t> shard_of;  // by position
+  std::vector<std::uint32_t> shard_of;  // by position in the request (group_ids, counting first)
   std::vector<std::uint64_t> seen, repeated;  // bit per row of a shard (plan_part)
   std::vector<std::uint32_t> reply_row;       // by index in `asked`
   std::vector<std::uint32_t> row_index;       // by row of a shard: reply row + 1, or 0; zero between calls
-  std::vector<std::size_t> counts, start, fill;
 
   // Not inline: g++ would compute the thread-local's address (a call, with -fPIC) at every use in
   // the planning loops instead of keeping it (a third of a lookup's planning time).
@@ -108,47 +109,100 @@ struct shard_locator {
   std::size_t last;
 };
 
-// Checks every id and counts them per shard (tables.shard_of[k]: the shard of ids[k] when there are
-// several); returns whether the ids are non-decreasing.
-bool locate_ids(const sharded_layout& layout, std::span<const std::int64_t> ids, plan_tables& tables,
-                std::string_view operation) {
-  const std::size_t total = layout.rows();
-  const std::size_t shards = layout.num_shards();
-  if (ids.size() > std::numeric_limits<std::uint32_t>::max()) {
-    invalid(fmt::format("{} of '{}': {} ids are more than one request takes (at most {})", operation,
-                        layout.ref.name, ids.size(), std::numeric_limits<std::uint32_t>::max()));
-  }
-  tables.counts.assign(shards, 0);
-  bool sorted = true;
-  // The range test inline (check_id is an exported function: a call through the PLT per id), the
-  // message only for a bad id.
-  const auto in_range = [total](std::int64_t id) { return id >= 0 && static_cast<std::uint64_t>(id) < total; };
-  if (shards == 1) {
-    for (std::size_t k = 0; k < ids.size(); ++k) {
-      if (!in_range(ids[k])) check_id(ids[k], k, total, layout, operation);
-      sorted = sorted && (k == 0 || ids[k - 1] <= ids[k]);
-    }
-    tables.counts[0] = ids.size();
-    return sorted;
-  }
-  tables.shard_of.resize(ids.size());
-  const shard_locator shard_of(layout);
-  for (std::size_t k = 0; k < ids.size(); ++k) {
-    if (!in_range(ids[k])) check_id(ids[k], k, total, layout, operation);
-    sorted = sorted && (k == 0 || ids[k - 1] <= ids[k]);
-    const std::size_t s = shard_of(static_cast<std::size_t>(ids[k]));
-    tables.shard_of[k] = static_cast<std::uint32_t>(s);
-    ++tables.counts[s];
-  }
-  return sorted;
+// Whether `id` names one of `rows` rows: the range test inline (check_id is an exported function, a
+// call through the PLT per id), check_id only to word the error.
+inline bool in_rows(std::int64_t id, std::size_t rows) noexcept {
+  return id >= 0 && static_cast<std::uint64_t>(id) < rows;
 }
 
-// Where each shard's entries start in arrays grouped by shard (tables.start), fill counts zeroed.
-void group_by_shard(plan_tables& tables) {
-  const std::size_t shards = tables.counts.size();
-  tables.start.assign(shards, 0);
-  for (std::size_t s = 1; s < shards; ++s) tables.start[s] = tables.start[s - 1] + tables.counts[s - 1];
-  tables.fill.assign(shards, 0);
+// Positions and reply rows are 32-bit (row_place): one request takes at most 2^32 - 1 ids.
+void check_id_count(const sharded_layout& layout, std::size_t n, std::string_view operation) {
+  if (n > std::numeric_limits<std::uint32_t>::max()) {
+    invalid(fmt::format("{} of '{}': {} ids are more than one request takes (at most {})", operation,
+                        layout.ref.name, n, std::numeric_limits<std::uint32_t>::max()));
+  }
+}
+
+// Up to this many shards, a request's ids are checked, located and grouped in one pass, each
+// shard's entries into a region with room for all of them (touched only where written); more shards
+// are counted first, then grouped into regions of their exact sizes. For 100k ids over 2 shards the
+// counting pass was a third of a lookup's planning before its first request could leave, time in
+// which the ps have nothing to do.
+constexpr std::size_t one_pass_max_shards = 8;
+
+// Where group_ids puts a request's ids: shard s's entries are [start[s], start[s] + count[s]) of
+// arrays of `entries` entries.
+struct id_groups {
+  std::size_t entries;
+  std::vector<std::size_t> start, count;
+  bool sorted = true;  // the ids are non-decreasing
+};
+
+// The arrays of n ids over `shards` shards, `entry_bytes` each in all: a region of n entries per
+// shard when they are grouped in one pass (up to one_pass_max_shards, and scratch of at most half
+// what a thread keeps, so a scatter of large rows over 8 shards is not 8 times its size), else n.
+id_groups id_groups_for(std::size_t shards, std::size_t n, std::size_t entry_bytes) {
+  const bool regions = shards > 1 && shards <= one_pass_max_shards &&
+                       n <= scratch_buffers::max_bytes / 2 / shards / std::max<std::size_t>(entry_bytes, 1);
+  return id_groups{regions ? shards * n : n, std::vector<std::size_t>(shards), std::vector<std::size_t>(shards)};
+}
+
+// Checks every id (errc::invalid_argument naming the bad one and its position; `put` only fills
+// the caller's arrays, so a bad id sends nothing) and groups the ids by shard in input order: put(k, at, s,
+// local) for ids[k], which is row `local` of shard s, goes to entry `at`. `groups` comes from
+// id_groups_for(layout.num_shards(), ids.size(), ...).
+template <class Put>
+void group_ids(const sharded_layout& layout, std::span<const std::int64_t> ids, std::string_view operation,
+               id_groups& groups, Put&& put) {
+  const std::size_t shards = layout.num_shards();
+  const std::size_t n = ids.size();
+  const std::size_t rows = layout.rows();
+  check_id_count(layout, n, operation);
+  bool sorted = true;
+  if (shards == 1) {
+    for (std::size_t k = 0; k < n; ++k) {
+      if (!in_rows(ids[k], rows)) check_id(ids[k], k, rows, layout, operation);
+      sorted = sorted && (k == 0 || ids[k - 1] <= ids[k]);
+      put(k, k, std::size_t{0}, ids[k]);
+    }
+    groups.count[0] = n;
+    groups.sorted = sorted;
+    return;
+  }
+  const shard_locator shard_of(layout);
+  const std::size_t* first_row = layout.offsets.data();
+  if (groups.entries > n) {
+    std::array<std::size_t, one_pass_max_shards> next{};
+    for (std::size_t s = 0; s < shards; ++s) next[s] = groups.start[s] = s * n;
+    for (std::size_t k = 0; k < n; ++k) {
+      const std::int64_t id = ids[k];
+      if (!in_rows(id, rows)) check_id(id, k, rows, layout, operation);
+      sorted = sorted && (k == 0 || ids[k - 1] <= id);
+      const std::size_t s = shard_of(static_cast<std::size_t>(id));
+      put(k, next[s]++, s, id - static_cast<std::int64_t>(first_row[s]));
+    }
+    for (std::size_t s = 0; s < shards; ++s) groups.count[s] = next[s] - groups.start[s];
+    groups.sorted = sorted;
+    return;
+  }
+  // Counted first: regions of their exact sizes.
+  auto& shard_of_id = plan_tables::local().shard_of;
+  shard_of_id.resize(n);
+  std::vector<std::size_t>& count = groups.count;
+  for (std::size_t k = 0; k < n; ++k) {
+    if (!in_rows(ids[k], rows)) check_id(ids[k], k, rows, layout, operation);
+    sorted = sorted && (k == 0 || ids[k - 1] <= ids[k]);
+    const std::size_t s = shard_of(static_cast<std::size_t>(ids[k]));
+    shard_of_id[k] = static_cast<std::uint32_t>(s);
+    ++count[s];
+  }
+  for (std::size_t s = 1; s < shards; ++s) groups.start[s] = groups.start[s - 1] + count[s - 1];
+  std::vector<std::size_t> next(groups.start);
+  for (std::size_t k = 0; k < n; ++k) {
+    const std::uint32_t s = shard_of_id[k];
+    put(k, next[s]++, std::size_t{s}, ids[k] - static_cast<std::int64_t>(first_row[s]));
+  }
+  groups.sorted = sorted;
 }
 
 }  // namespace
@@ -244,23 +298,23 @@ std::vector<tensor> split_dense(const sharded_layout& layout, const tensor& valu
   return parts;
 }
 
-std::vector<shard_rows> split_by_shard(const sharded_layout& layout, const id_list& list, row_source source,
-                                       std::string_view operation) {
-  check_one_dimensional(list.shape, operation);
-  const std::span<const std::int64_t> ids(list.ids);
+std::vector<shard_rows> split_by_shard(const sharded_layout& layout, std::span<const std::int64_t> ids,
+                                       const shape_type& id_shape, row_source source, std::string_view operation) {
+  check_one_dimensional(id_shape, operation);
   const tensor& rows = source.rows;
   check_rows(layout, ids.size(), rows, operation);
-  auto& tables = plan_tables::local();
-  locate_ids(layout, ids, tables, operation);
   const std::size_t shards = layout.num_shards();
   const std::size_t row_bytes = layout.row_elements() * size_of(layout.ref.type);
+  id_groups groups = id_groups_for(shards, ids.size(), sizeof(std::int64_t) + row_bytes);
   // One buffer for all shards' ids and one for their rows, reused once the sends are done; each
   // shard's part is a slice.
-  const byte_buffer id_storage = scratch_buffers::take(ids.size() * sizeof(std::int64_t));
+  const byte_buffer id_storage = scratch_buffers::take(groups.entries * sizeof(std::int64_t));
   auto* local = reinterpret_cast<std::int64_t*>(id_storage.data());
   if (shards == 1) {
     // One shard: the ids as they are, the rows copied only if they are the caller's.
-    if (!ids.empty()) std::memcpy(local, ids.data(), ids.size() * sizeof(std::int64_t));
+    group_ids(layout, ids, operation, groups, [local](std::size_t, std::size_t at, std::size_t, std::int64_t id) {
+      local[at] = id;
+    });
     tensor own = rows;
     if (!source.owned) {
       own = tensor(rows.type(), rows.shape(), scratch_buffers::take(rows.size_bytes()));
@@ -268,34 +322,31 @@ std::vector<shard_rows> split_by_shard(const sharded_layout& layout, const id_li
     }
     return {shard_rows{0, tensor(dtype::int64, {ids.size()}, id_storage), std::move(own)}};
   }
-  group_by_shard(tables);
-  const byte_buffer row_storage = scratch_buffers::take(ids.size() * row_bytes);
+  const byte_buffer row_storage = scratch_buffers::take(groups.entries * row_bytes);
   std::byte* to = row_storage.data();
   const std::byte* from = rows.bytes().data();
-  const std::vector<std::size_t>& offsets = layout.offsets;
   runtime::with_row_size(row_bytes, [&](auto size) {
-    for (std::size_t k = 0; k < ids.size(); ++k) {
-      const std::uint32_t s = tables.shard_of[k];
-      const std::size_t at = tables.start[s] + tables.fill[s]++;
-      local[at] = ids[k] - static_cast<std::int64_t>(offsets[s]);
+    group_ids(layout, ids, operation, groups, [&](std::size_t k, std::size_t at, std::size_t, std::int64_t id) {
+      local[at] = id;
       std::memcpy(to + at * size, from + k * size, size);
-    }
+    });
   });
   std::vector<shard_rows> out;
   for (std::size_t s = 0; s < shards; ++s) {
-    const std::size_t n = tables.counts[s];
+    const std::size_t n = groups.count[s];
     if (n == 0) continue;
+    const std::size_t start = groups.start[s];
     shape_type shape = rows.shape();
     shape[0] = n;
     out.push_back(shard_rows{
-        s, tensor(dtype::int64, {n}, id_storage.slice(tables.start[s] * sizeof(std::int64_t), n * sizeof(std::int64_t))),
-        tensor(rows.type(), std::move(shape), row_storage.slice(tables.start[s] * row_bytes, n * row_bytes))});
+        s, tensor(dtype::int64, {n}, id_storage.slice(start * sizeof(std::int64_t), n * sizeof(std::int64_t))),
+        tensor(rows.type(), std::move(shape), row_storage.slice(start * row_bytes, n * row_bytes))});
   }
   return out;
 }
 
 // Where a reply row goes: output row `position` takes row `row` of its shard's reply. 32 bits each
-// (locate_ids refuses more than 2^32 - 1 ids): the planning and placing passes stream these, and 8
+// (group_ids refuses more than 2^32 - 1 ids): the planning and placing passes stream these, and 8
 // bytes per id instead of 16 halve that traffic.
 struct row_place {
   std::uint32_t position;
@@ -336,40 +387,25 @@ namespace {
 lookup_plan prepare_lookup(const sharded_layout& layout, std::span<const std::int64_t> ids,
                            std::string_view operation, bool distinct) {
   if (layout.ref.shape.empty()) invalid(fmt::format("{} of '{}': a scalar variable has no rows", operation, layout.ref.name));
-  auto& tables = plan_tables::local();
-  const bool sorted = locate_ids(layout, ids, tables, operation);
   const std::size_t shards = layout.num_shards();
-  group_by_shard(tables);
-  lookup_plan plan{scratch_buffers::take(ids.size() * sizeof(std::int64_t)),
-                   scratch_buffers::take(ids.size() * sizeof(row_place)),
-                   tables.start,
-                   tables.counts,
-                   sorted,
+  id_groups groups = id_groups_for(shards, ids.size(), sizeof(std::int64_t) + sizeof(row_place));
+  lookup_plan plan{scratch_buffers::take(groups.entries * sizeof(std::int64_t)),
+                   scratch_buffers::take(groups.entries * sizeof(row_place)),
+                   {},
+                   {},
+                   false,
                    distinct,
                    {}};
   plan.parts.reserve(shards);
-  // Positions fit in 32 bits: locate_ids refused more ids.
-  if (shards == 1) {
-    row_place* places = plan.places_of(0);
-    std::int64_t* local = plan.ids_of(0);
-    for (std::size_t k = 0; k < ids.size(); ++k) {
-      places[k].position = static_cast<std::uint32_t>(k);
-      local[k] = ids[k];
-    }
-    return plan;
-  }
-  std::vector<std::size_t> next_of(plan.start);
-  std::size_t* next = next_of.data();
-  row_place* places = plan.places_of(0);
-  std::int64_t* local = plan.ids_of(0);
-  const std::uint32_t* shard_of = tables.shard_of.data();
-  const std::size_t* first_row = layout.offsets.data();
-  for (std::size_t k = 0; k < ids.size(); ++k) {
-    const std::uint32_t s = shard_of[k];
-    const std::size_t at = next[s]++;
-    places[at].position = static_cast<std::uint32_t>(k);
-    local[at] = ids[k] - static_cast<std::int64_t>(first_row[s]);
-  }
+  auto* places = reinterpret_cast<row_place*>(plan.places.data());
+  auto* local = reinterpret_cast<std::int64_t*>(plan.ids.data());
+  group_ids(layout, ids, operation, groups, [=](std::size_t k, std::size_t at, std::size_t, std::int64_t id) {
+    places[at].position = static_cast<std::uint32_t>(k);  // k < 2^32: group_ids refuses more ids
+    local[at] = id;
+  });
+  plan.start = std::move(groups.start);
+  plan.count = std::move(groups.count);
+  plan.sorted = groups.sorted;
   return plan;
 }
 

@@ -72,121 +72,144 @@ asio::awaitable<void> check_lookup(sharded_variable<float> table, const xt::xarr
 
 }  // namespace
 
+// 3 shards: ids are grouped by shard in one pass; 9: counted first (src/sharded.cpp,
+// one_pass_max_shards).
 TEST_CASE("lookups of sorted, unsorted and repeated ids, small and large, alone and at once, return their rows") {
-  local_cluster cluster(2, 1);
-  cluster.run_chief(
-      [](parameter_server_strategy& strategy, cluster_coordinator&) -> asio::awaitable<void> {
-        // 3 shards of ~6,700 rows of 4 floats: a reply of a few thousand rows is larger than the
-        // transport's read buffer, so direct receives land partly through the socket.
-        const auto initial = iota_rows<float>(20011, 4);
-        auto table = co_await strategy.scope().create_sharded_variable("lookup_paths", initial);
-        REQUIRE(table.num_shards() == 3);
-        auto one_shard = co_await strategy.scope().create_variable("lookup_one", initial);
-        std::vector<std::int64_t> all(20011);
-        std::iota(all.begin(), all.end(), 0);
-        std::vector<std::int64_t> shuffled = all;
-        std::mt19937_64 random(5);
-        std::shuffle(shuffled.begin(), shuffled.end(), random);
-        std::vector<std::int64_t> repeated;  // unsorted, every id several times
-        std::uniform_int_distribution<std::int64_t> pick(0, 999);
-        for (int k = 0; k < 30000; ++k) repeated.push_back(pick(random) * 20);
-        std::vector<std::int64_t> sorted_repeats = repeated;
-        std::sort(sorted_repeats.begin(), sorted_repeats.end());
-        std::vector<std::int64_t> few;  // ~100 ids per shard of ~6,700 rows, two of them repeated
-        std::uniform_int_distribution<std::int64_t> any(0, 20010);
-        for (int k = 0; k < 300; ++k) few.push_back(any(random));
-        few.push_back(few[7]);
-        few.push_back(few[100]);
-        // Repeats in unsorted ids are found by a reply index per row (ids >= rows / 8 per shard), a
-        // bit per row (>= rows / 256) or a hash table (fewer): src/sharded.cpp, plan_part.
-        const std::vector<std::vector<std::int64_t>> cases{
-            all,                                   // sorted, distinct: each shard's reply lands in place
-            shuffled,                              // unsorted, distinct (index per row)
-            repeated,                              // unsorted, repeats (index per row)
-            sorted_repeats,                        // sorted, repeats
-            few,                                   // unsorted, a few repeats (bit per row)
-            {6669, 6670, 6671, 13339, 13340},      // sorted across shard borders (6,671 / 13,341)
-            {20010, 0, 20010, 3, 3, 6671},         // small, unsorted, repeats (hash table)
-            {7},
-            {},
-        };
-        for (int pass = 0; pass < 2; ++pass) {  // the second pass reuses the first's buffers
-          for (const auto& ids : cases) co_await check_lookup(table, initial, ids);
-        }
-        // One shard: distinct ids, sorted or not, are received straight into the result.
-        for (const auto& ids : cases) {
-          const auto id_array = xt::adapt(ids);
-          CHECK((co_await one_shard.embedding_lookup(id_array) == rows_of_table(initial, ids)));
-        }
-        // Lookups in flight at once each get their own buffers.
-        co_await detail::run_all(cases.size(), [&](std::size_t i) { return check_lookup(table, initial, cases[i]); });
-        // The ids are read when the lookup is called: changing or freeing them before the await
-        // changes nothing.
-        {
-          auto changing = std::make_unique<xt::xarray<std::int64_t>>(xt::xarray<std::int64_t>{20010, 6671, 3});
-          auto pending = table.embedding_lookup(*changing);
-          (*changing)(0) = 0;
-          changing.reset();
-          const auto looked = co_await std::move(pending);
-          CHECK((looked == rows_of_table(initial, {20010, 6671, 3})));
-        }
-        // Ids of rank 2 keep their shape.
-        const xt::xarray<std::int64_t> grid{{20010, 1}, {1, 6671}};
-        const auto looked_up = co_await table.embedding_lookup(grid);
-        CHECK(looked_up.shape() == std::vector<std::size_t>{2, 2, 4});
-        CHECK((xt::view(looked_up, 1, 1) == xt::view(initial, 6671)));
-        // A bad id is found wherever it is, sorted or not, and nothing is sent.
-        const xt::xarray<std::int64_t> sorted_bad{0, 5, 20011};
-        const xt::xarray<std::int64_t> unsorted_bad{9, 2, -3, 4};
-        auto e = co_await failure_of(table.embedding_lookup(sorted_bad));
-        CHECK(message_of(e) == "embedding_lookup of 'lookup_paths': id 20011 (position 2) is out of range [0, 20011)");
-        e = co_await failure_of(table.sparse_read(unsorted_bad));
-        CHECK(message_of(e) == "sparse_read of 'lookup_paths': id -3 (position 2) is out of range [0, 20011)");
-      },
-      {}, {}, fixed_shards_partitioner{3});
+  for (const std::int64_t shards : {3, 9}) {
+    CAPTURE(shards);
+    local_cluster cluster(2, 1);
+    cluster.run_chief(
+        [shards](parameter_server_strategy& strategy, cluster_coordinator&) -> asio::awaitable<void> {
+          // Shards of ~6,700 (or ~2,200) rows of 4 floats: a reply of a few thousand rows is larger
+          // than the transport's read buffer, so direct receives land partly through the socket.
+          const auto initial = iota_rows<float>(20011, 4);
+          auto table = co_await strategy.scope().create_sharded_variable("lookup_paths", initial);
+          REQUIRE(table.num_shards() == static_cast<std::size_t>(shards));
+          auto one_shard = co_await strategy.scope().create_variable("lookup_one", initial);
+          std::vector<std::int64_t> all(20011);
+          std::iota(all.begin(), all.end(), 0);
+          std::vector<std::int64_t> shuffled = all;
+          std::mt19937_64 random(5);
+          std::shuffle(shuffled.begin(), shuffled.end(), random);
+          std::vector<std::int64_t> repeated;  // unsorted, every id several times
+          std::uniform_int_distribution<std::int64_t> pick(0, 999);
+          for (int k = 0; k < 30000; ++k) repeated.push_back(pick(random) * 20);
+          std::vector<std::int64_t> sorted_repeats = repeated;
+          std::sort(sorted_repeats.begin(), sorted_repeats.end());
+          std::vector<std::int64_t> few;  // ~100 ids per shard of ~6,700 rows, two of them repeated
+          std::uniform_int_distribution<std::int64_t> any(0, 20010);
+          for (int k = 0; k < 300; ++k) few.push_back(any(random));
+          few.push_back(few[7]);
+          few.push_back(few[100]);
+          // Repeats in unsorted ids are found by a reply index per row (ids >= rows / 8 per shard), a
+          // bit per row (>= rows / 256) or a hash table (fewer): src/sharded.cpp, plan_part.
+          const std::vector<std::vector<std::int64_t>> cases{
+              all,                                   // sorted, distinct: each shard's reply lands in place
+              shuffled,                              // unsorted, distinct (index per row)
+              repeated,                              // unsorted, repeats (index per row)
+              sorted_repeats,                        // sorted, repeats
+              few,                                   // unsorted, a few repeats (bit per row)
+              {6669, 6670, 6671, 13339, 13340},      // sorted across shard borders (of 3: 6,671 / 13,341)
+              {20010, 0, 20010, 3, 3, 6671},         // small, unsorted, repeats (hash table)
+              {7},
+              {},
+          };
+          for (int pass = 0; pass < 2; ++pass) {  // the second pass reuses the first's buffers
+            for (const auto& ids : cases) co_await check_lookup(table, initial, ids);
+          }
+          // One shard: distinct ids, sorted or not, are received straight into the result.
+          for (const auto& ids : cases) {
+            const auto id_array = xt::adapt(ids);
+            CHECK((co_await one_shard.embedding_lookup(id_array) == rows_of_table(initial, ids)));
+          }
+          // Lookups in flight at once each get their own buffers.
+          co_await detail::run_all(cases.size(), [&](std::size_t i) { return check_lookup(table, initial, cases[i]); });
+          // The ids are read when the lookup is called: changing or freeing them before the await
+          // changes nothing.
+          {
+            auto changing = std::make_unique<xt::xarray<std::int64_t>>(xt::xarray<std::int64_t>{20010, 6671, 3});
+            auto pending = table.embedding_lookup(*changing);
+            (*changing)(0) = 0;
+            changing.reset();
+            const auto looked = co_await std::move(pending);
+            CHECK((looked == rows_of_table(initial, {20010, 6671, 3})));
+          }
+          // Ids of rank 2 keep their shape.
+          const xt::xarray<std::int64_t> grid{{20010, 1}, {1, 6671}};
+          const auto looked_up = co_await table.embedding_lookup(grid);
+          CHECK(looked_up.shape() == std::vector<std::size_t>{2, 2, 4});
+          CHECK((xt::view(looked_up, 1, 1) == xt::view(initial, 6671)));
+          // A bad id is found wherever it is, sorted or not, and nothing is sent.
+          const xt::xarray<std::int64_t> sorted_bad{0, 5, 20011};
+          const xt::xarray<std::int64_t> unsorted_bad{9, 2, -3, 4};
+          auto e = co_await failure_of(table.embedding_lookup(sorted_bad));
+          CHECK(message_of(e) == "embedding_lookup of 'lookup_paths': id 20011 (position 2) is out of range [0, 20011)");
+          e = co_await failure_of(table.sparse_read(unsorted_bad));
+          CHECK(message_of(e) == "sparse_read of 'lookup_paths': id -3 (position 2) is out of range [0, 20011)");
+        },
+        {}, {}, fixed_shards_partitioner{shards});
+  }
 }
 
+// 3 shards: ids and rows are grouped by shard in one pass; 9: counted first (src/sharded.cpp,
+// one_pass_max_shards).
 TEST_CASE("scatters of sorted, unsorted and repeated ids, at once, equal the same scatters on a dense variable") {
-  local_cluster cluster(2, 1);
-  cluster.run_chief(
-      [](parameter_server_strategy& strategy, cluster_coordinator&) -> asio::awaitable<void> {
-        auto initial = iota_rows<float>(5003, 2);
-        auto table = co_await strategy.scope().create_sharded_variable("scatter_paths", initial);
-        REQUIRE(table.num_shards() == 3);
-        std::mt19937_64 random(9);
-        std::uniform_int_distribution<std::int64_t> pick(0, 5002);
-        std::vector<std::int64_t> ids;
-        for (int k = 0; k < 4000; ++k) ids.push_back(pick(random));
-        std::vector<std::int64_t> sorted_ids = ids;
-        std::sort(sorted_ids.begin(), sorted_ids.end());
-        xt::xarray<float> rows = xt::zeros<float>({ids.size(), std::size_t{2}});
-        for (std::size_t k = 0; k < ids.size(); ++k) rows(k, 0) = rows(k, 1) = static_cast<float>(k % 7) + 1;
-        // Two scatters in flight at once: each holds its own per-shard buffers until it is sent.
-        const auto id_array = xt::adapt(ids);
-        const auto sorted_array = xt::adapt(sorted_ids);
-        auto first = table.scatter_add(id_array, rows);
-        auto second = table.scatter_add(sorted_array, rows);
-        co_await std::move(first);
-        co_await std::move(second);
-        co_await table.scatter_add(id_array, rows);  // reuses the buffers
-        for (int pass = 0; pass < 2; ++pass) {
-          for (std::size_t k = 0; k < ids.size(); ++k) {
-            const auto& id = pass == 0 ? ids : sorted_ids;
-            for (std::size_t j = 0; j < 2; ++j) initial(static_cast<std::size_t>(id[k]), j) += rows(k, j);
+  for (const std::int64_t shards : {3, 9}) {
+    CAPTURE(shards);
+    local_cluster cluster(2, 1);
+    cluster.run_chief(
+        [shards](parameter_server_strategy& strategy, cluster_coordinator&) -> asio::awaitable<void> {
+          auto initial = iota_rows<float>(5003, 2);
+          auto table = co_await strategy.scope().create_sharded_variable("scatter_paths", initial);
+          REQUIRE(table.num_shards() == static_cast<std::size_t>(shards));
+          std::mt19937_64 random(9);
+          std::uniform_int_distribution<std::int64_t> pick(0, 5002);
+          std::vector<std::int64_t> ids;
+          for (int k = 0; k < 4000; ++k) ids.push_back(pick(random));
+          std::vector<std::int64_t> sorted_ids = ids;
+          std::sort(sorted_ids.begin(), sorted_ids.end());
+          xt::xarray<float> rows = xt::zeros<float>({ids.size(), std::size_t{2}});
+          for (std::size_t k = 0; k < ids.size(); ++k) rows(k, 0) = rows(k, 1) = static_cast<float>(k % 7) + 1;
+          // Two scatters in flight at once: each holds its own per-shard buffers until it is sent.
+          const auto id_array = xt::adapt(ids);
+          const auto sorted_array = xt::adapt(sorted_ids);
+          auto first = table.scatter_add(id_array, rows);
+          auto second = table.scatter_add(sorted_array, rows);
+          co_await std::move(first);
+          co_await std::move(second);
+          co_await table.scatter_add(id_array, rows);  // reuses the buffers
+          for (int pass = 0; pass < 2; ++pass) {
+            for (std::size_t k = 0; k < ids.size(); ++k) {
+              const auto& id = pass == 0 ? ids : sorted_ids;
+              for (std::size_t j = 0; j < 2; ++j) initial(static_cast<std::size_t>(id[k]), j) += rows(k, j);
+            }
           }
-        }
-        for (std::size_t k = 0; k < ids.size(); ++k) {
-          for (std::size_t j = 0; j < 2; ++j) initial(static_cast<std::size_t>(ids[k]), j) += rows(k, j);
-        }
-        CHECK((co_await table.read() == initial));
-        // An empty scatter sends nothing and changes nothing.
-        const std::vector<std::int64_t> none;
-        const xt::xarray<float> no_rows = xt::zeros<float>({std::size_t{0}, std::size_t{2}});
-        const auto no_ids = xt::adapt(none);
-        co_await table.scatter_add(no_ids, no_rows);
-        CHECK((co_await table.read() == initial));
-      },
-      {}, {}, fixed_shards_partitioner{3});
+          for (std::size_t k = 0; k < ids.size(); ++k) {
+            for (std::size_t j = 0; j < 2; ++j) initial(static_cast<std::size_t>(ids[k]), j) += rows(k, j);
+          }
+          CHECK((co_await table.read() == initial));
+          // An empty scatter sends nothing and changes nothing.
+          const std::vector<std::int64_t> none;
+          const xt::xarray<float> no_rows = xt::zeros<float>({std::size_t{0}, std::size_t{2}});
+          const auto no_ids = xt::adapt(none);
+          co_await table.scatter_add(no_ids, no_rows);
+          CHECK((co_await table.read() == initial));
+          // Ids and rows are read when the scatter is called: changing them before the await
+          // changes nothing.
+          std::vector<std::int64_t> changing_ids{5002, 0, 17};
+          xt::xarray<float> changing_rows = xt::ones<float>({std::size_t{3}, std::size_t{2}});
+          const auto changing_array = xt::adapt(changing_ids);
+          auto pending = table.scatter_add(changing_array, changing_rows);
+          changing_ids[0] = 1;
+          changing_rows.fill(100.0F);
+          co_await std::move(pending);
+          for (const std::size_t id : {5002, 0, 17}) {
+            for (std::size_t j = 0; j < 2; ++j) initial(id, j) += 1.0F;
+          }
+          CHECK((co_await table.read() == initial));
+        },
+        {}, {}, fixed_shards_partitioner{shards});
+  }
 }
 
 TEST_CASE_TEMPLATE("every sharded operation equals the same operation on a dense variable", T, float, double) {

@@ -162,14 +162,15 @@ tensor dense_operand(E&& e) {
 template <class E>
 inline constexpr bool is_expression_v = xt::is_xexpression<std::remove_cvref_t<E>>::value;
 
-/// Checks a row operation (1-D ids in range, rows of shape [n] + the row shape and the variable's
-/// dtype) and splits ids and rows by shard, keeping their order within each shard. Rows are copied
+/// Checks a row operation (1-D ids of `id_shape` in range, rows of shape [n] + the row shape and the
+/// variable's dtype) and splits ids and rows by shard, keeping their order within each shard. Rows are copied
 /// once into per-shard buffers (not at all for one shard when `rows.owned`), so the result never
 /// refers to the caller's storage; the buffers are reused from the calling thread's earlier row
 /// operations once nothing holds them (src/sharded.cpp, scratch_buffers). Throws errc::invalid_argument naming the operation, the
 /// variable, and the bad id with its position and the row count: a bad id sends nothing.
-PSCORO_API std::vector<shard_rows> split_by_shard(const sharded_layout& layout, const id_list& ids, row_source rows,
-                                       std::string_view operation);
+PSCORO_API std::vector<shard_rows> split_by_shard(const sharded_layout& layout, std::span<const std::int64_t> ids,
+                                                  const shape_type& id_shape, row_source rows,
+                                                  std::string_view operation);
 /// The rows that [begin:end:step] selects of `rows`, in order, as Python's slice.indices(rows)
 /// gives them: a negative bound counts from the end, a bound past either end is clamped, an absent
 /// one is the start or the end in the step's direction, and a negative step walks backwards.
@@ -404,7 +405,9 @@ class row_operations {
     std::vector<shard_rows> parts;
     try {
       // Split now, while the caller's rows certainly exist; failures surface where awaited.
-      parts = split_by_shard(*where, to_id_list(ids), rows_of(rows), "apply_sparse_gradient");
+      id_list converted;
+      const auto int64_ids = ids_of(ids, converted);
+      parts = split_by_shard(*where, int64_ids, converted.shape, rows_of(rows), "apply_sparse_gradient");
     } catch (...) {
       return ops::failed(std::current_exception());
     }
@@ -414,19 +417,28 @@ class row_operations {
  private:
   using ops = sharded_ops<T>;
 
-  // The lookup is planned before this returns: an int64 container's ids are read where they are
-  // (no copy: a million ids are 8 MiB of fresh pages per call otherwise), others are converted first.
+  // The ids of a row operation as int64, with their shape in `converted.shape`: an int64
+  // container's read where they are (no copy: a million ids are 8 MiB of fresh pages per call
+  // otherwise), others converted into `converted.ids`. Row operations plan or split at the call,
+  // so the span is used before this call's caller returns.
   template <class E>
-  asio::awaitable<xt::xarray<T>> lookup(const xt::xexpression<E>& ids, bool flat, const char* operation) const {
+  static std::span<const std::int64_t> ids_of(const xt::xexpression<E>& ids, id_list& converted) {
     using C = std::remove_cvref_t<E>;
     if constexpr (is_dense_container_v<C> && std::is_same_v<typename C::value_type, std::int64_t>) {
       const C& container = ids.derived_cast();
-      return ops::gather(io(), layout(), std::span<const std::int64_t>(container.data(), container.size()),
-                         shape_type(container.shape().begin(), container.shape().end()), flat, operation);
+      converted.shape.assign(container.shape().begin(), container.shape().end());
+      return {container.data(), container.size()};
     } else {
-      id_list list = to_id_list(ids);
-      return ops::gather(io(), layout(), list.ids, std::move(list.shape), flat, operation);
+      converted = to_id_list(ids);
+      return converted.ids;
     }
+  }
+
+  template <class E>
+  asio::awaitable<xt::xarray<T>> lookup(const xt::xexpression<E>& ids, bool flat, const char* operation) const {
+    id_list converted;
+    const auto int64_ids = ids_of(ids, converted);
+    return ops::gather(io(), layout(), int64_ids, std::move(converted.shape), flat, operation);
   }
 
   std::shared_ptr<const sharded_layout> layout() const { return static_cast<const Derived&>(*this).row_layout(); }
@@ -451,7 +463,9 @@ class row_operations {
     std::vector<shard_rows> parts;
     try {
       // Split now, while the caller's rows certainly exist; failures surface where awaited.
-      parts = split_by_shard(*where, to_id_list(ids), rows_of(rows), operation);
+      id_list converted;
+      const auto int64_ids = ids_of(ids, converted);
+      parts = split_by_shard(*where, int64_ids, converted.shape, rows_of(rows), operation);
     } catch (...) {
       return ops::failed(std::current_exception());
     }
