@@ -14,7 +14,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 packages=(g++ meson ninja-build pkg-config cmake libasio-dev libprotobuf-dev protobuf-compiler
-          libxtensor-dev xtl-dev libfmt-dev doctest-dev nlohmann-json3-dev libcli11-dev zlib1g-dev
+          libxtensor-dev xtl-dev libfmt-dev doctest-dev nlohmann-json3-dev libcli11-dev zlib1g-dev libisal-dev
           libbenchmark-dev libssl-dev openssl dataset-fashion-mnist python3 python3-protobuf python3-crc32c python3-numpy
           python3-yaml  # the deploy test parses examples/deploy's manifests
           iproute2 nftables)  # the last two: test hosts in network namespaces with faulty links

@@ -22,6 +22,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <optional>
 #include <span>
 #include <string>
@@ -85,6 +86,10 @@ PSCORO_API dataset<criteo_example> criteo_tsv(std::vector<std::string> paths);
 /// Parses one Criteo TSV line; throws errc::invalid_argument naming the field (1-based) and why.
 PSCORO_API criteo_example parse_criteo_line(std::string_view line);
 
+namespace data {
+class file_reader;  // src/data/file_reader.hpp
+}  // namespace data
+
 namespace detail {
 /// An IDX file's rows, streamed: element type code (0x08 ubyte ... 0x0E double), dimensions, and the
 /// raw big-endian bytes of one row (a slice along axis 0) at a time.
@@ -106,7 +111,7 @@ class PSCORO_API idx_reader {
   void read_header();
 
   std::string path_;
-  void* file_ = nullptr;  // gzFile
+  std::unique_ptr<data::file_reader> file_;
   std::uint8_t type_ = 0;
   std::vector<std::size_t> shape_;
   std::size_t row_bytes_ = 0;

@@ -1,9 +1,9 @@
 #include <pscoro/data_formats.hpp>
 
+#include "data/file_reader.hpp"
 #include "metrics/library.hpp"
 
 #include <fmt/format.h>
-#include <zlib.h>
 
 #include <algorithm>
 #include <bit>
@@ -274,22 +274,15 @@ std::size_t idx_element_size(std::uint8_t type) {
 }
 }  // namespace
 
-idx_reader::idx_reader(std::string path) : path_(std::move(path)) {
-  // zlib reads plain files as they are, so one reader serves .gz and uncompressed IDX files.
-  file_ = gzopen(path_.c_str(), "rb");
-  if (!file_) throw error(errc::not_found, fmt::format("{}: cannot open: {}", path_, std::strerror(errno)));
-  try {
-    read_header();
-  } catch (...) {
-    gzclose(static_cast<gzFile>(file_));  // a throwing constructor runs no destructor
-    throw;
-  }
+idx_reader::idx_reader(std::string path)
+    : path_(std::move(path)), file_(std::make_unique<data::file_reader>(path_)) {  // plain or gzip
+  read_header();
 }
 
 void idx_reader::read_header() {
-  const auto file = static_cast<gzFile>(file_);
+  data::file_reader& file = *file_;
   unsigned char magic[4];
-  if (gzread(file, magic, 4) != 4) {
+  if (file.read(magic, 4) != 4) {
     throw error(errc::data_loss, fmt::format("{}: too short for an IDX header", path_));
   }
   if (magic[0] != 0 || magic[1] != 0) {
@@ -309,7 +302,7 @@ void idx_reader::read_header() {
   offset_ = 4;
   for (int i = 0; i < magic[3]; ++i) {
     unsigned char be[4];
-    if (gzread(file, be, 4) != 4) {
+    if (file.read(be, 4) != 4) {
       throw error(errc::data_loss, fmt::format("{}: truncated at byte {} (in the {} dimensions of the header)", path_,
                                                offset_, magic[3]));
     }
@@ -345,7 +338,7 @@ void idx_reader::read_header() {
   // A plain file's length is known: check it now rather than rows (or epochs) later. A gzipped
   // file's is not (its trailer holds it modulo 2^32 only); it is checked as it is read.
   std::error_code ec;
-  if (gzdirect(file) && std::filesystem::is_regular_file(path_, ec)) {
+  if (!file.compressed() && std::filesystem::is_regular_file(path_, ec)) {
     const auto length = std::filesystem::file_size(path_, ec);
     if (!ec && length != data_bytes) {
       throw error(errc::data_loss,
@@ -355,14 +348,12 @@ void idx_reader::read_header() {
   }
 }
 
-idx_reader::~idx_reader() {
-  if (file_) gzclose(static_cast<gzFile>(file_));
-}
+idx_reader::~idx_reader() = default;
 
 bool idx_reader::read_row(std::vector<std::byte>& out) {
   if (rows_read_ == shape_[0]) {
     unsigned char extra;
-    if (gzread(static_cast<gzFile>(file_), &extra, 1) > 0) {
+    if (file_->read(&extra, 1) > 0) {
       throw error(errc::data_loss,
                   fmt::format("{}: bytes after the last of its {} rows, at byte {}", path_, shape_[0], offset_));
     }
@@ -375,16 +366,12 @@ bool idx_reader::read_row(std::vector<std::byte>& out) {
   std::size_t got = 0;
   while (got < row_bytes_) {
     if (got == out.size()) out.resize(std::min(row_bytes_, out.size() + step));
-    const auto chunk = static_cast<unsigned>(std::min<std::size_t>(out.size() - got, 1u << 30));
-    const int n = gzread(static_cast<gzFile>(file_), out.data() + got, chunk);
-    if (n <= 0) {
-      int code = 0;
-      const char* why = gzerror(static_cast<gzFile>(file_), &code);
-      throw error(errc::data_loss, fmt::format("{}: truncated at byte {}: row {} of {} is incomplete{}{}", path_,
-                                               offset_ + got, rows_read_, shape_[0], code < 0 ? ": " : "",
-                                               code < 0 ? why : ""));
+    const std::size_t n = file_->read(out.data() + got, out.size() - got);
+    if (n == 0) {
+      throw error(errc::data_loss, fmt::format("{}: truncated at byte {}: row {} of {} is incomplete", path_,
+                                               offset_ + got, rows_read_, shape_[0]));
     }
-    got += static_cast<std::size_t>(n);
+    got += n;
   }
   metrics::dataset_bytes_read().inc(got);
   offset_ += row_bytes_;

@@ -1,6 +1,7 @@
 #include <pscoro/data_formats.hpp>
 
 #include "data/crc32c.hpp"
+#include "data/file_reader.hpp"
 #include "metrics/library.hpp"
 #include "example.pb.h"
 
@@ -40,9 +41,7 @@ class record_reader {
       if (!file_) {
         if (next_file_ >= paths_->size()) return std::nullopt;
         path_ = &(*paths_)[next_file_++];
-        file_ = gzopen(path_->c_str(), "rb");  // reads plain files as they are
-        if (!file_) throw error(errc::not_found, fmt::format("{}: cannot open: {}", *path_, std::strerror(errno)));
-        gzbuffer(file_, 256 * 1024);
+        file_ = std::make_unique<data::file_reader>(*path_);  // plain or gzip
         offset_ = 0;
       }
       unsigned char header[12];
@@ -81,17 +80,7 @@ class record_reader {
 
  private:
   std::size_t read(void* out, std::size_t n) {
-    std::size_t got = 0;
-    while (got < n) {
-      const auto chunk = static_cast<unsigned>(std::min<std::size_t>(n - got, 1u << 30));
-      const int r = gzread(file_, static_cast<char*>(out) + got, chunk);
-      if (r < 0) {
-        int code = 0;
-        corrupt(offset_, fmt::format("unreadable: {}", gzerror(file_, &code)));
-      }
-      if (r == 0) break;
-      got += static_cast<std::size_t>(r);
-    }
+    const std::size_t got = file_->read(out, n);
     metrics::dataset_bytes_read().inc(got);
     return got;
   }
@@ -100,15 +89,12 @@ class record_reader {
     throw error(errc::data_loss, fmt::format("{}: corrupt TFRecord at byte {}: {}", *path_, at, what));
   }
 
-  void close() {
-    if (file_) gzclose(file_);
-    file_ = nullptr;
-  }
+  void close() { file_.reset(); }
 
   std::shared_ptr<const std::vector<std::string>> paths_;
   std::size_t next_file_ = 0;
   const std::string* path_ = nullptr;
-  gzFile file_ = nullptr;
+  std::unique_ptr<data::file_reader> file_;
   std::uint64_t offset_ = 0;
 };
 

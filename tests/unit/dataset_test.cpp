@@ -6,12 +6,17 @@
 #include <pscoro/dataset.hpp>
 
 #include "data/crc32c.hpp"
+#include "data/file_reader.hpp"
+
+#include <fmt/format.h>
 
 #include <zlib.h>
 
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
+#include <random>
 #include <set>
 
 using namespace pscoro;
@@ -422,6 +427,82 @@ TEST_CASE("criteo_tsv reads Criteo lines with missing values and names the bad f
         bad + ":2: field 40: '68fd1e6z' is not 8 hex digits");
   const auto short_line = s.write("short.tsv", "0\t1\t2\n");
   CHECK(contains(error_thrown_by([&] { (void)collect(criteo_tsv({short_line})); }).what(), ":1: field 4: missing"));
+}
+
+// The reader under IDX and TFRecord (src/data/file_reader.hpp): ISA-L's inflater, gzip members one
+// after another, plain files read as they are, and every way gzip data can be wrong.
+TEST_CASE("gzip inputs are read across members in any chunks; cut, corrupt or trailing gzip data names its byte") {
+  scratch s;
+  std::string first(300000, '\0'), second(300000, '\0');  // each more than one 256 KiB input step
+  std::mt19937 random(3);
+  for (auto* part : {&first, &second}) {
+    for (std::size_t i = 0; i < part->size(); ++i) (*part)[i] = static_cast<char>(i % 7 == 0 ? random() : i / 1000);
+  }
+  const std::string whole = first + second;
+  const auto file_bytes = [](const std::string& path) {
+    std::ifstream in(path, std::ios::binary);
+    return std::string(std::istreambuf_iterator<char>(in), {});
+  };
+  const std::string one_member = file_bytes(s.write_gz("one.gz", whole));
+  const std::string two_members = file_bytes(s.write_gz("a.gz", first)) + file_bytes(s.write_gz("b.gz", second));
+  // Reads of 1 byte, a row, more than a step, and the rest, then the end.
+  const auto read_all = [&](data::file_reader& reader) {
+    std::string out;
+    for (const std::size_t chunk : {std::size_t{1}, std::size_t{784}, std::size_t{400000}, whole.size()}) {
+      std::string part(chunk, '\0');
+      part.resize(reader.read(part.data(), chunk));
+      out += part;
+    }
+    char extra;
+    CHECK(reader.read(&extra, 1) == 0);
+    return out;
+  };
+  for (const auto& file : {std::pair{"one.gz", one_member}, std::pair{"two.gz", two_members}}) {
+    const std::string name = file.first;  // not a structured binding: clang 14 cannot capture one
+    CAPTURE(name);
+    data::file_reader reader(s.write(name, file.second));
+    CHECK(reader.compressed());
+    CHECK(read_all(reader) == whole);
+  }
+  data::file_reader plain(s.write("plain", whole));
+  CHECK(!plain.compressed());
+  CHECK(read_all(plain) == whole);
+
+  const auto failure = [&](const std::string& name, const std::string& bytes) {
+    const auto path = s.write(name, bytes);
+    return error_thrown_by([&] {
+      data::file_reader reader(path);
+      std::string out(whole.size() + 10, '\0');
+      (void)reader.read(out.data(), out.size());
+    });
+  };
+  auto e = failure("cut.gz", one_member.substr(0, one_member.size() / 2));
+  CHECK(e.code() == errc::data_loss);
+  CHECK(contains(e.what(), fmt::format("cut.gz: corrupt gzip data at byte {}: the file ends in the middle of a gzip "
+                                       "member (cut short?)", one_member.size() / 2)));
+  std::string wrong_crc = one_member;
+  wrong_crc[wrong_crc.size() - 8] = static_cast<char>(wrong_crc[wrong_crc.size() - 8] ^ 1);  // the trailer's CRC-32
+  e = failure("crc.gz", wrong_crc);
+  CHECK(contains(e.what(), "crc.gz: corrupt gzip data at byte"));
+  CHECK(contains(e.what(), "the member's CRC-32 or length does not match its data"));
+  std::string wrong_length = one_member;
+  wrong_length[wrong_length.size() - 4] = static_cast<char>(wrong_length[wrong_length.size() - 4] ^ 1);
+  e = failure("length.gz", wrong_length);
+  CHECK(contains(e.what(), "length.gz: corrupt gzip data at byte"));
+  std::string flipped = one_member;
+  for (std::size_t i = 100; i < 200; ++i) flipped[i] = static_cast<char>(~flipped[i]);  // inside the deflate data
+  e = failure("flipped.gz", flipped);
+  CHECK(e.code() == errc::data_loss);
+  CHECK(contains(e.what(), "flipped.gz: corrupt gzip data at byte"));
+  e = failure("trailing.gz", one_member + "xx");
+  CHECK(contains(e.what(), fmt::format("trailing.gz: corrupt gzip data at byte {}: the bytes after the end of a gzip "
+                                       "member start no other member", one_member.size())));
+  e = failure("header.gz", std::string("\x1f\x8b\x09\x00", 4) + std::string(20, 'z'));
+  CHECK(contains(e.what(), "header.gz: corrupt gzip data at byte"));
+  CHECK(contains(e.what(), "a compression method other than deflate"));
+  e = error_thrown_by([&] { data::file_reader missing((s.dir / "missing.gz").string()); });
+  CHECK(e.code() == errc::not_found);
+  CHECK(contains(e.what(), "missing.gz: cannot open: No such file or directory"));
 }
 
 TEST_CASE("idx reads rows of every element type, gzipped or not, and reports corruption by byte offset") {
