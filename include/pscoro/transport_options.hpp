@@ -27,9 +27,11 @@ struct PSCORO_API transport_options {
   /// included; one more is refused with errc::resource_exhausted. Raise it (and the process's
   /// file descriptor limit) for clusters of more than a few thousand tasks.
   std::size_t max_connections = 4096;
-  /// Bytes of requests a task holds for one connection while it serves them; past this it stops
-  /// reading from that connection until some are answered (backpressure, not an error), so a
-  /// peer cannot make it hold more than this plus one frame.
+  /// Bytes a task holds for one connection's requests, from when they arrive until their answers
+  /// are written (the request while it is served, then its answer while it waits to be sent);
+  /// past this it stops reading from that connection until some answers are written
+  /// (backpressure, not an error). A peer, even one that never reads its answers, can so make it
+  /// hold this, plus the answers to the requests being served when reading paused.
   std::uint64_t max_bytes_in_flight = std::uint64_t{1} << 30;
   /// How long to keep retrying to reach a task that is not up yet (TF retries for ~3 minutes).
   std::chrono::milliseconds connect_timeout{std::chrono::minutes(3)};

@@ -170,16 +170,31 @@ asio::awaitable<void> connection::serve(std::shared_ptr<connection> self, frame 
   }
   response.kind = frame_kind::response;
   response.request_id = id;
-  self->send(std::move(response));
-  self->bytes_in_flight_ -= bytes;
-  if (auto room = self->room_; room && self->bytes_in_flight_ <= self->reader_.limits().max_bytes_in_flight) {
-    room->set();
+  // The answer holds its bytes against max_bytes_in_flight until it is written, as its request did
+  // while it was served: a peer that sends requests and never reads the answers is not read any
+  // more once they are too many, rather than growing this side's write queue without limit.
+  if (!self->closed_) {
+    encoded_frame answer = encode(std::move(response));
+    answer.held = answer.head.size();
+    for (const auto& segment : answer.segments) answer.held += segment.size();
+    self->bytes_in_flight_ += answer.held;
+    self->enqueue(std::move(answer));
   }
+  self->release(bytes);
+}
+
+void connection::release(std::uint64_t bytes) {
+  bytes_in_flight_ -= bytes;
+  if (auto room = room_; room && bytes_in_flight_ <= reader_.limits().max_bytes_in_flight) room->set();
 }
 
 void connection::send(frame f) {
   if (closed_) return;
-  write_queue_.push_back(encode(std::move(f)));
+  enqueue(encode(std::move(f)));
+}
+
+void connection::enqueue(encoded_frame f) {
+  write_queue_.push_back(std::move(f));
   if (!write_queue_.back().complete() && !producing_) {
     producing_ = true;
     asio::post(socket_.get_executor(), [self = shared_from_this()] { self->produce_step(); });
@@ -248,8 +263,12 @@ void connection::write_next() {
       traffic->frames_sent.inc(self->finishing_);
       traffic->bytes_sent.inc(bytes);
     }
-    self->write_queue_.erase(self->write_queue_.begin(), self->write_queue_.begin() + self->finishing_);
+    const auto written_end = self->write_queue_.begin() + static_cast<std::ptrdiff_t>(self->finishing_);
+    std::uint64_t held = 0;
+    for (auto it = self->write_queue_.begin(); it != written_end; ++it) held += it->held;
+    self->write_queue_.erase(self->write_queue_.begin(), written_end);
     self->finishing_ = 0;
+    self->release(held);
     if (self->write_queue_.empty() && self->close_when_flushed_) {
       self->close(*self->close_when_flushed_);
     } else if (!self->closed_) {

@@ -117,6 +117,9 @@ class connection : public std::enable_shared_from_this<connection> {
   static asio::awaitable<void> heartbeat_loop(std::shared_ptr<connection> self, std::chrono::milliseconds interval,
                                               std::chrono::milliseconds timeout);
   void dispatch(frame f);
+  void enqueue(encoded_frame f);
+  /// Gives back `bytes` of max_bytes_in_flight; the read loop goes on when they are few enough.
+  void release(std::uint64_t bytes);
   void write_next();
   /// Fills the next step of the first frame being filled (segment_producer), writes what is new.
   void produce_step();
@@ -147,7 +150,8 @@ class connection : public std::enable_shared_from_this<connection> {
   std::chrono::steady_clock::time_point last_received_ = std::chrono::steady_clock::now();
   std::optional<asio::steady_timer> heartbeat_timer_;
   std::optional<asio::steady_timer> stall_timer_;
-  // Bytes of the requests being served, and what the read loop waits on when they are too many.
+  // Bytes of the requests being served and of the answers queued and not written yet, and what
+  // the read loop waits on when they are too many.
   std::uint64_t bytes_in_flight_ = 0;
   std::shared_ptr<detail::async_event> room_;
   metrics::peer_traffic* traffic_ = nullptr;

@@ -35,7 +35,8 @@ struct frame_limits {
   std::uint32_t max_segments = 1u << 16;
   /// A connection whose frame has started and then gets no byte for this long is closed (0: never).
   std::chrono::milliseconds stall_timeout{0};
-  /// Request bytes held while they are served, per connection; past it, reading pauses.
+  /// Bytes of requests being served and of their answers not yet written, per connection; past
+  /// it, reading pauses.
   std::uint64_t max_bytes_in_flight = std::uint64_t{1} << 30;
 };
 
@@ -89,6 +90,8 @@ struct encoded_frame {
   std::size_t produced = 0;       ///< bytes of the last segment filled, while produce_last runs
   std::size_t sent = 0;           ///< bytes of the last segment handed to a write, once it started
   bool started = false;           ///< whether its head went out (the rest follows as produced)
+  /// Bytes its connection counts against max_bytes_in_flight until it is written (an answer's).
+  std::uint64_t held = 0;
   /// Whether all of the last segment is filled.
   bool complete() const noexcept { return !produce_last; }
 };

@@ -9,7 +9,9 @@
 #include <asio/co_spawn.hpp>
 #include <asio/io_context.hpp>
 #include <asio/use_future.hpp>
+#include <asio/write.hpp>
 
+#include <future>
 #include <memory>
 #include <random>
 #include <stdexcept>
@@ -237,4 +239,89 @@ TEST_CASE("a producer that fails closes its connection, saying why; one that sto
     CHECK(e.code() == make_error_code(errc::internal));
     CHECK(std::string(e.what()) == "a segment producer stopped short of its segment");
   }
+}
+
+namespace {
+
+// Answers any request with `answer_bytes` of segment, counting the requests served.
+asio::awaitable<wire::frame> big_answer(std::shared_ptr<std::size_t> served, std::size_t answer_bytes, wire::frame) {
+  ++*served;
+  wire::frame out;
+  out.message.mutable_response();
+  out.segments.emplace_back(answer_bytes);
+  co_return out;
+}
+
+}  // namespace
+
+TEST_CASE("a peer that never reads its answers is not read once they hold max_bytes_in_flight; reading, it gets all") {
+  asio::io_context io;
+  asio::ip::tcp::acceptor acceptor(io, {asio::ip::address_v4::loopback(), 0});
+  // Small socket buffers, so what the kernel holds is known: answers beyond the limit, and beyond
+  // what the buffers take, can only wait in the server's write queue.
+  asio::ip::tcp::socket client(io);
+  client.open(asio::ip::tcp::v4());
+  client.set_option(asio::socket_base::receive_buffer_size(64 << 10));
+  client.connect(acceptor.local_endpoint());
+  asio::ip::tcp::socket accepted = acceptor.accept();
+  accepted.set_option(asio::socket_base::send_buffer_size(64 << 10));
+  asio::socket_base::send_buffer_size server_sends;
+  asio::socket_base::receive_buffer_size client_receives;
+  accepted.get_option(server_sends);
+  client.get_option(client_receives);
+
+  constexpr std::size_t answer_bytes = 256 << 10, limit = 1 << 20, requests = 64;
+  wire::frame_limits limits;
+  limits.max_bytes_in_flight = limit;
+  auto served = std::make_shared<std::size_t>(0);
+  auto server = std::make_shared<wire::connection>(std::move(accepted), limits, "the client");
+  std::string closed;
+  server->start([served](wire::frame request) { return big_answer(served, answer_bytes, std::move(request)); },
+                [&closed](const std::string& reason) { closed = reason; });
+  for (std::uint64_t id = 1; id <= requests; ++id) {
+    wire::frame request;
+    request.kind = wire::frame_kind::request;
+    request.request_id = id;
+    request.message.mutable_request()->mutable_heartbeat();
+    const auto encoded = wire::encode(std::move(request));
+    asio::write(client, asio::buffer(encoded.head));  // a few dozen bytes: the socket takes them all
+  }
+  // Serve until nothing more happens (or everything was served, which fails below).
+  std::size_t seen = 0;
+  for (int quiet = 0; quiet < 10 && *served < requests;) {
+    io.restart();
+    io.run_for(std::chrono::milliseconds(20));
+    quiet = *served == seen ? quiet + 1 : 0;
+    seen = *served;
+  }
+  // The limit's worth of answers, what the two socket buffers hold (a packet more than the send
+  // buffer says, as the kernel allows), and the request whose answer went over the limit: 5 here
+  // (without the answers counted, all 64).
+  const auto in_kernel = static_cast<std::size_t>(server_sends.value() + client_receives.value());
+  const std::size_t bound = (limit + in_kernel) / answer_bytes + 3;
+  CHECK_MESSAGE(*served <= bound, *served, " of ", requests, " requests were served for a peer that reads nothing (at most ",
+                bound, " fit the limit and the socket buffers)");
+
+  wire::frame_reader reader{{}};
+  std::vector<bool> answered(requests + 1, false);
+  for (std::size_t n = 0; n < requests; ++n) {
+    auto got = asio::co_spawn(io, reader.read(client), asio::use_future);
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+    while (got.wait_for(std::chrono::seconds(0)) != std::future_status::ready) {
+      REQUIRE_MESSAGE(std::chrono::steady_clock::now() < deadline, "answer ", n + 1, " did not arrive in 30 s");
+      io.restart();
+      io.run_one_for(std::chrono::milliseconds(100));
+    }
+    const auto answer = got.get();
+    REQUIRE(answer);
+    REQUIRE(answer->request_id >= 1);
+    REQUIRE(answer->request_id <= requests);
+    CHECK(!answered[answer->request_id]);
+    answered[answer->request_id] = true;
+    REQUIRE(answer->segments.size() == 1);
+    CHECK(answer->segments[0].size() == answer_bytes);
+  }
+  CHECK(*served == requests);
+  CHECK(closed.empty());
+  server->close("test over");
 }
