@@ -31,7 +31,8 @@ struct PSCORO_API transport_options {
   /// are written (the request while it is served, then its answer while it waits to be sent);
   /// past this it stops reading from that connection until some answers are written
   /// (backpressure, not an error). A peer, even one that never reads its answers, can so make it
-  /// hold this, plus the answers to the requests being served when reading paused.
+  /// hold this plus the last request read, and the answers to the requests being served when
+  /// reading paused (requests already in the read buffer are all taken into service at once).
   std::uint64_t max_bytes_in_flight = std::uint64_t{1} << 30;
   /// How long to keep retrying to reach a task that is not up yet (TF retries for ~3 minutes).
   std::chrono::milliseconds connect_timeout{std::chrono::minutes(3)};

@@ -36,13 +36,13 @@ const char* reason(int code) noexcept {
 
 }  // namespace
 
-file_reader::file_reader(std::string path) : path_(std::move(path)) {
+file_reader::file_reader(std::string path, plain_check is_plain) : path_(std::move(path)) {
   fd_ = ::open(path_.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd_ < 0) throw error(errc::not_found, fmt::format("{}: cannot open: {}", path_, std::strerror(errno)));
   try {
     ready_.resize(step);
     const std::size_t first = read_file(ready_.data(), ready_.size());
-    if (first >= 2 && starts_member(ready_.data())) {
+    if (first >= 2 && starts_member(ready_.data()) && !(is_plain && is_plain({ready_.data(), first}))) {
       input_ = std::move(ready_);
       ready_.resize(step);
       inflater_ = std::make_unique<inflate_state>();
@@ -86,9 +86,15 @@ std::size_t file_reader::read(void* out, std::size_t n) {
   std::size_t got = 0;
   while (got < n) {
     if (ready_begin_ == ready_end_) {
-      if (n - got >= ready_.size()) return got + produce(to + got, n - got);
+      if (failure_) std::rethrow_exception(failure_);  // every byte before the damage was delivered
+      if (n - got >= ready_.size()) {
+        got += produce(to + got, n - got);
+        if (got < n && failure_) std::rethrow_exception(failure_);
+        break;
+      }
       ready_begin_ = 0;
       ready_end_ = produce(ready_.data(), ready_.size());
+      if (ready_end_ == 0 && failure_) std::rethrow_exception(failure_);
       if (ready_end_ == 0) break;
     }
     const std::size_t k = std::min(n - got, ready_end_ - ready_begin_);
@@ -113,9 +119,10 @@ bool file_reader::fill_input() {
   return more > 0;
 }
 
+// Stops at the end of the data, or at damage (failure_), with what was inflated before it.
 std::size_t file_reader::inflate(unsigned char* out, std::size_t n) {
   std::size_t got = 0;
-  while (got < n && !at_end_) {
+  while (got < n && !at_end_ && !failure_) {
     if (member_done_) {
       // Another member, or the end: whatever follows a member must start one.
       if (inflater_->avail_in < 2) fill_input();
@@ -125,12 +132,16 @@ std::size_t file_reader::inflate(unsigned char* out, std::size_t n) {
       }
       if (inflater_->avail_in < 2 || !starts_member(inflater_->next_in)) {
         corrupt("the bytes after the end of a gzip member start no other member");
+        break;
       }
       isal_inflate_reset(inflater_.get());
       inflater_->crc_flag = ISAL_GZIP;
       member_done_ = false;
     }
-    if (inflater_->avail_in == 0 && !fill_input()) corrupt("the file ends in the middle of a gzip member (cut short?)");
+    if (inflater_->avail_in == 0 && !fill_input()) {
+      at_end_ = true;  // cut inside a member: its data ends here (see read)
+      break;
+    }
     inflater_->next_out = out + got;
     inflater_->avail_out = static_cast<std::uint32_t>(std::min<std::size_t>(n - got, std::numeric_limits<std::uint32_t>::max()));
     const std::uint32_t room = inflater_->avail_out;
@@ -142,10 +153,11 @@ std::size_t file_reader::inflate(unsigned char* out, std::size_t n) {
   return got;
 }
 
-void file_reader::corrupt(const std::string& why) const {
+void file_reader::corrupt(const std::string& why) {
   // The byte of the file the inflater had reached: what was read minus what it has not taken.
   const std::uint64_t at = file_offset_ - inflater_->avail_in;
-  throw error(errc::data_loss, fmt::format("{}: corrupt gzip data at byte {}: {}", path_, at, why));
+  failure_ = std::make_exception_ptr(
+      error(errc::data_loss, fmt::format("{}: corrupt gzip data at byte {}: {}", path_, at, why)));
 }
 
 }  // namespace pscoro::data

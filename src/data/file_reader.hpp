@@ -7,7 +7,9 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <exception>
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -17,16 +19,24 @@ namespace pscoro::data {
 
 class file_reader {
  public:
+  /// Whether a file whose first bytes (up to 256 KiB of them) are these is plain even though it
+  /// starts as gzip does: a format whose own header can start with 1f 8b tells which it is.
+  using plain_check = bool (*)(std::span<const unsigned char> first);
+
   /// Opens `path`; errc::not_found (with the system's reason) when it cannot.
-  explicit file_reader(std::string path);
+  explicit file_reader(std::string path, plain_check is_plain = nullptr);
   ~file_reader();
   file_reader(const file_reader&) = delete;
   file_reader& operator=(const file_reader&) = delete;
 
   /// Up to `n` bytes into `out`: all `n` unless the data ends first (0 at its end). Gzip members
-  /// follow one another as one stream, each one's CRC-32 and length checked. errc::data_loss naming
-  /// the file, the byte of the file where it went wrong and why, for gzip data that is corrupt,
-  /// cut short, or followed by bytes that start no member; errc::unavailable for a read that fails.
+  /// follow one another as one stream, each one's CRC-32 and length checked; a file that ends
+  /// inside a member ends there, as zlib's gzread did (a TFRecord writer's flush makes what it
+  /// wrote readable before it closes; the formats' own framing reports a cut record or row).
+  /// errc::data_loss, naming the file, the byte of the file where the inflater was and why, for
+  /// corrupt deflate data, a wrong checksum or length, and bytes after a member that start no
+  /// other member: thrown by the first read that needs bytes from there on (every byte before
+  /// the damage is delivered). errc::unavailable for a read of the file that fails.
   std::size_t read(void* out, std::size_t n);
   /// Whether the file is gzip.
   bool compressed() const noexcept { return inflater_ != nullptr; }
@@ -37,7 +47,7 @@ class file_reader {
   std::size_t produce(unsigned char* out, std::size_t n);  // its content: read_file, or inflate
   bool fill_input();                                // false at the file's end
   std::size_t inflate(unsigned char* out, std::size_t n);
-  [[noreturn]] void corrupt(const std::string& why) const;
+  void corrupt(const std::string& why);  // what the next read that needs more throws
 
   std::string path_;
   int fd_ = -1;
@@ -48,6 +58,7 @@ class file_reader {
   std::size_t ready_begin_ = 0, ready_end_ = 0;
   bool member_done_ = false;          // the last member ended; another may follow
   bool at_end_ = false;               // nothing follows
+  std::exception_ptr failure_;        // the damage inflating stopped at
 };
 
 }  // namespace pscoro::data

@@ -28,6 +28,13 @@ std::uint32_t load_le32(const unsigned char* p) {
   return std::uint32_t{p[0]} | (std::uint32_t{p[1]} << 8) | (std::uint32_t{p[2]} << 16) | (std::uint32_t{p[3]} << 24);
 }
 
+// Whether a file starts with a TFRecord header (a length, then its masked CRC-32C): a plain file
+// whose first record's length starts with gzip's magic (1f 8b: a length of 35,615 + k * 65,536
+// bytes) is not gzip.
+bool starts_with_record(std::span<const unsigned char> first) {
+  return first.size() >= 12 && data::masked_crc32c(first.data(), 8) == load_le32(first.data() + 8);
+}
+
 // Records of one file after another.
 class record_reader {
  public:
@@ -41,7 +48,7 @@ class record_reader {
       if (!file_) {
         if (next_file_ >= paths_->size()) return std::nullopt;
         path_ = &(*paths_)[next_file_++];
-        file_ = std::make_unique<data::file_reader>(*path_);  // plain or gzip
+        file_ = std::make_unique<data::file_reader>(*path_, starts_with_record);  // plain or gzip
         offset_ = 0;
       }
       unsigned char header[12];

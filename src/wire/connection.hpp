@@ -40,6 +40,9 @@ class connection : public std::enable_shared_from_this<connection> {
   bool is_open() const noexcept { return !closed_; }
   /// Why the connection closed (empty while open).
   const std::string& close_reason() const noexcept { return close_reason_; }
+  /// Whether reading waits for requests to be answered and answers to be written
+  /// (max_bytes_in_flight).
+  bool reading_paused() const noexcept { return room_ != nullptr; }
 
   /// Runs a TLS handshake on the fresh connection (as the `side` that dialled or accepted) before
   /// anything else is sent or read; from then on every byte goes through TLS. Throws

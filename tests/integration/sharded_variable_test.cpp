@@ -101,6 +101,12 @@ TEST_CASE("lookups of sorted, unsorted and repeated ids, small and large, alone 
           for (int k = 0; k < 300; ++k) few.push_back(any(random));
           few.push_back(few[7]);
           few.push_back(few[100]);
+          std::vector<std::int64_t> borders;
+          const auto offsets = div_offsets(20011, static_cast<std::size_t>(shards));
+          for (std::size_t i = 1; i + 1 < offsets.size(); ++i) {
+            borders.push_back(static_cast<std::int64_t>(offsets[i]) - 1);
+            borders.push_back(static_cast<std::int64_t>(offsets[i]));
+          }
           // Repeats in unsorted ids are found by a reply index per row (ids >= rows / 8 per shard), a
           // bit per row (>= rows / 256) or a hash table (fewer): src/sharded.cpp, plan_part.
           const std::vector<std::vector<std::int64_t>> cases{
@@ -109,7 +115,7 @@ TEST_CASE("lookups of sorted, unsorted and repeated ids, small and large, alone 
               repeated,                              // unsorted, repeats (index per row)
               sorted_repeats,                        // sorted, repeats
               few,                                   // unsorted, a few repeats (bit per row)
-              {6669, 6670, 6671, 13339, 13340},      // sorted across shard borders (of 3: 6,671 / 13,341)
+              borders,                               // sorted, either side of every shard border
               {20010, 0, 20010, 3, 3, 6671},         // small, unsorted, repeats (hash table)
               {7},
               {},
