@@ -144,11 +144,17 @@ std::size_t file_reader::inflate(unsigned char* out, std::size_t n) {
     }
     inflater_->next_out = out + got;
     inflater_->avail_out = static_cast<std::uint32_t>(std::min<std::size_t>(n - got, std::numeric_limits<std::uint32_t>::max()));
-    const std::uint32_t room = inflater_->avail_out;
+    const std::uint32_t room = inflater_->avail_out, unread = inflater_->avail_in;
     const int code = isal_inflate(inflater_.get());
-    got += room - inflater_->avail_out;
-    if (code < 0) corrupt(reason(code));
-    if (inflater_->block_state == ISAL_BLOCK_FINISH) member_done_ = true;
+    const std::uint32_t produced = room - inflater_->avail_out;
+    got += produced;
+    if (code < 0 || code > ISAL_OUT_OVERFLOW) {
+      corrupt(reason(code));  // above ISAL_OUT_OVERFLOW: a header asking for a dictionary, say
+    } else if (inflater_->block_state == ISAL_BLOCK_FINISH) {
+      member_done_ = true;
+    } else if (produced == 0 && inflater_->avail_in == unread) {
+      corrupt("the inflater made no progress");  // never seen; a loop that cannot end otherwise
+    }
   }
   return got;
 }
