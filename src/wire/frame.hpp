@@ -120,11 +120,12 @@ struct segment_target {
 using segment_destination =
     std::function<segment_target(const fixed_header& header, std::size_t index, std::uint64_t size)>;
 
-/// At most this much of a segment per system call: a quarter of a core's L2 here, so the rows a
-/// caller uses as they arrive (arrival_handler) are still in cache, and 4x fewer rounds through the
-/// scheduler than asio's default 64 KiB (a 100k-row lookup: ~10% less time, measured; 4 MiB steps
-/// were slower again).
-inline constexpr std::size_t segment_read_step = std::size_t{256} << 10;
+/// At most this much of a segment per system call. Small steps tell the sender of freed buffer
+/// space sooner, so on loopback both sides copy at once rather than in turns (likely): a 64 MiB
+/// assign took 14.4-17.3 ms in 64 KiB steps, 16.5-18.1 in 128 KiB, 18.0-20.4 in 256 KiB (and more
+/// in 1 and 4 MiB); a 100k-row lookup, whose rows are placed as they arrive, measured the same in 64
+/// and 256 KiB steps (docs/design.md, "Writes in one call, reads in 64 KiB steps").
+inline constexpr std::size_t segment_read_step = std::size_t{64} << 10;
 
 /// Reads frames from a stream through a buffer; segments large enough are read straight into
 /// their own storage, or into the destination the caller names (no copy), small frames arrive in
