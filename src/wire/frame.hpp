@@ -122,7 +122,7 @@ using segment_destination =
 
 /// At most this much of a segment per system call. Small steps tell the sender of freed buffer
 /// space sooner, so on loopback both sides copy at once rather than in turns (likely): a 64 MiB
-/// assign took 14.4-17.3 ms in 64 KiB steps, 16.5-18.1 in 128 KiB, 18.0-20.4 in 256 KiB (and more
+/// assign took 14.7-17.3 ms in 64 KiB steps, 15.7-18.1 in 128 KiB, 18.0-20.4 in 256 KiB (and more
 /// in 1 and 4 MiB); a 100k-row lookup, whose rows are placed as they arrive, measured the same in 64
 /// and 256 KiB steps (docs/design.md, "Writes in one call, reads in 64 KiB steps").
 inline constexpr std::size_t segment_read_step = std::size_t{64} << 10;
