@@ -92,6 +92,26 @@ inline std::unique_ptr<char, free_deleter> filled_buffer(std::size_t bytes, char
   return buffer;
 }
 
+/// A receive buffer of 4 MiB (what `net.core.rmem_max` allows here; the kernel doubles it) for a
+/// raw socket, set before it connects or listens: pscoro's long-lived connections grow theirs to
+/// 20-32 MB (TCP's autotuning, seen with `ss -m`), while a raw connection opened for a round of 20
+/// exchanges stayed at 355-443 KB in most rounds, and its 64 MiB pulls then took 18-22 ms instead
+/// of 13-14.5 ms (RESULTS.md, 2026-11-25 04:00): not the machine's limit.
+template <class Socket>
+void set_receive_buffer(Socket& socket) {
+  socket.set_option(asio::socket_base::receive_buffer_size(4 << 20));
+}
+
+/// A client socket connected to `endpoint`, its receive buffer set first, without Nagle's delay.
+inline asio::ip::tcp::socket connect_to(asio::io_context& io, const asio::ip::tcp::endpoint& endpoint) {
+  asio::ip::tcp::socket socket(io);
+  socket.open(endpoint.protocol());
+  set_receive_buffer(socket);
+  socket.connect(endpoint);
+  socket.set_option(asio::ip::tcp::no_delay(true));
+  return socket;
+}
+
 /// Writes all of `bytes` (blocking) in as few system calls as the socket allows: asio's default
 /// completion condition writes 64 KiB per call, and one call for all of a 3 MB reply takes ~25%
 /// less time on loopback (measured; pscoro's connections write so too).
@@ -145,6 +165,7 @@ inline std::vector<double> raw_exchanges(std::size_t request, std::size_t respon
                                          receive_into where = receive_into::reused) {
   asio::io_context io;
   asio::ip::tcp::acceptor acceptor(io, {asio::ip::address_v4::loopback(), 0});
+  detail::set_receive_buffer(acceptor);  // the accepted socket inherits it
   std::thread server([&] {
     asio::io_context server_io;
     asio::ip::tcp::socket s(server_io);
@@ -152,9 +173,7 @@ inline std::vector<double> raw_exchanges(std::size_t request, std::size_t respon
     s.set_option(asio::ip::tcp::no_delay(true));
     detail::answer_exchanges(s, request, response);
   });
-  asio::ip::tcp::socket client(io);
-  client.connect(acceptor.local_endpoint());
-  client.set_option(asio::ip::tcp::no_delay(true));
+  auto client = detail::connect_to(io, acceptor.local_endpoint());
   auto samples = detail::time_exchanges(client, request, response, iterations, where);
   client.close();
   server.join();
@@ -167,6 +186,7 @@ inline std::vector<double> raw_exchanges(std::size_t request, std::size_t respon
 class raw_server_process {
  public:
   raw_server_process() : acceptor_(io_, {asio::ip::address_v4::loopback(), 0}) {
+    detail::set_receive_buffer(acceptor_);  // accepted sockets inherit it
     pid_ = ::fork();
     if (pid_ < 0) throw std::system_error(errno, std::generic_category(), "fork");
     if (pid_ == 0) serve();
@@ -192,9 +212,7 @@ class raw_server_process {
 
   /// A connection whose exchanges are `request` bytes answered by `response` bytes.
   asio::ip::tcp::socket connect(std::size_t request, std::size_t response) {
-    asio::ip::tcp::socket client(io_);
-    client.connect({asio::ip::address_v4::loopback(), port_});
-    client.set_option(asio::ip::tcp::no_delay(true));
+    auto client = detail::connect_to(io_, {asio::ip::address_v4::loopback(), port_});
     const std::array<std::uint64_t, 2> sizes{request, response};
     asio::write(client, asio::buffer(sizes));
     return client;
