@@ -10,6 +10,10 @@
 // binary plays every role, chosen by TF_CONFIG (or by Slurm's variables under srun):
 //
 //   pscoro-launch --ps 2 --workers 2 -- fashion_mnist --steps 3000 --checkpoint-dir ckpts --logdir logs
+//
+// `fashion_mnist --one-thread` trains with the same math and batches in one thread of one process,
+// the data in memory, no cluster: what the cluster is measured against (benchmarks/
+// fashion_mnist_bench runs both from this one binary, so the math is the same machine code).
 #include <pscoro/pscoro.hpp>
 
 #include "chief.hpp"
@@ -23,8 +27,11 @@
 #include <cmath>
 #include <cstdio>
 #include <deque>
+#include <numeric>
 #include <optional>
+#include <random>
 #include <tuple>
+#include <vector>
 
 namespace {
 
@@ -93,7 +100,52 @@ struct options {
   std::int64_t checkpoint_every = 500;
   std::size_t max_to_keep = 5;
   bool count_runs = false;
+  bool one_thread = false;
 };
+
+// The reference: the same steps in this thread on the training split in memory, batches drawn
+// from it reshuffled every epoch, the chief's learning-rate schedule. Prints progress and the test
+// accuracy as the chief does ("one thread: " for "chief: ").
+int train_one_thread(const options& o) {
+  const auto train = load_split(o.data_dir, "train");
+  const auto test = load_split(o.data_dir, "t10k");
+  const auto batch_size = static_cast<std::size_t>(o.batch_size);
+  const std::size_t n = train.labels.size();
+  std::vector<std::size_t> order(n);
+  std::iota(order.begin(), order.end(), 0);
+  std::mt19937_64 random(42);
+  xt::xarray<float> w = xt::zeros<float>({pixels, classes});
+  xt::xarray<float> b = xt::zeros<float>({classes});
+  xt::xarray<float> x = xt::xarray<float>::from_shape({batch_size, pixels});
+  xt::xarray<std::int64_t> labels = xt::xarray<std::int64_t>::from_shape({batch_size});
+  std::size_t next = n;
+  std::printf("one thread: %lld steps of %lld images\n", static_cast<long long>(o.steps), static_cast<long long>(o.batch_size));
+  pscoro::progress report(o.steps, {.label = "one thread: ", .print_every = o.log_every});
+  for (std::int64_t step = 0; step < o.steps; ++step) {
+    for (std::size_t r = 0; r < batch_size; ++r) {
+      if (next == n) {
+        std::shuffle(order.begin(), order.end(), random);
+        next = 0;
+      }
+      const std::size_t i = order[next++];
+      std::copy_n(&train.pixels(i, 0), pixels, &x(r, 0));
+      labels(r) = train.labels(i);
+    }
+    const double learning_rate = o.learning_rate * static_cast<double>(o.steps - step) / static_cast<double>(o.steps);
+    const auto math = sgd_step_math(x, labels, w, b, learning_rate);
+    w -= math.grad_w;
+    b -= math.grad_b;
+    report.update(step + 1, math.loss);
+  }
+  report.finish();
+  const auto [acc, images] = accuracy(test, w, b);
+  std::printf("one thread: test accuracy %.4f on %zu images\n", acc, images);
+  if (acc < o.min_accuracy) {
+    std::printf("one thread: accuracy %.4f is below the required %.2f\n", acc, o.min_accuracy);
+    return 1;
+  }
+  return 0;
+}
 
 asio::awaitable<int> run_chief(pscoro::parameter_server_strategy& strategy, const options& o) {
   co_await strategy.connect();
@@ -235,9 +287,12 @@ int main(int argc, char** argv) {
   app.add_option("--max-to-keep", o.max_to_keep, "checkpoints kept (0: all)");
   app.add_flag("--count-runs", o.count_runs,
                "count how often each step runs (a [steps] table on a ps); fail if one never ran");
+  app.add_flag("--one-thread", o.one_thread,
+               "no cluster: the same steps in one thread of this process, the data in memory (the reference)");
   CLI11_PARSE(app, argc, argv);
 
   try {
+    if (o.one_thread) return train_one_thread(o);
     const auto resolver = pscoro::auto_cluster_resolver();
     if (resolver.task_type() == "ps") return pscoro::run_server(resolver);
     // TF's evaluator (a Kubeflow TFJob Evaluator replica) is a side job, never a second chief: it

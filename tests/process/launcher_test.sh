@@ -27,6 +27,18 @@ for task in ps:0 ps:1 worker:0 worker:1; do
 done
 [ "$failed" -eq 0 ] || cat "$work/run.log"
 
+echo "--- --one-thread trains the same model in one process, no cluster (fashion_mnist_bench's reference)"
+"$example" --one-thread --steps 300 --log-every 300 --min-accuracy 0.6 > "$work/one.log" 2>&1
+code=$?
+check "it exits 0 (got $code)" test "$code" -eq 0
+check "it trains" grep -qE '^one thread: step 300/300 loss [0-9.]+ [0-9.]+ steps/s done in [0-9:]+s?$' "$work/one.log"
+check "it learns: test accuracy 0.6 or more" grep -qE '^one thread: test accuracy 0\.([6-9][0-9]*) on 10000 images$' "$work/one.log"
+"$example" --one-thread --steps 5 --min-accuracy 0.99 > "$work/one-low.log" 2>&1
+code=$?
+check "below --min-accuracy it exits 1 (got $code)" test "$code" -eq 1
+check "and says so" grep -qE '^one thread: accuracy 0\.[0-9]+ is below the required 0\.99$' "$work/one-low.log"
+[ "$failed" -eq 0 ] || cat "$work/one.log" "$work/one-low.log"
+
 echo "--- killing a worker stops the group with its code"
 "$launch" --ps 1 --workers 2 --grace-period 2 -- "$example" --steps 100000000 --log-every 1000000 > "$work/kill.log" 2>&1 &
 launcher=$!
