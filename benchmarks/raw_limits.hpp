@@ -96,7 +96,7 @@ inline std::unique_ptr<char, free_deleter> filled_buffer(std::size_t bytes, char
 /// raw socket, set before it connects or listens: pscoro's long-lived connections grow theirs to
 /// 20-32 MB (TCP's autotuning, seen with `ss -m`), while a raw connection opened for a round of 20
 /// exchanges stayed at 355-443 KB in most rounds, and its 64 MiB pulls then took 18-22 ms instead
-/// of 13-14.5 ms (RESULTS.md, 2026-11-25 04:00): not the machine's limit.
+/// of 13-14.5 ms (RESULTS.md, 2026-11-25 03:25): not the machine's limit.
 template <class Socket>
 void set_receive_buffer(Socket& socket) {
   socket.set_option(asio::socket_base::receive_buffer_size(4 << 20));

@@ -153,7 +153,7 @@ std::vector<dense_figures> measure_dense(int num_ps, int scale, int rounds, RunC
       // Like for like: every raw buffer is in huge pages from 4 MiB on (raw_limits.hpp), and so are
       // the arrays pscoro sends from and reads into here, as read()'s results are. A plain xarray is
       // in 4 KiB pages, which cost the kernel's copy more: a raw 64 MiB push from one took 17.4-18.4
-      // ms against 14.3-15.6 from huge pages (RESULTS.md, 2026-11-25 03:40).
+      // ms against 14.3-15.6 from huge pages (RESULTS.md, 2026-11-25 03:25).
       const xt::xarray<float> value = co_await v.read();
       xt::xarray<float> into = co_await v.read();
       std::vector<double> pull, push, fresh_pull, read, reuse, assign, read_ratio, fresh_ratio, reuse_ratio,
