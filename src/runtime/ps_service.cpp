@@ -140,6 +140,42 @@ byte_buffer detach_shared(byte_buffer& bytes, wire::buffer_pool& pool) {
   return std::exchange(bytes, std::move(fresh));
 }
 
+// Pooled reply buffers come in whole multiples of this (a huge page), so that replies of nearby
+// sizes (lookups of one batch size, their distinct ids varying) share them.
+constexpr std::size_t reply_buffer_granule = std::size_t{2} << 20;
+// Replies this large are pooled: glibc maps every block of 32 MiB or more (its largest dynamic mmap
+// threshold on 64-bit) fresh and unmaps it when freed, where it recycles smaller ones itself
+// (pooling 3.2 MB lookup replies too made the ps fault 8-11 times per lookup, against none: the
+// pool's few buffers went to the requests' id segments).
+constexpr std::size_t pooled_reply_min_bytes = std::size_t{32} << 20;
+
+// `bytes` for a large reply (a sparse read's rows) from `pool`, rounded up to whole granules, that
+// go back to the pool when the reply's last holder lets go (the connection writing it, on the
+// ps's executor, as the pool requires), instead of being unmapped. A fresh buffer faults its pages
+// in while the executor fills it, and every request behind waits: a 58 MB reply's 29 huge pages
+// took up to ~5 ms each on this VM, and small reads beside a loop of such lookups waited 13-52 ms
+// at p99 (2.8-3.9 ms pooled, RESULTS.md 2026-11-25). Smaller replies are plain buffers.
+byte_buffer reply_buffer(const std::shared_ptr<wire::buffer_pool>& pool, std::size_t bytes) {
+  if (bytes < pooled_reply_min_bytes || bytes > std::numeric_limits<std::size_t>::max() - reply_buffer_granule) {
+    return byte_buffer(bytes);
+  }
+  const std::size_t rounded = (bytes + reply_buffer_granule - 1) / reply_buffer_granule * reply_buffer_granule;
+  byte_buffer whole = pool->take(rounded);
+  if (whole.size() != rounded) whole = byte_buffer(rounded);
+  struct give_back {
+    byte_buffer whole;
+    std::weak_ptr<wire::buffer_pool> pool;
+    ~give_back() {
+      try {
+        if (auto to = pool.lock()) to->give(std::move(whole));
+      } catch (...) {  // no room to keep it: it is just released
+      }
+    }
+  };
+  std::byte* data = whole.data();
+  return byte_buffer::share(std::make_shared<give_back>(give_back{std::move(whole), pool}), data, bytes);
+}
+
 }  // namespace
 
 // Storage a kernel writes, made ready by the executor and shared with the kernel (which keeps it
@@ -821,7 +857,7 @@ void ps_service::read(const wire::frame& request, const wire::ReadVariable& read
                             reply_bytes ? bytes_text(*reply_bytes) : "over 2^64 bytes",
                             bytes_text(max_variable_bytes_), task_));
   }
-  tensor rows = tensor::uninitialized(stored.type, std::move(reply_shape));
+  tensor rows(stored.type, std::move(reply_shape), reply_buffer(buffers_, *reply_bytes));
   wire::put_tensor(response, out, rows);
   const std::size_t row_bytes = row_elements(stored.shape) * size_of(stored.type);
   if (serving_ && 2 * *reply_bytes >= offload_bytes_ && row_bytes > 0) {

@@ -1,5 +1,6 @@
-// Large buffers kept for reuse: a ps gives back the storage an assign replaced and the request
-// segments it is done with, and its connections receive the next request's segments into them.
+// Large buffers kept for reuse: a ps gives back the storage an assign replaced, the request
+// segments it is done with and its large replies once written, and takes them for the next
+// request's segments (its connections receive into them), replies and copies.
 // A steady stream of large assigns or updates then allocates nothing and frees nothing: no fresh
 // pages to fault in, no munmap per operation. Single-threaded: it lives on the ps's executor.
 #pragma once

@@ -16,6 +16,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <limits>
+#include <memory>
 
 using namespace pscoro;
 using pscoro::testing::local_cluster;
@@ -548,6 +549,70 @@ TEST_CASE("an assign adopts the received bytes and pools the storage it replaces
   ps.clear();
   CHECK(ps.buffers()->size() == 0);
   CHECK(ps.buffers()->bytes() == 0);
+}
+
+TEST_CASE("a sparse read's reply of 32 MiB or more is a pooled buffer, back in the pool once nothing holds it") {
+  // Rows of 32 KiB, row r all r; replies of 1100 and 1150 rows (34.4 and 35.9 MiB) both fit 36 MiB.
+  constexpr std::size_t width = 8192;
+  runtime::ps_service ps("ps:0");
+  const variable_ref v{"v", dtype::float32, {1024, width}, 0};
+  tensor rows = tensor::uninitialized(dtype::float32, {1024, width});
+  for (std::size_t r = 0; r < 1024; ++r) std::fill_n(rows.mutable_data<float>() + r * width, width, static_cast<float>(r));
+  REQUIRE(serve_directly(ps, create_from(v, rows)).status.code() == 0);
+  const auto ids_from = [](std::int64_t first, std::size_t count) {
+    std::vector<std::int64_t> out(count);
+    for (std::size_t k = 0; k < count; ++k) out[k] = (first + static_cast<std::int64_t>(k) * 7) % 1024;
+    return out;
+  };
+  const auto rows_are = [](const tensor& got, const std::vector<std::int64_t>& asked) {
+    if (got.size() != asked.size() * width) return false;
+    for (std::size_t k = 0; k < asked.size(); ++k) {
+      const float* row = got.data<float>() + k * width;
+      if (!std::all_of(row, row + width, [&](float e) { return e == static_cast<float>(asked[k]); })) return false;
+    }
+    return true;
+  };
+  const std::size_t pooled_before = ps.buffers()->size();  // the create's segment, adopted: none
+
+  const auto first_ids = ids_from(3, 1100);
+  auto first = serve_directly(ps, gather(v, ids(first_ids)));
+  REQUIRE(first.status.code() == 0);
+  CHECK(rows_are(first.value, first_ids));
+  const std::byte* buffer = first.value.bytes().data();
+  CHECK(ps.buffers()->size() == pooled_before);  // the reply holds it
+  first = {};
+  REQUIRE(ps.buffers()->size() == pooled_before + 1);
+  CHECK(ps.buffers()->take(std::size_t{36} << 20).data() == buffer);  // whole 2 MiB pages: 36 MiB
+  // (Taken out and so released: the next reply gets a fresh buffer and gives that back.)
+  auto again = serve_directly(ps, gather(v, ids(first_ids)));
+  buffer = again.value.bytes().data();
+  again = {};
+
+  // A reply of another size in the same 36 MiB is gathered into it, and gives it back again.
+  const auto second_ids = ids_from(5, 1150);
+  auto second = serve_directly(ps, gather(v, ids(second_ids)));
+  REQUIRE(second.status.code() == 0);
+  CHECK(second.value.bytes().data() == buffer);
+  CHECK(rows_are(second.value, second_ids));
+  CHECK(ps.buffers()->size() == pooled_before);
+  second = {};
+  CHECK(ps.buffers()->size() == pooled_before + 1);
+
+  // Smaller replies are buffers of their own (glibc recycles those), the pooled one untouched.
+  for (const std::size_t count : {std::size_t{10}, std::size_t{1000}}) {
+    const auto few_ids = ids_from(1, count);
+    const auto few = serve_directly(ps, gather(v, ids(few_ids)));
+    CHECK(rows_are(few.value, few_ids));
+    CHECK(few.value.bytes().data() != buffer);
+    CHECK(ps.buffers()->size() == pooled_before + 1);
+  }
+
+  // A pool gone first (the ps with it) leaves the reply valid; its buffer is then just released.
+  auto last = std::make_unique<runtime::ps_service>("ps:1");
+  REQUIRE(serve_directly(*last, create_from(v, rows)).status.code() == 0);
+  auto kept = serve_directly(*last, gather(v, ids(first_ids)));
+  last.reset();
+  CHECK(rows_are(kept.value, first_ids));
 }
 
 TEST_CASE("an assign of the wrong shape, dtype or size changes neither the variable nor its storage") {
