@@ -93,13 +93,25 @@ inline std::unique_ptr<char, free_deleter> filled_buffer(std::size_t bytes, char
 }
 
 /// A receive buffer of 4 MiB (what `net.core.rmem_max` allows here; the kernel doubles it) for a
-/// raw socket, set before it connects or listens: pscoro's long-lived connections grow theirs to
-/// 20-32 MB (TCP's autotuning, seen with `ss -m`), while a raw connection opened for a round of 20
-/// exchanges stayed at 355-443 KB in most rounds, and its 64 MiB pulls then took 18-22 ms instead
-/// of 13-14.5 ms (RESULTS.md, 2026-11-25 03:25): not the machine's limit.
+/// raw socket, set before it connects or listens (tcp(7)): pscoro's long-lived connections grow
+/// theirs to 20-32 MB (TCP's autotuning, seen with `ss -m`), while a raw connection opened for a
+/// round of 20 exchanges stayed at 355-443 KB in most rounds, and its 64 MiB pulls then took 18-22
+/// ms instead of 13-14.5 ms (RESULTS.md, 2026-11-25 03:25): not the machine's limit. A set size
+/// turns the autotuning off: the raw sockets stay at 8 MiB where pscoro's may grow to 32 MB.
 template <class Socket>
 void set_receive_buffer(Socket& socket) {
   socket.set_option(asio::socket_base::receive_buffer_size(4 << 20));
+}
+
+/// An acceptor listening on a free loopback port, its receive buffer (which the sockets it accepts
+/// inherit) set before it listens.
+inline asio::ip::tcp::acceptor loopback_acceptor(asio::io_context& io) {
+  const asio::ip::tcp::endpoint endpoint{asio::ip::address_v4::loopback(), 0};
+  asio::ip::tcp::acceptor acceptor(io, endpoint.protocol());
+  set_receive_buffer(acceptor);
+  acceptor.bind(endpoint);
+  acceptor.listen();
+  return acceptor;
 }
 
 /// A client socket connected to `endpoint`, its receive buffer set first, without Nagle's delay.
@@ -164,8 +176,7 @@ inline std::vector<double> time_exchanges(asio::ip::tcp::socket& client, std::si
 inline std::vector<double> raw_exchanges(std::size_t request, std::size_t response, int iterations,
                                          receive_into where = receive_into::reused) {
   asio::io_context io;
-  asio::ip::tcp::acceptor acceptor(io, {asio::ip::address_v4::loopback(), 0});
-  detail::set_receive_buffer(acceptor);  // the accepted socket inherits it
+  auto acceptor = detail::loopback_acceptor(io);
   std::thread server([&] {
     asio::io_context server_io;
     asio::ip::tcp::socket s(server_io);
@@ -185,8 +196,7 @@ inline std::vector<double> raw_exchanges(std::size_t request, std::size_t respon
 /// exchanges, whose sizes the connection's first 16 bytes give.
 class raw_server_process {
  public:
-  raw_server_process() : acceptor_(io_, {asio::ip::address_v4::loopback(), 0}) {
-    detail::set_receive_buffer(acceptor_);  // accepted sockets inherit it
+  raw_server_process() : acceptor_(detail::loopback_acceptor(io_)) {
     pid_ = ::fork();
     if (pid_ < 0) throw std::system_error(errno, std::generic_category(), "fork");
     if (pid_ == 0) serve();

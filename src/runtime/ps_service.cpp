@@ -28,6 +28,7 @@
 #include <cstring>
 #include <fstream>
 #include <limits>
+#include <memory>
 #include <new>
 #include <optional>
 #include <utility>
@@ -150,8 +151,9 @@ constexpr std::size_t reply_buffer_granule = std::size_t{2} << 20;
 constexpr std::size_t pooled_reply_min_bytes = std::size_t{32} << 20;
 
 // `bytes` for a large reply (a sparse read's rows) from `pool`, rounded up to whole granules, that
-// go back to the pool when the reply's last holder lets go (the connection writing it, on the
-// ps's executor, as the pool requires), instead of being unmapped. A fresh buffer faults its pages
+// go back to the pool when the reply's last holder lets go, instead of being unmapped. That holder
+// is on the ps's executor, as the pool requires: the producer that fills the reply, the connection
+// writing it, or handle()'s caller (sparse reads never run on the kernel pool). A fresh buffer faults its pages
 // in while the executor fills it, and every request behind waits: a 58 MB reply's 29 huge pages
 // took up to ~5 ms each on this VM, and small reads beside a loop of such lookups waited 13-52 ms
 // at p99 (2.8-3.9 ms pooled, RESULTS.md 2026-11-25). Smaller replies are plain buffers.
@@ -162,18 +164,27 @@ byte_buffer reply_buffer(const std::shared_ptr<wire::buffer_pool>& pool, std::si
   const std::size_t rounded = (bytes + reply_buffer_granule - 1) / reply_buffer_granule * reply_buffer_granule;
   byte_buffer whole = pool->take(rounded);
   if (whole.size() != rounded) whole = byte_buffer(rounded);
-  struct give_back {
-    byte_buffer whole;
-    std::weak_ptr<wire::buffer_pool> pool;
+  // Owns the whole buffer while the reply's bytes live, then gives it back. Not copyable: only the
+  // one made here may give it back.
+  class give_back {
+   public:
+    give_back(byte_buffer whole, std::weak_ptr<wire::buffer_pool> pool)
+        : whole_(std::move(whole)), pool_(std::move(pool)) {}
+    give_back(const give_back&) = delete;
+    give_back& operator=(const give_back&) = delete;
     ~give_back() {
       try {
-        if (auto to = pool.lock()) to->give(std::move(whole));
+        if (auto to = pool_.lock()) to->give(std::move(whole_));
       } catch (...) {  // no room to keep it: it is just released
       }
     }
+
+   private:
+    byte_buffer whole_;
+    std::weak_ptr<wire::buffer_pool> pool_;
   };
   std::byte* data = whole.data();
-  return byte_buffer::share(std::make_shared<give_back>(give_back{std::move(whole), pool}), data, bytes);
+  return byte_buffer::share(std::make_shared<give_back>(std::move(whole), pool), data, bytes);
 }
 
 }  // namespace

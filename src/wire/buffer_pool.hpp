@@ -35,10 +35,10 @@ class buffer_pool {
   }
 
   /// Keeps `buffer` if nothing else holds its bytes (a reply being written, a tensor in use), it
-  /// is large enough and it fits; otherwise it is just released.
+  /// is large enough and it fits; otherwise it is just released (a moved-from one too).
   void give(byte_buffer buffer) {
     const std::uint64_t size = buffer.size();
-    if (!buffer.unique() || size < min_bytes_ || size > max_bytes_ || max_buffers_ == 0) return;
+    if (!buffer.data() || !buffer.unique() || size < min_bytes_ || size > max_bytes_ || max_buffers_ == 0) return;
     while (!kept_.empty() && (kept_.size() >= max_buffers_ || bytes_ + size > max_bytes_)) {
       bytes_ -= kept_.front().size();
       kept_.pop_front();

@@ -554,7 +554,9 @@ TEST_CASE("an assign adopts the received bytes and pools the storage it replaces
 TEST_CASE("a sparse read's reply of 32 MiB or more is a pooled buffer, back in the pool once nothing holds it") {
   // Rows of 32 KiB, row r all r; replies of 1100 and 1150 rows (34.4 and 35.9 MiB) both fit 36 MiB.
   constexpr std::size_t width = 8192;
-  runtime::ps_service ps("ps:0");
+  server_options options;
+  options.max_ps_bytes = std::uint64_t{1} << 30;  // a pool of up to 256 MiB, whatever the machine's memory
+  runtime::ps_service ps("ps:0", options);
   const variable_ref v{"v", dtype::float32, {1024, width}, 0};
   tensor rows = tensor::uninitialized(dtype::float32, {1024, width});
   for (std::size_t r = 0; r < 1024; ++r) std::fill_n(rows.mutable_data<float>() + r * width, width, static_cast<float>(r));
@@ -608,11 +610,37 @@ TEST_CASE("a sparse read's reply of 32 MiB or more is a pooled buffer, back in t
   }
 
   // A pool gone first (the ps with it) leaves the reply valid; its buffer is then just released.
-  auto last = std::make_unique<runtime::ps_service>("ps:1");
+  auto last = std::make_unique<runtime::ps_service>("ps:1", options);
   REQUIRE(serve_directly(*last, create_from(v, rows)).status.code() == 0);
   auto kept = serve_directly(*last, gather(v, ids(first_ids)));
   last.reset();
   CHECK(rows_are(kept.value, first_ids));
+}
+
+TEST_CASE("served over a connection, a pooled reply buffer is filled anew each time it comes back") {
+  // As above, through a server: the reply is gathered as it is sent, into a buffer that still
+  // holds the last reply's rows, and goes back to the pool once written.
+  constexpr std::size_t width = 8192;
+  local_cluster cluster(1, 0);
+  const variable_ref v{"v", dtype::float32, {1024, width}, 0};
+  tensor rows = tensor::uninitialized(dtype::float32, {1024, width});
+  for (std::size_t r = 0; r < 1024; ++r) std::fill_n(rows.mutable_data<float>() + r * width, width, static_cast<float>(r));
+  REQUIRE(call(cluster, create_from(v, rows)).status.code() == 0);
+  for (const auto& [first, count] : {std::pair<std::int64_t, std::size_t>{3, 1100}, {5, 1150}, {11, 1100}}) {
+    CAPTURE(first);
+    std::vector<std::int64_t> asked(count);
+    for (std::size_t k = 0; k < count; ++k) asked[k] = (first + static_cast<std::int64_t>(k) * 13) % 1024;
+    const auto got = call(cluster, gather(v, ids(asked)));
+    REQUIRE(got.status.code() == 0);
+    REQUIRE(got.value.size() == count * width);
+    std::size_t wrong = 0;
+    for (std::size_t k = 0; k < count; ++k) {
+      const float* row = got.value.data<float>() + k * width;
+      wrong += static_cast<std::size_t>(
+          std::count_if(row, row + width, [&](float e) { return e != static_cast<float>(asked[k]); }));
+    }
+    CHECK(wrong == 0);
+  }
 }
 
 TEST_CASE("an assign of the wrong shape, dtype or size changes neither the variable nor its storage") {
