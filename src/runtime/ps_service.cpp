@@ -153,10 +153,10 @@ constexpr std::size_t pooled_reply_min_bytes = std::size_t{32} << 20;
 // `bytes` for a large reply (a sparse read's rows) from `pool`, rounded up to whole granules, that
 // go back to the pool when the reply's last holder lets go, instead of being unmapped. That holder
 // is on the ps's executor, as the pool requires: the producer that fills the reply, the connection
-// writing it, or handle()'s caller (sparse reads never run on the kernel pool). A fresh buffer faults its pages
-// in while the executor fills it, and every request behind waits: a 58 MB reply's 29 huge pages
-// took up to ~5 ms each on this VM, and small reads beside a loop of such lookups waited 13-52 ms
-// at p99 (2.8-3.9 ms pooled, RESULTS.md 2026-11-25). Smaller replies are plain buffers.
+// writing it, or handle()'s caller (sparse reads never run on the kernel pool). A fresh buffer
+// faults its pages in while the executor fills it, and every request behind waits: a 58 MB reply's
+// 29 huge pages took up to ~5 ms each on this VM, and such lookups took 45-47 ms against 36-37
+// pooled (RESULTS.md, 2026-11-25). Smaller replies are plain buffers.
 byte_buffer reply_buffer(const std::shared_ptr<wire::buffer_pool>& pool, std::size_t bytes) {
   if (bytes < pooled_reply_min_bytes || bytes > std::numeric_limits<std::size_t>::max() - reply_buffer_granule) {
     return byte_buffer(bytes);

@@ -278,8 +278,9 @@ void connection::write_next() {
   // As much per system call as the socket takes (up to 64 buffers): asio's default completion
   // condition writes 64 KiB per operation, each completing through the scheduler (a sendmsg, an
   // epoll_wait and a handler per 64 KiB); one non-blocking sendmsg of a whole 3 MB reply costs the
-  // sender ~25% less CPU on loopback (docs/design.md, "Writes in one call, reads in 64 KiB steps"). Over TLS
-  // each operation still writes one record (~16 KiB): the condition changes nothing there.
+  // sender ~25% less CPU on loopback (docs/design.md, "Writes in one call, reads in 64 KiB
+  // steps"). Over TLS each operation still writes one record (~16 KiB): the condition changes
+  // nothing there.
   const auto whole = [](const std::error_code& error, std::size_t) -> std::size_t {
     return error ? 0 : std::numeric_limits<std::size_t>::max();
   };
