@@ -40,9 +40,11 @@ check "and says so" grep -qE '^one thread: accuracy 0\.[0-9]+ is below the requi
 [ "$failed" -eq 0 ] || cat "$work/one.log" "$work/one-low.log"
 
 echo "--- killing a worker stops the group with its code"
-"$launch" --ps 1 --workers 2 --grace-period 2 -- "$example" --steps 100000000 --log-every 1000000 > "$work/kill.log" 2>&1 &
+# The kill comes once training runs: a worker lost while the chief still creates the per-worker
+# datasets fails the chief today (exit 1; noted on issue 16), which is not what this checks.
+"$launch" --ps 1 --workers 2 --grace-period 2 -- "$example" --steps 100000000 --log-every 20 > "$work/kill.log" 2>&1 &
 launcher=$!
-if wait_for "$work/kill.log" 'connected to 1 ps and 2 workers'; then
+if wait_for "$work/kill.log" 'chief: step 20/'; then
   victim=$(pid_of "$work/kill.log" worker-1)
   kill -9 "$victim"
   wait_exit "$launcher"
@@ -55,9 +57,9 @@ fi
 
 echo "--- --restart-workers restarts a dead worker where it was, up to --max-restarts"
 "$launch" --ps 1 --workers 2 --grace-period 2 --restart-workers --max-restarts 1 -- "$example" --steps 100000000 \
-  --log-every 1000000 > "$work/restart.log" 2>&1 &
+  --log-every 20 > "$work/restart.log" 2>&1 &
 launcher=$!
-if wait_for "$work/restart.log" 'connected to 1 ps and 2 workers'; then
+if wait_for "$work/restart.log" 'chief: step 20/'; then
   first=$(pid_of "$work/restart.log" worker-1)
   address=$(sed -nE 's/^\[worker-1\] pscoro: worker:1 listening on (\S+)$/\1/p' "$work/restart.log" | head -n 1)
   kill -9 "$first"
