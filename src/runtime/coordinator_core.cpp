@@ -317,9 +317,8 @@ asio::awaitable<per_worker_ref> coordinator_core::create_per_worker(per_worker_e
   }
   std::exception_ptr failure;
   try {
-    co_await run_all(ready.size(), [&](std::size_t k) {
-      return call(connections_->worker(ready[k]), create_request(entry, ready[k]));
-    });
+    const auto self = shared_from_this();
+    co_await run_all(ready.size(), [&](std::size_t k) { return create_on(self, ready[k], entry); });
   } catch (...) {
     failure = std::current_exception();
   }
@@ -345,6 +344,25 @@ asio::awaitable<per_worker_ref> coordinator_core::create_per_worker(per_worker_e
   };
   ref.lease = std::make_shared<const lease>(executor_, weak_from_this(), ref.id);
   co_return ref;
+}
+
+asio::awaitable<void> coordinator_core::create_on(std::shared_ptr<coordinator_core> self, std::size_t worker,
+                                                  const per_worker_entry& entry) {
+  // On the open connection only, as a closure: a worker that is gone may not come back soon.
+  std::string lost = "not connected";
+  if (auto connection = self->connections_->worker(worker)->connection()) {
+    auto request = self->create_request(entry, worker);  // named: g++ 12 (temporaries)
+    auto [ec, response] = co_await connection->async_call(std::move(request), as_tuple(use_awaitable));
+    if (!ec) {
+      // The worker's own refusal (an unbound or failing function) fails the creation.
+      wire::throw_if_error(response.message.response().status(), self->connections_->worker(worker)->task());
+      co_return;
+    }
+    lost = connection->close_reason();
+  }
+  // TF's contract: a lost worker costs only time. The value is listed already, so the worker
+  // builds it in prepare_worker when it comes back, before it takes a closure.
+  self->connections_->worker_failed(worker, lost);
 }
 
 void coordinator_core::release_per_worker(std::uint64_t id) {
@@ -416,10 +434,6 @@ asio::awaitable<void> coordinator_core::read_on(std::shared_ptr<coordinator_core
                                    peer->task(), variable.name, name_of(variable.type), to_string(variable.shape)));
   }
   out = std::move(value);
-}
-
-asio::awaitable<void> coordinator_core::call(std::shared_ptr<runtime::peer> peer, wire::frame request) {
-  co_await peer->call(std::move(request));
 }
 
 asio::awaitable<void> coordinator_core::prepare_worker(std::shared_ptr<coordinator_core> self, std::size_t worker) {

@@ -121,8 +121,6 @@ class coordinator_core : public std::enable_shared_from_this<coordinator_core> {
   void lost_ps(std::size_t index, const std::string& reason);
   /// Rebuilds every per-worker value on `worker`, which came back, before it takes a closure.
   static asio::awaitable<void> prepare_worker(std::shared_ptr<coordinator_core> self, std::size_t worker);
-  /// Sends `request` to `peer`; throws what the call throws.
-  static asio::awaitable<void> call(std::shared_ptr<runtime::peer> peer, wire::frame request);
   /// A value made on every worker, as the chief remembers it to rebuild it on a worker that comes
   /// back: an iterator (ref.function: its dataset function), a variable (its initial value), a
   /// resource (ref.function: its resource function).
@@ -134,6 +132,10 @@ class coordinator_core : public std::enable_shared_from_this<coordinator_core> {
   };
   /// Makes `entry` (its id not yet chosen) on every ready worker; completes with its ref and lease.
   asio::awaitable<per_worker_ref> create_per_worker(per_worker_entry entry);
+  /// Makes `entry` on `worker`; a worker lost on the way is marked lost (it builds `entry` when it
+  /// comes back), not a failure. Throws the worker's refusal.
+  static asio::awaitable<void> create_on(std::shared_ptr<coordinator_core> self, std::size_t worker,
+                                         const per_worker_entry& entry);
   /// The request that makes `entry` on `worker`.
   wire::frame create_request(const per_worker_entry& entry, std::size_t worker) const;
   /// Reads per-worker variable `variable` (`id`) on `worker` into `out`.

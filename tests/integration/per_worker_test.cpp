@@ -287,6 +287,54 @@ TEST_CASE("a worker restarted at the same address is reconnected and gets fresh 
       options);
 }
 
+namespace {
+
+// While stop_while_building is set, worker 1 stops its own server (its process "dies") in the middle
+// of building this dataset, and clears the flag; otherwise it is `endless`.
+const dataset_function<element> dies_building{"test.dies_building"};
+std::atomic<bool> stop_while_building{false};
+
+void bind_dying(server& s) {
+  bind_functions(s);
+  s.bind(dies_building, [&s](input_context context) {
+    if (context.worker_index == 1 && stop_while_building.exchange(false)) s.stop();
+    std::vector<std::int64_t> all(100);
+    std::iota(all.begin(), all.end(), 0);
+    return from_values(all).shard(context.num_workers, context.worker_index).batch(10).repeat();
+  });
+}
+
+}  // namespace
+
+TEST_CASE("a worker lost while it builds its dataset costs only time: iter() completes, the others take the closures, and it builds the iterator when it comes back") {
+  stop_while_building = true;
+  local_cluster cluster(1, 2, bind_dying);
+  coordinator_options options;
+  options.worker_probe_interval = std::chrono::milliseconds(20);
+  cluster.run_chief(
+      [&cluster](parameter_server_strategy&, cluster_coordinator& coordinator) -> asio::awaitable<void> {
+        auto created = coordinator.create_per_worker_dataset(dies_building).iter();  // named: g++ 12
+        auto it = co_await std::move(created);
+        REQUIRE_MESSAGE(!stop_while_building, "worker 1 never started building the dataset");
+        // Worker 0 carries on alone.
+        CHECK(starts_with(co_await coordinator.schedule(take_batch, it).get(), "0,"));
+        CHECK_NOTHROW((void)coordinator.done());
+        cluster.restart("worker", 1);
+        // Worker 1 comes back with the iterator built afresh: its first batch.
+        std::string from_one;
+        for (const auto until = come_back_deadline(); from_one.empty() && before(until);) {
+          const auto batch = co_await coordinator.schedule(take_batch, it).get();
+          if (batch.starts_with("1,")) from_one = batch;
+        }
+        CHECK(from_one == "1,1,3,5,7,9,11,13,15,17,19");
+        co_await coordinator.join();
+        const auto m = coordinator.metrics();
+        CHECK(m.worker_failures == 1);
+        CHECK(m.iterator_rebuilds == 1);
+      },
+      options);
+}
+
 // Per-worker variables and resources (TF's per_worker_variable=True and _create_per_worker_resources).
 namespace {
 
