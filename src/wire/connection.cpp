@@ -112,6 +112,14 @@ asio::awaitable<void> connection::read_loop(std::shared_ptr<connection> self) {
       } else {
         f = co_await self->reader_.read(self->socket_, &destination);
       }
+      if (!f && self->on_request_ && self->pending_.empty() && self->bytes_in_flight_ > 0) {
+        // The peer sent its last frame and closed its side (a shutdown(SHUT_WR), or a client done
+        // asking): what it asked is still answered (kernels, lanes and streamed replies included),
+        // then release() closes the connection. One waiting on calls of ours closes now: their
+        // answers can no longer come.
+        self->peer_finished_ = reason;
+        co_return;
+      }
       if (!f) break;
       self->last_received_ = std::chrono::steady_clock::now();
       if (auto* traffic = self->traffic_) {
@@ -185,6 +193,10 @@ asio::awaitable<void> connection::serve(std::shared_ptr<connection> self, frame 
 
 void connection::release(std::uint64_t bytes) {
   bytes_in_flight_ -= bytes;
+  if (bytes_in_flight_ == 0 && peer_finished_) {
+    close(*peer_finished_);  // every request of a peer that finished sending is answered and written
+    return;
+  }
   if (auto room = room_; room && bytes_in_flight_ <= reader_.limits().max_bytes_in_flight) room->set();
 }
 

@@ -43,6 +43,9 @@ class connection : public std::enable_shared_from_this<connection> {
   /// Whether reading waits for requests to be answered and answers to be written
   /// (max_bytes_in_flight).
   bool reading_paused() const noexcept { return room_ != nullptr; }
+  /// Whether the peer has sent its last frame (it closed its sending side) while answers to it are
+  /// still due: the connection closes once they are written.
+  bool peer_finished() const noexcept { return peer_finished_.has_value(); }
 
   /// Runs a TLS handshake on the fresh connection (as the `side` that dialled or accepted) before
   /// anything else is sent or read; from then on every byte goes through TLS. Throws
@@ -71,7 +74,8 @@ class connection : public std::enable_shared_from_this<connection> {
   void set_limits(frame_limits limits) noexcept { reader_.set_limits(limits); }
 
   /// Starts the read loop. Requests go to `on_request` (none: a request closes the connection);
-  /// `on_close` runs once when the connection closes for any reason.
+  /// `on_close` runs once when the connection closes for any reason. A peer that closes its
+  /// sending side gets the answers to every request it sent before the connection closes.
   void start(request_handler on_request, close_handler on_close);
 
   /// Queues `f` for writing. A frame with a producer is filled a step per turn from now on, and
@@ -150,6 +154,7 @@ class connection : public std::enable_shared_from_this<connection> {
   bool producing_ = false;     // a produce_step is queued
   std::vector<asio::const_buffer> write_buffers_;
   std::optional<std::string> close_when_flushed_;
+  std::optional<std::string> peer_finished_;  // why to close once nothing is in flight (peer_finished())
   std::chrono::steady_clock::time_point last_received_ = std::chrono::steady_clock::now();
   std::optional<asio::steady_timer> heartbeat_timer_;
   std::optional<asio::steady_timer> stall_timer_;

@@ -163,6 +163,53 @@ std::string ps_kernel_requests() {
   return out;
 }
 
+// Sparse reads whose replies the fuzz ps gathers as it sends them (wire::segment_producer: 2x the
+// reply >= its 4 KiB ps_kernel_offload_bytes), sent at once: 2100 rows of 128 bytes (two produce
+// steps), then an update, a read and a small sparse read of the same variable that wait in its
+// lane until the last row is gathered. `cut`: the input ends in half a frame instead, so the
+// connection closes while the reply is produced (the producer is dropped and lets the lane go).
+std::string ps_streamed_reply_requests(bool cut) {
+  const shape_type shape{64, 32};
+  std::string out;
+  auto init = request(1);
+  auto* i = init.message.mutable_request()->mutable_create_variable();
+  set_ref(*i->mutable_variable(), "table", shape);
+  i->mutable_initializer()->set_kind(wire::Initializer::RANDOM_UNIFORM);
+  i->mutable_initializer()->set_a(-1);
+  i->mutable_initializer()->set_b(1);
+  for (const auto d : shape) i->mutable_initializer()->add_full_shape(d);
+  out += fuzz::wire_bytes(std::move(init));
+
+  std::vector<std::int64_t> ids(2100);
+  for (std::size_t k = 0; k < ids.size(); ++k) ids[k] = static_cast<std::int64_t>((k * 37) % 64);
+  auto sparse = request(2);
+  auto* r = sparse.message.mutable_request()->mutable_read_variable();
+  set_ref(*r->mutable_variable(), "table", shape);
+  wire::put_tensor(sparse, *r->mutable_indices(), int64s(ids));
+  out += fuzz::wire_bytes(std::move(sparse));
+
+  auto add = request(3);
+  auto* u = add.message.mutable_request()->mutable_update_variable();
+  set_ref(*u->mutable_variable(), "table", shape);
+  u->set_op(wire::UpdateVariable::ADD);
+  wire::put_tensor(add, *u->mutable_value(), floats(std::vector<float>(32, 0.25f), {1, 32}));
+  wire::put_tensor(add, *u->mutable_indices(), int64s({7}));
+  const std::string update = fuzz::wire_bytes(std::move(add));
+  if (cut) return out + update.substr(0, update.size() / 2);
+  out += update;
+
+  auto read = request(4);
+  set_ref(*read.message.mutable_request()->mutable_read_variable()->mutable_variable(), "table", shape);
+  out += fuzz::wire_bytes(std::move(read));
+
+  auto small = request(5);
+  auto* sr = small.message.mutable_request()->mutable_read_variable();
+  set_ref(*sr->mutable_variable(), "table", shape);
+  wire::put_tensor(small, *sr->mutable_indices(), int64s({7, 0, 7}));
+  out += fuzz::wire_bytes(std::move(small));
+  return out;
+}
+
 std::string run_function(std::uint64_t id, const std::string& name, const std::string& signature,
                          const std::vector<value>& args) {
   auto f = request(id);
@@ -259,6 +306,8 @@ int main(int argc, char** argv) {
   // ps and worker: byte 0 bit 0 = a valid Hello of a new session goes first.
   put("ps", "requests", flag(1) + requests);
   put("ps", "kernel_pool", flag(1) + ps_kernel_requests());
+  put("ps", "streamed_reply", flag(1) + ps_streamed_reply_requests(false));
+  put("ps", "streamed_reply_cut", flag(1) + ps_streamed_reply_requests(true));
   put("ps", "own_hello", flag(0) + hello_ps + fuzz::wire_bytes(fuzz::heartbeat(1)));
   put("ps", "worker_hello", flag(0) + [] {
     auto h = fuzz::hello("ps", 1);

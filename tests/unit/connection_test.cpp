@@ -330,3 +330,75 @@ TEST_CASE("a peer that never reads its answers is not read once they hold max_by
   CHECK(closed.empty());
   server->close("test over");
 }
+
+namespace {
+
+// Answers a request with `answer_bytes` of segment once `go` is set.
+asio::awaitable<wire::frame> answer_when(std::shared_ptr<detail::async_event> go, std::size_t answer_bytes,
+                                         wire::frame) {
+  co_await go->async_wait(asio::use_awaitable);
+  wire::frame out;
+  out.message.mutable_response();
+  out.segments.emplace_back(answer_bytes);
+  co_return out;
+}
+
+}  // namespace
+
+TEST_CASE("a peer that closes its sending side gets every answer still due, then the connection closes") {
+  asio::io_context io;
+  asio::ip::tcp::acceptor acceptor(io, {asio::ip::address_v4::loopback(), 0});
+  asio::ip::tcp::socket client(io);
+  client.connect(acceptor.local_endpoint());
+  auto server = std::make_shared<wire::connection>(acceptor.accept(), wire::frame_limits{}, "the client");
+  // Answers wait (as for a kernel or a variable's lane) until the peer has finished sending.
+  auto go = std::make_shared<detail::async_event>(io.get_executor());
+  constexpr std::size_t answer_bytes = 4 << 20, requests = 3;  // more than the socket buffers hold
+  std::optional<std::string> closed;
+  server->start([go](wire::frame request) { return answer_when(go, answer_bytes, std::move(request)); },
+                [&closed](const std::string& reason) { closed = reason; });
+  for (std::uint64_t id = 1; id <= requests; ++id) {
+    wire::frame request;
+    request.kind = wire::frame_kind::request;
+    request.request_id = id;
+    request.message.mutable_request()->mutable_heartbeat();
+    const auto encoded = wire::encode(std::move(request));
+    asio::write(client, asio::buffer(encoded.head));
+  }
+  client.shutdown(asio::ip::tcp::socket::shutdown_send);
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  while (!server->peer_finished()) {
+    REQUIRE_MESSAGE(!closed, "the connection closed with answers still due: ", *closed);
+    REQUIRE_MESSAGE(std::chrono::steady_clock::now() < deadline, "the server never read the end of the requests");
+    io.restart();
+    io.run_one_for(std::chrono::milliseconds(100));
+  }
+  CHECK(server->is_open());
+  go->set();
+
+  wire::frame_reader reader{{}};
+  std::vector<bool> answered(requests + 1, false);
+  for (std::size_t n = 0; n <= requests; ++n) {  // the answers, then the end of the connection
+    auto got = asio::co_spawn(io, reader.read(client), asio::use_future);
+    const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+    while (got.wait_for(std::chrono::seconds(0)) != std::future_status::ready) {
+      REQUIRE_MESSAGE(std::chrono::steady_clock::now() < until, "read ", n + 1, " did not end in 30 s");
+      io.restart();
+      io.run_one_for(std::chrono::milliseconds(100));
+    }
+    const auto answer = got.get();
+    if (n == requests) {
+      CHECK_MESSAGE(!answer, "a frame after the last answer");
+      break;
+    }
+    REQUIRE_MESSAGE(answer, "the connection ended after ", n, " of ", requests, " answers");
+    REQUIRE(answer->request_id >= 1);
+    REQUIRE(answer->request_id <= requests);
+    CHECK(!answered[answer->request_id]);
+    answered[answer->request_id] = true;
+    REQUIRE(answer->segments.size() == 1);
+    CHECK(answer->segments[0].size() == answer_bytes);
+  }
+  REQUIRE(closed);
+  CHECK(*closed == "the peer closed the connection");
+}
