@@ -61,6 +61,20 @@ asio::awaitable<double> median_us(int iterations, F f) {
   co_return median(std::move(samples));
 }
 
+/// The median time of `iterations` calls of `f()` (after a tenth as many to warm up), in
+/// microseconds; what `f` returns is kept from the optimizer.
+template <class F>
+double median_sync_us(int iterations, F f) {
+  std::vector<double> samples;
+  for (int i = -std::max(1, iterations / 10); i < iterations; ++i) {
+    const auto start = clock_type::now();
+    auto kept = f();
+    asm volatile("" : : "g"(&kept) : "memory");
+    if (i >= 0) samples.push_back(micros(clock_type::now() - start).count());
+  }
+  return median(std::move(samples));
+}
+
 /// Where the client receives each answer: into one buffer it reuses (as read(out) does), or into a
 /// fresh allocation per exchange, freed after it (as read() into a fresh array does: the kernel
 /// clears every fresh page before the copy lands in it, and unmaps it after).

@@ -29,6 +29,7 @@
 #include <asio/detached.hpp>
 #include <asio/steady_timer.hpp>
 
+#include <cstring>
 #include <ctime>
 #include <optional>
 #include <random>
@@ -74,6 +75,14 @@ struct sparse_figures {
   double lookup_ratio;    // lookup / raw_lookup (time, per round)
   double scatter_ratio;   // scatter_add / raw_scatter
   double adagrad_ratio;   // apply_sparse_gradient / raw_scatter (same bytes)
+  // The memory work the raw exchanges leave out, done by this thread alone in the same round: the
+  // received rows copied to their places in a fresh result in input order (place), and the rows
+  // added into a local table at their ids (apply; what the ps do to their shards). The limits
+  // raw + place and raw + apply are what the machine allows for the same work, and the ratios to
+  // them what pscoro adds on top.
+  double place_us, apply_us;
+  double lookup_mem_ratio;   // lookup / (raw_lookup + place)
+  double scatter_mem_ratio;  // scatter_add / (raw_scatter + apply)
   double lookup_faults, lookup_ps_faults, scatter_faults, scatter_ps_faults;
   // CPU time per operation (us; the chief's process, the ps processes' together: -1 for threads of
   // one process, all in the chief's): robust where wall times are not, on a busy machine.
@@ -286,9 +295,40 @@ std::vector<sparse_figures> measure_sparse(int scale, int rounds, RunChief run_c
         ++per_shard[s];
       }
       const xt::xarray<float> updates = xt::ones<float>({ids, width});
+      // The positions of the rows in the order they arrive: shard by shard, each in input order.
+      std::vector<std::uint32_t> arrival;
+      arrival.reserve(ids);
+      for (std::size_t s = 0; s < table.num_shards(); ++s) {
+        for (std::size_t k = 0; k < ids; ++k) {
+          const auto id = static_cast<std::size_t>(id_array(k));
+          if (id >= table.offsets()[s] && id < table.offsets()[s + 1]) arrival.push_back(static_cast<std::uint32_t>(k));
+        }
+      }
+      const std::size_t id_count = ids, row_width = width;  // clang 14 cannot capture structured bindings
+      const std::size_t row_bytes = row_width * sizeof(float);
+      const auto reply_rows = bench::detail::fresh_buffer(id_count * row_bytes);
+      std::memset(reply_rows.get(), 1, id_count * row_bytes);
+      std::vector<float> local_table(rows * row_width, 0.0f);
+      const auto place = [&] {
+        xt::xarray<float> result(pscoro::shape_type{id_count, row_width});
+        auto* to = reinterpret_cast<char*>(result.data());
+        for (std::size_t r = 0; r < id_count; ++r) {
+          std::memcpy(to + arrival[r] * row_bytes, reply_rows.get() + r * row_bytes, row_bytes);
+        }
+        return result(0, 0);
+      };
+      const auto apply = [&] {
+        const float* rows_in = updates.data();
+        for (std::size_t r = 0; r < id_count; ++r) {
+          float* row = local_table.data() + static_cast<std::size_t>(id_array(arrival[r])) * row_width;
+          const float* add = rows_in + arrival[r] * row_width;
+          for (std::size_t j = 0; j < row_width; ++j) row[j] += add[j];
+        }
+        return local_table[0];
+      };
       const int n = 10 * scale;
       std::vector<double> raw_lookup, raw_scatter, lookup, scatter, adagrad, lookup_ratio, scatter_ratio,
-          adagrad_ratio;
+          adagrad_ratio, placing, applying, lookup_mem_ratio, scatter_mem_ratio;
       std::vector<double> faults[4], cpu[4], raw_cpu[4];
       fault_counter counter{ps_pids};
       cpu_counter cpu_time{ps_pids}, raw_cpu_time{raw_pids};
@@ -319,6 +359,8 @@ std::vector<sparse_figures> measure_sparse(int scale, int rounds, RunChief run_c
         raw_cpu[3].push_back(server);
         raw_lookup.push_back(pull);
         raw_scatter.push_back(push);
+        placing.push_back(bench::median_sync_us(n, place));
+        applying.push_back(bench::median_sync_us(n, apply));
         // An operation left out (--sparse-op) prints as 0. No co_await inside a conditional
         // expression: g++ 12 mishandles it.
         double lookup_us = 0, scatter_us = 0, adagrad_us = 0;
@@ -337,10 +379,13 @@ std::vector<sparse_figures> measure_sparse(int scale, int rounds, RunChief run_c
         lookup_ratio.push_back(lookup.back() / pull);
         scatter_ratio.push_back(scatter.back() / push);
         adagrad_ratio.push_back(adagrad.back() / push);
+        lookup_mem_ratio.push_back(lookup.back() / (pull + placing.back()));
+        scatter_mem_ratio.push_back(scatter.back() / (push + applying.back()));
       }
       using bench::median;
       out.push_back({ids, width, median(lookup), median(scatter), median(adagrad), median(raw_lookup),
                      median(raw_scatter), median(lookup_ratio), median(scatter_ratio), median(adagrad_ratio),
+                     median(placing), median(applying), median(lookup_mem_ratio), median(scatter_mem_ratio),
                      median(faults[0]), median(faults[1]), median(faults[2]), median(faults[3]), median(cpu[0]),
                      median(cpu[1]), median(cpu[2]), median(cpu[3]), median(raw_cpu[0]), median(raw_cpu[1]),
                      median(raw_cpu[2]), median(raw_cpu[3])});
@@ -350,16 +395,19 @@ std::vector<sparse_figures> measure_sparse(int scale, int rounds, RunChief run_c
 }
 
 void print_sparse(const std::vector<sparse_figures>& sparse) {
-  fmt::print("{:>8} {:>5} {:>9} {:>9} {:>6} {:>10} {:>10} {:>6} {:>10} {:>6}   {:<22} {}\n", "ids", "width",
-             "raw lk us", "lookup us", "x raw", "raw sc us", "scatter us", "x raw", "adagrad us", "x raw",
-             "faults/op chief|ps", "CPU us/op chief|ps (raw client|server): lookup, scatter_add");
+  fmt::print("{:>8} {:>5} {:>9} {:>8} {:>9} {:>6} {:>7} {:>10} {:>8} {:>10} {:>6} {:>7} {:>10} {:>6}   {:<22} {}\n",
+             "ids", "width", "raw lk us", "place us", "lookup us", "x raw", "x +mem", "raw sc us", "apply us",
+             "scatter us", "x raw", "x +mem", "adagrad us", "x raw", "faults/op chief|ps",
+             "CPU us/op chief|ps (raw client|server): lookup, scatter_add");
   auto pair = [](double self, double ps) {
     return ps < 0 ? fmt::format("{:.0f}", self) : fmt::format("{:.0f}|{:.0f}", self, ps);
   };
   for (const auto& f : sparse) {
-    fmt::print("{:>8} {:>5} {:>9.0f} {:>9.0f} {:>6.2f} {:>10.0f} {:>10.0f} {:>6.2f} {:>10.0f} {:>6.2f}   {:<22} {}\n",
-               f.ids, f.width, f.raw_lookup_us, f.lookup_us, f.lookup_ratio, f.raw_scatter_us, f.scatter_us,
-               f.scatter_ratio, f.adagrad_us, f.adagrad_ratio,
+    fmt::print("{:>8} {:>5} {:>9.0f} {:>8.0f} {:>9.0f} {:>6.2f} {:>7.2f} {:>10.0f} {:>8.0f} {:>10.0f} {:>6.2f} {:>7.2f} "
+               "{:>10.0f} {:>6.2f}   {:<22} {}\n",
+               f.ids, f.width, f.raw_lookup_us, f.place_us, f.lookup_us, f.lookup_ratio, f.lookup_mem_ratio,
+               f.raw_scatter_us, f.apply_us, f.scatter_us, f.scatter_ratio, f.scatter_mem_ratio, f.adagrad_us,
+               f.adagrad_ratio,
                fmt::format("{}, {}", pair(f.lookup_faults, f.lookup_ps_faults), pair(f.scatter_faults, f.scatter_ps_faults)),
                fmt::format("{} ({}), {} ({})", pair(f.lookup_cpu, f.lookup_ps_cpu),
                            pair(f.raw_lookup_cpu, f.raw_lookup_server_cpu), pair(f.scatter_cpu, f.scatter_ps_cpu),
@@ -687,8 +735,11 @@ int main(int argc, char** argv) {
              "raw exchanges of the same bytes right before pscoro: per ps in turn, its ids out (8 bytes each) and\n"
              "their rows back (raw lk), or its ids and rows out and 64 bytes back (raw sc, also adagrad's limit).\n"
              "Sequential over one connection: pscoro asks both ps at once. ps-lite is not a Debian package, so\n"
-             "the raw exchange is the comparison. faults/op as above; CPU us/op: CPU time per operation of this\n"
-             "process (the chief, or the raw client) and of the ps processes together (or the raw server).\n",
+             "the raw exchange is the comparison. place us / apply us: the memory work the raw exchange leaves\n"
+             "out, done by this thread in the same round (the rows copied to their places in a fresh result in\n"
+             "input order; the rows added into a local table at their ids); x +mem: pscoro against raw + that.\n"
+             "faults/op as above; CPU us/op: CPU time per operation of this process (the chief, or the raw\n"
+             "client) and of the ps processes together (or the raw server).\n",
              rounds);
   if (!sparse_threads.empty()) {
     fmt::print("\nchief and ps as threads of one process (raw: two threads):\n");
@@ -698,7 +749,7 @@ int main(int argc, char** argv) {
     fmt::print("\nchief and ps as processes (raw: two processes), placement {}:\n", placement);
     print_sparse(sparse_processes);
   }
-  fmt::print("\nTargets: embedding_lookup and scatter_add of 100k x 16 <= 2x raw.\n");
+  fmt::print("\nTargets: embedding_lookup and scatter_add of 100k x 16 <= 2x raw (x raw).\n");
   if (!pooled) return 0;
   fmt::print("\npooled (1M x 16, 2 ps): 4,096 rows x 26 ids, weighted mean: embedding_lookup of the 106,496 ids\n"
              "{:.0f} us; embedding_lookup_sparse {:.0f} us; safe_embedding_lookup_sparse (every 10th id -1) {:.0f} us\n",
