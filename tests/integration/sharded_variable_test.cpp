@@ -101,6 +101,11 @@ TEST_CASE("lookups of sorted, unsorted and repeated ids, small and large, alone 
           for (int k = 0; k < 300; ++k) few.push_back(any(random));
           few.push_back(few[7]);
           few.push_back(few[100]);
+          // Half the rows, distinct, then 300 of them again: the first thousands of a shard's ids
+          // do not repeat, so its repeats are asked as they are (with 3 shards: ~3,400 ids over
+          // ~6,700 rows each).
+          std::vector<std::int64_t> late_repeats(shuffled.begin(), shuffled.begin() + 10005);
+          for (int k = 0; k < 300; ++k) late_repeats.push_back(late_repeats[static_cast<std::size_t>(k) * 31]);
           std::vector<std::int64_t> borders;
           const auto offsets = div_offsets(20011, static_cast<std::size_t>(shards));
           for (std::size_t i = 1; i + 1 < offsets.size(); ++i) {
@@ -108,13 +113,15 @@ TEST_CASE("lookups of sorted, unsorted and repeated ids, small and large, alone 
             borders.push_back(static_cast<std::int64_t>(offsets[i]));
           }
           // Repeats in unsorted ids are found by a reply index per row (ids >= rows / 8 per shard), a
-          // bit per row (>= rows / 256) or a hash table (fewer): src/sharded.cpp, plan_part.
+          // bit per row (>= rows / 256) or a hash table (fewer), or not looked for when a shard's
+          // first 2,048 ids hardly repeat: src/sharded.cpp, plan_part.
           const std::vector<std::vector<std::int64_t>> cases{
               all,                                   // sorted, distinct: each shard's reply lands in place
               shuffled,                              // unsorted, distinct (index per row)
               repeated,                              // unsorted, repeats (index per row)
               sorted_repeats,                        // sorted, repeats
               few,                                   // unsorted, a few repeats (bit per row)
+              late_repeats,                          // unsorted, repeats not looked for (3 shards)
               borders,                               // sorted, either side of every shard border
               {20010, 0, 20010, 3, 3, 6671},         // small, unsorted, repeats (hash table)
               {7},
