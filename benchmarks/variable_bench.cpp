@@ -76,10 +76,11 @@ struct sparse_figures {
   double scatter_ratio;   // scatter_add / raw_scatter
   double adagrad_ratio;   // apply_sparse_gradient / raw_scatter (same bytes)
   // The memory work the raw exchanges leave out, done by this thread alone in the same round: the
-  // received rows copied to their places in a fresh result in input order (place), and the rows
-  // added into a local table at their ids (apply; what the ps do to their shards). The limits
-  // raw + place and raw + apply are what the machine allows for the same work, and the ratios to
-  // them what pscoro adds on top.
+  // received rows copied to their places in a fresh result in input order (place), and the rows,
+  // read in the order they arrive, added into a local table at their ids (apply; what the ps do to
+  // their shards). raw + place and raw + apply are the same work done one part after the other:
+  // not bounds (pscoro overlaps the parts, and its two ps apply their halves at once), but what
+  // pscoro's time is to be read against once the work itself is counted.
   double place_us, apply_us;
   double lookup_mem_ratio;   // lookup / (raw_lookup + place)
   double scatter_mem_ratio;  // scatter_add / (raw_scatter + apply)
@@ -318,10 +319,11 @@ std::vector<sparse_figures> measure_sparse(int scale, int rounds, RunChief run_c
         return result(0, 0);
       };
       const auto apply = [&] {
+        // The rows as a ps reads them, in the order they arrive; each added at its id.
         const float* rows_in = updates.data();
         for (std::size_t r = 0; r < id_count; ++r) {
           float* row = local_table.data() + static_cast<std::size_t>(id_array(arrival[r])) * row_width;
-          const float* add = rows_in + arrival[r] * row_width;
+          const float* add = rows_in + r * row_width;
           for (std::size_t j = 0; j < row_width; ++j) row[j] += add[j];
         }
         return local_table[0];
@@ -737,7 +739,8 @@ int main(int argc, char** argv) {
              "Sequential over one connection: pscoro asks both ps at once. ps-lite is not a Debian package, so\n"
              "the raw exchange is the comparison. place us / apply us: the memory work the raw exchange leaves\n"
              "out, done by this thread in the same round (the rows copied to their places in a fresh result in\n"
-             "input order; the rows added into a local table at their ids); x +mem: pscoro against raw + that.\n"
+             "input order; the rows added into a local table at their ids); x +mem: pscoro against raw + that,\n"
+             "the same work one part after the other (not a bound: pscoro overlaps them, and its 2 ps apply at once).\n"
              "faults/op as above; CPU us/op: CPU time per operation of this process (the chief, or the raw\n"
              "client) and of the ps processes together (or the raw server).\n",
              rounds);

@@ -418,10 +418,13 @@ lookup_plan prepare_lookup(const sharded_layout& layout, std::span<const std::in
 // count, so the share among all n is estimated as (repeats among k / k) * (n / k); only an estimate
 // of 1/4 or more is worth the passes. Skewed ids (the usual for embeddings) repeat often within the
 // first few thousand and are made distinct. A reply of repeats is never larger than the shard
-// (n <= shard_rows), so it passes any limit the shard itself passed.
+// (n <= shard_rows), so it passes any limit the shard itself passed. The bitmap is the bits path's
+// (a bit per row), so only shards that path would take are sampled.
 bool repeats_not_worth_finding(const std::int64_t* ids, std::size_t n, std::size_t shard_rows, plan_tables& tables) {
   constexpr std::size_t sample = 2048;
-  if (n <= sample || n > shard_rows) return false;
+  // Only where the bitmap would be used anyway (n >= shard_rows / 256): a few ids over a huge shard
+  // keep the hash table, whose size is the ids', not the rows'.
+  if (n <= sample || n > shard_rows || n * 256 < shard_rows) return false;
   tables.seen.assign(shard_rows / 64 + 1, 0);
   std::uint64_t* seen = tables.seen.data();
   std::size_t repeats = 0;

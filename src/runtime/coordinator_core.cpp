@@ -348,18 +348,28 @@ asio::awaitable<per_worker_ref> coordinator_core::create_per_worker(per_worker_e
 
 asio::awaitable<void> coordinator_core::create_on(std::shared_ptr<coordinator_core> self, std::size_t worker,
                                                   const per_worker_entry& entry) {
+  const auto peer = self->connections_->worker(worker);
   // On the open connection only, as a closure: a worker that is gone may not come back soon.
+  const auto connection = peer->connection();
   std::string lost = "not connected";
-  if (auto connection = self->connections_->worker(worker)->connection()) {
+  if (connection) {
     auto request = self->create_request(entry, worker);  // named: g++ 12 (temporaries)
     auto [ec, response] = co_await connection->async_call(std::move(request), as_tuple(use_awaitable));
     if (!ec) {
       // The worker's own refusal (an unbound or failing function) fails the creation.
-      wire::throw_if_error(response.message.response().status(), self->connections_->worker(worker)->task());
+      wire::throw_if_error(response.message.response().status(), peer->task());
       co_return;
     }
     lost = connection->close_reason();
   }
+  if (self->connections_->closed()) {
+    throw remote_error(make_error_code(errc::unavailable), peer->task(),
+                       fmt::format("'{}' could not be made on {}: the chief closed its connections", entry.ref.function,
+                                   peer->task()));
+  }
+  // A worker that came back meanwhile on a new connection was prepared there, with this value
+  // (listed before any worker was asked).
+  if (const auto current = peer->connection(); current && current != connection) co_return;
   // TF's contract: a lost worker costs only time. The value is listed already, so the worker
   // builds it in prepare_worker when it comes back, before it takes a closure.
   self->connections_->worker_failed(worker, lost);

@@ -83,7 +83,8 @@ class connection : public std::enable_shared_from_this<connection> {
   void send(frame f);
 
   /// Sends `request` and completes with its response: void(std::error_code, frame). The code is
-  /// errc::unavailable when the connection closes first (see close_reason()). Segment i of the
+  /// errc::unavailable when the connection closes first (see close_reason()), or at once when the
+  /// peer has finished sending (peer_finished()). Segment i of the
   /// response is read into `receive_into[i]` when that has its size (no copy after the read), its
   /// arrival told as segment_target says while the call is pending (never after it failed).
   template <class CompletionToken>
@@ -91,7 +92,8 @@ class connection : public std::enable_shared_from_this<connection> {
     return asio::async_initiate<CompletionToken, void(std::error_code, frame)>(
         [self = shared_from_this()](auto handler, frame request, std::vector<segment_target> receive_into) {
           detail::erased_handler<void(std::error_code, frame)> stored(std::move(handler), self->get_executor());
-          if (self->closed_) {
+          // A peer that finished sending can answer nothing more.
+          if (self->closed_ || self->peer_finished_) {
             stored(make_error_code(errc::unavailable), frame{});
             return;
           }

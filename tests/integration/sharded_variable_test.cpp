@@ -117,7 +117,7 @@ TEST_CASE("lookups of sorted, unsorted and repeated ids, small and large, alone 
           // first 2,048 ids hardly repeat: src/sharded.cpp, plan_part.
           const std::vector<std::vector<std::int64_t>> cases{
               all,                                   // sorted, distinct: each shard's reply lands in place
-              shuffled,                              // unsorted, distinct (index per row)
+              shuffled,                              // unsorted, distinct: the first ids do not repeat, asked as they are
               repeated,                              // unsorted, repeats (index per row)
               sorted_repeats,                        // sorted, repeats
               few,                                   // unsorted, a few repeats (bit per row)

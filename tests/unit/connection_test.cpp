@@ -333,10 +333,12 @@ TEST_CASE("a peer that never reads its answers is not read once they hold max_by
 
 namespace {
 
-// Answers a request with `answer_bytes` of segment once `go` is set.
+// Answers a request with `answer_bytes` of segment once `go` is set: filled as it is sent (a
+// streamed reply, filler()) for odd request ids, whole for even ones.
 asio::awaitable<wire::frame> answer_when(std::shared_ptr<detail::async_event> go, std::size_t answer_bytes,
-                                         wire::frame) {
+                                         wire::frame request) {
   co_await go->async_wait(asio::use_awaitable);
+  if (request.request_id % 2 == 1) co_return filled_response(0, answer_bytes).frame;
   wire::frame out;
   out.message.mutable_response();
   out.segments.emplace_back(answer_bytes);
@@ -345,7 +347,7 @@ asio::awaitable<wire::frame> answer_when(std::shared_ptr<detail::async_event> go
 
 }  // namespace
 
-TEST_CASE("a peer that closes its sending side gets every answer still due, then the connection closes") {
+TEST_CASE("a peer that closes its sending side gets every answer still due, streamed ones included, then the connection closes") {
   asio::io_context io;
   asio::ip::tcp::acceptor acceptor(io, {asio::ip::address_v4::loopback(), 0});
   asio::ip::tcp::socket client(io);
@@ -353,7 +355,7 @@ TEST_CASE("a peer that closes its sending side gets every answer still due, then
   auto server = std::make_shared<wire::connection>(acceptor.accept(), wire::frame_limits{}, "the client");
   // Answers wait (as for a kernel or a variable's lane) until the peer has finished sending.
   auto go = std::make_shared<detail::async_event>(io.get_executor());
-  constexpr std::size_t answer_bytes = 4 << 20, requests = 3;  // more than the socket buffers hold
+  constexpr std::size_t answer_bytes = 4 << 20, requests = 4;  // more than the socket buffers hold
   std::optional<std::string> closed;
   server->start([go](wire::frame request) { return answer_when(go, answer_bytes, std::move(request)); },
                 [&closed](const std::string& reason) { closed = reason; });
@@ -397,7 +399,13 @@ TEST_CASE("a peer that closes its sending side gets every answer still due, then
     CHECK(!answered[answer->request_id]);
     answered[answer->request_id] = true;
     REQUIRE(answer->segments.size() == 1);
-    CHECK(answer->segments[0].size() == answer_bytes);
+    const auto& segment = answer->segments[0];
+    REQUIRE(segment.size() == answer_bytes);
+    if (answer->request_id % 2 == 1) {  // filled as it was sent: every step arrived
+      for (const std::size_t i : {std::size_t{0}, answer_bytes / 2, answer_bytes - 1}) {
+        CHECK_MESSAGE(segment.data()[i] == pattern(i), "byte ", i, " of streamed answer ", answer->request_id);
+      }
+    }
   }
   REQUIRE(closed);
   CHECK(*closed == "the peer closed the connection");
