@@ -129,20 +129,26 @@ std::string ps_requests() {
   return out;
 }
 
+// Request `id`: create float32 variable `name` of `shape` from a uniform [-1, 1) initializer (the
+// ps fills it: nothing of its size travels).
+std::string create_uniform(std::uint64_t id, const std::string& name, const shape_type& shape) {
+  auto init = request(id);
+  auto* i = init.message.mutable_request()->mutable_create_variable();
+  set_ref(*i->mutable_variable(), name, shape);
+  i->mutable_initializer()->set_kind(wire::Initializer::RANDOM_UNIFORM);
+  i->mutable_initializer()->set_a(-1);
+  i->mutable_initializer()->set_b(1);
+  for (const auto d : shape) i->mutable_initializer()->add_full_shape(d);
+  return fuzz::wire_bytes(std::move(init));
+}
+
 // Kernels on the fuzz ps's kernel thread (8 KiB each, past its 4 KiB ps_kernel_offload_bytes),
 // sent at once: an initializer, then an Adam step, a read and a slot list that wait in the
 // variable's lane, and a dense update.
 std::string ps_kernel_requests() {
   const shape_type shape{64, 32};
   std::string out;
-  auto init = request(1);
-  auto* i = init.message.mutable_request()->mutable_create_variable();
-  set_ref(*i->mutable_variable(), "big", shape);
-  i->mutable_initializer()->set_kind(wire::Initializer::RANDOM_UNIFORM);
-  i->mutable_initializer()->set_a(-1);
-  i->mutable_initializer()->set_b(1);
-  for (const auto d : shape) i->mutable_initializer()->add_full_shape(d);
-  out += fuzz::wire_bytes(std::move(init));
+  out += create_uniform(1, "big", shape);
 
   auto adam = request(2);
   auto* g = adam.message.mutable_request()->mutable_apply_gradient();
@@ -171,14 +177,7 @@ std::string ps_kernel_requests() {
 std::string ps_streamed_reply_requests(bool cut) {
   const shape_type shape{64, 32};
   std::string out;
-  auto init = request(1);
-  auto* i = init.message.mutable_request()->mutable_create_variable();
-  set_ref(*i->mutable_variable(), "table", shape);
-  i->mutable_initializer()->set_kind(wire::Initializer::RANDOM_UNIFORM);
-  i->mutable_initializer()->set_a(-1);
-  i->mutable_initializer()->set_b(1);
-  for (const auto d : shape) i->mutable_initializer()->add_full_shape(d);
-  out += fuzz::wire_bytes(std::move(init));
+  out += create_uniform(1, "table", shape);
 
   std::vector<std::int64_t> ids(2100);
   for (std::size_t k = 0; k < ids.size(); ++k) ids[k] = static_cast<std::int64_t>((k * 37) % 64);

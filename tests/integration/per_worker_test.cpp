@@ -6,6 +6,8 @@
 #include <pscoro/coordinator.hpp>
 #include <pscoro/per_worker.hpp>
 
+#include <asio/co_spawn.hpp>
+#include <asio/detached.hpp>
 #include <asio/post.hpp>
 #include <asio/steady_timer.hpp>
 #include <asio/this_coro.hpp>
@@ -54,6 +56,23 @@ std::string encode(std::int64_t worker, const element& batch) {
   return out;
 }
 
+// Records 0..99, sharded by record among the workers, in batches of 10, over and over.
+dataset<element> endless_records(input_context context) {
+  std::vector<std::int64_t> all(100);
+  std::iota(all.begin(), all.end(), 0);
+  return from_values(all).shard(context.num_workers, context.worker_index).batch(10).repeat();
+}
+
+// Schedules take_batch until a batch comes from worker 1 (a restarted worker that takes closures
+// again), for at most come_back_deadline(); returns that batch, or "" if none came.
+asio::awaitable<std::string> first_batch_from_one(cluster_coordinator& coordinator, per_worker_iterator<element> it) {
+  for (const auto until = come_back_deadline(); before(until);) {
+    auto batch = co_await coordinator.schedule(take_batch, it).get();
+    if (batch.starts_with("1,")) co_return batch;
+  }
+  co_return std::string();
+}
+
 void bind_functions(server& s) {
   // Records 0..99, sharded by record among the workers, in batches of 10.
   s.bind(records, [](input_context context) {
@@ -61,11 +80,7 @@ void bind_functions(server& s) {
     std::iota(all.begin(), all.end(), 0);
     return from_values(all).shard(context.num_workers, context.worker_index).batch(10);
   });
-  s.bind(endless, [](input_context context) {
-    std::vector<std::int64_t> all(100);
-    std::iota(all.begin(), all.end(), 0);
-    return from_values(all).shard(context.num_workers, context.worker_index).batch(10).repeat();
-  });
+  s.bind(endless, endless_records);
   s.bind(broken, [](input_context) -> dataset<element> { throw std::runtime_error("no such files"); });
   const int index = s.task() == "worker:0" ? 0 : 1;
   s.bind(take_batch, [index](per_worker_iterator<element> it) -> asio::awaitable<std::string> {
@@ -271,12 +286,8 @@ TEST_CASE("a worker restarted at the same address is reconnected and gets fresh 
         cluster.restart("worker", 1);
         // Worker 1 comes back with a fresh iterator: its first batch again (TF: rebuilt iterators
         // start fresh); no closure reached it before the iterator existed (that would fail).
-        std::string from_one;
-        for (const auto until = come_back_deadline(); from_one.empty() && before(until);) {
-          const auto batch = co_await coordinator.schedule(take_batch, it).get();
-          if (batch.starts_with("1,")) from_one = batch;
-        }
-        CHECK(from_one == "1,1,3,5,7,9,11,13,15,17,19");
+        auto returned = first_batch_from_one(coordinator, it);  // named: g++ 12 (temporaries)
+        CHECK(co_await std::move(returned) == "1,1,3,5,7,9,11,13,15,17,19");
         co_await coordinator.join();
         // TF's testWorkerFailureCount: the loss is counted once, and so is the iterator rebuilt.
         const auto m = coordinator.metrics();
@@ -298,9 +309,7 @@ void bind_dying(server& s) {
   bind_functions(s);
   s.bind(dies_building, [&s](input_context context) {
     if (context.worker_index == 1 && stop_while_building.exchange(false)) s.stop();
-    std::vector<std::int64_t> all(100);
-    std::iota(all.begin(), all.end(), 0);
-    return from_values(all).shard(context.num_workers, context.worker_index).batch(10).repeat();
+    return endless_records(context);
   });
 }
 
@@ -321,12 +330,8 @@ TEST_CASE("a worker lost while it builds its dataset costs only time: iter() com
         CHECK_NOTHROW((void)coordinator.done());
         cluster.restart("worker", 1);
         // Worker 1 comes back with the iterator built afresh: its first batch.
-        std::string from_one;
-        for (const auto until = come_back_deadline(); from_one.empty() && before(until);) {
-          const auto batch = co_await coordinator.schedule(take_batch, it).get();
-          if (batch.starts_with("1,")) from_one = batch;
-        }
-        CHECK(from_one == "1,1,3,5,7,9,11,13,15,17,19");
+        auto returned = first_batch_from_one(coordinator, it);  // named: g++ 12 (temporaries)
+        CHECK(co_await std::move(returned) == "1,1,3,5,7,9,11,13,15,17,19");
         co_await coordinator.join();
         const auto m = coordinator.metrics();
         CHECK(m.worker_failures == 1);
@@ -727,4 +732,51 @@ TEST_CASE("a per-worker variable made while a worker is being prepared to come b
         (void)slow;
       },
       options);
+}
+
+namespace {
+
+// Makes a slow_texts resource; `failure` gets what that throws, `done` says it ended.
+asio::awaitable<void> make_slow_texts(cluster_coordinator& coordinator, std::shared_ptr<std::exception_ptr> failure,
+                                      std::shared_ptr<bool> done) {
+  try {
+    auto made = coordinator.create_per_worker_resource(slow_texts);  // named: g++ 12 (temporaries)
+    (void)co_await std::move(made);
+  } catch (...) {
+    *failure = std::current_exception();
+  }
+  *done = true;
+}
+
+}  // namespace
+
+TEST_CASE("a per-worker value still being made when the chief closes fails with unavailable, naming the worker") {
+  hold_slow_builds = true;
+  slow_build_waiting = false;
+  local_cluster cluster(1, 2, bind_per_worker);
+  cluster.run_chief([](parameter_server_strategy& strategy, cluster_coordinator& coordinator) -> asio::awaitable<void> {
+    auto failure = std::make_shared<std::exception_ptr>();
+    auto done = std::make_shared<bool>(false);
+    const auto executor = co_await asio::this_coro::executor;
+    asio::co_spawn(executor, make_slow_texts(coordinator, failure, done), asio::detached);
+    asio::steady_timer timer(executor);
+    for (const auto until = come_back_deadline(); !slow_build_waiting && before(until);) {
+      timer.expires_after(std::chrono::milliseconds(1));
+      co_await timer.async_wait(asio::use_awaitable);
+    }
+    REQUIRE_MESSAGE(slow_build_waiting, "no worker started building the resource");
+    // The workers hold their answers; the chief closes (without ending the job: local_cluster's
+    // servers outlive it), then lets them go.
+    strategy.close();
+    hold_slow_builds = false;
+    for (const auto until = come_back_deadline(); !*done && before(until);) {
+      timer.expires_after(std::chrono::milliseconds(1));
+      co_await timer.async_wait(asio::use_awaitable);
+    }
+    REQUIRE_MESSAGE(*done, "the creation never ended after the chief closed");
+    REQUIRE_MESSAGE(*failure, "the creation succeeded, though no worker holds the resource");
+    CHECK(code_of(*failure) == errc::unavailable);
+    CHECK(contains(message_of(*failure), "'test.slow_texts' could not be made on worker:"));
+    CHECK(contains(message_of(*failure), "the chief closed its connections"));
+  });
 }

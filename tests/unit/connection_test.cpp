@@ -6,6 +6,8 @@
 
 #include "test_support.hpp"
 
+#include <fmt/format.h>
+
 #include <asio/co_spawn.hpp>
 #include <asio/io_context.hpp>
 #include <asio/use_future.hpp>
@@ -22,6 +24,45 @@
 namespace {
 
 using namespace pscoro;
+
+// What `socket` reads next (a frame, or nothing at the end of the connection) while `io` runs the
+// other side's handlers; fails, rather than hangs, when the read has not ended within 30 s (`what`
+// names the read in that message: a writer that went idle with bytes left).
+std::optional<wire::frame> read_within_30s(asio::io_context& io, wire::frame_reader& reader,
+                                           asio::ip::tcp::socket& socket, const std::string& what) {
+  auto got = asio::co_spawn(io, reader.read(socket), asio::use_future);
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  while (got.wait_for(std::chrono::seconds(0)) != std::future_status::ready) {
+    REQUIRE_MESSAGE(std::chrono::steady_clock::now() < deadline, what, " did not end within 30 s");
+    io.restart();
+    io.run_one_for(std::chrono::milliseconds(100));
+  }
+  return got.get();
+}
+
+// Writes Heartbeat requests with ids 1..count on `client` (a few dozen bytes each: the socket
+// takes them all).
+void send_heartbeats(asio::ip::tcp::socket& client, std::uint64_t count) {
+  for (std::uint64_t id = 1; id <= count; ++id) {
+    wire::frame request;
+    request.kind = wire::frame_kind::request;
+    request.request_id = id;
+    request.message.mutable_request()->mutable_heartbeat();
+    const auto encoded = wire::encode(std::move(request));
+    asio::write(client, asio::buffer(encoded.head));
+  }
+}
+
+// Checks an answer to one of send_heartbeats' requests: an id among them, not answered before
+// (marked in `answered`, one flag per id), and one segment of `bytes`.
+void check_answer(const wire::frame& answer, std::vector<bool>& answered, std::size_t bytes) {
+  REQUIRE(answer.request_id >= 1);
+  REQUIRE(answer.request_id < answered.size());
+  CHECK(!answered[answer.request_id]);
+  answered[answer.request_id] = true;
+  REQUIRE(answer.segments.size() == 1);
+  REQUIRE(answer.segments[0].size() == bytes);
+}
 
 // A connection that sends, and the raw socket at its other end, which reads frames when asked.
 struct connection_pair {
@@ -49,14 +90,7 @@ struct connection_pair {
   // The next frame at the peer (the sender's handlers run meanwhile); fails, rather than hangs,
   // when none arrives within 30 s (a writer that went idle with bytes left).
   wire::frame read() {
-    auto got = asio::co_spawn(io, reader.read(peer), asio::use_future);
-    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
-    while (got.wait_for(std::chrono::seconds(0)) != std::future_status::ready) {
-      REQUIRE_MESSAGE(std::chrono::steady_clock::now() < deadline, "no whole frame reached the peer in 30 s");
-      io.restart();
-      io.run_one_for(std::chrono::milliseconds(100));
-    }
-    auto frame = got.get();
+    auto frame = read_within_30s(io, reader, peer, "the peer's read of a whole frame");
     REQUIRE(frame);
     return std::move(*frame);
   }
@@ -246,10 +280,7 @@ namespace {
 // Answers any request with `answer_bytes` of segment, counting the requests served.
 asio::awaitable<wire::frame> big_answer(std::shared_ptr<std::size_t> served, std::size_t answer_bytes, wire::frame) {
   ++*served;
-  wire::frame out;
-  out.message.mutable_response();
-  out.segments.emplace_back(answer_bytes);
-  co_return out;
+  co_return response(0, answer_bytes);  // the connection sets the request's id
 }
 
 }  // namespace
@@ -278,14 +309,7 @@ TEST_CASE("a peer that never reads its answers is not read once they hold max_by
   std::string closed;
   server->start([served](wire::frame request) { return big_answer(served, answer_bytes, std::move(request)); },
                 [&closed](const std::string& reason) { closed = reason; });
-  for (std::uint64_t id = 1; id <= requests; ++id) {
-    wire::frame request;
-    request.kind = wire::frame_kind::request;
-    request.request_id = id;
-    request.message.mutable_request()->mutable_heartbeat();
-    const auto encoded = wire::encode(std::move(request));
-    asio::write(client, asio::buffer(encoded.head));  // a few dozen bytes: the socket takes them all
-  }
+  send_heartbeats(client, requests);
   // Serve until reading pauses (it never does if answers are not counted), then run what is
   // ready until nothing is: with the socket buffers full, nothing more can happen.
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
@@ -310,21 +334,9 @@ TEST_CASE("a peer that never reads its answers is not read once they hold max_by
   wire::frame_reader reader{{}};
   std::vector<bool> answered(requests + 1, false);
   for (std::size_t n = 0; n < requests; ++n) {
-    auto got = asio::co_spawn(io, reader.read(client), asio::use_future);
-    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
-    while (got.wait_for(std::chrono::seconds(0)) != std::future_status::ready) {
-      REQUIRE_MESSAGE(std::chrono::steady_clock::now() < deadline, "answer ", n + 1, " did not arrive in 30 s");
-      io.restart();
-      io.run_one_for(std::chrono::milliseconds(100));
-    }
-    const auto answer = got.get();
+    const auto answer = read_within_30s(io, reader, client, fmt::format("the read of answer {}", n + 1));
     REQUIRE(answer);
-    REQUIRE(answer->request_id >= 1);
-    REQUIRE(answer->request_id <= requests);
-    CHECK(!answered[answer->request_id]);
-    answered[answer->request_id] = true;
-    REQUIRE(answer->segments.size() == 1);
-    CHECK(answer->segments[0].size() == answer_bytes);
+    check_answer(*answer, answered, answer_bytes);
   }
   CHECK(*served == requests);
   CHECK(closed.empty());
@@ -338,11 +350,8 @@ namespace {
 asio::awaitable<wire::frame> answer_when(std::shared_ptr<detail::async_event> go, std::size_t answer_bytes,
                                          wire::frame request) {
   co_await go->async_wait(asio::use_awaitable);
-  if (request.request_id % 2 == 1) co_return filled_response(0, answer_bytes).frame;
-  wire::frame out;
-  out.message.mutable_response();
-  out.segments.emplace_back(answer_bytes);
-  co_return out;
+  // The connection sets the request's id.
+  co_return request.request_id % 2 == 1 ? filled_response(0, answer_bytes).frame : response(0, answer_bytes);
 }
 
 }  // namespace
@@ -359,14 +368,7 @@ TEST_CASE("a peer that closes its sending side gets every answer still due, stre
   std::optional<std::string> closed;
   server->start([go](wire::frame request) { return answer_when(go, answer_bytes, std::move(request)); },
                 [&closed](const std::string& reason) { closed = reason; });
-  for (std::uint64_t id = 1; id <= requests; ++id) {
-    wire::frame request;
-    request.kind = wire::frame_kind::request;
-    request.request_id = id;
-    request.message.mutable_request()->mutable_heartbeat();
-    const auto encoded = wire::encode(std::move(request));
-    asio::write(client, asio::buffer(encoded.head));
-  }
+  send_heartbeats(client, requests);
   client.shutdown(asio::ip::tcp::socket::shutdown_send);
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
   while (!server->peer_finished()) {
@@ -380,33 +382,19 @@ TEST_CASE("a peer that closes its sending side gets every answer still due, stre
 
   wire::frame_reader reader{{}};
   std::vector<bool> answered(requests + 1, false);
-  for (std::size_t n = 0; n <= requests; ++n) {  // the answers, then the end of the connection
-    auto got = asio::co_spawn(io, reader.read(client), asio::use_future);
-    const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(30);
-    while (got.wait_for(std::chrono::seconds(0)) != std::future_status::ready) {
-      REQUIRE_MESSAGE(std::chrono::steady_clock::now() < until, "read ", n + 1, " did not end in 30 s");
-      io.restart();
-      io.run_one_for(std::chrono::milliseconds(100));
-    }
-    const auto answer = got.get();
-    if (n == requests) {
-      CHECK_MESSAGE(!answer, "a frame after the last answer");
-      break;
-    }
+  for (std::size_t n = 0; n < requests; ++n) {
+    const auto answer = read_within_30s(io, reader, client, fmt::format("the read of answer {}", n + 1));
     REQUIRE_MESSAGE(answer, "the connection ended after ", n, " of ", requests, " answers");
-    REQUIRE(answer->request_id >= 1);
-    REQUIRE(answer->request_id <= requests);
-    CHECK(!answered[answer->request_id]);
-    answered[answer->request_id] = true;
-    REQUIRE(answer->segments.size() == 1);
-    const auto& segment = answer->segments[0];
-    REQUIRE(segment.size() == answer_bytes);
+    check_answer(*answer, answered, answer_bytes);
     if (answer->request_id % 2 == 1) {  // filled as it was sent: every step arrived
+      const auto& segment = answer->segments[0];
       for (const std::size_t i : {std::size_t{0}, answer_bytes / 2, answer_bytes - 1}) {
         CHECK_MESSAGE(segment.data()[i] == pattern(i), "byte ", i, " of streamed answer ", answer->request_id);
       }
     }
   }
+  CHECK_MESSAGE(!read_within_30s(io, reader, client, "the read after the last answer"),
+                "a frame after the last answer");
   REQUIRE(closed);
   CHECK(*closed == "the peer closed the connection");
 }
