@@ -141,14 +141,19 @@ byte_buffer detach_shared(byte_buffer& bytes, wire::buffer_pool& pool) {
   return std::exchange(bytes, std::move(fresh));
 }
 
-// Pooled reply buffers come in whole multiples of this (a huge page), so that replies of nearby
-// sizes (lookups of one batch size, their distinct ids varying) share them.
-constexpr std::size_t reply_buffer_granule = std::size_t{2} << 20;
-// Replies this large are pooled: glibc maps every block of 32 MiB or more (its largest dynamic mmap
-// threshold on 64-bit) fresh and unmaps it when freed, where it recycles smaller ones itself
-// (pooling 3.2 MB lookup replies too made the ps fault 8-11 times per lookup, against none: the
-// pool's few buffers went to the requests' id segments).
-constexpr std::size_t pooled_reply_min_bytes = std::size_t{32} << 20;
+// Replies this large come from the ps's reply pool. Below it glibc's free lists serve them well;
+// above it, left to glibc, they fault fresh pages in: a block of 32 MiB or more (its largest
+// dynamic mmap threshold on 64-bit) is mapped anew every time, and smaller ones are too whenever
+// other traffic moves glibc's thresholds (lookups of 100k x 16 rows, 3.2 MB replies, faulted
+// 212-420 pages each when scatters shared the ps, none alone: RESULTS.md, 2026-11-27).
+constexpr std::size_t pooled_reply_min_bytes = std::size_t{1} << 20;
+
+// Pooled replies are rounded up to whole granules, so that replies of nearby sizes (lookups of one
+// batch size, their distinct ids varying) share buffers: huge pages from 32 MiB on, an eighth of
+// one below.
+constexpr std::size_t reply_buffer_granule(std::size_t bytes) noexcept {
+  return bytes >= (std::size_t{32} << 20) ? std::size_t{2} << 20 : std::size_t{256} << 10;
+}
 
 // `bytes` for a large reply (a sparse read's rows) from `pool`, rounded up to whole granules, that
 // go back to the pool when the reply's last holder lets go, instead of being unmapped. That holder
@@ -156,12 +161,15 @@ constexpr std::size_t pooled_reply_min_bytes = std::size_t{32} << 20;
 // writing it, or handle()'s caller (sparse reads never run on the kernel pool). A fresh buffer
 // faults its pages in while the executor fills it, and every request behind waits: a 58 MB reply's
 // 29 huge pages took up to ~5 ms each on this VM, and such lookups took 45-47 ms against 36-37
-// pooled (RESULTS.md, 2026-11-25). Smaller replies are plain buffers.
+// pooled (RESULTS.md, 2026-11-25). Smaller replies are plain buffers. The pool is the replies'
+// own: sharing one with the requests' segments (ids of sizes that rarely repeat) let those take
+// its places (RESULTS.md, 2026-11-25, 04:20).
 byte_buffer reply_buffer(const std::shared_ptr<wire::buffer_pool>& pool, std::size_t bytes) {
-  if (bytes < pooled_reply_min_bytes || bytes > std::numeric_limits<std::size_t>::max() - reply_buffer_granule) {
+  const std::size_t granule = reply_buffer_granule(bytes);
+  if (bytes < pooled_reply_min_bytes || bytes > std::numeric_limits<std::size_t>::max() - granule) {
     return byte_buffer(bytes);
   }
-  const std::size_t rounded = (bytes + reply_buffer_granule - 1) / reply_buffer_granule * reply_buffer_granule;
+  const std::size_t rounded = (bytes + granule - 1) / granule * granule;
   byte_buffer whole = pool->take(rounded);
   if (whole.size() != rounded) whole = byte_buffer(rounded);
   // Owns the whole buffer while the reply's bytes live, then gives it back. Not copyable: only the
@@ -295,9 +303,12 @@ ps_service::ps_service(std::string task, const server_options& options)
       // PSCORO_CHECK_NUMERICS, when set, overrides the program's choice; a bad value stops the ps.
       check_numerics_(flag_from_environment("PSCORO_CHECK_NUMERICS", "refuse NaN and Inf in float values")
                           .value_or(options.check_numerics)),
-      // Buffers of 256 KiB and more (smaller ones are cheap to allocate), at most 8 and a quarter of
-      // max_ps_bytes (the room it leaves beside the variables is for such buffers) or 1 GiB.
-      buffers_(std::make_shared<wire::buffer_pool>(256 << 10, 8, std::min(max_ps_bytes_ / 4, std::uint64_t{1} << 30))),
+      // Buffers of 256 KiB and more (smaller ones are cheap to allocate), at most 8 in each pool;
+      // the two together keep at most a quarter of max_ps_bytes (the room it leaves beside the
+      // variables is for such buffers) or 1 GiB.
+      buffers_(std::make_shared<wire::buffer_pool>(256 << 10, 8, std::min(max_ps_bytes_ / 8, std::uint64_t{512} << 20))),
+      reply_buffers_(std::make_shared<wire::buffer_pool>(pooled_reply_min_bytes, 8,
+                                                         std::min(max_ps_bytes_ / 8, std::uint64_t{512} << 20))),
       offload_bytes_(options.ps_kernel_offload_bytes ? options.ps_kernel_offload_bytes : std::uint64_t{1} << 20) {
   if (options.ps_kernel_threads) kernel_pool_.emplace(options.ps_kernel_threads);
   auto& r = metrics::process_registry();
@@ -453,6 +464,7 @@ void ps_service::clear() noexcept {
   fail_waiting(make_error_code(errc::aborted));
   variables_.clear();
   buffers_->clear();
+  reply_buffers_->clear();
   held_bytes_ = 0;
   publish();
 }
@@ -868,7 +880,7 @@ void ps_service::read(const wire::frame& request, const wire::ReadVariable& read
                             reply_bytes ? bytes_text(*reply_bytes) : "over 2^64 bytes",
                             bytes_text(max_variable_bytes_), task_));
   }
-  tensor rows(stored.type, std::move(reply_shape), reply_buffer(buffers_, *reply_bytes));
+  tensor rows(stored.type, std::move(reply_shape), reply_buffer(reply_buffers_, *reply_bytes));
   wire::put_tensor(response, out, rows);
   const std::size_t row_bytes = row_elements(stored.shape) * size_of(stored.type);
   if (serving_ && 2 * *reply_bytes >= offload_bytes_ && row_bytes > 0) {

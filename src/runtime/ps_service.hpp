@@ -97,6 +97,9 @@ class ps_service {
   /// large replies once written.
   /// Its connections receive request segments into them (connection::receive_requests_into).
   const std::shared_ptr<wire::buffer_pool>& buffers() const noexcept { return buffers_; }
+  /// The buffers of sparse reads' replies of 1 MiB or more, kept apart from buffers() so that
+  /// request segments of sizes that rarely repeat do not take their places.
+  const std::shared_ptr<wire::buffer_pool>& reply_buffers() const noexcept { return reply_buffers_; }
 
   std::size_t num_variables() const noexcept { return variables_.size(); }
   /// Bytes held for variables and slots, as server_options::max_ps_bytes counts them.
@@ -215,6 +218,7 @@ class ps_service {
   std::uint64_t held_bytes_ = 0;
   std::unordered_map<std::string, stored_variable> variables_;
   std::shared_ptr<wire::buffer_pool> buffers_;
+  std::shared_ptr<wire::buffer_pool> reply_buffers_;  // sparse reads' rows (reply_buffer)
 
   // Kernels off the executor. A lane exists while a variable has a kernel running (or being handed
   // on): requests for it wait there, in arrival order, and each is handed the lane in turn.
@@ -247,7 +251,7 @@ class ps_service {
   void publish() noexcept {
     variables_gauge_.set(static_cast<std::int64_t>(variables_.size()));
     bytes_gauge_.set(static_cast<std::int64_t>(held_bytes_));
-    pooled_gauge_.set(static_cast<std::int64_t>(buffers_->bytes()));
+    pooled_gauge_.set(static_cast<std::int64_t>(buffers_->bytes() + reply_buffers_->bytes()));
   }
   std::array<metrics::histogram, num_operations> operation_seconds_;
   std::array<metrics::counter, num_operations> operation_errors_;

@@ -551,11 +551,11 @@ TEST_CASE("an assign adopts the received bytes and pools the storage it replaces
   CHECK(ps.buffers()->bytes() == 0);
 }
 
-TEST_CASE("a sparse read's reply of 32 MiB or more is a pooled buffer, back in the pool once nothing holds it") {
+TEST_CASE("a sparse read's reply of 1 MiB or more is a pooled buffer of its own pool, back there once nothing holds it") {
   // Rows of 32 KiB, row r all r; replies of 1100 and 1150 rows (34.4 and 35.9 MiB) both fit 36 MiB.
   constexpr std::size_t width = 8192;
   server_options options;
-  options.max_ps_bytes = std::uint64_t{1} << 30;  // a pool of up to 256 MiB, whatever the machine's memory
+  options.max_ps_bytes = std::uint64_t{1} << 30;  // pools of up to 128 MiB each, whatever the machine's memory
   runtime::ps_service ps("ps:0", options);
   const variable_ref v{"v", dtype::float32, {1024, width}, 0};
   tensor rows = tensor::uninitialized(dtype::float32, {1024, width});
@@ -574,6 +574,8 @@ TEST_CASE("a sparse read's reply of 32 MiB or more is a pooled buffer, back in t
     }
     return true;
   };
+  const auto& replies = ps.reply_buffers();
+  REQUIRE(replies->size() == 0);
   REQUIRE(ps.buffers()->size() == 0);  // the create's segment is the variable's storage
 
   const auto first_ids = ids_from(3, 1100);
@@ -581,10 +583,10 @@ TEST_CASE("a sparse read's reply of 32 MiB or more is a pooled buffer, back in t
   REQUIRE(first.status.code() == 0);
   CHECK(rows_are(first.value, first_ids));
   const std::byte* buffer = first.value.bytes().data();
-  CHECK(ps.buffers()->size() == 0);  // the reply holds it
+  CHECK(replies->size() == 0);  // the reply holds it
   first = {};
-  REQUIRE(ps.buffers()->size() == 1);
-  CHECK(ps.buffers()->bytes() == std::uint64_t{36} << 20);  // whole 2 MiB pages
+  REQUIRE(replies->size() == 1);
+  CHECK(replies->bytes() == std::uint64_t{36} << 20);  // whole 2 MiB pages
 
   // A reply of another size in the same 36 MiB is gathered into it, and gives it back again.
   const auto second_ids = ids_from(5, 1150);
@@ -592,18 +594,41 @@ TEST_CASE("a sparse read's reply of 32 MiB or more is a pooled buffer, back in t
   REQUIRE(second.status.code() == 0);
   CHECK(second.value.bytes().data() == buffer);
   CHECK(rows_are(second.value, second_ids));
-  CHECK(ps.buffers()->size() == 0);
+  CHECK(replies->size() == 0);
   second = {};
-  CHECK(ps.buffers()->size() == 1);
+  CHECK(replies->size() == 1);
 
-  // Smaller replies are buffers of their own (glibc recycles those), the pooled one untouched.
-  for (const std::size_t count : {std::size_t{10}, std::size_t{1000}}) {
-    const auto few_ids = ids_from(1, count);
-    const auto few = serve_directly(ps, gather(v, ids(few_ids)));
-    CHECK(rows_are(few.value, few_ids));
-    CHECK(few.value.bytes().data() != buffer);
-    CHECK(ps.buffers()->size() == 1);
+  // Below 32 MiB the granule is 256 KiB: replies of 39 and 40 rows (1.22 and 1.25 MiB) share a
+  // buffer of 1.25 MiB, kept beside the large one.
+  const std::byte* mid = nullptr;
+  for (const std::size_t count : {std::size_t{40}, std::size_t{39}}) {
+    CAPTURE(count);
+    const auto some_ids = ids_from(2, count);
+    auto some = serve_directly(ps, gather(v, ids(some_ids)));
+    CHECK(rows_are(some.value, some_ids));
+    CHECK(some.value.bytes().data() != buffer);
+    if (mid) CHECK(some.value.bytes().data() == mid);
+    mid = some.value.bytes().data();
+    some = {};
+    CHECK(replies->size() == 2);
+    CHECK(replies->bytes() == (std::uint64_t{36} << 20) + (std::uint64_t{1280} << 10));
   }
+
+  // Smaller replies are buffers of their own (glibc serves those well), the pool untouched; the
+  // requests' pool never holds a reply.
+  const auto few_ids = ids_from(1, 10);
+  const auto few = serve_directly(ps, gather(v, ids(few_ids)));
+  CHECK(rows_are(few.value, few_ids));
+  CHECK(few.value.bytes().data() != buffer);
+  CHECK(few.value.bytes().data() != mid);
+  CHECK(replies->size() == 2);
+  CHECK(ps.buffers()->size() == 0);
+  CHECK(metrics::process_registry().value("pscoro_ps_pooled_bytes") == static_cast<double>(replies->bytes()));
+
+  // A session's end empties it with the variables.
+  ps.clear();
+  CHECK(replies->size() == 0);
+  CHECK(replies->bytes() == 0);
 
   // A pool gone first (the ps with it) leaves the reply valid; its buffer is then just released.
   auto last = std::make_unique<runtime::ps_service>("ps:1", options);
