@@ -97,15 +97,16 @@ class PSCORO_API server {
   }
 
   /// Binds `make` (callable as `pscoro::dataset<T>(pscoro::input_context)`) to `function` on a
-  /// worker: the chief's create_per_worker_dataset(function).iter() calls it for a fresh pipeline.
+  /// worker: the chief's create_per_worker_dataset(function).iter() calls it for a fresh pipeline,
+  /// on the worker's input thread (so a slow one does not hold up heartbeats and closures).
   template <class T, class F>
   void bind(const dataset_function<T>& function, F&& make) {
     bind_dataset_erased(function.name(), detail::erase_dataset_function<T>(std::forward<F>(make)));
   }
 
   /// Binds `make` (callable as `T(pscoro::input_context)`) to `function` on a worker: the chief's
-  /// create_per_worker_resource(function) calls it for this worker's instance, and again when the
-  /// worker comes back after a failure.
+  /// create_per_worker_resource(function) calls it for this worker's instance (on the worker's input
+  /// thread, as a dataset function), and again when the worker comes back after a failure.
   template <class T, class F>
   void bind(const resource_function<T>& function, F&& make) {
     bind_resource_erased(function.name(), detail::erase_resource_function<T>(std::forward<F>(make)));

@@ -54,6 +54,9 @@ void worker_service::bind_resource(std::string name, detail::erased_resource_fun
 
 namespace {
 
+// Runs `make` on the executor it is spawned on (the worker's input thread) and returns what it made.
+asio::awaitable<std::shared_ptr<void>> make_here(std::function<std::shared_ptr<void>()> make) { co_return make(); }
+
 // Throws errc::invalid_argument unless `worker_index` is a place among `num_workers`.
 void check_input_context(const std::string& function, std::int64_t worker_index, std::int64_t num_workers) {
   if (num_workers < 1 || worker_index < 0 || worker_index >= num_workers) {
@@ -64,7 +67,21 @@ void check_input_context(const std::string& function, std::int64_t worker_index,
 
 }  // namespace
 
-wire::Status worker_service::create_resource(const wire::CreateResource& create) {
+asio::awaitable<std::shared_ptr<void>> worker_service::run_on_input_thread(std::function<std::shared_ptr<void>()> make) {
+  const auto input = input_->executor();
+  if (!input) throw error(errc::unavailable, fmt::format("{} is stopping", task_));
+  auto made = make_here(std::move(make));  // named: g++ 12 (temporaries)
+  co_return co_await asio::co_spawn(*input, std::move(made), asio::use_awaitable);
+}
+
+void worker_service::check_same_session(std::uint64_t sessions_ended, const std::string& function) const {
+  if (sessions_ended != sessions_ended_) {
+    throw error(errc::aborted, fmt::format("the coordinator session that asked for '{}' ended while {} built it",
+                                           function, task_));
+  }
+}
+
+asio::awaitable<wire::Status> worker_service::create_resource(const wire::CreateResource& create) {
   auto it = resources_.find(create.function());
   if (it == resources_.end()) {
     std::vector<std::string_view> known;
@@ -73,15 +90,21 @@ wire::Status worker_service::create_resource(const wire::CreateResource& create)
                                              create.function(), task_, known.empty() ? "nothing" : join(known, ", ")));
   }
   check_input_context(create.function(), create.worker_index(), create.num_workers());
-  // The user's function builds the resource here; its failure becomes the request's error.
+  const input_context context{create.worker_index(), create.num_workers()};
+  const auto type = it->second.type;
+  const auto sessions_ended = sessions_ended_;
+  // The user's function builds the resource on the input thread (run_on_input_thread); its failure
+  // becomes the request's error.
+  std::shared_ptr<void> resource;
   try {
-    auto resource = it->second.make(input_context{create.worker_index(), create.num_workers()});
-    per_worker_.put(create.id(), {detail::per_worker_table::kind::resource, create.function(), it->second.type,
-                                  std::move(resource)});
+    auto made = run_on_input_thread([make = it->second.make, context] { return make(context); });  // named: g++ 12
+    resource = co_await std::move(made);
   } catch (...) {
-    return wire::status_of(std::current_exception(), task_, fmt::format("resource function '{}'", create.function()));
+    co_return wire::status_of(std::current_exception(), task_, fmt::format("resource function '{}'", create.function()));
   }
-  return {};
+  check_same_session(sessions_ended, create.function());
+  per_worker_.put(create.id(), {detail::per_worker_table::kind::resource, create.function(), type, std::move(resource)});
+  co_return wire::Status{};
 }
 
 void worker_service::create_variable(const wire::frame& request, const wire::CreatePerWorkerVariable& create) {
@@ -120,7 +143,7 @@ void worker_service::read_variable(const wire::ReadPerWorkerVariable& read, wire
   wire::put_tensor(response, *response.message.mutable_response()->mutable_result()->mutable_tensor(), local->value);
 }
 
-wire::Status worker_service::create_iterator(const wire::CreateIterator& create) {
+asio::awaitable<wire::Status> worker_service::create_iterator(const wire::CreateIterator& create) {
   auto it = datasets_.find(create.function());
   if (it == datasets_.end()) {
     std::vector<std::string_view> known;
@@ -129,15 +152,24 @@ wire::Status worker_service::create_iterator(const wire::CreateIterator& create)
                                              create.function(), task_, known.empty() ? "nothing" : join(known, ", ")));
   }
   check_input_context(create.function(), create.worker_index(), create.num_workers());
-  // The user's function builds the pipeline here; its failure becomes the request's error.
+  const input_context context{create.worker_index(), create.num_workers()};
+  const auto element_type = it->second.element_type;
+  const auto sessions_ended = sessions_ended_;
+  // The user's function builds the pipeline on the input thread (run_on_input_thread); its failure
+  // becomes the request's error.
+  std::shared_ptr<void> iterator;
   try {
-    auto iterator = it->second.make_iterator(input_context{create.worker_index(), create.num_workers()}, input_);
-    per_worker_.put(create.id(), {detail::per_worker_table::kind::iterator, create.function(),
-                                  it->second.element_type, std::move(iterator)});
+    auto made = run_on_input_thread([make = it->second.make_iterator, context, input = std::weak_ptr(input_)] {
+      return make(context, input);
+    });  // named: g++ 12
+    iterator = co_await std::move(made);
   } catch (...) {
-    return wire::status_of(std::current_exception(), task_, fmt::format("dataset function '{}'", create.function()));
+    co_return wire::status_of(std::current_exception(), task_, fmt::format("dataset function '{}'", create.function()));
   }
-  return {};
+  check_same_session(sessions_ended, create.function());
+  per_worker_.put(create.id(),
+                  {detail::per_worker_table::kind::iterator, create.function(), element_type, std::move(iterator)});
+  co_return wire::Status{};
 }
 
 void worker_service::set_cluster(const wire::Hello& hello) {
@@ -166,6 +198,7 @@ void worker_service::set_cluster(const wire::Hello& hello) {
 }
 
 void worker_service::end_session() {
+  ++sessions_ended_;
   per_worker_.clear();
   cancel(std::nullopt);  // nobody waits for them any more
   const auto ended = std::make_exception_ptr(
@@ -229,17 +262,12 @@ asio::awaitable<wire::frame> worker_service::handle(wire::frame request) {
   const auto& body = request.message.request();
   wire::frame response;
   auto* out = response.message.mutable_response();
-  if (body.body_case() == wire::Request::kCreateIterator) {
+  if (body.body_case() == wire::Request::kCreateIterator || body.body_case() == wire::Request::kCreateResource) {
     try {
-      *out->mutable_status() = create_iterator(body.create_iterator());
-    } catch (...) {
-      *out->mutable_status() = wire::status_of(std::current_exception(), task_);
-    }
-    co_return response;
-  }
-  if (body.body_case() == wire::Request::kCreateResource) {
-    try {
-      *out->mutable_status() = create_resource(body.create_resource());
+      // Named: g++ 12 destroys temporaries of a co_await expression too early.
+      auto created = body.body_case() == wire::Request::kCreateIterator ? create_iterator(body.create_iterator())
+                                                                        : create_resource(body.create_resource());
+      *out->mutable_status() = co_await std::move(created);
     } catch (...) {
       *out->mutable_status() = wire::status_of(std::current_exception(), task_);
     }

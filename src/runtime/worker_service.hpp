@@ -15,6 +15,8 @@
 #include <asio/awaitable.hpp>
 #include <asio/cancellation_signal.hpp>
 
+#include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -71,10 +73,20 @@ class worker_service {
   /// Cancels the running closures of `generation` (every one when it is empty); returns how many.
   std::size_t cancel(std::optional<std::uint64_t> generation);
   /// Builds the iterator; the failure of the user's dataset function comes back as a status, naming
-  /// the function; a request that is not valid here throws.
-  wire::Status create_iterator(const wire::CreateIterator& create);
+  /// the function; a request that is not valid here throws, and so does a session that ended
+  /// meanwhile (errc::aborted: the iterator is dropped, not kept for the next session).
+  asio::awaitable<wire::Status> create_iterator(const wire::CreateIterator& create);
   /// Builds the resource, as create_iterator its iterator.
-  wire::Status create_resource(const wire::CreateResource& create);
+  asio::awaitable<wire::Status> create_resource(const wire::CreateResource& create);
+  /// Runs a user's dataset or resource function on the input thread and returns what it made. Such
+  /// a function may take long (read a file list, load a vocabulary, decode a dataset into memory):
+  /// on the executor it held up heartbeats past heartbeat_timeout, so the chief lost the worker,
+  /// and lost it again each time it came back and was asked to build the value anew. Throws
+  /// errc::unavailable if the worker is stopping.
+  asio::awaitable<std::shared_ptr<void>> run_on_input_thread(std::function<std::shared_ptr<void>()> make);
+  /// Throws errc::aborted if a session ended since `sessions_ended` was read (the value built for
+  /// `function` belongs to no session any more).
+  void check_same_session(std::uint64_t sessions_ended, const std::string& function) const;
   /// Keeps a per-worker variable; throws errc::invalid_argument for a value that does not match it.
   void create_variable(const wire::frame& request, const wire::CreatePerWorkerVariable& create);
   /// Answers with the value of a per-worker variable; throws errc::not_found, errc::invalid_argument.
@@ -91,6 +103,7 @@ class worker_service {
   std::shared_ptr<detail::input_thread> input_ = std::make_shared<detail::input_thread>();
   std::shared_ptr<ps_client> ps_;
   std::vector<std::shared_ptr<running_closure>> running_;
+  std::uint64_t sessions_ended_ = 0;  // end_session() calls: what a creation on the input thread checks
 };
 
 }  // namespace pscoro::runtime

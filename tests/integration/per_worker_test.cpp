@@ -301,16 +301,42 @@ TEST_CASE("a worker restarted at the same address is reconnected and gets fresh 
 namespace {
 
 // While stop_while_building is set, worker 1 stops its own server (its process "dies") in the middle
-// of building this dataset, and clears the flag; otherwise it is `endless`.
+// of building this dataset, and clears the flag; otherwise it is `endless`. The function runs on
+// the worker's input thread: the stop is posted to the worker's own thread (`dying_cluster`'s),
+// where it runs before the worker can answer.
 const dataset_function<element> dies_building{"test.dies_building"};
 std::atomic<bool> stop_while_building{false};
+local_cluster* dying_cluster = nullptr;
 
 void bind_dying(server& s) {
   bind_functions(s);
   s.bind(dies_building, [&s](input_context context) {
-    if (context.worker_index == 1 && stop_while_building.exchange(false)) s.stop();
+    if (context.worker_index == 1 && stop_while_building.exchange(false)) {
+      dying_cluster->post_to_task("worker", 1, [&s] { s.stop(); });
+    }
     return endless_records(context);
   });
+}
+
+// Worker 1 builds this dataset for longer than the chief's heartbeat timeout (below).
+const dataset_function<element> slow_to_build{"test.slow_to_build"};
+// Worker 1 builds this resource as slowly; it says which worker built it.
+const resource_function<std::int64_t> slow_resource{"test.slow_resource"};
+const worker_function<std::int64_t(per_worker_resource<std::int64_t>)> resource_builder{"test.resource_builder"};
+constexpr auto slow_build_heartbeat_timeout = std::chrono::milliseconds(1000);
+
+void bind_slow(server& s) {
+  bind_functions(s);
+  s.bind(slow_to_build, [](input_context context) {
+    if (context.worker_index == 1) std::this_thread::sleep_for(slow_build_heartbeat_timeout * 5 / 2);
+    return endless_records(context);
+  });
+  s.bind(slow_resource, [](input_context context) {
+    if (context.worker_index == 1) std::this_thread::sleep_for(slow_build_heartbeat_timeout * 5 / 2);
+    return context.worker_index;
+  });
+  s.bind(resource_builder,
+         [](per_worker_resource<std::int64_t> built) -> asio::awaitable<std::int64_t> { co_return *built; });
 }
 
 }  // namespace
@@ -318,6 +344,7 @@ void bind_dying(server& s) {
 TEST_CASE("a worker lost while it builds its dataset costs only time: iter() completes, the others take the closures, and it builds the iterator when it comes back") {
   stop_while_building = true;
   local_cluster cluster(1, 2, bind_dying);
+  dying_cluster = &cluster;
   coordinator_options options;
   options.worker_probe_interval = std::chrono::milliseconds(20);
   cluster.run_chief(
@@ -338,6 +365,41 @@ TEST_CASE("a worker lost while it builds its dataset costs only time: iter() com
         CHECK(m.iterator_rebuilds == 1);
       },
       options);
+  dying_cluster = nullptr;
+}
+
+TEST_CASE("a dataset or resource function that takes longer than the heartbeat timeout does not lose its worker") {
+  // The functions run on the worker's input thread, so its executor answers heartbeats meanwhile.
+  // On the executor they held it 2.5 s: the chief lost the worker after 1 s, and again each time it
+  // came back and built the value anew.
+  local_cluster cluster(1, 2, bind_slow);
+  coordinator_options options;
+  options.worker_probe_interval = std::chrono::milliseconds(20);
+  strategy_options heartbeats;
+  heartbeats.transport.heartbeat_interval = std::chrono::milliseconds(50);
+  heartbeats.transport.heartbeat_timeout = slow_build_heartbeat_timeout;
+  cluster.run_chief(
+      [](parameter_server_strategy&, cluster_coordinator& coordinator) -> asio::awaitable<void> {
+        auto created = coordinator.create_per_worker_dataset(slow_to_build).iter();  // named: g++ 12
+        auto it = co_await std::move(created);
+        auto made = coordinator.create_per_worker_resource(slow_resource);  // named: g++ 12
+        auto built = co_await std::move(made);
+        REQUIRE_MESSAGE(coordinator.metrics().worker_failures == 0,
+                        "the chief lost a worker while it built a value: its executor did not answer heartbeats");
+        // Both workers hold both: worker 1 reads its own first batch and uses its own resource.
+        auto returned = first_batch_from_one(coordinator, it);  // named: g++ 12 (temporaries)
+        CHECK(co_await std::move(returned) == "1,1,3,5,7,9,11,13,15,17,19");
+        std::set<std::int64_t> builders;
+        for (const auto until = come_back_deadline(); builders.size() < 2 && before(until);) {
+          builders.insert(co_await coordinator.schedule(resource_builder, built).get());
+        }
+        CHECK_MESSAGE(builders.size() == 2, "the resource was used on ", builders.size(), " worker(s)");
+        co_await coordinator.join();
+        const auto m = coordinator.metrics();
+        CHECK(m.worker_failures == 0);
+        CHECK(m.iterator_rebuilds == 0);
+      },
+      options, heartbeats);
 }
 
 // Per-worker variables and resources (TF's per_worker_variable=True and _create_per_worker_resources).
@@ -364,8 +426,8 @@ const resource_function<counter> counters{"test.counters"};
 const resource_function<counter> broken_counters{"test.broken_counters"};
 const resource_function<counter> unbound_counters{"test.unbound_counters"};
 const resource_function<std::string> texts{"test.texts"};
-// Built at once, except while hold_slow_builds is set: then it waits (on its worker's thread) until
-// it is cleared, having said so in slow_build_waiting. It keeps a returning worker in preparation.
+// Built at once, except while hold_slow_builds is set: then it waits (on its worker's input thread)
+// until it is cleared, having said so in slow_build_waiting. It keeps a returning worker in preparation.
 const resource_function<std::string> slow_texts{"test.slow_texts"};
 std::atomic<bool> hold_slow_builds{false};
 std::atomic<bool> slow_build_waiting{false};
