@@ -11,6 +11,7 @@
 
 #include <asio/co_spawn.hpp>
 #include <asio/detached.hpp>
+#include <asio/dispatch.hpp>
 #include <asio/experimental/as_tuple.hpp>
 #include <asio/io_context.hpp>
 #include <asio/ip/tcp.hpp>
@@ -368,7 +369,11 @@ server::~server() {
 }
 
 void server::start() { impl_->start(); }
-void server::stop() { impl_->stop(); }
+// Dispatched: at once on the executor's thread; from another (a dataset or resource function runs on
+// the worker's input thread, whose stop would otherwise join itself), posted to the executor.
+void server::stop() {
+  asio::dispatch(impl_->executor, [impl = impl_] { impl->stop(); });
+}
 std::uint16_t server::port() const { return impl_->acceptor.local_endpoint().port(); }
 std::string server::address() const {
   return runtime::format_address(impl_->acceptor.local_endpoint());

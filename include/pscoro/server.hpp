@@ -114,7 +114,9 @@ class PSCORO_API server {
 
   /// Listens and starts accepting on the executor. Throws if the address cannot be bound.
   void start();
-  /// Stops accepting and closes every connection.
+  /// Stops accepting and closes every connection. On the executor's thread it does so at once; from
+  /// another thread (a dataset or resource function, which runs on the worker's input thread) it is
+  /// posted to the executor and happens after this returns.
   void stop();
 
   /// The port listened on (after start()).

@@ -303,12 +303,12 @@ ps_service::ps_service(std::string task, const server_options& options)
       // PSCORO_CHECK_NUMERICS, when set, overrides the program's choice; a bad value stops the ps.
       check_numerics_(flag_from_environment("PSCORO_CHECK_NUMERICS", "refuse NaN and Inf in float values")
                           .value_or(options.check_numerics)),
-      // Buffers of 256 KiB and more (smaller ones are cheap to allocate), at most 8 in each pool;
-      // the two together keep at most a quarter of max_ps_bytes (the room it leaves beside the
-      // variables is for such buffers) or 1 GiB.
-      buffers_(std::make_shared<wire::buffer_pool>(256 << 10, 8, std::min(max_ps_bytes_ / 8, std::uint64_t{512} << 20))),
+      // Buffers of 256 KiB and more (smaller ones are cheap to allocate), at most 8 and a quarter of
+      // max_ps_bytes (the room it leaves beside the variables is for such buffers) or 1 GiB; sparse
+      // replies (reply_buffer) apart, at most 8 and a sixteenth of it or 256 MiB more.
+      buffers_(std::make_shared<wire::buffer_pool>(256 << 10, 8, std::min(max_ps_bytes_ / 4, std::uint64_t{1} << 30))),
       reply_buffers_(std::make_shared<wire::buffer_pool>(pooled_reply_min_bytes, 8,
-                                                         std::min(max_ps_bytes_ / 8, std::uint64_t{512} << 20))),
+                                                         std::min(max_ps_bytes_ / 16, std::uint64_t{256} << 20))),
       offload_bytes_(options.ps_kernel_offload_bytes ? options.ps_kernel_offload_bytes : std::uint64_t{1} << 20) {
   if (options.ps_kernel_threads) kernel_pool_.emplace(options.ps_kernel_threads);
   auto& r = metrics::process_registry();

@@ -81,6 +81,35 @@ void worker_service::check_same_session(std::uint64_t sessions_ended, const std:
   }
 }
 
+asio::awaitable<wire::Status> worker_service::create_value(std::uint64_t id, detail::per_worker_table::kind kind,
+                                                           std::string function, const std::type_info* type,
+                                                           std::function<std::shared_ptr<void>()> make,
+                                                           std::string_view described) {
+  const auto sessions_ended = sessions_ended_;
+  const auto serial = ++creations_;
+  creating_[id] = serial;
+  // Whether this request's value is still wanted once made: not if a ReleaseIterator came
+  // meanwhile (the chief dropped its last handle while a returning worker built it), nor if the
+  // same id was asked again (a worker back on a new connection: that request keeps its own).
+  const auto still_wanted = [this, id, serial] {
+    const auto it = creating_.find(id);
+    if (it == creating_.end() || it->second != serial) return false;
+    creating_.erase(it);
+    return true;
+  };
+  std::shared_ptr<void> value;
+  try {
+    auto made = run_on_input_thread(std::move(make));  // named: g++ 12 (temporaries)
+    value = co_await std::move(made);
+  } catch (...) {
+    still_wanted();
+    co_return wire::status_of(std::current_exception(), task_, fmt::format("{} '{}'", described, function));
+  }
+  check_same_session(sessions_ended, function);
+  if (still_wanted()) per_worker_.put(id, {kind, std::move(function), type, std::move(value)});
+  co_return wire::Status{};
+}
+
 asio::awaitable<wire::Status> worker_service::create_resource(const wire::CreateResource& create) {
   auto it = resources_.find(create.function());
   if (it == resources_.end()) {
@@ -91,20 +120,11 @@ asio::awaitable<wire::Status> worker_service::create_resource(const wire::Create
   }
   check_input_context(create.function(), create.worker_index(), create.num_workers());
   const input_context context{create.worker_index(), create.num_workers()};
-  const auto type = it->second.type;
-  const auto sessions_ended = sessions_ended_;
-  // The user's function builds the resource on the input thread (run_on_input_thread); its failure
-  // becomes the request's error.
-  std::shared_ptr<void> resource;
-  try {
-    auto made = run_on_input_thread([make = it->second.make, context] { return make(context); });  // named: g++ 12
-    resource = co_await std::move(made);
-  } catch (...) {
-    co_return wire::status_of(std::current_exception(), task_, fmt::format("resource function '{}'", create.function()));
-  }
-  check_same_session(sessions_ended, create.function());
-  per_worker_.put(create.id(), {detail::per_worker_table::kind::resource, create.function(), type, std::move(resource)});
-  co_return wire::Status{};
+  // Named: g++ 12 destroys temporaries of a co_await expression too early.
+  auto created = create_value(create.id(), detail::per_worker_table::kind::resource, create.function(),
+                              it->second.type, [make = it->second.make, context] { return make(context); },
+                              "resource function");
+  co_return co_await std::move(created);
 }
 
 void worker_service::create_variable(const wire::frame& request, const wire::CreatePerWorkerVariable& create) {
@@ -153,23 +173,14 @@ asio::awaitable<wire::Status> worker_service::create_iterator(const wire::Create
   }
   check_input_context(create.function(), create.worker_index(), create.num_workers());
   const input_context context{create.worker_index(), create.num_workers()};
-  const auto element_type = it->second.element_type;
-  const auto sessions_ended = sessions_ended_;
-  // The user's function builds the pipeline on the input thread (run_on_input_thread); its failure
-  // becomes the request's error.
-  std::shared_ptr<void> iterator;
-  try {
-    auto made = run_on_input_thread([make = it->second.make_iterator, context, input = std::weak_ptr(input_)] {
-      return make(context, input);
-    });  // named: g++ 12
-    iterator = co_await std::move(made);
-  } catch (...) {
-    co_return wire::status_of(std::current_exception(), task_, fmt::format("dataset function '{}'", create.function()));
-  }
-  check_same_session(sessions_ended, create.function());
-  per_worker_.put(create.id(),
-                  {detail::per_worker_table::kind::iterator, create.function(), element_type, std::move(iterator)});
-  co_return wire::Status{};
+  // Named: g++ 12 destroys temporaries of a co_await expression too early.
+  auto created = create_value(create.id(), detail::per_worker_table::kind::iterator, create.function(),
+                              it->second.element_type,
+                              [make = it->second.make_iterator, context, input = std::weak_ptr(input_)] {
+                                return make(context, input);
+                              },
+                              "dataset function");
+  co_return co_await std::move(created);
 }
 
 void worker_service::set_cluster(const wire::Hello& hello) {
@@ -200,6 +211,7 @@ void worker_service::set_cluster(const wire::Hello& hello) {
 void worker_service::end_session() {
   ++sessions_ended_;
   per_worker_.clear();
+  creating_.clear();
   cancel(std::nullopt);  // nobody waits for them any more
   const auto ended = std::make_exception_ptr(
       error(errc::aborted, fmt::format("the coordinator session of this function ended on {}", task_)));
@@ -289,6 +301,7 @@ asio::awaitable<wire::frame> worker_service::handle(wire::frame request) {
   }
   if (body.body_case() == wire::Request::kReleaseIterator) {
     per_worker_.erase(body.release_iterator().id());
+    creating_.erase(body.release_iterator().id());  // one being built is not kept (create_value)
     co_return response;
   }
   if (body.body_case() == wire::Request::kCancelClosures) {

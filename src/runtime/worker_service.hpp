@@ -21,6 +21,8 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <string_view>
+#include <typeinfo>
 #include <vector>
 
 namespace pscoro::runtime {
@@ -45,6 +47,9 @@ class worker_service {
   void end_session();
   /// Closes this worker's connections to the ps and stops its input thread (the server stops).
   void close_connections();
+
+  /// How many per-worker values (iterators, variables, resources) this worker holds.
+  std::size_t per_worker_values() const noexcept { return per_worker_.size(); }
 
   /// Serves a request of the chief (RunFunction, CreateIterator, CreatePerWorkerVariable,
   /// ReadPerWorkerVariable, CreateResource, ReleaseIterator, CancelClosures); failures come back as
@@ -73,11 +78,17 @@ class worker_service {
   /// Cancels the running closures of `generation` (every one when it is empty); returns how many.
   std::size_t cancel(std::optional<std::uint64_t> generation);
   /// Builds the iterator; the failure of the user's dataset function comes back as a status, naming
-  /// the function; a request that is not valid here throws, and so does a session that ended
-  /// meanwhile (errc::aborted: the iterator is dropped, not kept for the next session).
+  /// the function; a request that is not valid here throws.
   asio::awaitable<wire::Status> create_iterator(const wire::CreateIterator& create);
   /// Builds the resource, as create_iterator its iterator.
   asio::awaitable<wire::Status> create_resource(const wire::CreateResource& create);
+  /// Builds per-worker value `id` with `make` (run_on_input_thread) and keeps it, unless it was
+  /// released or asked for again meanwhile; `make`'s failure is the status, naming `described`
+  /// `function`. Throws errc::aborted if the session ended meanwhile (the value is dropped, not
+  /// kept for the next session).
+  asio::awaitable<wire::Status> create_value(std::uint64_t id, detail::per_worker_table::kind kind,
+                                             std::string function, const std::type_info* type,
+                                             std::function<std::shared_ptr<void>()> make, std::string_view described);
   /// Runs a user's dataset or resource function on the input thread and returns what it made. Such
   /// a function may take long (read a file list, load a vocabulary, decode a dataset into memory):
   /// on the executor it held up heartbeats past heartbeat_timeout, so the chief lost the worker,
@@ -104,6 +115,10 @@ class worker_service {
   std::shared_ptr<ps_client> ps_;
   std::vector<std::shared_ptr<running_closure>> running_;
   std::uint64_t sessions_ended_ = 0;  // end_session() calls: what a creation on the input thread checks
+  // Per-worker values being built on the input thread, by id: the serial of the request that keeps
+  // its value (create_value); a release removes the entry.
+  std::map<std::uint64_t, std::uint64_t> creating_;
+  std::uint64_t creations_ = 0;
 };
 
 }  // namespace pscoro::runtime

@@ -302,18 +302,15 @@ namespace {
 
 // While stop_while_building is set, worker 1 stops its own server (its process "dies") in the middle
 // of building this dataset, and clears the flag; otherwise it is `endless`. The function runs on
-// the worker's input thread: the stop is posted to the worker's own thread (`dying_cluster`'s),
-// where it runs before the worker can answer.
+// the worker's input thread, so the stop is posted to the worker's executor (server::stop), where
+// it runs before the worker can answer.
 const dataset_function<element> dies_building{"test.dies_building"};
 std::atomic<bool> stop_while_building{false};
-local_cluster* dying_cluster = nullptr;
 
 void bind_dying(server& s) {
   bind_functions(s);
   s.bind(dies_building, [&s](input_context context) {
-    if (context.worker_index == 1 && stop_while_building.exchange(false)) {
-      dying_cluster->post_to_task("worker", 1, [&s] { s.stop(); });
-    }
+    if (context.worker_index == 1 && stop_while_building.exchange(false)) s.stop();
     return endless_records(context);
   });
 }
@@ -323,16 +320,16 @@ const dataset_function<element> slow_to_build{"test.slow_to_build"};
 // Worker 1 builds this resource as slowly; it says which worker built it.
 const resource_function<std::int64_t> slow_resource{"test.slow_resource"};
 const worker_function<std::int64_t(per_worker_resource<std::int64_t>)> resource_builder{"test.resource_builder"};
-constexpr auto slow_build_heartbeat_timeout = std::chrono::milliseconds(1000);
+constexpr auto slow_build_heartbeat_timeout = std::chrono::milliseconds(2000);
 
 void bind_slow(server& s) {
   bind_functions(s);
   s.bind(slow_to_build, [](input_context context) {
-    if (context.worker_index == 1) std::this_thread::sleep_for(slow_build_heartbeat_timeout * 5 / 2);
+    if (context.worker_index == 1) std::this_thread::sleep_for(slow_build_heartbeat_timeout * 3 / 2);
     return endless_records(context);
   });
   s.bind(slow_resource, [](input_context context) {
-    if (context.worker_index == 1) std::this_thread::sleep_for(slow_build_heartbeat_timeout * 5 / 2);
+    if (context.worker_index == 1) std::this_thread::sleep_for(slow_build_heartbeat_timeout * 3 / 2);
     return context.worker_index;
   });
   s.bind(resource_builder,
@@ -344,7 +341,6 @@ void bind_slow(server& s) {
 TEST_CASE("a worker lost while it builds its dataset costs only time: iter() completes, the others take the closures, and it builds the iterator when it comes back") {
   stop_while_building = true;
   local_cluster cluster(1, 2, bind_dying);
-  dying_cluster = &cluster;
   coordinator_options options;
   options.worker_probe_interval = std::chrono::milliseconds(20);
   cluster.run_chief(
@@ -365,12 +361,11 @@ TEST_CASE("a worker lost while it builds its dataset costs only time: iter() com
         CHECK(m.iterator_rebuilds == 1);
       },
       options);
-  dying_cluster = nullptr;
 }
 
 TEST_CASE("a dataset or resource function that takes longer than the heartbeat timeout does not lose its worker") {
   // The functions run on the worker's input thread, so its executor answers heartbeats meanwhile.
-  // On the executor they held it 2.5 s: the chief lost the worker after 1 s, and again each time it
+  // On the executor they held it 3 s: the chief lost the worker after 2 s, and again each time it
   // came back and built the value anew.
   local_cluster cluster(1, 2, bind_slow);
   coordinator_options options;

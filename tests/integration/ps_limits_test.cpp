@@ -555,7 +555,7 @@ TEST_CASE("a sparse read's reply of 1 MiB or more is a pooled buffer of its own 
   // Rows of 32 KiB, row r all r; replies of 1100 and 1150 rows (34.4 and 35.9 MiB) both fit 36 MiB.
   constexpr std::size_t width = 8192;
   server_options options;
-  options.max_ps_bytes = std::uint64_t{1} << 30;  // pools of up to 128 MiB each, whatever the machine's memory
+  options.max_ps_bytes = std::uint64_t{1} << 30;  // a reply pool of up to 64 MiB, whatever the machine's memory
   runtime::ps_service ps("ps:0", options);
   const variable_ref v{"v", dtype::float32, {1024, width}, 0};
   tensor rows = tensor::uninitialized(dtype::float32, {1024, width});
