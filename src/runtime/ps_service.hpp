@@ -94,7 +94,8 @@ class ps_service {
     for (auto& segment : request.segments) buffers_->give(std::move(segment));
   }
   /// The large buffers this ps reuses: storage an assign replaced, copies a kernel replaced, request
-  /// segments it is done with. Its connections receive request segments into them (connection::receive_requests_into).
+  /// segments it is done with. Its connections receive request segments into them
+  /// (connection::receive_requests_into).
   const std::shared_ptr<wire::buffer_pool>& buffers() const noexcept { return buffers_; }
   /// The buffers of sparse reads' replies of 1 MiB or more, kept apart from buffers() so that
   /// request segments of sizes that rarely repeat do not take their places.

@@ -138,3 +138,15 @@ TEST_CASE("a per-worker value finished after its coordinator session ended is dr
                  "the coordinator session that asked for 'test.gated' ended while worker:0 built it"));
   CHECK(w.worker.per_worker_values() == 0);
 }
+
+TEST_CASE("a per-worker value asked for once the worker is stopping is refused as unavailable, and not built") {
+  gated_worker w;
+  w.worker.close_connections();  // the server stops: so does the input thread
+  std::optional<wire::frame> created;
+  asio::co_spawn(w.io, serve(&w.worker, create_resource(5), &created), asio::detached);
+  w.run_until([&] { return created.has_value(); }, "the creation never answered");
+  CHECK(code_of(created) == static_cast<std::int32_t>(errc::unavailable));
+  CHECK(contains(created->message.response().status().message(), "worker:0 is stopping"));
+  CHECK(w.started == 0);
+  CHECK(w.worker.per_worker_values() == 0);
+}
