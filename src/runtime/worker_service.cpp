@@ -74,6 +74,13 @@ asio::awaitable<std::shared_ptr<void>> worker_service::run_on_input_thread(std::
   co_return co_await asio::co_spawn(*input, std::move(made), asio::use_awaitable);
 }
 
+void worker_service::abandon_creation(std::uint64_t id) {
+  const auto it = creating_.find(id);
+  if (it == creating_.end()) return;
+  it->second.abandoned->store(true, std::memory_order_release);
+  creating_.erase(it);
+}
+
 void worker_service::check_same_session(std::uint64_t sessions_ended, const std::string& function) const {
   if (sessions_ended != sessions_ended_) {
     throw error(errc::aborted, fmt::format("the coordinator session that asked for '{}' ended while {} built it",
@@ -87,19 +94,29 @@ asio::awaitable<wire::Status> worker_service::create_value(std::uint64_t id, det
                                                            std::string_view described) {
   const auto sessions_ended = sessions_ended_;
   const auto serial = ++creations_;
-  creating_[id] = serial;
+  abandon_creation(id);
+  const auto abandoned = std::make_shared<std::atomic<bool>>(false);
+  creating_[id] = creation{serial, abandoned};
   // Whether this request's value is still wanted once made: not if a ReleaseIterator came
   // meanwhile (the chief dropped its last handle while a returning worker built it), nor if the
-  // same id was asked again (a worker back on a new connection: that request keeps its own).
+  // same id was asked again (a worker back on a new connection: that request keeps its own), nor
+  // if the session ended (check_same_session).
   const auto still_wanted = [this, id, serial] {
     const auto it = creating_.find(id);
-    if (it == creating_.end() || it->second != serial) return false;
+    if (it == creating_.end() || it->second.serial != serial) return false;
     creating_.erase(it);
     return true;
   };
+  // The input thread runs one function at a time, so this one may wait behind others (a slow
+  // dataset of another request): if it is abandoned by then, the user's function is not run for a
+  // value nobody keeps, and what queues behind it does not wait for it.
+  auto unless_abandoned = [abandoned, make = std::move(make)]() -> std::shared_ptr<void> {
+    if (abandoned->load(std::memory_order_acquire)) return nullptr;
+    return make();
+  };
   std::shared_ptr<void> value;
   try {
-    auto made = run_on_input_thread(std::move(make));  // named: g++ 12 (temporaries)
+    auto made = run_on_input_thread(std::move(unless_abandoned));  // named: g++ 12 (temporaries)
     value = co_await std::move(made);
   } catch (...) {
     still_wanted();
@@ -211,7 +228,7 @@ void worker_service::set_cluster(const wire::Hello& hello) {
 void worker_service::end_session() {
   ++sessions_ended_;
   per_worker_.clear();
-  creating_.clear();
+  while (!creating_.empty()) abandon_creation(creating_.begin()->first);
   cancel(std::nullopt);  // nobody waits for them any more
   const auto ended = std::make_exception_ptr(
       error(errc::aborted, fmt::format("the coordinator session of this function ended on {}", task_)));
@@ -301,7 +318,7 @@ asio::awaitable<wire::frame> worker_service::handle(wire::frame request) {
   }
   if (body.body_case() == wire::Request::kReleaseIterator) {
     per_worker_.erase(body.release_iterator().id());
-    creating_.erase(body.release_iterator().id());  // one being built is not kept (create_value)
+    abandon_creation(body.release_iterator().id());  // one being built is not kept (create_value)
     co_return response;
   }
   if (body.body_case() == wire::Request::kCancelClosures) {

@@ -15,6 +15,7 @@
 #include <asio/awaitable.hpp>
 #include <asio/cancellation_signal.hpp>
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -50,6 +51,8 @@ class worker_service {
 
   /// How many per-worker values (iterators, variables, resources) this worker holds.
   std::size_t per_worker_values() const noexcept { return per_worker_.size(); }
+  /// How many per-worker values are being built, or wait for the input thread to be built.
+  std::size_t values_being_built() const noexcept { return creating_.size(); }
 
   /// Serves a request of the chief (RunFunction, CreateIterator, CreatePerWorkerVariable,
   /// ReadPerWorkerVariable, CreateResource, ReleaseIterator, CancelClosures); failures come back as
@@ -98,6 +101,9 @@ class worker_service {
   /// Throws errc::aborted if a session ended since `sessions_ended` was read (the value built for
   /// `function` belongs to no session any more).
   void check_same_session(std::uint64_t sessions_ended, const std::string& function) const;
+  /// Forgets the creation of per-worker value `id`, if any: its function does not run if the input
+  /// thread has not started it yet, and what it makes is not kept.
+  void abandon_creation(std::uint64_t id);
   /// Keeps a per-worker variable; throws errc::invalid_argument for a value that does not match it.
   void create_variable(const wire::frame& request, const wire::CreatePerWorkerVariable& create);
   /// Answers with the value of a per-worker variable; throws errc::not_found, errc::invalid_argument.
@@ -115,9 +121,13 @@ class worker_service {
   std::shared_ptr<ps_client> ps_;
   std::vector<std::shared_ptr<running_closure>> running_;
   std::uint64_t sessions_ended_ = 0;  // end_session() calls: what a creation on the input thread checks
-  // Per-worker values being built on the input thread, by id: the serial of the request that keeps
-  // its value (create_value); a release removes the entry.
-  std::map<std::uint64_t, std::uint64_t> creating_;
+  // A per-worker value being built on the input thread (create_value): the serial of the request
+  // that keeps it, and the flag that tells the input thread it is no longer wanted.
+  struct creation {
+    std::uint64_t serial = 0;
+    std::shared_ptr<std::atomic<bool>> abandoned;
+  };
+  std::map<std::uint64_t, creation> creating_;  // by id; a release or a new session removes entries
   std::uint64_t creations_ = 0;
 };
 

@@ -113,6 +113,37 @@ TEST_CASE("a per-worker value released while its function still runs is not kept
   CHECK_MESSAGE(w.worker.per_worker_values() == 0, "the worker kept a value the chief released while it was built");
 }
 
+TEST_CASE("a per-worker value released while it waits for the input thread is never built") {
+  gated_worker w;
+  std::optional<wire::frame> running, queued, released;
+  start_building(w, 5, running);  // holds the input thread
+  asio::co_spawn(w.io, serve(&w.worker, create_resource(6), &queued), asio::detached);
+  w.run_until([&] { return w.worker.values_being_built() == 2; }, "the second creation never reached the worker");
+  asio::co_spawn(w.io, serve(&w.worker, release(6), &released), asio::detached);
+  w.run_until([&] { return released.has_value(); }, "the release never answered");
+  w.open();
+  w.run_until([&] { return running.has_value() && queued.has_value(); }, "the creations never answered");
+  CHECK(code_of(running) == 0);
+  CHECK(code_of(queued) == 0);  // released before it was built: nothing to report
+  CHECK_MESSAGE(w.started == 1, "the worker ran the function of a value the chief had released");
+  CHECK(w.worker.per_worker_values() == 1);
+}
+
+TEST_CASE("per-worker values still waiting for the input thread when their session ends are never built") {
+  gated_worker w;
+  std::optional<wire::frame> running, queued;
+  start_building(w, 5, running);
+  asio::co_spawn(w.io, serve(&w.worker, create_resource(6), &queued), asio::detached);
+  w.run_until([&] { return w.worker.values_being_built() == 2; }, "the second creation never reached the worker");
+  w.worker.end_session();
+  w.open();
+  w.run_until([&] { return running.has_value() && queued.has_value(); }, "the creations never answered");
+  CHECK(code_of(running) == static_cast<std::int32_t>(errc::aborted));
+  CHECK(code_of(queued) == static_cast<std::int32_t>(errc::aborted));
+  CHECK_MESSAGE(w.started == 1, "the worker ran a function for a session that had ended");
+  CHECK(w.worker.per_worker_values() == 0);
+}
+
 TEST_CASE("a per-worker value asked for again while it is built is kept once, from the later request") {
   gated_worker w;
   std::optional<wire::frame> first, second;
