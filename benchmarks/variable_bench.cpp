@@ -33,6 +33,7 @@
 #include <ctime>
 #include <optional>
 #include <random>
+#include <type_traits>
 
 namespace {
 
@@ -77,8 +78,8 @@ struct sparse_figures {
   double adagrad_ratio;   // apply_sparse_gradient / raw_scatter (same bytes)
   // The memory work the raw exchanges leave out, done by this thread alone in the same round: the
   // received rows copied to their places in a fresh result in input order (place), and the rows,
-  // read in the order they arrive, added into a local table at their ids (apply; what the ps do to
-  // their shards). raw + place and raw + apply are the same work done one part after the other:
+  // read in the order they arrive, added into a local table at their ids (apply; what the ps's
+  // kernels::scatter does to their shards, done the same way). raw + place and raw + apply are the same work done one part after the other:
   // not bounds (pscoro overlaps the parts, and its two ps apply their halves at once), but what
   // pscoro's time is to be read against once the work itself is counted.
   double place_us, apply_us;
@@ -309,7 +310,13 @@ std::vector<sparse_figures> measure_sparse(int scale, int rounds, RunChief run_c
       const std::size_t row_bytes = row_width * sizeof(float);
       const auto reply_rows = bench::detail::fresh_buffer(id_count * row_bytes);
       std::memset(reply_rows.get(), 1, id_count * row_bytes);
-      std::vector<float> local_table(rows * row_width, 0.0f);
+      // The table the ps hold, in one piece: huge pages, as the ps's storage (memory.cpp), or every
+      // random row would also be a TLB miss the ps do not pay.
+      const auto local_table = bench::detail::fresh_buffer(rows * row_bytes);
+      std::memset(local_table.get(), 0, rows * row_bytes);
+      // The ids as the ps receive them: contiguous, each shard's in input order, shard after shard.
+      std::vector<std::int64_t> arrival_ids(id_count);
+      for (std::size_t r = 0; r < id_count; ++r) arrival_ids[r] = id_array(arrival[r]);
       const auto place = [&] {
         xt::xarray<float> result(pscoro::shape_type{id_count, row_width});
         auto* to = reinterpret_cast<char*>(result.data());
@@ -319,14 +326,28 @@ std::vector<sparse_figures> measure_sparse(int scale, int rounds, RunChief run_c
         return result(0, 0);
       };
       const auto apply = [&] {
-        // The rows as a ps reads them, in the order they arrive; each added at its id.
+        // What a ps's scatter_add does (kernels::scatter in src/runtime/ps_kernels.cpp): the rows in
+        // the order they arrive, each added at its id, the row 32 ids ahead prefetched, the row's
+        // width a compile-time constant when it is 16.
         const float* rows_in = updates.data();
-        for (std::size_t r = 0; r < id_count; ++r) {
-          float* row = local_table.data() + static_cast<std::size_t>(id_array(arrival[r])) * row_width;
-          const float* add = rows_in + r * row_width;
-          for (std::size_t j = 0; j < row_width; ++j) row[j] += add[j];
+        auto* table_rows = reinterpret_cast<float*>(local_table.get());
+        const auto add_rows = [&](auto elements) {
+          constexpr std::size_t ahead = 32;  // runtime::random_row_prefetch_distance
+          for (std::size_t r = 0; r < id_count; ++r) {
+            if (r + ahead < id_count) {
+              __builtin_prefetch(table_rows + static_cast<std::size_t>(arrival_ids[r + ahead]) * elements, 1);
+            }
+            float* row = table_rows + static_cast<std::size_t>(arrival_ids[r]) * elements;
+            const float* add = rows_in + r * elements;
+            for (std::size_t j = 0; j < elements; ++j) row[j] += add[j];
+          }
+        };
+        if (row_width == 16) {
+          add_rows(std::integral_constant<std::size_t, 16>{});
+        } else {
+          add_rows(row_width);
         }
-        return local_table[0];
+        return table_rows[0];
       };
       const int n = 10 * scale;
       std::vector<double> raw_lookup, raw_scatter, lookup, scatter, adagrad, lookup_ratio, scatter_ratio,
@@ -739,8 +760,9 @@ int main(int argc, char** argv) {
              "Sequential over one connection: pscoro asks both ps at once. ps-lite is not a Debian package, so\n"
              "the raw exchange is the comparison. place us / apply us: the memory work the raw exchange leaves\n"
              "out, done by this thread in the same round (the rows copied to their places in a fresh result in\n"
-             "input order; the rows added into a local table at their ids); x +mem: pscoro against raw + that,\n"
-             "the same work one part after the other (not a bound: pscoro overlaps them, and its 2 ps apply at once).\n"
+             "input order; the rows added at their ids into a local table in huge pages, as a ps's kernel does);\n"
+             "x +mem: pscoro against raw + that, the same work one part after the other (not a bound: pscoro\n"
+             "overlaps them, and its 2 ps apply at once).\n"
              "faults/op as above; CPU us/op: CPU time per operation of this process (the chief, or the raw\n"
              "client) and of the ps processes together (or the raw server).\n",
              rounds);
