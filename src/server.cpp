@@ -264,7 +264,15 @@ struct server::impl : std::enable_shared_from_this<impl> {
     self->connections.emplace(connection, h.session());
     std::weak_ptr<impl> weak_self = self;
     std::weak_ptr<wire::connection> weak_connection = connection;
-    if (self->ps) connection->receive_requests_into(self->ps->buffers());
+    if (self->ps) {
+      connection->receive_requests_into(self->ps->buffers());
+      // A read of a few bytes can ask for a variable's worth of answer: counted from its arrival, so
+      // a peer cannot have more answers in the making than max_bytes_in_flight holds.
+      connection->bound_answers_by([weak_self](const wire::frame& request) -> std::uint64_t {
+        const auto s = weak_self.lock();
+        return s && s->ps ? s->ps->answer_bytes_bound(request) : 0;
+      });
+    }
     connection->start(
         [weak_self, weak_connection, session = h.session(), chief](wire::frame request) {
           return serve(weak_self, weak_connection, session, chief, std::move(request));

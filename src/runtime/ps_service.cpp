@@ -803,6 +803,31 @@ void ps_service::create(const wire::frame& request, const wire::CreateVariable& 
   }
 }
 
+std::uint64_t ps_service::answer_bytes_bound(const wire::frame& request) const noexcept {
+  const auto& body = request.message.request();
+  if (body.body_case() != wire::Request::kReadVariable) return 0;
+  const auto& read = body.read_variable();
+  try {
+    const auto it = variables_.find(read.variable().name());
+    if (it == variables_.end()) return 0;
+    const auto& stored = it->second;
+    if (!read.has_indices() && !read.has_rows()) return stored.bytes.size();
+    if (stored.shape.empty()) return 0;
+    const std::uint64_t row_bytes = row_elements(stored.shape) * size_of(stored.type);  // within the storage's size
+    if (read.has_rows()) {
+      const auto& rows = read.rows();
+      if (rows.begin() > rows.end() || rows.end() > stored.shape[0]) return 0;
+      return (rows.end() - rows.begin()) * row_bytes;
+    }
+    // Ids may repeat: the reply can be far larger than the variable, up to max_variable_bytes.
+    const std::uint64_t ids = wire::get_tensor(request, read.indices()).size();
+    if (row_bytes != 0 && ids > max_variable_bytes_ / row_bytes) return 0;  // refused (read)
+    return ids * row_bytes;
+  } catch (...) {
+    return 0;  // a request served as refused
+  }
+}
+
 ps_service::stored_variable& ps_service::find(const wire::VariableRef& ref, std::string_view operation) {
   const variable_ref wanted = decode_ref(ref);
   auto it = variables_.find(wanted.name);

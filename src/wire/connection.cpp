@@ -152,7 +152,10 @@ void connection::dispatch(frame f) {
         close("protocol error: this side serves no requests");
         return;
       }
-      const auto bytes = f.wire_bytes;
+      // A bound past the limit pauses reading as the limit does; capped, the sums cannot overflow
+      // (reading pauses once they pass the limit, and a frame is at most max_frame_bytes).
+      const std::uint64_t limit = reader_.limits().max_bytes_in_flight;
+      const std::uint64_t bytes = f.wire_bytes + (answer_bound_ ? std::min(answer_bound_(f), limit) : 0);
       bytes_in_flight_ += bytes;
       asio::co_spawn(socket_.get_executor(), serve(shared_from_this(), std::move(f), bytes), asio::detached);
       return;

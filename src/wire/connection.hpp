@@ -30,6 +30,9 @@ class connection : public std::enable_shared_from_this<connection> {
   /// (status_of, with no origin: the caller names the task it asked).
   using request_handler = std::function<asio::awaitable<frame>(frame request)>;
   using close_handler = std::function<void(const std::string& reason)>;
+  /// An upper bound of the bytes a request's answer will hold (0: small or unknown), asked when
+  /// the request arrives; a wrong guess only moves when reading pauses.
+  using answer_bound = std::function<std::uint64_t(const frame& request)>;
 
   connection(asio::ip::tcp::socket socket, frame_limits limits, std::string peer);
 
@@ -69,6 +72,12 @@ class connection : public std::enable_shared_from_this<connection> {
   /// Receives the large segments of requests into buffers of `pool` when it has one of the right
   /// size (a ps's: see buffer_pool), instead of fresh ones. Set before start().
   void receive_requests_into(std::shared_ptr<buffer_pool> pool) noexcept { request_buffers_ = std::move(pool); }
+
+  /// Counts `bound(request)` against max_bytes_in_flight from a request's arrival until its answer
+  /// is queued (which then counts its own bytes until written): answers much larger than their
+  /// requests (a ps's reads) are then bounded before they exist, not only once queued, so a peer
+  /// cannot have more of them made at once than the limit holds. Set before start().
+  void bound_answers_by(answer_bound bound) noexcept { answer_bound_ = std::move(bound); }
 
   /// The limits for the frames read from now on (the handshake runs under smaller ones).
   void set_limits(frame_limits limits) noexcept { reader_.set_limits(limits); }
@@ -142,6 +151,7 @@ class connection : public std::enable_shared_from_this<connection> {
   request_handler on_request_;
   close_handler on_close_;
   std::shared_ptr<buffer_pool> request_buffers_;
+  answer_bound answer_bound_;
   bool closed_ = false;
   std::string close_reason_;
   std::uint64_t next_request_id_ = 1;
@@ -160,8 +170,8 @@ class connection : public std::enable_shared_from_this<connection> {
   std::chrono::steady_clock::time_point last_received_ = std::chrono::steady_clock::now();
   std::optional<asio::steady_timer> heartbeat_timer_;
   std::optional<asio::steady_timer> stall_timer_;
-  // Bytes of the requests being served and of the answers queued and not written yet, and what
-  // the read loop waits on when they are too many.
+  // Bytes of the requests being served (with their answers' bounds) and of the answers queued and
+  // not written yet, and what the read loop waits on when they are too many.
   std::uint64_t bytes_in_flight_ = 0;
   std::shared_ptr<detail::async_event> room_;
   metrics::peer_traffic* traffic_ = nullptr;

@@ -551,6 +551,30 @@ TEST_CASE("an assign adopts the received bytes and pools the storage it replaces
   CHECK(ps.buffers()->bytes() == 0);
 }
 
+TEST_CASE("a read's answer is bounded before it is served: its rows, or none when it will be refused") {
+  // What a ps's connections count against max_bytes_in_flight when a request arrives
+  // (wire::connection::bound_answers_by).
+  server_options options;
+  options.max_variable_bytes = 1 << 20;
+  runtime::ps_service ps("ps:0", options);
+  const variable_ref v{"v", dtype::float32, {256, 256}, 0};  // rows of 1 KiB, 256 KiB in all
+  constexpr std::uint64_t row = 256 * sizeof(float);
+  REQUIRE(serve_directly(ps, create_from(v, filled_block(1))).status.code() == 0);
+  CHECK(ps.answer_bytes_bound(read_of(v)) == 256 * row);
+  CHECK(ps.answer_bytes_bound(read_rows(v, 10, 13)) == 3 * row);
+  CHECK(ps.answer_bytes_bound(gather(v, ids({5, 5, 5, 7}))) == 4 * row);  // ids may repeat
+  // 1024 ids make the largest reply max_variable_bytes allows; one more is refused, so it answers little.
+  CHECK(ps.answer_bytes_bound(gather(v, ids(std::vector<std::int64_t>(1024, 3)))) == 1024 * row);
+  CHECK(ps.answer_bytes_bound(gather(v, ids(std::vector<std::int64_t>(1025, 3)))) == 0);
+  CHECK(ps.answer_bytes_bound(read_rows(v, 13, 10)) == 0);
+  CHECK(ps.answer_bytes_bound(read_rows(v, 0, 257)) == 0);
+  CHECK(ps.answer_bytes_bound(read_of(variable_ref{"w", dtype::float32, {256, 256}, 0})) == 0);
+  wire::frame no_ids = gather(v, ids({1, 2}));
+  no_ids.segments.clear();  // its ids' segment never came
+  CHECK(ps.answer_bytes_bound(no_ids) == 0);
+  CHECK(ps.answer_bytes_bound(update(v, wire::UpdateVariable::ASSIGN, filled_block(2))) == 0);
+}
+
 TEST_CASE("a sparse read's reply of 1 MiB or more is a pooled buffer of its own pool, back there once nothing holds it") {
   // Rows of 32 KiB, row r all r; replies of 1100 and 1150 rows (34.4 and 35.9 MiB) both fit 36 MiB.
   constexpr std::size_t width = 8192;

@@ -356,6 +356,64 @@ asio::awaitable<wire::frame> answer_when(std::shared_ptr<detail::async_event> go
 
 }  // namespace
 
+namespace {
+
+// Counts a request as taken into service, then answers it as answer_when does.
+asio::awaitable<wire::frame> count_then_answer_when(std::shared_ptr<std::size_t> served,
+                                                    std::shared_ptr<detail::async_event> go, std::size_t answer_bytes,
+                                                    wire::frame request) {
+  ++*served;
+  co_return co_await answer_when(std::move(go), answer_bytes, std::move(request));
+}
+
+}  // namespace
+
+TEST_CASE("requests whose answers are bounded large are not read past max_bytes_in_flight while they wait to be served") {
+  asio::io_context io;
+  asio::ip::tcp::acceptor acceptor(io, {asio::ip::address_v4::loopback(), 0});
+  asio::ip::tcp::socket client(io);
+  client.connect(acceptor.local_endpoint());
+  // Each answer is bounded at 600 KiB before it exists (a ps's read: a few bytes asking for a
+  // variable's worth), and none is made until `go` (as reads waiting for a variable's lane): the
+  // first request fits the 1 MiB limit, the second takes the connection past it.
+  constexpr std::size_t answer_bytes = 600 << 10, limit = 1 << 20, requests = 8;
+  wire::frame_limits limits;
+  limits.max_bytes_in_flight = limit;
+  auto server = std::make_shared<wire::connection>(acceptor.accept(), limits, "the client");
+  server->bound_answers_by([](const wire::frame&) -> std::uint64_t { return answer_bytes; });
+  auto served = std::make_shared<std::size_t>(0);
+  auto go = std::make_shared<detail::async_event>(io.get_executor());
+  std::string closed;
+  server->start(
+      [served, go](wire::frame request) { return count_then_answer_when(served, go, answer_bytes, std::move(request)); },
+      [&closed](const std::string& reason) { closed = reason; });
+  send_heartbeats(client, requests);
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  while (!server->reading_paused() && *served < requests) {
+    REQUIRE_MESSAGE(std::chrono::steady_clock::now() < deadline, "the server never read the requests");
+    io.restart();
+    io.run_one_for(std::chrono::milliseconds(100));
+  }
+  io.restart();
+  while (io.poll() > 0) {
+  }
+  CHECK_MESSAGE(*served == 2, *served, " of ", requests, " requests were taken into service with answers of ",
+                answer_bytes, " bytes bounded ahead and a limit of ", limit, " (2 fit: the limit, and the one past it)");
+  CHECK(server->reading_paused());
+
+  go->set();
+  wire::frame_reader reader{{}};
+  std::vector<bool> answered(requests + 1, false);
+  for (std::size_t n = 0; n < requests; ++n) {
+    const auto answer = read_within_30s(io, reader, client, fmt::format("the read of answer {}", n + 1));
+    REQUIRE(answer);
+    check_answer(*answer, answered, answer_bytes);
+  }
+  CHECK(*served == requests);
+  CHECK(closed.empty());
+  server->close("test over");
+}
+
 TEST_CASE("a peer that closes its sending side gets every answer still due, streamed ones included, then the connection closes") {
   asio::io_context io;
   asio::ip::tcp::acceptor acceptor(io, {asio::ip::address_v4::loopback(), 0});
