@@ -28,11 +28,10 @@ struct PSCORO_API transport_options {
   /// file descriptor limit) for clusters of more than a few thousand tasks.
   std::size_t max_connections = 4096;
   /// Bytes a task holds for one connection's requests, from when they arrive until their answers
-  /// are written (the request while it is served, then its answer while it waits to be sent);
-  /// past this it stops reading from that connection until some answers are written
-  /// (backpressure, not an error). A peer, even one that never reads its answers, can so make it
-  /// hold this plus the last request read, and the answers to the requests being served when
-  /// reading paused (requests already in the read buffer are all taken into service at once).
+  /// are written (the request while it is served, with the most its answer can hold for a ps's
+  /// reads, then its answer while it waits to be sent); past this it stops reading from that
+  /// connection until some answers are written (backpressure, not an error). A peer, even one that
+  /// never reads its answers, can so make a ps hold this plus the last request read and its answer.
   std::uint64_t max_bytes_in_flight = std::uint64_t{1} << 30;
   /// How long to keep retrying to reach a task that is not up yet (TF retries for ~3 minutes).
   std::chrono::milliseconds connect_timeout{std::chrono::minutes(3)};
