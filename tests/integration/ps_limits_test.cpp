@@ -671,7 +671,9 @@ TEST_CASE("served over a connection, a pooled reply buffer is filled anew each t
   tensor rows = tensor::uninitialized(dtype::float32, {1024, width});
   for (std::size_t r = 0; r < 1024; ++r) std::fill_n(rows.mutable_data<float>() + r * width, width, static_cast<float>(r));
   REQUIRE(call(cluster, create_from(v, rows)).status.code() == 0);
-  for (const auto& [first, count] : {std::pair<std::int64_t, std::size_t>{3, 1100}, {5, 1150}, {11, 1100}}) {
+  for (const auto& asking : {std::pair<std::int64_t, std::size_t>{3, 1100}, {5, 1150}, {11, 1100}}) {
+    const std::int64_t first = asking.first;  // not a structured binding: clang 14 cannot capture one (CAPTURE)
+    const std::size_t count = asking.second;
     CAPTURE(first);
     std::vector<std::int64_t> asked(count);
     for (std::size_t k = 0; k < count; ++k) asked[k] = (first + static_cast<std::int64_t>(k) * 13) % 1024;
