@@ -79,9 +79,10 @@ struct sparse_figures {
   // The memory work the raw exchanges leave out, done by this thread alone in the same round: the
   // received rows copied to their places in a fresh result in input order (place), and the rows,
   // read in the order they arrive, added into a local table at their ids (apply; what the ps's
-  // kernels::scatter does to their shards, done the same way). raw + place and raw + apply are the same work done one part after the other:
-  // not bounds (pscoro overlaps the parts, and its two ps apply their halves at once), but what
-  // pscoro's time is to be read against once the work itself is counted.
+  // kernels::scatter does to their shards, done the same way). raw + place and raw + apply are the
+  // same work done one part after the other: not bounds (pscoro overlaps the parts, and its two ps
+  // apply their halves at once), but what pscoro's time is to be read against once the work itself
+  // is counted.
   double place_us, apply_us;
   double lookup_mem_ratio;   // lookup / (raw_lookup + place)
   double scatter_mem_ratio;  // scatter_add / (raw_scatter + apply)

@@ -808,23 +808,31 @@ std::uint64_t ps_service::answer_bytes_bound(const wire::frame& request) const n
   if (body.body_case() != wire::Request::kReadVariable) return 0;
   const auto& read = body.read_variable();
   try {
-    const auto it = variables_.find(read.variable().name());
-    if (it == variables_.end()) return 0;
-    const auto& stored = it->second;
-    if (!read.has_indices() && !read.has_rows()) return stored.bytes.size();
-    if (stored.shape.empty()) return 0;
-    const std::uint64_t row_bytes = row_elements(stored.shape) * size_of(stored.type);  // within the storage's size
-    if (read.has_rows()) {
-      const auto& rows = read.rows();
-      if (rows.begin() > rows.end() || rows.end() > stored.shape[0]) return 0;
-      return (rows.end() - rows.begin()) * row_bytes;
+    // From the request alone, not from the variables as they are when it arrives: a read right
+    // behind the create of its variable (still in service: its values scanned on the pool) would
+    // count for nothing. read() refuses a read whose variable is not exactly the one it names, so
+    // the bound is exact for every read that succeeds.
+    const variable_ref asked = decode_ref(read.variable());
+    if (read.has_indices() && read.has_rows()) return 0;
+    std::optional<std::uint64_t> bytes;
+    if (!read.has_indices() && !read.has_rows()) {
+      bytes = checked_size_bytes(asked.type, asked.shape);
+    } else {
+      if (asked.shape.empty()) return 0;  // a scalar has no rows
+      std::uint64_t rows = 0;
+      if (read.has_rows()) {
+        const auto& range = read.rows();
+        if (range.begin() > range.end() || range.end() > asked.shape[0]) return 0;
+        rows = range.end() - range.begin();
+      } else {
+        rows = wire::get_tensor(request, read.indices()).size();  // ids may repeat: beyond the variable's rows
+      }
+      bytes = checked_size_bytes(asked.type, rows_shape(rows, asked.shape));
     }
-    // Ids may repeat: the reply can be far larger than the variable, up to max_variable_bytes.
-    const std::uint64_t ids = wire::get_tensor(request, read.indices()).size();
-    if (row_bytes != 0 && ids > max_variable_bytes_ / row_bytes) return 0;  // refused (read)
-    return ids * row_bytes;
+    // No variable, and no reply, is larger than max_variable_bytes (creates and sparse reads refuse one).
+    return bytes && *bytes <= max_variable_bytes_ ? *bytes : 0;
   } catch (...) {
-    return 0;  // a request served as refused
+    return 0;  // refused when served
   }
 }
 

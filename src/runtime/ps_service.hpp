@@ -70,10 +70,11 @@ class ps_service {
   /// holding the variable's lane until it is done or dropped; elsewhere, wire::produce_whole.
   asio::awaitable<wire::frame> serve(wire::frame request);
 
-  /// The most bytes the answer to `request` can hold, from what it asks and the variables as they
-  /// are now (wire::connection::bound_answers_by): a read's rows, all of them for a dense read
-  /// (whose answer keeps the storage it read from alive, even once an update replaced it). 0 for
-  /// every other request, and for one that will be refused. Never throws.
+  /// The most bytes the answer to `request` can hold, from the request alone
+  /// (wire::connection::bound_answers_by): a read's rows, all of the variable's for a dense read
+  /// (whose answer keeps the storage it read alive, even once an update replaced it). 0 for every
+  /// other request, and for a read whose refusal the request shows (rows past its variable's, a
+  /// reply over max_variable_bytes, ids that are not a tensor). Never throws.
   std::uint64_t answer_bytes_bound(const wire::frame& request) const noexcept;
 
   /// Waits for the kernels handed to the pool (their results reach the executor as usual) and runs

@@ -228,7 +228,8 @@ void worker_service::set_cluster(const wire::Hello& hello) {
 void worker_service::end_session() {
   ++sessions_ended_;
   per_worker_.clear();
-  while (!creating_.empty()) abandon_creation(creating_.begin()->first);
+  for (auto& [id, creation] : creating_) creation.abandoned->store(true, std::memory_order_release);
+  creating_.clear();
   cancel(std::nullopt);  // nobody waits for them any more
   const auto ended = std::make_exception_ptr(
       error(errc::aborted, fmt::format("the coordinator session of this function ended on {}", task_)));

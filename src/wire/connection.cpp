@@ -152,10 +152,12 @@ void connection::dispatch(frame f) {
         close("protocol error: this side serves no requests");
         return;
       }
-      // A bound past the limit pauses reading as the limit does; capped, the sums cannot overflow
-      // (reading pauses once they pass the limit, and a frame is at most max_frame_bytes).
-      const std::uint64_t limit = reader_.limits().max_bytes_in_flight;
-      const std::uint64_t bytes = f.wire_bytes + (answer_bound_ ? std::min(answer_bound_(f), limit) : 0);
+      // A bound past the limit pauses reading just as the limit does. Capped at it, and at 1 TiB
+      // for a limit set near 2^64 (none), the sum stays far from overflowing: the bytes of frames
+      // that did arrive, plus at most 2^40 per request in service.
+      constexpr std::uint64_t largest_bound = std::uint64_t{1} << 40;
+      const std::uint64_t cap = std::min(reader_.limits().max_bytes_in_flight, largest_bound);
+      const std::uint64_t bytes = f.wire_bytes + (answer_bound_ ? std::min(answer_bound_(f), cap) : 0);
       bytes_in_flight_ += bytes;
       asio::co_spawn(socket_.get_executor(), serve(shared_from_this(), std::move(f), bytes), asio::detached);
       return;

@@ -31,7 +31,8 @@ class connection : public std::enable_shared_from_this<connection> {
   using request_handler = std::function<asio::awaitable<frame>(frame request)>;
   using close_handler = std::function<void(const std::string& reason)>;
   /// An upper bound of the bytes a request's answer will hold (0: small or unknown), asked when
-  /// the request arrives; a wrong guess only moves when reading pauses.
+  /// the request arrives; a wrong guess only moves when reading pauses. It must not throw (it runs
+  /// in the read loop).
   using answer_bound = std::function<std::uint64_t(const frame& request)>;
 
   connection(asio::ip::tcp::socket socket, frame_limits limits, std::string peer);

@@ -14,6 +14,7 @@
 #include <asio/write.hpp>
 
 #include <future>
+#include <limits>
 #include <memory>
 #include <random>
 #include <stdexcept>
@@ -354,10 +355,6 @@ asio::awaitable<wire::frame> answer_when(std::shared_ptr<detail::async_event> go
   co_return request.request_id % 2 == 1 ? filled_response(0, answer_bytes).frame : response(0, answer_bytes);
 }
 
-}  // namespace
-
-namespace {
-
 // Counts a request as taken into service, then answers it as answer_when does.
 asio::awaitable<wire::frame> count_then_answer_when(std::shared_ptr<std::size_t> served,
                                                     std::shared_ptr<detail::async_event> go, std::size_t answer_bytes,
@@ -366,52 +363,89 @@ asio::awaitable<wire::frame> count_then_answer_when(std::shared_ptr<std::size_t>
   co_return co_await answer_when(std::move(go), answer_bytes, std::move(request));
 }
 
+// A server connection whose requests' answers are bounded at `bound` bytes ahead, under a limit of
+// `limit`, taking `requests` Heartbeats from `client` into service (counted in `served`) and
+// answering each with `answer_bytes` once `go` is set.
+struct bounded_server {
+  asio::io_context io;
+  asio::ip::tcp::socket client{io};
+  std::shared_ptr<wire::connection> server;
+  std::shared_ptr<std::size_t> served = std::make_shared<std::size_t>(0);
+  std::shared_ptr<detail::async_event> go = std::make_shared<detail::async_event>(io.get_executor());
+  std::string closed;
+
+  bounded_server(std::uint64_t bound, std::uint64_t limit, std::size_t answer_bytes) {
+    asio::ip::tcp::acceptor acceptor(io, {asio::ip::address_v4::loopback(), 0});
+    client.connect(acceptor.local_endpoint());
+    wire::frame_limits limits;
+    limits.max_bytes_in_flight = limit;
+    server = std::make_shared<wire::connection>(acceptor.accept(), limits, "the client");
+    server->bound_answers_by([bound](const wire::frame&) { return bound; });
+    const auto serve = [served = served, go = go, answer_bytes](wire::frame request) {
+      return count_then_answer_when(served, go, answer_bytes, std::move(request));
+    };
+    server->start(serve, [this](const std::string& reason) { closed = reason; });
+  }
+  ~bounded_server() { server->close("test over"); }
+
+  // Runs until reading pauses or all `requests` are in service, then until nothing more can happen.
+  void serve_until_paused(std::size_t requests) {
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+    while (!server->reading_paused() && *served < requests) {
+      REQUIRE_MESSAGE(std::chrono::steady_clock::now() < deadline, "the server never read the requests");
+      io.restart();
+      io.run_one_for(std::chrono::milliseconds(100));
+    }
+    io.restart();
+    while (io.poll() > 0) {
+    }
+  }
+
+  // Reads the answers to Heartbeats 1..requests, each of `answer_bytes`.
+  void read_answers(std::size_t requests, std::size_t answer_bytes) {
+    wire::frame_reader reader{{}};
+    std::vector<bool> answered(requests + 1, false);
+    for (std::size_t n = 0; n < requests; ++n) {
+      const auto answer = read_within_30s(io, reader, client, fmt::format("the read of answer {}", n + 1));
+      REQUIRE(answer);
+      check_answer(*answer, answered, answer_bytes);
+    }
+  }
+};
+
 }  // namespace
 
-TEST_CASE("requests whose answers are bounded large are not read past max_bytes_in_flight while they wait to be served") {
-  asio::io_context io;
-  asio::ip::tcp::acceptor acceptor(io, {asio::ip::address_v4::loopback(), 0});
-  asio::ip::tcp::socket client(io);
-  client.connect(acceptor.local_endpoint());
+TEST_CASE("requests with large answer bounds are not read past max_bytes_in_flight while they wait to be served") {
   // Each answer is bounded at 600 KiB before it exists (a ps's read: a few bytes asking for a
   // variable's worth), and none is made until `go` (as reads waiting for a variable's lane): the
   // first request fits the 1 MiB limit, the second takes the connection past it.
   constexpr std::size_t answer_bytes = 600 << 10, limit = 1 << 20, requests = 8;
-  wire::frame_limits limits;
-  limits.max_bytes_in_flight = limit;
-  auto server = std::make_shared<wire::connection>(acceptor.accept(), limits, "the client");
-  server->bound_answers_by([](const wire::frame&) -> std::uint64_t { return answer_bytes; });
-  auto served = std::make_shared<std::size_t>(0);
-  auto go = std::make_shared<detail::async_event>(io.get_executor());
-  std::string closed;
-  server->start(
-      [served, go](wire::frame request) { return count_then_answer_when(served, go, answer_bytes, std::move(request)); },
-      [&closed](const std::string& reason) { closed = reason; });
-  send_heartbeats(client, requests);
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
-  while (!server->reading_paused() && *served < requests) {
-    REQUIRE_MESSAGE(std::chrono::steady_clock::now() < deadline, "the server never read the requests");
-    io.restart();
-    io.run_one_for(std::chrono::milliseconds(100));
-  }
-  io.restart();
-  while (io.poll() > 0) {
-  }
-  CHECK_MESSAGE(*served == 2, *served, " of ", requests, " requests were taken into service with answers of ",
-                answer_bytes, " bytes bounded ahead and a limit of ", limit, " (2 fit: the limit, and the one past it)");
-  CHECK(server->reading_paused());
+  bounded_server s(answer_bytes, limit, answer_bytes);
+  send_heartbeats(s.client, requests);
+  s.serve_until_paused(requests);
+  CHECK_MESSAGE(*s.served == 2, *s.served, " of ", requests, " requests were taken into service with answers of ",
+                answer_bytes, " bytes bounded ahead and a limit of ", limit,
+                " (2 fit: the limit, and the one past it)");
+  CHECK(s.server->reading_paused());
+  s.go->set();
+  s.read_answers(requests, answer_bytes);
+  CHECK(*s.served == requests);
+  CHECK(s.closed.empty());
+}
 
-  go->set();
-  wire::frame_reader reader{{}};
-  std::vector<bool> answered(requests + 1, false);
-  for (std::size_t n = 0; n < requests; ++n) {
-    const auto answer = read_within_30s(io, reader, client, fmt::format("the read of answer {}", n + 1));
-    REQUIRE(answer);
-    check_answer(*answer, answered, answer_bytes);
+TEST_CASE("a request with an answer bound past max_bytes_in_flight (or 2^64) is served alone; all are answered") {
+  constexpr std::size_t answer_bytes = 4 << 10, requests = 4;
+  for (const std::uint64_t bound : {std::uint64_t{2} << 20, std::numeric_limits<std::uint64_t>::max()}) {
+    CAPTURE(bound);
+    bounded_server s(bound, 1 << 20, answer_bytes);
+    send_heartbeats(s.client, requests);
+    s.serve_until_paused(requests);
+    CHECK(*s.served == 1);
+    s.go->set();
+    s.read_answers(requests, answer_bytes);  // reading goes on as each is written: none is stuck
+    CHECK(*s.served == requests);
+    CHECK(s.closed.empty());
   }
-  CHECK(*served == requests);
-  CHECK(closed.empty());
-  server->close("test over");
 }
 
 TEST_CASE("a peer that closes its sending side gets every answer still due, streamed ones included, then the connection closes") {

@@ -129,6 +129,22 @@ TEST_CASE("a per-worker value released while it waits for the input thread is ne
   CHECK(w.worker.per_worker_values() == 1);
 }
 
+TEST_CASE("a per-worker value asked for again while it waits for the input thread is built once, for the later one") {
+  gated_worker w;
+  std::optional<wire::frame> running, first, second;
+  start_building(w, 5, running);
+  asio::co_spawn(w.io, serve(&w.worker, create_resource(6), &first), asio::detached);
+  w.run_until([&] { return w.worker.values_being_built() == 2; }, "the second creation never reached the worker");
+  asio::co_spawn(w.io, serve(&w.worker, create_resource(6), &second), asio::detached);
+  w.open();
+  w.run_until([&] { return running.has_value() && first.has_value() && second.has_value(); },
+              "the creations never answered");
+  CHECK(code_of(first) == 0);
+  CHECK(code_of(second) == 0);
+  CHECK_MESSAGE(w.started == 2, "value 6 was built ", w.started - 1, " times");
+  CHECK(w.worker.per_worker_values() == 2);
+}
+
 TEST_CASE("per-worker values still waiting for the input thread when their session ends are never built") {
   gated_worker w;
   std::optional<wire::frame> running, queued;
