@@ -14,21 +14,29 @@
 
 #include <sys/socket.h>
 
+#include <algorithm>
+#include <array>
 #include <cstring>
 #include <string>
 #include <string_view>
+#include <vector>
 
 namespace pscoro::testing {
 
-// A blocking client socket to `address` whose reads give up after a generous 30 s.
+// A blocking client socket to `address` whose reads give up after a generous 30 s. With
+// `receive_buffer_bytes`, its receive buffer is that small (set before it connects: the window it
+// offers), so a server's long answers wait in the server until the client reads them.
 struct raw_client {
   asio::io_context io;
   asio::ip::tcp::socket socket{io};
 
-  explicit raw_client(const std::string& address) {
+  explicit raw_client(const std::string& address, int receive_buffer_bytes = 0) {
     const auto colon = address.rfind(':');
-    socket.connect({asio::ip::make_address(address.substr(0, colon)),
-                    static_cast<unsigned short>(std::stoi(address.substr(colon + 1)))});
+    const asio::ip::tcp::endpoint endpoint{asio::ip::make_address(address.substr(0, colon)),
+                                           static_cast<unsigned short>(std::stoi(address.substr(colon + 1)))};
+    socket.open(endpoint.protocol());
+    if (receive_buffer_bytes > 0) socket.set_option(asio::socket_base::receive_buffer_size(receive_buffer_bytes));
+    socket.connect(endpoint);
     timeval timeout{30, 0};
     ::setsockopt(socket.native_handle(), SOL_SOCKET, SO_RCVTIMEO, &timeout, sizeof(timeout));
   }
@@ -39,15 +47,20 @@ struct raw_client {
     for (const auto& s : f.segments) asio::write(socket, asio::buffer(s.data(), s.size()));
   }
 
-  // The next frame the server sends (one without segments, as in a handshake); fails the test
-  // when the connection closes or times out first.
-  wire::frame read_frame() {
+  // The next frame the server sends: one without segments (as in a handshake), or with
+  // `drop_payload` any frame, its segments read and dropped. Fails the test when the connection
+  // closes or times out first.
+  wire::frame read_frame(bool drop_payload = false) {
     std::array<std::byte, wire::fixed_header_size> fixed;
     asio::read(socket, asio::buffer(fixed));
     const auto header = wire::parse_fixed_header(fixed, {});
-    REQUIRE(header.payload_bytes == 0);
+    if (!drop_payload) REQUIRE(header.payload_bytes == 0);
     std::string body(header.header_bytes, '\0');
     asio::read(socket, asio::buffer(body));
+    std::vector<char> dropped(std::min<std::uint64_t>(header.payload_bytes, 1 << 16));
+    for (std::uint64_t left = header.payload_bytes; left > 0;) {
+      left -= asio::read(socket, asio::buffer(dropped.data(), std::min<std::uint64_t>(left, dropped.size())));
+    }
     wire::frame f;
     f.kind = header.kind;
     f.request_id = header.request_id;

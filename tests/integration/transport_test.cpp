@@ -2,13 +2,17 @@
 // must refuse it (with a reason, where it can), close that connection, and keep serving others.
 #include "local_cluster.hpp"
 #include "raw_client.hpp"
+#include "runtime/values.hpp"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <asio/steady_timer.hpp>
 
+#include <algorithm>
 #include <atomic>
 #include <thread>
+#include <vector>
 
 using namespace pscoro;
 using pscoro::testing::local_cluster;
@@ -230,4 +234,67 @@ TEST_CASE("past max_bytes_in_flight a server stops reading a connection until it
     CHECK(most_holding.load() == 1);
     for (auto& h : held) CHECK(h.status() == remote_status::ready);
   }, coordinator_options{.closures_per_worker = 4});
+}
+
+namespace {
+
+wire::frame request_frame(std::uint64_t id) {
+  wire::frame f;
+  f.kind = wire::frame_kind::request;
+  f.request_id = id;
+  f.message.mutable_request();
+  return f;
+}
+
+}  // namespace
+
+TEST_CASE("a ps counts a read's answer from the read's arrival: reads waiting for their variable pause reading") {
+  // A sparse read whose 16 MiB reply is gathered as it is sent holds its variable's lane until the
+  // last row is gathered (this client reads nothing until it has sent everything), and the dense
+  // reads after it wait for the lane: their answers do not exist yet. Each counts the variable's
+  // 4 MiB from its arrival, so with a limit of 24 MiB the ps reads no further than the third
+  // request until the first reply is written, and the Heartbeat behind them is answered after the
+  // reads taken before it. Counted only once queued, every request was taken at once and the
+  // Heartbeat answered right after the first reply, before reads that could each come to a whole
+  // variable.
+  server_options options;
+  options.transport.max_bytes_in_flight = 24 << 20;
+  local_cluster cluster(1, 1, {}, options);
+  raw_client c(cluster.spec.task_address("ps", 0), 64 << 10);
+  c.send(hello_frame());
+  REQUIRE(c.read_frame().message.welcome().status().code() == 0);
+
+  const variable_ref v{"bounded", dtype::float32, {1024, 1024}, 0};  // rows of 4 KiB, 4 MiB in all
+  wire::frame create = request_frame(1);
+  auto* created = create.message.mutable_request()->mutable_create_variable();
+  runtime::encode_ref(*created->mutable_variable(), v);
+  tensor zeros = tensor::uninitialized(dtype::float32, {1024, 1024});
+  std::fill_n(zeros.mutable_data<float>(), zeros.size(), 0.0f);
+  wire::put_tensor(create, *created->mutable_initial_value(), zeros);
+  c.send(wire::encode(std::move(create)));
+  REQUIRE(c.read_frame().message.response().status().code() == 0);
+
+  wire::frame gather = request_frame(2);  // row 0, 4096 times: 16 MiB
+  auto* sparse = gather.message.mutable_request()->mutable_read_variable();
+  runtime::encode_ref(*sparse->mutable_variable(), v);
+  wire::put_tensor(gather, *sparse->mutable_indices(), detail::vector_tensor(std::vector<std::int64_t>(4096, 0)));
+  c.send(wire::encode(std::move(gather)));
+  for (std::uint64_t id = 3; id <= 10; ++id) {
+    wire::frame read = request_frame(id);
+    runtime::encode_ref(*read.message.mutable_request()->mutable_read_variable()->mutable_variable(), v);
+    c.send(wire::encode(std::move(read)));
+  }
+  wire::frame heartbeat = request_frame(11);
+  heartbeat.message.mutable_request()->mutable_heartbeat();
+  c.send(wire::encode(std::move(heartbeat)));
+
+  std::vector<std::uint64_t> order;
+  for (int n = 0; n < 10; ++n) {
+    const auto answer = c.read_frame(/*drop_payload=*/true);
+    REQUIRE_MESSAGE(answer.message.response().status().code() == 0, answer.message.response().status().message());
+    order.push_back(answer.request_id);
+  }
+  const auto heartbeat_at = std::find(order.begin(), order.end(), 11) - order.begin();
+  CHECK_MESSAGE(heartbeat_at >= 2, "answers in the order ", fmt::format("{}", fmt::join(order, ", ")),
+                ": the Heartbeat (11) was read while the reads before it waited, uncounted");
 }
