@@ -77,7 +77,7 @@ asio::awaitable<std::shared_ptr<void>> worker_service::run_on_input_thread(std::
 void worker_service::abandon_creation(std::uint64_t id) {
   const auto it = creating_.find(id);
   if (it == creating_.end()) return;
-  it->second.abandoned->store(true, std::memory_order_release);
+  it->second->store(true, std::memory_order_release);
   creating_.erase(it);
 }
 
@@ -93,18 +93,16 @@ asio::awaitable<wire::Status> worker_service::create_value(std::uint64_t id, det
                                                            std::function<std::shared_ptr<void>()> make,
                                                            std::string_view described) {
   const auto sessions_ended = sessions_ended_;
-  const auto serial = ++creations_;
   abandon_creation(id);
   const auto abandoned = std::make_shared<std::atomic<bool>>(false);
-  creating_[id] = creation{serial, abandoned};
-  // Whether this request's value is still wanted once made: not if a ReleaseIterator came
-  // meanwhile (the chief dropped its last handle while a returning worker built it), nor if the
-  // same id was asked again (a worker back on a new connection: that request keeps its own), nor
-  // if the session ended (check_same_session).
-  const auto still_wanted = [this, id, serial] {
-    const auto it = creating_.find(id);
-    if (it == creating_.end() || it->second.serial != serial) return false;
-    creating_.erase(it);
+  creating_[id] = abandoned;
+  // Whether this request's value is still wanted once made: not if it was abandoned meanwhile, by
+  // a ReleaseIterator (the chief dropped its last handle while a returning worker built it), by
+  // the same id asked again (a worker back on a new connection: that request keeps its own), or
+  // by the session's end (check_same_session). While it is not, the entry of `id` is this one's.
+  const auto still_wanted = [this, id, abandoned] {
+    if (abandoned->load(std::memory_order_relaxed)) return false;
+    creating_.erase(id);
     return true;
   };
   // The input thread runs one function at a time, so this one may wait behind others (a slow
@@ -228,7 +226,7 @@ void worker_service::set_cluster(const wire::Hello& hello) {
 void worker_service::end_session() {
   ++sessions_ended_;
   per_worker_.clear();
-  for (auto& [id, creation] : creating_) creation.abandoned->store(true, std::memory_order_release);
+  for (auto& [id, abandoned] : creating_) abandoned->store(true, std::memory_order_release);
   creating_.clear();
   cancel(std::nullopt);  // nobody waits for them any more
   const auto ended = std::make_exception_ptr(

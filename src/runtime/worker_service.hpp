@@ -121,14 +121,10 @@ class worker_service {
   std::shared_ptr<ps_client> ps_;
   std::vector<std::shared_ptr<running_closure>> running_;
   std::uint64_t sessions_ended_ = 0;  // end_session() calls: what a creation on the input thread checks
-  // A per-worker value being built on the input thread (create_value): the serial of the request
-  // that keeps it, and the flag that tells the input thread it is no longer wanted.
-  struct creation {
-    std::uint64_t serial = 0;
-    std::shared_ptr<std::atomic<bool>> abandoned;
-  };
-  std::map<std::uint64_t, creation> creating_;  // by id; a release or a new session removes entries
-  std::uint64_t creations_ = 0;
+  // Per-worker values being built on the input thread (create_value), by id: the flag that tells
+  // the input thread, and the request, that the value is no longer wanted. A release, the same id
+  // asked again, or a new session sets it and removes the entry (abandon_creation).
+  std::map<std::uint64_t, std::shared_ptr<std::atomic<bool>>> creating_;
 };
 
 }  // namespace pscoro::runtime

@@ -65,6 +65,19 @@ void check_answer(const wire::frame& answer, std::vector<bool>& answered, std::s
   REQUIRE(answer.segments[0].size() == bytes);
 }
 
+// Reads the answers to send_heartbeats' requests 1..count from `socket`, each with a segment of
+// `answer_bytes`, in any order, while `io` runs the other side's handlers.
+void read_heartbeat_answers(asio::io_context& io, asio::ip::tcp::socket& socket, std::size_t count,
+                            std::size_t answer_bytes) {
+  wire::frame_reader reader{{}};
+  std::vector<bool> answered(count + 1, false);
+  for (std::size_t n = 0; n < count; ++n) {
+    const auto answer = read_within_30s(io, reader, socket, fmt::format("the read of answer {}", n + 1));
+    REQUIRE(answer);
+    check_answer(*answer, answered, answer_bytes);
+  }
+}
+
 // A connection that sends, and the raw socket at its other end, which reads frames when asked.
 struct connection_pair {
   asio::io_context io;
@@ -332,13 +345,7 @@ TEST_CASE("a peer that never reads its answers is not read once they hold max_by
   CHECK_MESSAGE(*served <= bound, *served, " of ", requests, " requests were served for a peer that reads nothing (at most ",
                 bound, " fit the limit and the socket buffers)");
 
-  wire::frame_reader reader{{}};
-  std::vector<bool> answered(requests + 1, false);
-  for (std::size_t n = 0; n < requests; ++n) {
-    const auto answer = read_within_30s(io, reader, client, fmt::format("the read of answer {}", n + 1));
-    REQUIRE(answer);
-    check_answer(*answer, answered, answer_bytes);
-  }
+  read_heartbeat_answers(io, client, requests, answer_bytes);
   CHECK(*served == requests);
   CHECK(closed.empty());
   server->close("test over");
@@ -401,16 +408,6 @@ struct bounded_server {
     }
   }
 
-  // Reads the answers to Heartbeats 1..requests, each of `answer_bytes`.
-  void read_answers(std::size_t requests, std::size_t answer_bytes) {
-    wire::frame_reader reader{{}};
-    std::vector<bool> answered(requests + 1, false);
-    for (std::size_t n = 0; n < requests; ++n) {
-      const auto answer = read_within_30s(io, reader, client, fmt::format("the read of answer {}", n + 1));
-      REQUIRE(answer);
-      check_answer(*answer, answered, answer_bytes);
-    }
-  }
 };
 
 }  // namespace
@@ -428,7 +425,7 @@ TEST_CASE("requests with large answer bounds are not read past max_bytes_in_flig
                 " (2 fit: the limit, and the one past it)");
   CHECK(s.server->reading_paused());
   s.go->set();
-  s.read_answers(requests, answer_bytes);
+  read_heartbeat_answers(s.io, s.client, requests, answer_bytes);
   CHECK(*s.served == requests);
   CHECK(s.closed.empty());
 }
@@ -442,7 +439,8 @@ TEST_CASE("a request with an answer bound past max_bytes_in_flight (or 2^64) is 
     s.serve_until_paused(requests);
     CHECK(*s.served == 1);
     s.go->set();
-    s.read_answers(requests, answer_bytes);  // reading goes on as each is written: none is stuck
+    // Reading goes on as each answer is written: none is stuck.
+    read_heartbeat_answers(s.io, s.client, requests, answer_bytes);
     CHECK(*s.served == requests);
     CHECK(s.closed.empty());
   }

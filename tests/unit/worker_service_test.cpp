@@ -91,6 +91,14 @@ std::optional<wire::frame>& start_building(gated_worker& w, std::uint64_t id, st
   return answer;
 }
 
+// Asks for value `id` while the input thread is held by another, and runs the worker until the
+// request waits for the input thread.
+void queue_behind(gated_worker& w, std::uint64_t id, std::optional<wire::frame>& answer) {
+  const auto before = w.worker.values_being_built();
+  asio::co_spawn(w.io, serve(&w.worker, create_resource(id), &answer), asio::detached);
+  w.run_until([&] { return w.worker.values_being_built() > before; }, "the queued creation never reached the worker");
+}
+
 std::int32_t code_of(const std::optional<wire::frame>& answer) {
   return answer->message.response().status().code();
 }
@@ -125,8 +133,7 @@ TEST_CASE("a per-worker value released while it waits for the input thread is ne
   gated_worker w;
   std::optional<wire::frame> running, queued, released;
   start_building(w, 5, running);  // holds the input thread
-  asio::co_spawn(w.io, serve(&w.worker, create_resource(6), &queued), asio::detached);
-  w.run_until([&] { return w.worker.values_being_built() == 2; }, "the second creation never reached the worker");
+  queue_behind(w, 6, queued);
   asio::co_spawn(w.io, serve(&w.worker, release(6), &released), asio::detached);
   w.run_until([&] { return released.has_value(); }, "the release never answered");
   w.open();
@@ -141,8 +148,7 @@ TEST_CASE("a per-worker value asked for again while it waits for the input threa
   gated_worker w;
   std::optional<wire::frame> running, first, second;
   start_building(w, 5, running);
-  asio::co_spawn(w.io, serve(&w.worker, create_resource(6), &first), asio::detached);
-  w.run_until([&] { return w.worker.values_being_built() == 2; }, "the second creation never reached the worker");
+  queue_behind(w, 6, first);
   asio::co_spawn(w.io, serve(&w.worker, create_resource(6), &second), asio::detached);
   w.run_ready();  // the second request has taken value 6 over before the input thread gets to it
   w.open();
@@ -158,8 +164,7 @@ TEST_CASE("per-worker values still waiting for the input thread when their sessi
   gated_worker w;
   std::optional<wire::frame> running, queued;
   start_building(w, 5, running);
-  asio::co_spawn(w.io, serve(&w.worker, create_resource(6), &queued), asio::detached);
-  w.run_until([&] { return w.worker.values_being_built() == 2; }, "the second creation never reached the worker");
+  queue_behind(w, 6, queued);
   w.worker.end_session();
   w.open();
   w.run_until([&] { return running.has_value() && queued.has_value(); }, "the creations never answered");
