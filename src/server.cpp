@@ -49,6 +49,10 @@ struct server::impl : std::enable_shared_from_this<impl> {
   std::uint64_t incarnation = runtime::new_incarnation();
   asio::ip::tcp::acceptor acceptor;
   std::optional<runtime::ps_service> ps;
+  // A ps releases the pooled buffers no request reused for this long (0: never), checking on this
+  // timer.
+  std::chrono::milliseconds idle_buffers_release{0};
+  std::optional<asio::steady_timer> idle_buffers_timer;
   std::optional<runtime::worker_service> worker;
   // Accepted connections and the coordinator session each works for.
   std::map<std::shared_ptr<wire::connection>, std::uint64_t> connections;
@@ -100,6 +104,7 @@ struct server::impl : std::enable_shared_from_this<impl> {
     }
     if (job == "ps") {
       ps.emplace(task, options);
+      idle_buffers_release = std::max(options.ps_idle_buffers_release, std::chrono::milliseconds{0});
     } else {
       worker.emplace(executor, task, identity(), transport);
     }
@@ -114,6 +119,25 @@ struct server::impl : std::enable_shared_from_this<impl> {
     }
     asio::co_spawn(executor, accept_loop(shared_from_this()), asio::detached);
     if (!chief_address.empty()) asio::co_spawn(executor, announce(shared_from_this()), asio::detached);
+    if (ps && idle_buffers_release.count() > 0) {
+      idle_buffers_timer.emplace(executor);
+      asio::co_spawn(executor, release_idle_buffers(shared_from_this()), asio::detached);
+    }
+  }
+
+  // Every half of idle_buffers_release, the ps releases the buffers unused for that long: each goes
+  // back between one and one and a half times that after its last use.
+  static asio::awaitable<void> release_idle_buffers(std::shared_ptr<impl> self) {
+    const auto period = std::max(self->idle_buffers_release / 2, std::chrono::milliseconds{1});
+    while (!self->stopped) {
+      self->idle_buffers_timer->expires_after(period);
+      auto [ec] = co_await self->idle_buffers_timer->async_wait(as_tuple(use_awaitable));
+      if (ec || self->stopped) break;
+      if (const auto released = self->ps->release_idle_buffers(self->idle_buffers_release)) {
+        log::debug("{} released {} bytes of buffers unused for {} ms", self->task, released,
+                   self->idle_buffers_release.count());
+      }
+    }
   }
 
   // Where others reach this task: its spec address, with the port it got if the spec said 0.
@@ -150,6 +174,7 @@ struct server::impl : std::enable_shared_from_this<impl> {
   void stop() {
     stopped = true;
     if (shutdown_deadline) shutdown_deadline->cancel();
+    if (idle_buffers_timer) idle_buffers_timer->cancel();
     std::error_code ignored;
     acceptor.close(ignored);
     auto open = std::move(connections);

@@ -23,6 +23,7 @@
 
 #include <asio/any_io_executor.hpp>
 
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -70,6 +71,12 @@ struct server_options {
   /// A kernel that reads and writes at least this many bytes runs on those threads; smaller ones
   /// run on the executor at once (a thread hand-off costs more than they do). 0 means 1 MiB.
   std::uint64_t ps_kernel_offload_bytes = 0;
+  /// A ps keeps large buffers it is done with (request segments, storage an assign replaced, sparse
+  /// replies' rows) for the next requests of their size, which then fault in no fresh pages. One
+  /// that no request has reused for this long goes back to the system, so a burst of large
+  /// requests (a restore, a one-off assign) does not leave the ps holding up to 1.25 GiB more than
+  /// its variables for the rest of the job. 0 keeps them for the life of the ps.
+  std::chrono::milliseconds ps_idle_buffers_release{std::chrono::seconds(10)};
   /// Called once, on the executor, when the chief has ended the job (its strategy's close(), unless
   /// strategy_options::keep_servers) and the server has stopped: `exit_code` is the chief's (0 on
   /// success). run_server sets it to return that code, after calling the one given here.

@@ -107,6 +107,14 @@ class ps_service {
   /// The buffers of sparse reads' replies of 1 MiB or more, kept apart from buffers() so that
   /// request segments of sizes that rarely repeat do not take their places.
   const std::shared_ptr<wire::buffer_pool>& reply_buffers() const noexcept { return reply_buffers_; }
+  /// Releases the buffers of both pools that no request has reused for `idle` (the server calls it
+  /// every so often: server_options::ps_idle_buffers_release); returns the bytes released.
+  std::uint64_t release_idle_buffers(std::chrono::steady_clock::duration idle) noexcept {
+    const auto now = std::chrono::steady_clock::now();
+    const std::uint64_t released = buffers_->release_idle(idle, now) + reply_buffers_->release_idle(idle, now);
+    publish();
+    return released;
+  }
 
   std::size_t num_variables() const noexcept { return variables_.size(); }
   /// Bytes held for variables and slots, as server_options::max_ps_bytes counts them.

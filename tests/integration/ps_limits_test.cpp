@@ -17,6 +17,7 @@
 #include <cstdlib>
 #include <limits>
 #include <memory>
+#include <thread>
 
 using namespace pscoro;
 using pscoro::testing::local_cluster;
@@ -549,6 +550,59 @@ TEST_CASE("an assign adopts the received bytes and pools the storage it replaces
   ps.clear();
   CHECK(ps.buffers()->size() == 0);
   CHECK(ps.buffers()->bytes() == 0);
+}
+
+TEST_CASE("a pooled buffer that nothing took for the idle time is released; one taken and given since is kept") {
+  using namespace std::chrono_literals;
+  wire::buffer_pool pool(1024, 8, 1 << 20);
+  const auto t0 = wire::buffer_pool::clock::time_point{} + 1h;
+  pool.give(byte_buffer(4096), t0);
+  pool.give(byte_buffer(8192), t0 + 1s);
+  pool.give(byte_buffer(16384), t0 + 2s);
+  // The 4096 one is reused at t0 + 8 s and given back: its idle time starts again.
+  byte_buffer reused = pool.take(4096);
+  REQUIRE(reused.size() == 4096);
+  pool.give(std::move(reused), t0 + 8s);
+  CHECK(pool.release_idle(10s, t0 + 10s) == 0);  // none idle for more than 10 s yet
+  CHECK(pool.release_idle(10s, t0 + 11500ms) == 8192);
+  CHECK(pool.size() == 2);
+  CHECK(pool.bytes() == 16384 + 4096);
+  CHECK(pool.release_idle(10s, t0 + 12500ms) == 16384);
+  CHECK(pool.take(4096).size() == 4096);  // still there
+  CHECK(pool.release_idle(0s, t0 + 1000s) == 0);  // empty now
+  CHECK(pool.bytes() == 0);
+}
+
+TEST_CASE("a ps server releases the buffers no request reused for ps_idle_buffers_release, and only then") {
+  // Two assigns of a 256 KiB variable: the second adopts its received segment and pools the storage
+  // it replaced. With the release off, the pool still holds it after both; with a release of
+  // 100 ms, it goes back once unused that long (waited for, not timed: the test fails only if it
+  // never goes).
+  const variable_ref v{"v", dtype::float32, {256, 256}, 0};
+  constexpr double bytes = 256 * 256 * sizeof(float);
+  const auto pooled = [] { return metrics::process_registry().value("pscoro_ps_pooled_bytes").value_or(-1); };
+  const auto assign_twice = [&](local_cluster& cluster) {
+    REQUIRE(call(cluster, create_from(v, filled_block(1))).status.code() == 0);
+    REQUIRE(call(cluster, update(v, wire::UpdateVariable::ASSIGN, filled_block(2))).status.code() == 0);
+    REQUIRE(call(cluster, update(v, wire::UpdateVariable::ASSIGN, filled_block(3))).status.code() == 0);
+  };
+  {
+    server_options never;
+    never.ps_idle_buffers_release = std::chrono::milliseconds{0};
+    local_cluster cluster(1, 0, {}, never);
+    assign_twice(cluster);
+    CHECK(pooled() >= bytes);
+  }
+  server_options soon;
+  soon.ps_idle_buffers_release = std::chrono::milliseconds{100};
+  local_cluster cluster(1, 0, {}, soon);
+  assign_twice(cluster);
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  while (pooled() != 0 && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  CHECK(pooled() == 0);
+  CHECK(all_are(call(cluster, read_of(v)).value, 3));  // the variable itself is untouched
 }
 
 TEST_CASE("a read's answer is bounded from the request alone: its rows, or none when it will be refused") {
