@@ -7,6 +7,7 @@
 #include "runtime/id_map.hpp"
 #include "runtime/memory.hpp"
 #include "runtime/rows.hpp"
+#include "runtime/scratch_buffers.hpp"
 
 #include <algorithm>
 #include <array>
@@ -23,54 +24,6 @@ namespace {
 std::size_t row_elements_of(const shape_type& shape) {
   return shape.empty() ? 1 : num_elements(std::span(shape).subspan(1));
 }
-
-// Large buffers of row operations, kept by the calling thread and reused (docs/design.md, "Lookups
-// and scatters without fresh buffers"): a lookup's per-shard id lists and reply rows, a scatter's
-// per-shard ids and rows. Fresh buffers of a few MiB cost a page fault per 4 KiB each time (and
-// glibc trims them back to the kernel when they are freed), about half of a 100k-id lookup's time.
-// A buffer is handed out as a slice that shares it; it is free again once no slice lives (nothing
-// else holds it: no frame being written, no reply), so a buffer is never reused under a transfer.
-// At most 8 buffers and 256 MiB stay per thread; larger or further ones are allocated and freed.
-class scratch_buffers {
- public:
-  /// `size` bytes (uninitialised), from a free buffer of this thread when one is large enough.
-  static byte_buffer take(std::size_t size) {
-    if (size == 0) return {};
-    auto& cache = buffers();
-    byte_buffer* best = nullptr;
-    for (auto& b : cache) {
-      if (b.unique() && b.size() >= size && (!best || b.size() < best->size())) best = &b;
-    }
-    if (best) return best->slice(0, size);
-    byte_buffer fresh(size);
-    std::size_t kept = 0;
-    for (const auto& b : cache) kept += b.size();
-    if (size <= max_bytes) {
-      // Room by dropping free buffers, smallest first, when needed.
-      while (cache.size() >= max_buffers || kept + size > max_bytes) {
-        auto victim = cache.end();
-        for (auto it = cache.begin(); it != cache.end(); ++it) {
-          if (it->unique() && (victim == cache.end() || it->size() < victim->size())) victim = it;
-        }
-        if (victim == cache.end()) return fresh;  // all in use: not kept
-        kept -= victim->size();
-        cache.erase(victim);
-      }
-      cache.push_back(fresh);
-    }
-    return fresh.slice(0, size);
-  }
-
-  static constexpr std::size_t max_buffers = 8;
-  static constexpr std::size_t max_bytes = std::size_t{256} << 20;  // kept per thread
-
- private:
-
-  static std::vector<byte_buffer>& buffers() {
-    thread_local std::vector<byte_buffer> cache;
-    return cache;
-  }
-};
 
 // Tables used while a lookup or a scatter is planned, kept between calls, as their storage is. Each
 // planning step runs without suspending, so one set per thread is enough; what a lookup keeps
@@ -143,7 +96,7 @@ struct id_groups {
 // what a thread keeps, so a scatter of large rows over 8 shards is not 8 times its size), else n.
 id_groups id_groups_for(std::size_t shards, std::size_t n, std::size_t entry_bytes) {
   const bool regions = shards > 1 && shards <= one_pass_max_shards &&
-                       n <= scratch_buffers::max_bytes / 2 / shards / std::max<std::size_t>(entry_bytes, 1);
+                       n <= runtime::scratch_buffers::max_bytes / 2 / shards / std::max<std::size_t>(entry_bytes, 1);
   return id_groups{regions ? shards * n : n, std::vector<std::size_t>(shards), std::vector<std::size_t>(shards)};
 }
 
@@ -308,7 +261,7 @@ std::vector<shard_rows> split_by_shard(const sharded_layout& layout, std::span<c
   id_groups groups = id_groups_for(shards, ids.size(), sizeof(std::int64_t) + row_bytes);
   // One buffer for all shards' ids and one for their rows, reused once the sends are done; each
   // shard's part is a slice.
-  const byte_buffer id_storage = scratch_buffers::take(groups.entries * sizeof(std::int64_t));
+  const byte_buffer id_storage = runtime::scratch_buffers::take(groups.entries * sizeof(std::int64_t));
   auto* local = reinterpret_cast<std::int64_t*>(id_storage.data());
   if (shards == 1) {
     // One shard: the ids as they are, the rows copied only if they are the caller's.
@@ -317,12 +270,12 @@ std::vector<shard_rows> split_by_shard(const sharded_layout& layout, std::span<c
     });
     tensor own = rows;
     if (!source.owned) {
-      own = tensor(rows.type(), rows.shape(), scratch_buffers::take(rows.size_bytes()));
+      own = tensor(rows.type(), rows.shape(), runtime::scratch_buffers::take(rows.size_bytes()));
       if (rows.size_bytes()) std::memcpy(own.bytes().data(), rows.bytes().data(), rows.size_bytes());
     }
     return {shard_rows{0, tensor(dtype::int64, {ids.size()}, id_storage), std::move(own)}};
   }
-  const byte_buffer row_storage = scratch_buffers::take(groups.entries * row_bytes);
+  const byte_buffer row_storage = runtime::scratch_buffers::take(groups.entries * row_bytes);
   std::byte* to = row_storage.data();
   const std::byte* from = rows.bytes().data();
   runtime::with_row_size(row_bytes, [&](auto size) {
@@ -389,8 +342,8 @@ lookup_plan prepare_lookup(const sharded_layout& layout, std::span<const std::in
   if (layout.ref.shape.empty()) invalid(fmt::format("{} of '{}': a scalar variable has no rows", operation, layout.ref.name));
   const std::size_t shards = layout.num_shards();
   id_groups groups = id_groups_for(shards, ids.size(), sizeof(std::int64_t) + sizeof(row_place));
-  lookup_plan plan{scratch_buffers::take(groups.entries * sizeof(std::int64_t)),
-                   scratch_buffers::take(groups.entries * sizeof(row_place)),
+  lookup_plan plan{runtime::scratch_buffers::take(groups.entries * sizeof(std::int64_t)),
+                   runtime::scratch_buffers::take(groups.entries * sizeof(row_place)),
                    {},
                    {},
                    false,
@@ -694,7 +647,7 @@ asio::awaitable<void> sharded_ops<T>::lookup_shard(variable_io& io, variable_ref
   const std::size_t bytes = part.ids.size() * row_bytes;
   row_placer placer(out, part, row_bytes);
   byte_buffer into = part.direct ? byte_buffer::borrow(out + part.places[0].position * row_bytes, bytes)
-                                 : scratch_buffers::take(bytes);
+                                 : runtime::scratch_buffers::take(bytes);
   variable_io::arrival_handler on_arrival;
   if (!part.direct) on_arrival = [&placer](std::span<const std::byte> arrived) { placer.place(arrived); };
   const tensor reply = co_await io.gather(std::move(shard), part.ids, std::move(into), std::move(on_arrival));
