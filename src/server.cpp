@@ -403,7 +403,7 @@ server::~server() {
 
 void server::start() { impl_->start(); }
 // Dispatched: at once on the executor's thread; from another (a dataset or resource function runs on
-// the worker's input thread, whose stop would otherwise join itself), posted to the executor.
+// the worker's build thread, whose stop would otherwise join itself), posted to the executor.
 void server::stop() {
   asio::dispatch(impl_->executor, [impl = impl_] { impl->stop(); });
 }

@@ -115,8 +115,8 @@ enum class lost_workers { fail, skip };
 PSCORO_API asio::awaitable<std::vector<std::optional<tensor>>> read_per_worker_variable(
     std::weak_ptr<coordinator_core> core, per_worker_ref ref, variable_ref variable, lost_workers lost);
 
-/// A worker's input thread: where next_async() runs pipelines, and dataset and resource functions
-/// build their values, off the worker's executor. Made on first use; owned by the worker, whose
+/// A thread of a worker, off its executor: its input thread, where next_async() runs pipelines, or
+/// its build thread, where dataset and resource functions build their values. Made on first use; owned by the worker, whose
 /// stop() stops it while the worker's executor still exists (what waits there then never completes
 /// into an executor that is gone). Used on the worker's executor.
 class PSCORO_API input_thread {

@@ -105,14 +105,15 @@ class PSCORO_API server {
 
   /// Binds `make` (callable as `pscoro::dataset<T>(pscoro::input_context)`) to `function` on a
   /// worker: the chief's create_per_worker_dataset(function).iter() calls it for a fresh pipeline,
-  /// on the worker's input thread (so a slow one does not hold up heartbeats and closures).
+  /// on the worker's build thread (so a slow one holds up neither heartbeats and closures nor the
+  /// input thread, where iterators' next_async() runs their pipelines).
   template <class T, class F>
   void bind(const dataset_function<T>& function, F&& make) {
     bind_dataset_erased(function.name(), detail::erase_dataset_function<T>(std::forward<F>(make)));
   }
 
   /// Binds `make` (callable as `T(pscoro::input_context)`) to `function` on a worker: the chief's
-  /// create_per_worker_resource(function) calls it for this worker's instance (on the worker's input
+  /// create_per_worker_resource(function) calls it for this worker's instance (on the worker's build
   /// thread, as a dataset function), and again when the worker comes back after a failure.
   template <class T, class F>
   void bind(const resource_function<T>& function, F&& make) {
@@ -122,7 +123,7 @@ class PSCORO_API server {
   /// Listens and starts accepting on the executor. Throws if the address cannot be bound.
   void start();
   /// Stops accepting and closes every connection. On the executor's thread it does so at once; from
-  /// another thread (a dataset or resource function, which runs on the worker's input thread) it is
+  /// another thread (a dataset or resource function, which runs on the worker's build thread) it is
   /// posted to the executor and happens after this returns.
   void stop();
 

@@ -1,8 +1,9 @@
-// A worker's input thread: per_worker_iterator::next_async() runs pipelines there, and the worker
-// runs dataset and resource functions there (worker_service::run_on_input_thread), so that a slow
-// read, decode or build never holds the worker's executor (its heartbeats, the chief's requests,
-// other closures). One thread per worker: its pipelines share it, as a tf.data runtime shares its
-// threads; prefetch gives a pipeline a thread of its own.
+// A worker's input thread: per_worker_iterator::next_async() runs pipelines there, so that a slow
+// read or decode never holds the worker's executor (its heartbeats, the chief's requests, other
+// closures). One thread per worker: its pipelines share it, as a tf.data runtime shares its
+// threads; prefetch gives a pipeline a thread of its own. The worker runs dataset and resource
+// functions on another of these, its build thread (worker_service::run_on_build_thread), so that a
+// slow build holds up no pipeline.
 #include <pscoro/per_worker.hpp>
 
 #include <asio/thread_pool.hpp>

@@ -54,7 +54,7 @@ void worker_service::bind_resource(std::string name, detail::erased_resource_fun
 
 namespace {
 
-// Runs `make` on the executor it is spawned on (the worker's input thread) and returns what it made.
+// Runs `make` on the executor it is spawned on (the worker's build thread) and returns what it made.
 asio::awaitable<std::shared_ptr<void>> make_here(std::function<std::shared_ptr<void>()> make) { co_return make(); }
 
 // Throws errc::invalid_argument unless `worker_index` is a place among `num_workers`.
@@ -67,11 +67,11 @@ void check_input_context(const std::string& function, std::int64_t worker_index,
 
 }  // namespace
 
-asio::awaitable<std::shared_ptr<void>> worker_service::run_on_input_thread(std::function<std::shared_ptr<void>()> make) {
-  const auto input = input_->executor();
-  if (!input) throw error(errc::unavailable, fmt::format("{} is stopping", task_));
+asio::awaitable<std::shared_ptr<void>> worker_service::run_on_build_thread(std::function<std::shared_ptr<void>()> make) {
+  const auto builder = build_thread_->executor();
+  if (!builder) throw error(errc::unavailable, fmt::format("{} is stopping", task_));
   auto made = make_here(std::move(make));  // named: g++ 12 (temporaries)
-  co_return co_await asio::co_spawn(*input, std::move(made), asio::use_awaitable);
+  co_return co_await asio::co_spawn(*builder, std::move(made), asio::use_awaitable);
 }
 
 void worker_service::abandon_creation(std::uint64_t id) {
@@ -105,7 +105,7 @@ asio::awaitable<wire::Status> worker_service::create_value(std::uint64_t id, det
     creating_.erase(id);
     return true;
   };
-  // The input thread runs one function at a time, so this one may wait behind others (a slow
+  // The build thread runs one function at a time, so this one may wait behind others (a slow
   // dataset of another request): if it is abandoned by then, the user's function is not run for a
   // value nobody keeps, and what queues behind it does not wait for it.
   auto unless_abandoned = [abandoned, make = std::move(make)]() -> std::shared_ptr<void> {
@@ -114,7 +114,7 @@ asio::awaitable<wire::Status> worker_service::create_value(std::uint64_t id, det
   };
   std::shared_ptr<void> value;
   try {
-    auto made = run_on_input_thread(std::move(unless_abandoned));  // named: g++ 12 (temporaries)
+    auto made = run_on_build_thread(std::move(unless_abandoned));  // named: g++ 12 (temporaries)
     value = co_await std::move(made);
   } catch (...) {
     still_wanted();
@@ -245,6 +245,7 @@ void worker_service::close_connections() {
     p->fail_with(stopped);
     p->close("the worker stopped");
   }
+  build_thread_->stop();
   input_->stop();
 }
 

@@ -46,12 +46,13 @@ class worker_service {
   /// closure of that session still running fails at its next ps call instead of touching the
   /// variables of the next session).
   void end_session();
-  /// Closes this worker's connections to the ps and stops its input thread (the server stops).
+  /// Closes this worker's connections to the ps and stops its build and input threads (the server
+  /// stops), after the function or element each is making.
   void close_connections();
 
   /// How many per-worker values (iterators, variables, resources) this worker holds.
   std::size_t per_worker_values() const noexcept { return per_worker_.size(); }
-  /// How many per-worker values are being built, or wait for the input thread to be built.
+  /// How many per-worker values are being built, or wait for the build thread to be built.
   std::size_t values_being_built() const noexcept { return creating_.size(); }
 
   /// Serves a request of the chief (RunFunction, CreateIterator, CreatePerWorkerVariable,
@@ -85,19 +86,20 @@ class worker_service {
   asio::awaitable<wire::Status> create_iterator(const wire::CreateIterator& create);
   /// Builds the resource, as create_iterator its iterator.
   asio::awaitable<wire::Status> create_resource(const wire::CreateResource& create);
-  /// Builds per-worker value `id` with `make` (run_on_input_thread) and keeps it, unless it was
+  /// Builds per-worker value `id` with `make` (run_on_build_thread) and keeps it, unless it was
   /// released or asked for again meanwhile; `make`'s failure is the status, naming `described`
   /// `function`. Throws errc::aborted if the session ended meanwhile (the value is dropped, not
   /// kept for the next session).
   asio::awaitable<wire::Status> create_value(std::uint64_t id, detail::per_worker_table::kind kind,
                                              std::string function, const std::type_info* type,
                                              std::function<std::shared_ptr<void>()> make, std::string_view described);
-  /// Runs a user's dataset or resource function on the input thread and returns what it made. Such
+  /// Runs a user's dataset or resource function on the build thread and returns what it made. Such
   /// a function may take long (read a file list, load a vocabulary, decode a dataset into memory):
   /// on the executor it held up heartbeats past heartbeat_timeout, so the chief lost the worker,
-  /// and lost it again each time it came back and was asked to build the value anew. Throws
-  /// errc::unavailable if the worker is stopping.
-  asio::awaitable<std::shared_ptr<void>> run_on_input_thread(std::function<std::shared_ptr<void>()> make);
+  /// and lost it again each time it came back and was asked to build the value anew; on the input
+  /// thread it held up every other iterator's next_async meanwhile. Throws errc::unavailable if the
+  /// worker is stopping.
+  asio::awaitable<std::shared_ptr<void>> run_on_build_thread(std::function<std::shared_ptr<void>()> make);
   /// Throws errc::aborted if a session ended since `sessions_ended` was read (the value built for
   /// `function` belongs to no session any more).
   void check_same_session(std::uint64_t sessions_ended, const std::string& function) const;
@@ -117,12 +119,15 @@ class worker_service {
   std::map<std::string, detail::erased_dataset_function, std::less<>> datasets_;
   std::map<std::string, detail::erased_resource_function, std::less<>> resources_;
   detail::per_worker_table per_worker_;
+  // Where iterators' next_async() runs their pipelines.
   std::shared_ptr<detail::input_thread> input_ = std::make_shared<detail::input_thread>();
+  // Where dataset and resource functions build per-worker values, one at a time.
+  std::shared_ptr<detail::input_thread> build_thread_ = std::make_shared<detail::input_thread>();
   std::shared_ptr<ps_client> ps_;
   std::vector<std::shared_ptr<running_closure>> running_;
-  std::uint64_t sessions_ended_ = 0;  // end_session() calls: what a creation on the input thread checks
-  // Per-worker values being built on the input thread (create_value), by id: the flag that tells
-  // the input thread, and the request, that the value is no longer wanted. A release, the same id
+  std::uint64_t sessions_ended_ = 0;  // end_session() calls: what a creation on the build thread checks
+  // Per-worker values being built on the build thread (create_value), by id: the flag that tells
+  // the build thread, and the request, that the value is no longer wanted. A release, the same id
   // asked again, or a new session sets it and removes the entry (abandon_creation).
   std::map<std::uint64_t, std::shared_ptr<std::atomic<bool>>> creating_;
 };

@@ -302,7 +302,7 @@ namespace {
 
 // While stop_while_building is set, worker 1 stops its own server (its process "dies") in the middle
 // of building this dataset, and clears the flag; otherwise it is `endless`. The function runs on
-// the worker's input thread, so the stop is posted to the worker's executor (server::stop), where
+// the worker's build thread, so the stop is posted to the worker's executor (server::stop), where
 // it runs before the worker can answer.
 const dataset_function<element> dies_building{"test.dies_building"};
 std::atomic<bool> stop_while_building{false};
@@ -364,7 +364,7 @@ TEST_CASE("a worker lost while it builds its dataset costs only time: iter() com
 }
 
 TEST_CASE("a dataset or resource function that takes longer than the heartbeat timeout does not lose its worker") {
-  // The functions run on the worker's input thread, so its executor answers heartbeats meanwhile.
+  // The functions run on the worker's build thread, so its executor answers heartbeats meanwhile.
   // On the executor they held it 3 s: the chief lost the worker after 2 s, and again each time it
   // came back and built the value anew.
   local_cluster cluster(1, 2, bind_slow);
@@ -421,7 +421,7 @@ const resource_function<counter> counters{"test.counters"};
 const resource_function<counter> broken_counters{"test.broken_counters"};
 const resource_function<counter> unbound_counters{"test.unbound_counters"};
 const resource_function<std::string> texts{"test.texts"};
-// Built at once, except while hold_slow_builds is set: then it waits (on its worker's input thread)
+// Built at once, except while hold_slow_builds is set: then it waits (on its worker's build thread)
 // until it is cleared, having said so in slow_build_waiting. It keeps a returning worker in preparation.
 const resource_function<std::string> slow_texts{"test.slow_texts"};
 std::atomic<bool> hold_slow_builds{false};
@@ -836,4 +836,63 @@ TEST_CASE("a per-worker value still being made when the chief closes fails with 
     CHECK(contains(message_of(*failure), "'test.slow_texts' could not be made on worker:"));
     CHECK(contains(message_of(*failure), "the chief closed its connections"));
   });
+}
+
+namespace {
+
+// Set by the watchdog of the test below when it had to let a held build go.
+std::atomic<bool> build_let_go_by_watchdog{false};
+
+void bind_data_and_values(server& s) {
+  bind_functions(s);
+  bind_per_worker(s);
+}
+
+}  // namespace
+
+TEST_CASE("while a worker builds a per-worker value, closures go on reading its iterators") {
+  // Dataset and resource functions run on the worker's build thread, pipelines on its input thread:
+  // a slow build (a resource that loads a table) does not stall the closures reading the worker's
+  // data. When both shared one thread, next_async waited for the build; here that would be until
+  // the watchdog lets the build go (60 s), and the test fails.
+  hold_slow_builds = true;
+  slow_build_waiting = false;
+  build_let_go_by_watchdog = false;
+  std::atomic<bool> finished{false};
+  std::thread watchdog([&finished] {
+    for (const auto until = come_back_deadline(); !finished && before(until);) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    if (!finished) {
+      build_let_go_by_watchdog = true;
+      hold_slow_builds = false;
+    }
+  });
+  local_cluster cluster(1, 1, bind_data_and_values);
+  cluster.run_chief([](parameter_server_strategy&, cluster_coordinator& coordinator) -> asio::awaitable<void> {
+    auto created = coordinator.create_per_worker_dataset(endless).iter();  // named: g++ 12
+    auto it = co_await std::move(created);
+    auto failure = std::make_shared<std::exception_ptr>();
+    auto done = std::make_shared<bool>(false);
+    const auto executor = co_await asio::this_coro::executor;
+    asio::co_spawn(executor, make_slow_texts(coordinator, failure, done), asio::detached);
+    asio::steady_timer timer(executor);
+    while (!slow_build_waiting && !build_let_go_by_watchdog) {
+      timer.expires_after(std::chrono::milliseconds(1));
+      co_await timer.async_wait(asio::use_awaitable);
+    }
+    REQUIRE_MESSAGE(slow_build_waiting, "the worker never started building the resource");
+    auto taken = coordinator.schedule(take_batch, it).get();  // named: g++ 12
+    const auto batch = co_await std::move(taken);
+    CHECK_MESSAGE(!build_let_go_by_watchdog, "next_async waited for the resource function to return");
+    CHECK(batch == "0,0,1,2,3,4,5,6,7,8,9");
+    hold_slow_builds = false;
+    while (!*done) {
+      timer.expires_after(std::chrono::milliseconds(1));
+      co_await timer.async_wait(asio::use_awaitable);
+    }
+    CHECK_FALSE(*failure);
+  });
+  finished = true;
+  watchdog.join();
 }

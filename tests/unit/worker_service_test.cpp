@@ -1,4 +1,4 @@
-// A worker's per-worker values built on its input thread (worker_service::create_value): what
+// A worker's per-worker values built on its build thread (worker_service::create_value): what
 // arrives while the user's function still runs decides whether the value is kept.
 #include "runtime/worker_service.hpp"
 #include "test_support.hpp"
@@ -44,7 +44,7 @@ struct gated_worker {
   }
 
   // Runs what is ready on the executor, without waiting: a request just spawned runs until it
-  // waits for the input thread.
+  // waits for the build thread.
   void run_ready() {
     io.restart();
     while (io.poll() > 0) {
@@ -91,8 +91,8 @@ std::optional<wire::frame>& start_building(gated_worker& w, std::uint64_t id, st
   return answer;
 }
 
-// Asks for value `id` while the input thread is held by another, and runs the worker until the
-// request waits for the input thread.
+// Asks for value `id` while the build thread is held by another, and runs the worker until the
+// request waits for the build thread.
 void queue_behind(gated_worker& w, std::uint64_t id, std::optional<wire::frame>& answer) {
   const auto before = w.worker.values_being_built();
   asio::co_spawn(w.io, serve(&w.worker, create_resource(id), &answer), asio::detached);
@@ -105,7 +105,7 @@ std::int32_t code_of(const std::optional<wire::frame>& answer) {
 
 }  // namespace
 
-TEST_CASE("a per-worker value is kept once its function returns on the input thread") {
+TEST_CASE("a per-worker value is kept once its function returns on the build thread") {
   gated_worker w;
   std::optional<wire::frame> created;
   start_building(w, 5, created);
@@ -129,10 +129,10 @@ TEST_CASE("a per-worker value released while its function still runs is not kept
   CHECK_MESSAGE(w.worker.per_worker_values() == 0, "the worker kept a value the chief released while it was built");
 }
 
-TEST_CASE("a per-worker value released while it waits for the input thread is never built") {
+TEST_CASE("a per-worker value released while it waits for the build thread is never built") {
   gated_worker w;
   std::optional<wire::frame> running, queued, released;
-  start_building(w, 5, running);  // holds the input thread
+  start_building(w, 5, running);  // holds the build thread
   queue_behind(w, 6, queued);
   asio::co_spawn(w.io, serve(&w.worker, release(6), &released), asio::detached);
   w.run_until([&] { return released.has_value(); }, "the release never answered");
@@ -144,13 +144,13 @@ TEST_CASE("a per-worker value released while it waits for the input thread is ne
   CHECK(w.worker.per_worker_values() == 1);
 }
 
-TEST_CASE("a per-worker value asked for again while it waits for the input thread is built once, for the later one") {
+TEST_CASE("a per-worker value asked for again while it waits for the build thread is built once, for the later one") {
   gated_worker w;
   std::optional<wire::frame> running, first, second;
   start_building(w, 5, running);
   queue_behind(w, 6, first);
   asio::co_spawn(w.io, serve(&w.worker, create_resource(6), &second), asio::detached);
-  w.run_ready();  // the second request has taken value 6 over before the input thread gets to it
+  w.run_ready();  // the second request has taken value 6 over before the build thread gets to it
   w.open();
   w.run_until([&] { return running.has_value() && first.has_value() && second.has_value(); },
               "the creations never answered");
@@ -160,7 +160,7 @@ TEST_CASE("a per-worker value asked for again while it waits for the input threa
   CHECK(w.worker.per_worker_values() == 2);
 }
 
-TEST_CASE("per-worker values still waiting for the input thread when their session ends are never built") {
+TEST_CASE("per-worker values still waiting for the build thread when their session ends are never built") {
   gated_worker w;
   std::optional<wire::frame> running, queued;
   start_building(w, 5, running);
@@ -202,7 +202,7 @@ TEST_CASE("a per-worker value finished after its coordinator session ended is dr
 
 TEST_CASE("a per-worker value asked for once the worker is stopping is refused as unavailable, and not built") {
   gated_worker w;
-  w.worker.close_connections();  // the server stops: so does the input thread
+  w.worker.close_connections();  // the server stops: so does the build thread
   std::optional<wire::frame> created;
   asio::co_spawn(w.io, serve(&w.worker, create_resource(5), &created), asio::detached);
   w.run_until([&] { return created.has_value(); }, "the creation never answered");
