@@ -193,15 +193,28 @@ class step_math {
   /// Rows named by random ids of a large variable are cache misses, in the variable and in each
   /// slot: their rows random_row_prefetch_distance ids ahead are loaded while this one is stepped.
   void rows(T* var, std::span<T* const> slots, std::span<const std::int64_t> rows, const T* g, std::size_t n) const {
+    step_rows(var, slots, rows, g, n, rows.size(), [](std::size_t u) { return u; });
+  }
+  /// As rows(), for the rows `rows[at[j]]` only, with gradient rows g + at[j] * n.
+  void rows_at(T* var, std::span<T* const> slots, std::span<const std::int64_t> rows, const T* g, std::size_t n,
+               std::span<const std::uint32_t> at) const {
+    step_rows(var, slots, rows, g, n, at.size(), [at](std::size_t j) -> std::size_t { return at[j]; });
+  }
+
+ private:
+  template <class Position>
+  void step_rows(T* var, std::span<T* const> slots, std::span<const std::int64_t> rows, const T* g, std::size_t n,
+                 std::size_t count, Position position) const {
     constexpr std::size_t ahead = runtime::random_row_prefetch_distance;
     std::visit(
         [&](const auto& o) {
-          for (std::size_t u = 0; u < rows.size(); ++u) {
-            if (u + ahead < rows.size()) {
-              const std::size_t next = static_cast<std::size_t>(rows[u + ahead]) * n;
+          for (std::size_t j = 0; j < count; ++j) {
+            if (j + ahead < count) {
+              const std::size_t next = static_cast<std::size_t>(rows[position(j + ahead)]) * n;
               __builtin_prefetch(var + next, 1);
               for (T* slot : slots) __builtin_prefetch(slot + next, 1);
             }
+            const std::size_t u = position(j);
             const std::size_t offset = static_cast<std::size_t>(rows[u]) * n;
             step(o, var + offset, slots.data(), offset, g + u * n, n);
           }
@@ -209,7 +222,6 @@ class step_math {
         opt_);
   }
 
- private:
   // The variable, each slot and the gradient are separate buffers (a gradient comes off the wire or
   // is the kernel's sum of repeats): __restrict lets the compiler vectorize a step without checking
   // for overlap first.
@@ -518,9 +530,11 @@ namespace {
 template <class T>
 struct sparse_step_tables {
   id_map seen{0};
-  std::vector<std::uint32_t> index;  // by position: the id's first-seen index
+  std::vector<std::uint32_t> index;  // by position among those summed: the id's first-seen index
   std::vector<std::int64_t> distinct;
   std::vector<T> summed;
+  std::vector<std::uint64_t> seen_bits, repeated_bits;  // a bit per row of the variable
+  std::vector<std::uint32_t> once, again;                // positions of ids asked once, and of the others
 
   // Not inline: g++ would compute the thread-local's address (a __tls_get_addr call, with -fPIC) at
   // every use in the step's loops instead of keeping it (3% of a ps's samples in Adagrad steps).
@@ -532,9 +546,9 @@ struct sparse_step_tables {
 
 }  // namespace
 
-void apply_sparse(const optimizer& opt, dtype type, std::byte* variable, std::span<std::byte* const> slots,
-                  std::int64_t step, std::span<const std::int64_t> ids, const std::byte* rows,
-                  std::size_t row_elements) {
+void apply_sparse(const optimizer& opt, dtype type, std::byte* variable, std::size_t variable_rows,
+                  std::span<std::byte* const> slots, std::int64_t step, std::span<const std::int64_t> ids,
+                  const std::byte* rows, std::size_t row_elements) {
   visit_dtype(type, [&](auto zero) {
     using T = decltype(zero);
     if constexpr (std::is_floating_point_v<T>) {
@@ -543,44 +557,102 @@ void apply_sparse(const optimizer& opt, dtype type, std::byte* variable, std::sp
       const step_math<T> math(opt, step);
       // Duplicates are summed first, in input order (TF's _deduplicate_indexed_slices): one step per
       // distinct row. The tables are this thread's, kept between requests (no allocation, no fresh
-      // pages for a steady stream of steps); ids without repeats, the usual case, step the request's
-      // rows as they are.
+      // pages for a steady stream of steps); ids asked once, the usual case, step the request's rows
+      // as they are.
       auto& local = sparse_step_tables<T>::local();
-      local.seen.reset(ids.size());
-      local.index.resize(ids.size());
-      constexpr std::size_t ahead = 16;
-      for (std::size_t k = 0; k < ids.size(); ++k) {
-        if (k + ahead < ids.size()) local.seen.prefetch(ids[k + ahead]);
-        local.index[k] = local.seen.index_of(ids[k]);
-      }
-      const std::size_t distinct = local.seen.size();
-      if (distinct == ids.size()) {
-        math.rows(reinterpret_cast<T*>(variable), typed_slots, ids, g, row_elements);
-      } else {
+      T* var = reinterpret_cast<T*>(variable);
+      const std::size_t n = row_elements;
+      // Numbers the ids at `count` positions (position(j), in input order) in first-seen order
+      // (local.index); returns how many are distinct.
+      const auto number_ids = [&](std::size_t count, auto position) {
+        local.seen.reset(count);
+        local.index.resize(count);
+        constexpr std::size_t ahead = 16;
+        for (std::size_t j = 0; j < count; ++j) {
+          if (j + ahead < count) local.seen.prefetch(ids[position(j + ahead)]);
+          local.index[j] = local.seen.index_of(ids[position(j)]);
+        }
+        return local.seen.size();
+      };
+      // Sums the gradient rows of the ids number_ids numbered by id, and steps each of those rows
+      // once.
+      const auto sum_and_step = [&](std::size_t count, auto position, std::size_t distinct) {
         local.distinct.resize(distinct);
-        local.summed.resize(distinct * row_elements);
+        local.summed.resize(distinct * n);
         std::size_t next = 0;
-        for (std::size_t k = 0; k < ids.size(); ++k) {
-          const std::uint32_t u = local.index[k];
-          const T* from = g + k * row_elements;
-          T* into = local.summed.data() + u * row_elements;
+        for (std::size_t j = 0; j < count; ++j) {
+          const std::size_t k = position(j);
+          const std::uint32_t u = local.index[j];
+          const T* from = g + k * n;
+          T* into = local.summed.data() + u * n;
           if (u == next) {
             ++next;
             local.distinct[u] = ids[k];
-            std::copy(from, from + row_elements, into);
+            std::copy(from, from + n, into);
           } else {
-            for (std::size_t i = 0; i < row_elements; ++i) into[i] += from[i];
+            for (std::size_t i = 0; i < n; ++i) into[i] += from[i];
           }
         }
-        math.rows(reinterpret_cast<T*>(variable), typed_slots, local.distinct, local.summed.data(), row_elements);
+        math.rows(var, typed_slots, local.distinct, local.summed.data(), n);
+      };
+      if (variable_rows / 256 <= ids.size() && ids.size() <= std::numeric_limits<std::uint32_t>::max()) {
+        // A bit per row (at most 64 bytes per id in two bitmaps, which stay in cache where random
+        // probes of a hash table of all the ids miss it): a first pass marks the rows seen and those
+        // seen again; rows asked once are stepped from the request's rows, and only the repeated ones
+        // go through the hash table. 50k uniform ids over 500k rows (5% repeated): the hash pass over
+        // every id took about as long as the steps.
+        const std::size_t words = variable_rows / 64 + 1;
+        local.seen_bits.assign(words, 0);
+        local.repeated_bits.assign(words, 0);
+        std::uint64_t* seen = local.seen_bits.data();
+        std::uint64_t* repeated = local.repeated_bits.data();
+        bool any_repeated = false;
+        for (const std::int64_t id : ids) {
+          const auto row = static_cast<std::size_t>(id);
+          const std::uint64_t bit = std::uint64_t{1} << (row % 64);
+          if (seen[row / 64] & bit) {
+            repeated[row / 64] |= bit;
+            any_repeated = true;
+          }
+          seen[row / 64] |= bit;
+        }
+        if (!any_repeated) {
+          math.rows(var, typed_slots, ids, g, n);
+        } else {
+          local.once.clear();
+          local.again.clear();
+          for (std::size_t k = 0; k < ids.size(); ++k) {
+            const auto row = static_cast<std::size_t>(ids[k]);
+            const bool again = repeated[row / 64] & (std::uint64_t{1} << (row % 64));
+            (again ? local.again : local.once).push_back(static_cast<std::uint32_t>(k));
+          }
+          math.rows_at(var, typed_slots, ids, g, n, local.once);
+          const auto position = [&](std::size_t j) -> std::size_t { return local.again[j]; };
+          sum_and_step(local.again.size(), position, number_ids(local.again.size(), position));
+        }
+      } else {
+        const auto position = [](std::size_t k) { return k; };
+        const std::size_t distinct = number_ids(ids.size(), position);
+        if (distinct == ids.size()) {
+          math.rows(var, typed_slots, ids, g, n);
+        } else {
+          sum_and_step(ids.size(), position, distinct);
+        }
       }
       // A thread keeps about 64 MiB of these tables at most for the next request: one huge step
       // does not hold its memory for the life of the ps.
       constexpr std::size_t keep = std::size_t{64} << 20;
       if (ids.size() * 32 > keep) local.seen = id_map(0);  // an id_map takes up to 32 bytes per id
-      if (local.index.capacity() * sizeof(std::uint32_t) > keep) local.index = std::vector<std::uint32_t>();
-      if (local.distinct.capacity() * sizeof(std::int64_t) > keep) local.distinct = std::vector<std::int64_t>();
-      if (local.summed.capacity() * sizeof(T) > keep) local.summed = std::vector<T>();
+      const auto trim = [keep](auto& table) {
+        if (table.capacity() * sizeof(table[0]) > keep) table = std::decay_t<decltype(table)>();
+      };
+      trim(local.index);
+      trim(local.distinct);
+      trim(local.summed);
+      trim(local.seen_bits);
+      trim(local.repeated_bits);
+      trim(local.once);
+      trim(local.again);
     } else {
       invalid(fmt::format("{} updates float32 or float64 variables, not {}", optimizer_name(opt), name_of(type)));
     }

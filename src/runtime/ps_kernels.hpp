@@ -72,9 +72,10 @@ void check_optimizer(const optimizer& opt);
 /// One step over a dense gradient of n elements. `step` is the count after this step (adam).
 void apply_dense(const optimizer& opt, dtype type, std::byte* variable, std::span<std::byte* const> slots,
                  std::int64_t step, const std::byte* gradient, std::size_t n);
-/// One step over the rows `ids` (valid, possibly repeated: their gradient rows are summed first).
-void apply_sparse(const optimizer& opt, dtype type, std::byte* variable, std::span<std::byte* const> slots,
-                  std::int64_t step, std::span<const std::int64_t> ids, const std::byte* rows,
-                  std::size_t row_elements);
+/// One step over the rows `ids` (valid: each below `variable_rows`; possibly repeated: their
+/// gradient rows are summed first).
+void apply_sparse(const optimizer& opt, dtype type, std::byte* variable, std::size_t variable_rows,
+                  std::span<std::byte* const> slots, std::int64_t step, std::span<const std::int64_t> ids,
+                  const std::byte* rows, std::size_t row_elements);
 
 }  // namespace pscoro::runtime::kernels

@@ -1095,7 +1095,7 @@ void ps_service::apply_gradient(const wire::frame& request, const wire::ApplyGra
   std::uint64_t work = target.setup_bytes() + (2 + slots.size()) * gradient.size_bytes();
   for (const auto& s : slots) work += s.setup_bytes();
   run_kernel(work, [target, slots = std::move(slots), opt, step, gradient, indices, sparse,
-                    row_size = row_elements(stored.shape)] {
+                    row_size = row_elements(stored.shape), rows = stored.shape.empty() ? 0 : stored.shape[0]] {
     target.set_up();
     std::vector<std::byte*> slot_bytes;
     for (const auto& s : slots) {
@@ -1104,8 +1104,8 @@ void ps_service::apply_gradient(const wire::frame& request, const wire::ApplyGra
     }
     if (sparse) {
       const std::span<const std::int64_t> ids(indices.data<std::int64_t>(), indices.size());
-      kernels::apply_sparse(opt, target.type, target.bytes.data(), slot_bytes, step, ids, gradient.bytes().data(),
-                            row_size);
+      kernels::apply_sparse(opt, target.type, target.bytes.data(), rows, slot_bytes, step, ids,
+                            gradient.bytes().data(), row_size);
     } else {
       kernels::apply_dense(opt, target.type, target.bytes.data(), slot_bytes, step, gradient.bytes().data(),
                            gradient.size());
