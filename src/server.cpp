@@ -104,7 +104,9 @@ struct server::impl : std::enable_shared_from_this<impl> {
     }
     if (job == "ps") {
       ps.emplace(task, options);
-      idle_buffers_release = std::max(options.ps_idle_buffers_release, std::chrono::milliseconds{0});
+      // A year or more is never (milliseconds::max() would overflow the timer's nanoseconds).
+      const auto release = options.ps_idle_buffers_release;
+      if (release.count() > 0 && release < std::chrono::hours(24 * 365)) idle_buffers_release = release;
     } else {
       worker.emplace(executor, task, identity(), transport);
     }

@@ -126,7 +126,7 @@ class PSCORO_API input_thread {
   input_thread(const input_thread&) = delete;
   input_thread& operator=(const input_thread&) = delete;
 
-  /// Where pipelines run; none once stopped.
+  /// Where this thread runs what is posted (pipelines, or builds); none once stopped.
   std::optional<asio::any_io_executor> executor();
   /// Joins the thread (after the element it is producing) and drops what waits for it.
   void stop() noexcept;

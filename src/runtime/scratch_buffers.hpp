@@ -32,17 +32,21 @@ class scratch_cache {
   /// `size` bytes (uninitialised), from a free buffer when one is large enough, as of `now`.
   byte_buffer take(std::size_t size, clock::time_point now) {
     if (size == 0) return {};
-    std::erase_if(kept_, [now](const kept& k) { return k.buffer.unique() && now - k.last_taken > idle_release; });
     kept* best = nullptr;
     for (auto& k : kept_) {
       const std::size_t have = k.buffer.size();
       const bool fits = have >= size && (have / 4 <= size || have <= (std::size_t{1} << 20));
       if (k.buffer.unique() && fits && (!best || have < best->buffer.size())) best = &k;
     }
+    // Chosen before the idle ones go: a thread whose operations come more than idle_release apart
+    // reuses its buffer rather than freeing it and allocating another of the same size.
+    byte_buffer out;
     if (best) {
       best->last_taken = now;
-      return best->buffer.slice(0, size);
+      out = best->buffer.slice(0, size);
     }
+    std::erase_if(kept_, [now](const kept& k) { return k.buffer.unique() && now - k.last_taken > idle_release; });
+    if (out.data()) return out;
     byte_buffer fresh(size);
     if (size > max_bytes) return fresh;
     std::size_t held = bytes();

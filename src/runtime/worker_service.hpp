@@ -103,7 +103,7 @@ class worker_service {
   /// Throws errc::aborted if a session ended since `sessions_ended` was read (the value built for
   /// `function` belongs to no session any more).
   void check_same_session(std::uint64_t sessions_ended, const std::string& function) const;
-  /// Forgets the creation of per-worker value `id`, if any: its function does not run if the input
+  /// Forgets the creation of per-worker value `id`, if any: its function does not run if the build
   /// thread has not started it yet, and what it makes is not kept.
   void abandon_creation(std::uint64_t id);
   /// Keeps a per-worker variable; throws errc::invalid_argument for a value that does not match it.

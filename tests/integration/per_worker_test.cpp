@@ -868,7 +868,22 @@ TEST_CASE("while a worker builds a per-worker value, closures go on reading its 
       hold_slow_builds = false;
     }
   });
+  // However the test ends (a failed REQUIRE throws): the build is let go and the watchdog joined
+  // (a joinable std::thread's destructor would end the program), and, declared after the cluster,
+  // the build is let go before the cluster's workers join their build threads.
+  struct end_watchdog {
+    std::atomic<bool>& finished;
+    std::thread& watchdog;
+    ~end_watchdog() {
+      finished = true;
+      hold_slow_builds = false;
+      watchdog.join();
+    }
+  } watchdog_ends{finished, watchdog};
   local_cluster cluster(1, 1, bind_data_and_values);
+  struct let_build_go {
+    ~let_build_go() { hold_slow_builds = false; }
+  } build_goes_first;
   cluster.run_chief([](parameter_server_strategy&, cluster_coordinator& coordinator) -> asio::awaitable<void> {
     auto created = coordinator.create_per_worker_dataset(endless).iter();  // named: g++ 12
     auto it = co_await std::move(created);
@@ -887,12 +902,11 @@ TEST_CASE("while a worker builds a per-worker value, closures go on reading its 
     CHECK_MESSAGE(!build_let_go_by_watchdog, "next_async waited for the resource function to return");
     CHECK(batch == "0,0,1,2,3,4,5,6,7,8,9");
     hold_slow_builds = false;
-    while (!*done) {
+    for (const auto until = come_back_deadline(); !*done && before(until);) {
       timer.expires_after(std::chrono::milliseconds(1));
       co_await timer.async_wait(asio::use_awaitable);
     }
+    REQUIRE_MESSAGE(*done, "the resource was never made once its function was let go");
     CHECK_FALSE(*failure);
   });
-  finished = true;
-  watchdog.join();
 }

@@ -574,35 +574,42 @@ TEST_CASE("a pooled buffer that nothing took for the idle time is released; one 
 }
 
 TEST_CASE("a ps server releases the buffers no request reused for ps_idle_buffers_release, and only then") {
-  // Two assigns of a 256 KiB variable: the second adopts its received segment and pools the storage
-  // it replaced. With the release off, the pool still holds it after both; with a release of
-  // 100 ms, it goes back once unused that long (waited for, not timed: the test fails only if it
-  // never goes).
-  const variable_ref v{"v", dtype::float32, {256, 256}, 0};
-  constexpr double bytes = 256 * 256 * sizeof(float);
+  // Two assigns of a variable: the second adopts its received segment and pools the storage it
+  // replaced. Two ps side by side (the gauge sums them): one with the release off and a 256 KiB
+  // variable, one with a release of 100 ms and a 512 KiB one. The second's buffer goes back once
+  // unused that long (waited for, not timed: the test fails only if it never goes, or if the first's
+  // goes before it).
   const auto pooled = [] { return metrics::process_registry().value("pscoro_ps_pooled_bytes").value_or(-1); };
-  const auto assign_twice = [&](local_cluster& cluster) {
-    REQUIRE(call(cluster, create_from(v, filled_block(1))).status.code() == 0);
-    REQUIRE(call(cluster, update(v, wire::UpdateVariable::ASSIGN, filled_block(2))).status.code() == 0);
-    REQUIRE(call(cluster, update(v, wire::UpdateVariable::ASSIGN, filled_block(3))).status.code() == 0);
+  const auto block = [](std::size_t rows, float x) {
+    tensor t = tensor::uninitialized(dtype::float32, {rows, 256});
+    std::fill_n(t.mutable_data<float>(), t.size(), x);
+    return t;
   };
-  {
-    server_options never;
-    never.ps_idle_buffers_release = std::chrono::milliseconds{0};
-    local_cluster cluster(1, 0, {}, never);
-    assign_twice(cluster);
-    CHECK(pooled() >= bytes);
-  }
+  const auto assign_twice = [&](local_cluster& cluster, std::size_t rows) {
+    const variable_ref v{"v", dtype::float32, {rows, 256}, 0};
+    REQUIRE(call(cluster, create_from(v, block(rows, 1))).status.code() == 0);
+    REQUIRE(call(cluster, update(v, wire::UpdateVariable::ASSIGN, block(rows, 2))).status.code() == 0);
+    REQUIRE(call(cluster, update(v, wire::UpdateVariable::ASSIGN, block(rows, 3))).status.code() == 0);
+    return v;
+  };
+  constexpr double kept_bytes = 256 * 256 * sizeof(float), released_bytes = 512 * 256 * sizeof(float);
+  server_options never;
+  never.ps_idle_buffers_release = std::chrono::milliseconds{0};
+  local_cluster keeping(1, 0, {}, never);
+  assign_twice(keeping, 256);
+  REQUIRE(pooled() == kept_bytes);
   server_options soon;
   soon.ps_idle_buffers_release = std::chrono::milliseconds{100};
-  local_cluster cluster(1, 0, {}, soon);
-  assign_twice(cluster);
+  local_cluster releasing(1, 0, {}, soon);
+  const auto v = assign_twice(releasing, 512);
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
-  while (pooled() != 0 && std::chrono::steady_clock::now() < deadline) {
+  while (pooled() == kept_bytes + released_bytes && std::chrono::steady_clock::now() < deadline) {
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
-  CHECK(pooled() == 0);
-  CHECK(all_are(call(cluster, read_of(v)).value, 3));  // the variable itself is untouched
+  CHECK(pooled() == kept_bytes);
+  const tensor value = call(releasing, read_of(v)).value;  // the variable itself is untouched
+  CHECK(value.shape() == shape_type{512, 256});
+  CHECK(std::all_of(value.data<float>(), value.data<float>() + value.size(), [](float e) { return e == 3; }));
 }
 
 TEST_CASE("a read's answer is bounded from the request alone: its rows, or none when it will be refused") {

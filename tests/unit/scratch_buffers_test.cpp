@@ -29,6 +29,8 @@ TEST_CASE("a free buffer is taken again; one whose slice is still held is not") 
   CHECK(cache.take(2 * MiB, t0).data() != nullptr);  // smaller: a kept one of 3 MiB serves it
   CHECK(cache.size() == 2);
   CHECK(cache.take(0, t0).data() == nullptr);
+  // Taken again an hour later: the same buffer, not freed as idle first and allocated anew.
+  CHECK(cache.take(3 * MiB, t0 + 1h).data() == first);
 }
 
 TEST_CASE("a buffer over 4 times the size asked serves no take, goes idle and is dropped after idle_release") {
@@ -53,7 +55,8 @@ TEST_CASE("buffers of 1 MiB or less serve any smaller take; a buffer in use is n
   const std::byte* one = cache.take(MiB, t0).data();
   CHECK(cache.take(16, t0).data() == one);
   const byte_buffer held = cache.take(8 * MiB, t0);
-  CHECK(cache.take(64, t0 + 1h).size() == 64);  // the free 1 MiB one was idle: dropped, a fresh one kept
-  CHECK(cache.size() == 2);
-  CHECK(cache.bytes() == 8 * MiB + 64);
+  CHECK(cache.take(64, t0 + 1h).data() == one);  // idle an hour, but it serves the take
+  CHECK(cache.take(2 * MiB, t0 + 2h).size() == 2 * MiB);  // the 1 MiB one, idle again, goes
+  CHECK(cache.size() == 2);  // the held one stays
+  CHECK(cache.bytes() == 10 * MiB);
 }

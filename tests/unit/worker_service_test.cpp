@@ -17,7 +17,7 @@ using namespace pscoro;
 
 namespace {
 
-// A worker with one resource function, "test.gated", whose builds wait for open() (on the input
+// A worker with one resource function, "test.gated", whose builds wait for open() (on the build
 // thread, as every build does).
 struct gated_worker {
   asio::io_context io;
