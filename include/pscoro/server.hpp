@@ -75,7 +75,8 @@ struct server_options {
   /// replies' rows) for the next requests of their size, which then fault in no fresh pages. One
   /// that no request has reused for this long goes back to the system, so a burst of large
   /// requests (a restore, a one-off assign) does not leave the ps holding up to 1.25 GiB more than
-  /// its variables for the rest of the job. 0 (or a year or more) keeps them for the life of the ps.
+  /// its variables for the rest of the job. 0 or less (or a year or more) keeps them for the life
+  /// of the ps.
   std::chrono::milliseconds ps_idle_buffers_release{std::chrono::seconds(10)};
   /// Called once, on the executor, when the chief has ended the job (its strategy's close(), unless
   /// strategy_options::keep_servers) and the server has stopped: `exit_code` is the chief's (0 on

@@ -529,7 +529,9 @@ namespace {
 // What a sparse optimizer step of element type T keeps between requests, per thread.
 template <class T>
 struct sparse_step_tables {
-  id_map seen{0};
+  id_map seen{0};        // every id, when there are too many rows for the bitmaps
+  id_map seen_again{0};  // the repeated ids, next to the bitmaps: each map keeps its size (reset
+                         // reallocates a table 8 times too large, and the two sizes differ a lot)
   std::vector<std::uint32_t> index;  // by position among those summed: the id's first-seen index
   std::vector<std::int64_t> distinct;
   std::vector<T> summed;
@@ -564,15 +566,15 @@ void apply_sparse(const optimizer& opt, dtype type, std::byte* variable, std::si
       const std::size_t n = row_elements;
       // Numbers the ids at `count` positions (position(j), in input order) in first-seen order
       // (local.index); returns how many are distinct.
-      const auto number_ids = [&](std::size_t count, auto position) {
-        local.seen.reset(count);
+      const auto number_ids = [&](id_map& seen, std::size_t count, auto position) {
+        seen.reset(count);
         local.index.resize(count);
         constexpr std::size_t ahead = 16;
         for (std::size_t j = 0; j < count; ++j) {
-          if (j + ahead < count) local.seen.prefetch(ids[position(j + ahead)]);
-          local.index[j] = local.seen.index_of(ids[position(j)]);
+          if (j + ahead < count) seen.prefetch(ids[position(j + ahead)]);
+          local.index[j] = seen.index_of(ids[position(j)]);
         }
-        return local.seen.size();
+        return seen.size();
       };
       // Sums the gradient rows of the ids number_ids numbered by id, and steps each of those rows
       // once.
@@ -628,21 +630,24 @@ void apply_sparse(const optimizer& opt, dtype type, std::byte* variable, std::si
           }
           math.rows_at(var, typed_slots, ids, g, n, local.once);
           const auto position = [&](std::size_t j) -> std::size_t { return local.again[j]; };
-          sum_and_step(local.again.size(), position, number_ids(local.again.size(), position));
+          sum_and_step(local.again.size(), position, number_ids(local.seen_again, local.again.size(), position));
         }
       } else {
         const auto position = [](std::size_t k) { return k; };
-        const std::size_t distinct = number_ids(ids.size(), position);
+        const std::size_t distinct = number_ids(local.seen, ids.size(), position);
         if (distinct == ids.size()) {
           math.rows(var, typed_slots, ids, g, n);
         } else {
           sum_and_step(ids.size(), position, distinct);
         }
       }
-      // A thread keeps about 64 MiB of these tables at most for the next request: one huge step
-      // does not hold its memory for the life of the ps.
+      // A thread keeps about 64 MiB of each of these tables at most for the next request: one huge
+      // step does not hold its memory for the life of the ps.
       constexpr std::size_t keep = std::size_t{64} << 20;
-      if (ids.size() * 32 > keep) local.seen = id_map(0);  // an id_map takes up to 32 bytes per id
+      if (ids.size() * 32 > keep) {  // an id_map takes up to 32 bytes per id
+        local.seen = id_map(0);
+        local.seen_again = id_map(0);
+      }
       const auto trim = [keep](auto& table) {
         if (table.capacity() * sizeof(table[0]) > keep) table = std::decay_t<decltype(table)>();
       };

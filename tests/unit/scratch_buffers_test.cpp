@@ -56,6 +56,7 @@ TEST_CASE("buffers of 1 MiB or less serve any smaller take; a buffer in use is n
   CHECK(cache.take(16, t0).data() == one);
   const byte_buffer held = cache.take(8 * MiB, t0);
   CHECK(cache.take(64, t0 + 1h).data() == one);  // idle an hour, but it serves the take
+  CHECK(cache.bytes() == 9 * MiB);                // (not freed and a 64-byte one made instead)
   CHECK(cache.take(2 * MiB, t0 + 2h).size() == 2 * MiB);  // the 1 MiB one, idle again, goes
   CHECK(cache.size() == 2);  // the held one stays
   CHECK(cache.bytes() == 10 * MiB);
