@@ -116,9 +116,9 @@ PSCORO_API asio::awaitable<std::vector<std::optional<tensor>>> read_per_worker_v
     std::weak_ptr<coordinator_core> core, per_worker_ref ref, variable_ref variable, lost_workers lost);
 
 /// A thread of a worker, off its executor: its input thread, where next_async() runs pipelines, or
-/// its build thread, where dataset and resource functions build their values. Made on first use; owned by the worker, whose
-/// stop() stops it while the worker's executor still exists (what waits there then never completes
-/// into an executor that is gone). Used on the worker's executor.
+/// its build thread, where dataset and resource functions build their values. Made on first use;
+/// owned by the worker, whose stop() stops it while the worker's executor still exists (what waits
+/// there then never completes into an executor that is gone). Used on the worker's executor.
 class PSCORO_API input_thread {
  public:
   input_thread();

@@ -327,8 +327,8 @@ ps_service::ps_service(std::string task, const server_options& options)
                               bytes_gauge_));
   registered_.push_back(r.add("pscoro_ps_pooled_bytes",
                               "Bytes a parameter server keeps in large buffers for reuse (besides held_bytes; at most "
-                              "max_ps_bytes / 4 or 1 GiB, and a sixteenth of it or 256 MiB for sparse replies; released once "
-                              "unused for server_options::ps_idle_buffers_release).",
+                              "max_ps_bytes / 4 or 1 GiB, and a sixteenth of it or 256 MiB for sparse replies; "
+                              "released once unused for server_options::ps_idle_buffers_release).",
                               {}, pooled_gauge_));
 }
 

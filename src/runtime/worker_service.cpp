@@ -67,7 +67,8 @@ void check_input_context(const std::string& function, std::int64_t worker_index,
 
 }  // namespace
 
-asio::awaitable<std::shared_ptr<void>> worker_service::run_on_build_thread(std::function<std::shared_ptr<void>()> make) {
+asio::awaitable<std::shared_ptr<void>> worker_service::run_on_build_thread(
+    std::function<std::shared_ptr<void>()> make) {
   const auto builder = build_thread_->executor();
   if (!builder) throw error(errc::unavailable, fmt::format("{} is stopping", task_));
   auto made = make_here(std::move(make));  // named: g++ 12 (temporaries)

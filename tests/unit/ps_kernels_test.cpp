@@ -26,8 +26,8 @@ std::pair<std::vector<float>, std::vector<float>> adagrad_step(std::size_t rows,
   std::vector<float> variable(rows * width, 0.5f), accumulator(rows * width, 0.1f);
   std::byte* slots[] = {reinterpret_cast<std::byte*>(accumulator.data())};
   const optimizer opt = optimizers::adagrad{.learning_rate = 0.1};
-  runtime::kernels::apply_sparse(opt, dtype::float32, reinterpret_cast<std::byte*>(variable.data()), rows, slots, 1, ids,
-                                 reinterpret_cast<const std::byte*>(gradient.data()), width);
+  runtime::kernels::apply_sparse(opt, dtype::float32, reinterpret_cast<std::byte*>(variable.data()), rows, slots, 1,
+                                 ids, reinterpret_cast<const std::byte*>(gradient.data()), width);
   return {std::vector<float>(variable.begin(), variable.begin() + compared * width),
           std::vector<float>(accumulator.begin(), accumulator.begin() + compared * width)};
 }

@@ -166,8 +166,9 @@ inline constexpr bool is_expression_v = xt::is_xexpression<std::remove_cvref_t<E
 /// variable's dtype) and splits ids and rows by shard, keeping their order within each shard. Rows are copied
 /// once into per-shard buffers (not at all for one shard when `rows.owned`), so the result never
 /// refers to the caller's storage; the buffers are reused from the calling thread's earlier row
-/// operations once nothing holds them (src/runtime/scratch_buffers.hpp). Throws errc::invalid_argument naming the operation, the
-/// variable, and the bad id with its position and the row count: a bad id sends nothing.
+/// operations once nothing holds them (src/runtime/scratch_buffers.hpp). Throws
+/// errc::invalid_argument naming the operation, the variable, and the bad id with its position and
+/// the row count: a bad id sends nothing.
 PSCORO_API std::vector<shard_rows> split_by_shard(const sharded_layout& layout, std::span<const std::int64_t> ids,
                                                   const shape_type& id_shape, row_source rows,
                                                   std::string_view operation);
