@@ -86,7 +86,7 @@ struct free_deleter {
 };
 
 /// A buffer of `bytes`, not touched: from 4 MiB on advised transparent huge pages, as pscoro's
-/// buffers and fresh results are (src/runtime/memory.hpp's threshold), so the raw exchanges and
+/// buffers and fresh results are (src/common/memory.hpp's threshold), so the raw exchanges and
 /// pscoro pay the same per page. Every raw buffer is one of these.
 inline std::unique_ptr<char, free_deleter> fresh_buffer(std::size_t bytes) {
   constexpr std::size_t huge = std::size_t{2} << 20;

@@ -327,13 +327,13 @@ std::vector<sparse_figures> measure_sparse(int scale, int rounds, RunChief run_c
         return result(0, 0);
       };
       const auto apply = [&] {
-        // What a ps's scatter_add does (kernels::scatter in src/runtime/ps_kernels.cpp): the rows in
+        // What a ps's scatter_add does (kernels::scatter in src/ps/kernels.cpp): the rows in
         // the order they arrive, each added at its id, the row 32 ids ahead prefetched, the row's
         // width a compile-time constant when it is 16.
         const float* rows_in = updates.data();
         auto* table_rows = reinterpret_cast<float*>(local_table.get());
         const auto add_rows = [&](auto elements) {
-          constexpr std::size_t ahead = 32;  // runtime::random_row_prefetch_distance
+          constexpr std::size_t ahead = 32;  // common::random_row_prefetch_distance
           for (std::size_t r = 0; r < id_count; ++r) {
             if (r + ahead < id_count) {
               __builtin_prefetch(table_rows + static_cast<std::size_t>(arrival_ids[r + ahead]) * elements, 1);

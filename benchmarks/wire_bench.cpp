@@ -1,9 +1,9 @@
 // Micro-benchmarks of the per-message CPU cost: encoding a frame, reading one back through a
 // socket pair, and a ps applying an update. Bytes/s are reported next to memcpy of the same size.
 #include "metrics/library.hpp"
-#include "runtime/ps_service.hpp"
-#include "runtime/values.hpp"
+#include "ps/ps_service.hpp"
 #include "wire/frame.hpp"
+#include "wire/values.hpp"
 
 #include <benchmark/benchmark.h>
 
@@ -22,7 +22,7 @@ wire::frame update_request(std::size_t floats) {
   wire::frame f;
   f.kind = wire::frame_kind::request;
   auto* update = f.message.mutable_request()->mutable_update_variable();
-  runtime::encode_ref(*update->mutable_variable(), variable_ref{"w", dtype::float32, {floats}, 0});
+  wire::encode_ref(*update->mutable_variable(), variable_ref{"w", dtype::float32, {floats}, 0});
   update->set_op(wire::UpdateVariable::ADD);
   auto value = tensor::uninitialized(dtype::float32, {floats});
   std::fill_n(value.mutable_data<float>(), floats, 1.0f);
@@ -69,13 +69,13 @@ void read_frame(benchmark::State& state) {
 
 void ps_assign_add(benchmark::State& state) {
   const auto floats = static_cast<std::size_t>(state.range(0));
-  runtime::ps_service ps("ps:0");
+  ps::ps_service ps("ps:0");
   {
     // Scoped like a received frame: the variable must own its bytes alone, or every update
     // would copy on write.
     wire::frame create;
     auto* body = create.message.mutable_request()->mutable_create_variable();
-    runtime::encode_ref(*body->mutable_variable(), variable_ref{"w", dtype::float32, {floats}, 0});
+    wire::encode_ref(*body->mutable_variable(), variable_ref{"w", dtype::float32, {floats}, 0});
     wire::put_tensor(create, *body->mutable_initial_value(), tensor::uninitialized(dtype::float32, {floats}));
     if (ps.handle(create).message.response().status().code() != 0) state.SkipWithError("create failed");
   }

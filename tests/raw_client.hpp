@@ -3,7 +3,7 @@
 // that dials a task through the real handshake and reports how it was refused.
 #pragma once
 
-#include "runtime/peer.hpp"
+#include "net/peer.hpp"
 #include "test_support.hpp"
 #include "wire/frame.hpp"
 
@@ -116,7 +116,7 @@ inline std::string refusal(const std::string& received) {
 
 /// A Hello of `job` in coordinator session `session` (also its incarnation).
 inline wire::Hello hello_of(const std::string& job, std::uint64_t session) {
-  return runtime::make_hello({job, 0, session}, session);
+  return net::make_hello({job, 0, session}, session);
 }
 
 /// How a connection attempt ended: its error code and what it said (nothing: it connected).
@@ -131,7 +131,7 @@ inline asio::awaitable<dial_outcome> refusal_of(std::string task, std::string ad
                                            transport_options transport) {
   transport.connect_timeout = std::min<std::chrono::milliseconds>(transport.connect_timeout, std::chrono::seconds(5));
   try {
-    auto c = co_await runtime::connect_to_task(task, address, hello, transport);
+    auto c = co_await net::connect_to_task(task, address, hello, transport);
     c->close("done");
   } catch (const error& e) {
     co_return dial_outcome{e.code(), e.what()};

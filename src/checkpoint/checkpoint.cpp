@@ -6,9 +6,9 @@
 #include <pscoro/strategy.hpp>
 
 #include "checkpoint/safetensors.hpp"
-#include "data/crc32c.hpp"
-#include "runtime/coordinator_core.hpp"
-#include "runtime/restore_on_create.hpp"
+#include "chief/coordinator_core.hpp"
+#include "chief/restore_on_create.hpp"
+#include "common/crc32c.hpp"
 
 #include <asio/co_spawn.hpp>
 #include <asio/thread_pool.hpp>
@@ -372,7 +372,7 @@ asio::awaitable<void> fetch_piece(const save_piece& piece, byte_buffer buffer, b
 
 // Blocking: runs on the checkpoint's I/O thread.
 asio::awaitable<void> write_piece(const posix_file& file, byte_buffer bytes, std::uint64_t offset, std::uint32_t& crc) {
-  crc = data::crc32c_extend(crc, bytes.data(), bytes.size());
+  crc = common::crc32c_extend(crc, bytes.data(), bytes.size());
   file.write_at(bytes.data(), bytes.size(), offset);
   co_return;
 }
@@ -420,7 +420,7 @@ asio::awaitable<void> checksum_range(const posix_file& file, std::uint64_t offse
   while (size > 0) {
     const auto n = static_cast<std::size_t>(std::min<std::uint64_t>(size, block.size()));
     file.read_at(block.data(), n, offset);
-    c = data::crc32c_extend(c, block.data(), n);
+    c = common::crc32c_extend(c, block.data(), n);
     offset += n;
     size -= n;
   }
@@ -590,7 +590,7 @@ tensor checkpoint_reader::read_tensor(std::string_view name) const {
   tensor out = tensor::uninitialized(e.type, e.shape);
   if (e.size()) state_->file->read_at(out.bytes().data(), e.size(), state_->header.data_start + e.begin);
   if (const auto it = state_->crcs.find(name); it != state_->crcs.end()) {
-    const auto crc = data::crc32c(out.bytes().data(), out.size_bytes());
+    const auto crc = common::crc32c(out.bytes().data(), out.size_bytes());
     if (crc != it->second) {
       throw error(errc::data_loss, fmt::format("checkpoint {}: tensor \"{}\" is corrupt (CRC-32C {} where the "
                                                "header says {})",
@@ -798,7 +798,7 @@ asio::awaitable<void> apply_restore(asio::thread_pool& io_thread, const checkpoi
 
 namespace detail {
 
-struct checkpoint_state final : runtime::restore_on_create {
+struct checkpoint_state final : chief::restore_on_create {
   // A restored file's variables that no variable has taken yet.
   struct pending_file {
     std::string path;

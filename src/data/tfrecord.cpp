@@ -1,9 +1,9 @@
 #include <pscoro/data_formats.hpp>
 
-#include "data/crc32c.hpp"
+#include "common/crc32c.hpp"
 #include "data/file_reader.hpp"
-#include "metrics/library.hpp"
 #include "example.pb.h"
+#include "metrics/library.hpp"
 
 #include <fmt/format.h>
 #include <google/protobuf/arena.h>
@@ -32,7 +32,7 @@ std::uint32_t load_le32(const unsigned char* p) {
 // whose first record's length starts with gzip's magic (1f 8b: a length of 35,615 + k * 65,536
 // bytes) is not gzip.
 bool starts_with_record(std::span<const unsigned char> first) {
-  return first.size() >= 12 && data::masked_crc32c(first.data(), 8) == load_le32(first.data() + 8);
+  return first.size() >= 12 && common::masked_crc32c(first.data(), 8) == load_le32(first.data() + 8);
 }
 
 // Records of one file after another.
@@ -60,7 +60,7 @@ class record_reader {
       const std::uint64_t start = offset_;
       if (got < sizeof header) corrupt(start, fmt::format("truncated record header ({} of 12 bytes)", got));
       const std::uint64_t length = load_le64(header);
-      if (data::masked_crc32c(header, 8) != load_le32(header + 8)) corrupt(start, "the length's checksum does not match");
+      if (common::masked_crc32c(header, 8) != load_le32(header + 8)) corrupt(start, "the length's checksum does not match");
       if (length > (std::uint64_t{1} << 32)) corrupt(start, fmt::format("implausible record length {}", length));
       // Grown as the bytes arrive (doubling, so a large record costs amortized linear copying): a
       // file whose length field says 4 GiB, with a checksum to match, fails as truncated instead of
@@ -77,7 +77,7 @@ class record_reader {
       if (body < length) corrupt(start, fmt::format("truncated record ({} of {} bytes)", body, length));
       unsigned char footer[4];
       if (read(footer, 4) < 4) corrupt(start, "truncated record (no data checksum)");
-      if (data::masked_crc32c(record.data(), record.size()) != load_le32(footer)) {
+      if (common::masked_crc32c(record.data(), record.size()) != load_le32(footer)) {
         corrupt(start, "the data's checksum does not match");
       }
       offset_ = start + 12 + length + 4;
@@ -147,10 +147,10 @@ void tfrecord_writer::write(std::string_view record) {
   unsigned char header[12];
   const std::uint64_t length = record.size();
   for (int i = 0; i < 8; ++i) header[i] = static_cast<unsigned char>(length >> (8 * i));
-  const std::uint32_t length_crc = data::masked_crc32c(header, 8);
+  const std::uint32_t length_crc = common::masked_crc32c(header, 8);
   for (int i = 0; i < 4; ++i) header[8 + i] = static_cast<unsigned char>(length_crc >> (8 * i));
   unsigned char footer[4];
-  const std::uint32_t data_crc = data::masked_crc32c(record.data(), record.size());
+  const std::uint32_t data_crc = common::masked_crc32c(record.data(), record.size());
   for (int i = 0; i < 4; ++i) footer[i] = static_cast<unsigned char>(data_crc >> (8 * i));
   put(header, sizeof header);
   put(record.data(), record.size());

@@ -4,8 +4,8 @@
 // timer. Anything it cannot take gets a short status line and the connection closed.
 #include <pscoro/metrics.hpp>
 
+#include "common/address.hpp"
 #include "metrics/http.hpp"
-#include "runtime/peer.hpp"
 
 #include <asio/co_spawn.hpp>
 #include <asio/detached.hpp>
@@ -129,7 +129,7 @@ struct exposer::impl {
 
 exposer::exposer(const std::string& address, registry& served, std::chrono::milliseconds timeout)
     : impl_(std::make_unique<impl>(served, timeout)) {
-  const auto [host, port] = runtime::split_address(address, "metrics");
+  const auto [host, port] = common::split_address(address, "metrics");
   tcp::resolver resolver(impl_->io);
   std::error_code ec;
   const auto found = resolver.resolve(host, port, tcp::resolver::passive | tcp::resolver::numeric_service, ec);
@@ -160,7 +160,7 @@ std::uint16_t exposer::port() const noexcept {
 
 std::string exposer::address() const {
   std::error_code ec;
-  return runtime::format_address(impl_->acceptor.local_endpoint(ec));
+  return common::format_address(impl_->acceptor.local_endpoint(ec));
 }
 
 }  // namespace pscoro::metrics

@@ -2,9 +2,9 @@
 
 #include <pscoro/error.hpp>
 
-#include "runtime/environment.hpp"
-#include "runtime/log.hpp"
-#include "runtime/peer.hpp"
+#include "common/address.hpp"
+#include "common/environment.hpp"
+#include "common/log.hpp"
 
 #include <fmt/format.h>
 
@@ -98,7 +98,7 @@ peer_traffic& traffic_of(std::string_view task) {
 }
 
 std::optional<std::uint16_t> metrics_port(std::optional<std::uint16_t> option) {
-  const auto text = runtime::environment("PSCORO_METRICS_PORT");
+  const auto text = common::environment("PSCORO_METRICS_PORT");
   if (text.empty()) return option;
   unsigned value = 0;
   const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), value);
@@ -114,9 +114,9 @@ std::uint16_t serve_process_metrics(const std::string& task, const std::string& 
   auto& lib = library();
   const std::lock_guard lock(lib.mutex);
   if (!lib.served) {
-    lib.served = std::make_unique<exposer>(runtime::format_address(listen_host, std::to_string(port)));
+    lib.served = std::make_unique<exposer>(common::format_address(listen_host, std::to_string(port)));
     lib.served_url =
-        fmt::format("http://{}/metrics", runtime::format_address(shown_host, std::to_string(lib.served->port())));
+        fmt::format("http://{}/metrics", common::format_address(shown_host, std::to_string(lib.served->port())));
   }
   log::info("{} metrics at {}", task, lib.served_url);
   return lib.served->port();

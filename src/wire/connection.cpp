@@ -1,6 +1,6 @@
 #include "wire/connection.hpp"
 
-#include "runtime/log.hpp"
+#include "common/log.hpp"
 
 #include <asio/co_spawn.hpp>
 #include <asio/detached.hpp>

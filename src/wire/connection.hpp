@@ -4,10 +4,10 @@
 // connection's executor.
 #pragma once
 
+#include "metrics/library.hpp"
 #include "wire/buffer_pool.hpp"
 #include "wire/frame.hpp"
 #include "wire/status.hpp"
-#include "metrics/library.hpp"
 
 #include <pscoro/detail/completion.hpp>
 

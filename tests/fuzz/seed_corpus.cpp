@@ -14,8 +14,8 @@
 #include <pscoro/worker_function.hpp>
 
 #include "checkpoint/safetensors.hpp"
-#include "data/crc32c.hpp"
-#include "runtime/values.hpp"
+#include "common/crc32c.hpp"
+#include "wire/values.hpp"
 
 #include <fmt/format.h>
 
@@ -215,7 +215,7 @@ std::string run_function(std::uint64_t id, const std::string& name, const std::s
   auto* run = f.message.mutable_request()->mutable_run_function();
   run->set_name(name);
   run->set_signature(signature);
-  for (const auto& arg : args) runtime::encode_value(f, *run->add_args(), arg);
+  for (const auto& arg : args) wire::encode_value(f, *run->add_args(), arg);
   return fuzz::wire_bytes(std::move(f));
 }
 
@@ -355,8 +355,8 @@ int main(int argc, char** argv) {
     safetensors::metadata_map metadata{
         {"format", "pscoro.checkpoint"}, {"format_version", "1"}, {"step", "42"}, {"scalars", R"({"loss": 0.25})"},
         {"slots", "[]"},
-        {"crc32c", fmt::format(R"({{"w": "{:08x}", "step_ids": "{:08x}"}})", data::crc32c(data.data(), 16),
-                               data::crc32c(data.data() + 16, 16))}};
+        {"crc32c", fmt::format(R"({{"w": "{:08x}", "step_ids": "{:08x}"}})", common::crc32c(data.data(), 16),
+                               common::crc32c(data.data() + 16, 16))}};
     const auto header = safetensors::encode_header(entries, metadata);
     put("safetensors", "checkpoint", header + data);
     put("safetensors", "truncated", (header + data).substr(0, header.size() + 20));

@@ -1,6 +1,6 @@
 // Coordinator, 2 ps and 2 workers in one process over real loopback TCP.
 #include "local_cluster.hpp"
-#include "runtime/peer.hpp"
+#include "net/peer.hpp"
 #include "test_support.hpp"
 
 #include <pscoro/coordinator.hpp>
@@ -1163,11 +1163,11 @@ TEST_CASE("the chief refuses announcements it cannot use, naming why") {
   cluster.chief_address = "127.0.0.1:0";
   cluster.run_chief([&](parameter_server_strategy& strategy, cluster_coordinator&) -> asio::awaitable<void> {
     auto refusal = [&](std::string job, int index, std::string address) -> asio::awaitable<std::string> {
-      auto hello = runtime::make_hello({std::move(job), index, 0}, 0);
+      auto hello = net::make_hello({std::move(job), index, 0}, 0);
       hello.set_address(std::move(address));
       const transport_options options;  // named: g++ 12 destroys a co_await's temporaries early
       try {
-        auto c = co_await runtime::connect_to_task("chief:0", strategy.address(), hello, options);
+        auto c = co_await net::connect_to_task("chief:0", strategy.address(), hello, options);
         c->close("done");
       } catch (const error& e) {
         co_return e.what();

@@ -4,10 +4,10 @@
 // hostile or broken peer would, and checks that what existed is untouched; the assign-in-place ones
 // drive a ps_service directly, to hold a reply's bytes while an assign arrives.
 #include "local_cluster.hpp"
-#include "runtime/peer.hpp"
-#include "runtime/ps_service.hpp"
-#include "runtime/values.hpp"
+#include "net/peer.hpp"
+#include "ps/ps_service.hpp"
 #include "test_support.hpp"
+#include "wire/values.hpp"
 
 #include <asio/experimental/as_tuple.hpp>
 #include <fmt/format.h>
@@ -36,7 +36,7 @@ struct reply {
 // Sends `request` to ps:0 of `cluster` as the chief of coordinator session `session` and returns
 // the status and the result tensor.
 reply call(local_cluster& cluster, wire::frame request, std::uint64_t session = 1) {
-  const auto hello = runtime::make_hello({"chief", 0, 0}, session);
+  const auto hello = net::make_hello({"chief", 0, 0}, session);
   asio::io_context io;
   auto response = asio::co_spawn(
       io,
@@ -45,7 +45,7 @@ reply call(local_cluster& cluster, wire::frame request, std::uint64_t session = 
         const std::string task = "ps:0";
         const auto address = cluster.spec.task_address("ps", 0);
         const transport_options options;
-        auto connection = co_await runtime::connect_to_task(task, address, hello, options);
+        auto connection = co_await net::connect_to_task(task, address, hello, options);
         connection->start(nullptr, nullptr);
         auto [ec, answer] =
             co_await connection->async_call(std::move(request), asio::experimental::as_tuple(asio::use_awaitable));
@@ -78,7 +78,7 @@ tensor ids(std::vector<std::int64_t> rows) {
 wire::frame create_from(const variable_ref& ref, const tensor& initial) {
   wire::frame f;
   auto* body = f.message.mutable_request()->mutable_create_variable();
-  runtime::encode_ref(*body->mutable_variable(), ref);
+  wire::encode_ref(*body->mutable_variable(), ref);
   wire::put_tensor(f, *body->mutable_initial_value(), initial);
   return f;
 }
@@ -87,7 +87,7 @@ wire::frame create_by(const variable_ref& ref, const shape_type& full_shape, std
                       wire::Initializer::Kind kind = wire::Initializer::ONES) {
   wire::frame f;
   auto* body = f.message.mutable_request()->mutable_create_variable();
-  runtime::encode_ref(*body->mutable_variable(), ref);
+  wire::encode_ref(*body->mutable_variable(), ref);
   body->mutable_initializer()->set_kind(kind);
   for (const auto d : full_shape) body->mutable_initializer()->add_full_shape(d);
   body->mutable_initializer()->set_row_offset(row_offset);
@@ -96,7 +96,7 @@ wire::frame create_by(const variable_ref& ref, const shape_type& full_shape, std
 
 wire::frame read_of(const variable_ref& ref) {
   wire::frame f;
-  runtime::encode_ref(*f.message.mutable_request()->mutable_read_variable()->mutable_variable(), ref);
+  wire::encode_ref(*f.message.mutable_request()->mutable_read_variable()->mutable_variable(), ref);
   return f;
 }
 
@@ -117,7 +117,7 @@ wire::frame read_rows(const variable_ref& ref, std::uint64_t begin, std::uint64_
 wire::frame update(const variable_ref& ref, wire::UpdateVariable::Op op, const tensor& value) {
   wire::frame f;
   auto* body = f.message.mutable_request()->mutable_update_variable();
-  runtime::encode_ref(*body->mutable_variable(), ref);
+  wire::encode_ref(*body->mutable_variable(), ref);
   body->set_op(op);
   wire::put_tensor(f, *body->mutable_value(), value);
   return f;
@@ -141,7 +141,7 @@ wire::frame apply(const variable_ref& ref, wire::Optimizer::Kind kind, const ten
                   const tensor* rows = nullptr) {
   wire::frame f;
   auto* body = f.message.mutable_request()->mutable_apply_gradient();
-  runtime::encode_ref(*body->mutable_variable(), ref);
+  wire::encode_ref(*body->mutable_variable(), ref);
   body->mutable_optimizer()->set_kind(kind);
   body->mutable_optimizer()->set_learning_rate(0.1);
   body->mutable_optimizer()->set_momentum(0.9);
@@ -155,14 +155,14 @@ wire::frame apply(const variable_ref& ref, wire::Optimizer::Kind kind, const ten
 
 wire::frame list_slots(const variable_ref& ref) {
   wire::frame f;
-  runtime::encode_ref(*f.message.mutable_request()->mutable_list_slots()->mutable_variable(), ref);
+  wire::encode_ref(*f.message.mutable_request()->mutable_list_slots()->mutable_variable(), ref);
   return f;
 }
 
 std::size_t num_slots(local_cluster& cluster, const variable_ref& ref) {
   wire::frame f = list_slots(ref);
   // ListSlots answers in Response.slots, which `call` does not return: count them here.
-  const auto hello = runtime::make_hello({"chief", 0, 0}, 1);
+  const auto hello = net::make_hello({"chief", 0, 0}, 1);
   asio::io_context io;
   auto response = asio::co_spawn(
       io,
@@ -171,7 +171,7 @@ std::size_t num_slots(local_cluster& cluster, const variable_ref& ref) {
         const std::string task = "ps:0";
         const auto address = cluster.spec.task_address("ps", 0);
         const transport_options options;
-        auto connection = co_await runtime::connect_to_task(task, address, hello, options);
+        auto connection = co_await net::connect_to_task(task, address, hello, options);
         connection->start(nullptr, nullptr);
         auto [ec, answer] =
             co_await connection->async_call(std::move(f), asio::experimental::as_tuple(asio::use_awaitable));
@@ -483,7 +483,7 @@ bool all_are(const tensor& t, float x) {
 
 // Serves `request` on `ps` as a server does (its segments go back to the pool afterwards); the
 // reply's tensor shares the ps's bytes as a reply being written would.
-reply serve_directly(runtime::ps_service& ps, wire::frame request) {
+reply serve_directly(ps::ps_service& ps, wire::frame request) {
   const wire::frame response = ps.handle(request);
   ps.recycle(std::move(request));
   reply out{response.message.response().status(), {}};
@@ -496,7 +496,7 @@ reply serve_directly(runtime::ps_service& ps, wire::frame request) {
 }  // namespace
 
 TEST_CASE("an assign adopts the received bytes and pools the storage it replaces; a reply holding it keeps it") {
-  runtime::ps_service ps("ps:0");
+  ps::ps_service ps("ps:0");
   const variable_ref v{"v", dtype::float32, {256, 256}, 0};
   constexpr std::size_t bytes = 256 * 256 * sizeof(float);
   REQUIRE(serve_directly(ps, create_from(v, filled_block(1))).status.code() == 0);
@@ -617,7 +617,7 @@ TEST_CASE("a read's answer is bounded from the request alone: its rows, or none 
   // (wire::connection::bound_answers_by).
   server_options options;
   options.max_variable_bytes = 1 << 20;
-  runtime::ps_service ps("ps:0", options);
+  ps::ps_service ps("ps:0", options);
   const variable_ref v{"v", dtype::float32, {256, 256}, 0};  // rows of 1 KiB, 256 KiB in all
   constexpr std::uint64_t row = 256 * sizeof(float);
   REQUIRE(serve_directly(ps, create_from(v, filled_block(1))).status.code() == 0);
@@ -644,7 +644,7 @@ TEST_CASE("a sparse read's reply of 1 MiB or more is a pooled buffer of its own 
   constexpr std::size_t width = 8192;
   server_options options;
   options.max_ps_bytes = std::uint64_t{1} << 30;  // a reply pool of up to 64 MiB, whatever the machine's memory
-  runtime::ps_service ps("ps:0", options);
+  ps::ps_service ps("ps:0", options);
   const variable_ref v{"v", dtype::float32, {1024, width}, 0};
   tensor rows = tensor::uninitialized(dtype::float32, {1024, width});
   for (std::size_t r = 0; r < 1024; ++r) std::fill_n(rows.mutable_data<float>() + r * width, width, static_cast<float>(r));
@@ -719,7 +719,7 @@ TEST_CASE("a sparse read's reply of 1 MiB or more is a pooled buffer of its own 
   CHECK(replies->bytes() == 0);
 
   // A pool gone first (the ps with it) leaves the reply valid; its buffer is then just released.
-  auto last = std::make_unique<runtime::ps_service>("ps:1", options);
+  auto last = std::make_unique<ps::ps_service>("ps:1", options);
   REQUIRE(serve_directly(*last, create_from(v, rows)).status.code() == 0);
   auto kept = serve_directly(*last, gather(v, ids(first_ids)));
   last.reset();
@@ -755,7 +755,7 @@ TEST_CASE("served over a connection, a pooled reply buffer is filled anew each t
 }
 
 TEST_CASE("an assign of the wrong shape, dtype or size changes neither the variable nor its storage") {
-  runtime::ps_service ps("ps:0");
+  ps::ps_service ps("ps:0");
   const variable_ref v{"v", dtype::float32, {256, 256}, 0};
   REQUIRE(serve_directly(ps, create_from(v, filled_block(5))).status.code() == 0);
   const std::byte* storage = serve_directly(ps, read_of(v)).value.bytes().data();

@@ -2,9 +2,9 @@
 // without it (or with another, or replaying a recorded handshake) is refused and changes nothing;
 // only the chief opens a session; the chief checks who answered.
 #include "local_cluster.hpp"
+#include "net/peer.hpp"
+#include "net/security.hpp"
 #include "raw_client.hpp"
-#include "runtime/peer.hpp"
-#include "runtime/security.hpp"
 
 #include <asio/experimental/as_tuple.hpp>
 #include <asio/read.hpp>
@@ -147,9 +147,9 @@ TEST_CASE("the handshake proofs are HMAC-SHA256 over the transcript docs/protoco
     return out;
   };
   const std::string key = "0123456789abcdef";
-  CHECK(hex(runtime::handshake_proof(key, runtime::handshake_side::accepting, hello, challenge)) ==
+  CHECK(hex(net::handshake_proof(key, net::handshake_side::accepting, hello, challenge)) ==
         "25753d1b5767d75db1f034d3b9408a4b7d9ffa9edf2b962a83040fb4a40e2384");
-  CHECK(hex(runtime::handshake_proof(key, runtime::handshake_side::connecting, hello, challenge)) ==
+  CHECK(hex(net::handshake_proof(key, net::handshake_side::connecting, hello, challenge)) ==
         "6bef5fef8a24821ab0c188e81c29794b76fd567cb29977fe3e95f92235439902");
 }
 
@@ -161,15 +161,15 @@ TEST_CASE("a stranger who proves a wrong secret to a server is refused by it") {
   f.kind = wire::frame_kind::hello;
   auto& hello = *f.message.mutable_hello() = hello_of("chief", 7);
   hello.set_to_job("ps");
-  hello.set_nonce(runtime::random_nonce());
+  hello.set_nonce(net::random_nonce());
   const wire::Hello sent = hello;
   c.send(wire::encode(std::move(f)));
   const auto challenge = c.read_frame();
   REQUIRE(challenge.kind == wire::frame_kind::challenge);
   wire::frame proof;
   proof.kind = wire::frame_kind::proof;
-  proof.message.mutable_proof()->set_proof(runtime::handshake_proof(
-      other_secret, runtime::handshake_side::connecting, sent, challenge.message.challenge()));
+  proof.message.mutable_proof()->set_proof(net::handshake_proof(
+      other_secret, net::handshake_side::connecting, sent, challenge.message.challenge()));
   c.send(wire::encode(std::move(proof)));
   const auto refused = pscoro::testing::refusal(c.read_until_closed());
   CHECK(contains(refused, "failed to prove the cluster secret (a different secret, or a replayed handshake)"));
@@ -181,7 +181,7 @@ TEST_CASE("a recorded handshake replayed on a new connection is refused") {
   // A real handshake, as the chief would do it, recorded byte for byte.
   wire::Hello hello = hello_of("chief", 7);
   hello.set_to_job("ps");
-  hello.set_nonce(runtime::random_nonce());
+  hello.set_nonce(net::random_nonce());
   wire::frame hello_frame;
   hello_frame.kind = wire::frame_kind::hello;
   *hello_frame.message.mutable_hello() = hello;
@@ -192,12 +192,12 @@ TEST_CASE("a recorded handshake replayed on a new connection is refused") {
     c.send(recorded_hello);
     const auto challenge = c.read_frame();
     REQUIRE(challenge.kind == wire::frame_kind::challenge);
-    CHECK(runtime::verify_handshake_proof(secret, runtime::handshake_side::accepting, hello,
+    CHECK(net::verify_handshake_proof(secret, net::handshake_side::accepting, hello,
                                           challenge.message.challenge(), challenge.message.challenge().proof()));
     wire::frame proof;
     proof.kind = wire::frame_kind::proof;
-    proof.message.mutable_proof()->set_proof(runtime::handshake_proof(
-        secret, runtime::handshake_side::connecting, hello, challenge.message.challenge()));
+    proof.message.mutable_proof()->set_proof(net::handshake_proof(
+        secret, net::handshake_side::connecting, hello, challenge.message.challenge()));
     recorded_proof = pscoro::testing::as_string(wire::encode(std::move(proof)));
     c.send(recorded_proof);
     const auto welcome = c.read_frame();

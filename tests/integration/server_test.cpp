@@ -1,9 +1,9 @@
 // Servers refuse what their role cannot do, and configuration they cannot use, with clear errors.
 #include "local_cluster.hpp"
+#include "net/peer.hpp"
 #include "raw_client.hpp"
-#include "runtime/peer.hpp"
-#include "runtime/values.hpp"
 #include "test_support.hpp"
+#include "wire/values.hpp"
 
 #include <asio/experimental/as_tuple.hpp>
 
@@ -19,7 +19,7 @@ namespace {
 
 const cluster_spec spec{{"ps", {"127.0.0.1:0"}}, {"worker", {"127.0.0.1:0"}}};
 
-wire::Hello chief_hello(std::uint64_t session) { return runtime::make_hello({"chief", 0, 0}, session); }
+wire::Hello chief_hello(std::uint64_t session) { return net::make_hello({"chief", 0, 0}, session); }
 
 // Sends `request` to `job`:0 of `cluster` after the handshake `hello` and returns the response
 // status; call() sends it as the chief of coordinator session `session` would.
@@ -31,7 +31,7 @@ wire::Status call_as(local_cluster& cluster, const std::string& job, wire::frame
   auto response = asio::co_spawn(
       io,
       [&]() -> asio::awaitable<wire::Status> {
-        auto connection = co_await runtime::connect_to_task(task, address, hello, options);
+        auto connection = co_await net::connect_to_task(task, address, hello, options);
         connection->start(nullptr, nullptr);
         auto [ec, reply] =
             co_await connection->async_call(std::move(request), asio::experimental::as_tuple(asio::use_awaitable));
@@ -58,7 +58,7 @@ remote_error refusal_of(local_cluster& cluster, const std::string& job, const wi
       io,
       [&]() -> asio::awaitable<std::optional<remote_error>> {
         try {
-          co_await runtime::connect_to_task(task, address, hello, options);
+          co_await net::connect_to_task(task, address, hello, options);
         } catch (const remote_error& e) {
           co_return e;
         }
@@ -176,7 +176,7 @@ TEST_CASE("only the chief ends the job or deletes a variable: a worker is refuse
   local_cluster cluster(1, 1, {}, options);
   wire::frame create;
   auto* variable = create.message.mutable_request()->mutable_create_variable();
-  runtime::encode_ref(*variable->mutable_variable(), variable_ref{"w", dtype::float32, {2}, 0});
+  wire::encode_ref(*variable->mutable_variable(), variable_ref{"w", dtype::float32, {2}, 0});
   variable->mutable_initializer()->set_kind(wire::Initializer::ONES);
   variable->mutable_initializer()->add_full_shape(2);
   REQUIRE(call(cluster, "ps", std::move(create)).code() == 0);  // opens session 1
@@ -186,18 +186,18 @@ TEST_CASE("only the chief ends the job or deletes a variable: a worker is refuse
     f.message.mutable_request()->mutable_shutdown()->set_exit_code(code);
     return f;
   };
-  const auto refused = call_as(cluster, "ps", shutdown(0), runtime::make_hello({"worker", 0, 7}, 1));
+  const auto refused = call_as(cluster, "ps", shutdown(0), net::make_hello({"worker", 0, 7}, 1));
   CHECK(refused.code() == static_cast<int>(errc::permission_denied));
   CHECK(contains(refused.message(), "ps:0 takes Shutdown only from the chief; worker:0 at 127.0.0.1:"));
   CHECK(contains(refused.message(), " may not end the job"));
   wire::frame read;
-  runtime::encode_ref(*read.message.mutable_request()->mutable_read_variable()->mutable_variable(),
+  wire::encode_ref(*read.message.mutable_request()->mutable_read_variable()->mutable_variable(),
                       variable_ref{"w", dtype::float32, {2}, 0});
   CHECK(call(cluster, "ps", read).code() == 0);  // the variable is still there
   wire::frame remove;
-  runtime::encode_ref(*remove.message.mutable_request()->mutable_delete_variable()->mutable_variable(),
+  wire::encode_ref(*remove.message.mutable_request()->mutable_delete_variable()->mutable_variable(),
                       variable_ref{"w", dtype::float32, {2}, 0});
-  const auto not_removed = call_as(cluster, "ps", remove, runtime::make_hello({"worker", 0, 7}, 1));
+  const auto not_removed = call_as(cluster, "ps", remove, net::make_hello({"worker", 0, 7}, 1));
   CHECK(not_removed.code() == static_cast<int>(errc::permission_denied));
   CHECK(contains(not_removed.message(), " may not delete variables"));
   CHECK(call(cluster, "ps", read).code() == 0);
@@ -255,7 +255,7 @@ TEST_CASE("a ps runs no functions and a worker holds no variables") {
   CHECK(status.message() == "ps:0 is a parameter server and holds no iterators");
 
   wire::frame read;
-  runtime::encode_ref(*read.message.mutable_request()->mutable_read_variable()->mutable_variable(),
+  wire::encode_ref(*read.message.mutable_request()->mutable_read_variable()->mutable_variable(),
                       variable_ref{"w", dtype::float32, {2}, 0});
   status = call(cluster, "worker", std::move(read));
   CHECK(status.code() == static_cast<int>(errc::failed_precondition));
@@ -291,7 +291,7 @@ TEST_CASE("a worker keeps a per-worker variable only with a matching initial val
     wire::frame f;
     auto* body = f.message.mutable_request()->mutable_create_per_worker_variable();
     body->set_id(id);
-    runtime::encode_ref(*body->mutable_variable(), variable_ref{"v", dtype::float32, std::move(shape), 0});
+    wire::encode_ref(*body->mutable_variable(), variable_ref{"v", dtype::float32, std::move(shape), 0});
     if (initial) {
       auto value = tensor::uninitialized(dtype::float32, *initial);
       for (std::size_t i = 0; i < value.size(); ++i) value.mutable_data<float>()[i] = static_cast<float>(i);
@@ -303,7 +303,7 @@ TEST_CASE("a worker keeps a per-worker variable only with a matching initial val
     wire::frame f;
     auto* body = f.message.mutable_request()->mutable_read_per_worker_variable();
     body->set_id(id);
-    runtime::encode_ref(*body->mutable_variable(), variable_ref{"v", type, {2}, 0});
+    wire::encode_ref(*body->mutable_variable(), variable_ref{"v", type, {2}, 0});
     return f;
   };
   auto status = call(cluster, "ps", create(5, {2}, shape_type{2}));
@@ -338,7 +338,7 @@ TEST_CASE("a tensor that does not match its segment fails that request only") {
   local_cluster cluster(1, 1);
   wire::frame create;
   auto* body = create.message.mutable_request()->mutable_create_variable();
-  runtime::encode_ref(*body->mutable_variable(), variable_ref{"w", dtype::float32, {4}, 0});
+  wire::encode_ref(*body->mutable_variable(), variable_ref{"w", dtype::float32, {4}, 0});
   wire::put_tensor(create, *body->mutable_initial_value(), tensor::uninitialized(dtype::float32, {4}));
   body->mutable_initial_value()->set_shape(0, 5);  // claims 20 bytes, the segment has 16
   auto status = call(cluster, "ps", std::move(create));
@@ -370,7 +370,7 @@ TEST_CASE("row ranges and slots on a ps: bad ranges, shapes and owners are refus
   const variable_ref w{"w", dtype::float32, {3, 2}, 0};
   wire::frame make_w;
   auto* make = make_w.message.mutable_request()->mutable_create_variable();
-  runtime::encode_ref(*make->mutable_variable(), w);
+  wire::encode_ref(*make->mutable_variable(), w);
   make->mutable_initializer()->set_kind(wire::Initializer::ONES);
   make->mutable_initializer()->add_full_shape(3);
   make->mutable_initializer()->add_full_shape(2);
@@ -378,7 +378,7 @@ TEST_CASE("row ranges and slots on a ps: bad ranges, shapes and owners are refus
   auto read_rows = [&](std::uint64_t begin, std::uint64_t end) {
     wire::frame f;
     auto* read = f.message.mutable_request()->mutable_read_variable();
-    runtime::encode_ref(*read->mutable_variable(), w);
+    wire::encode_ref(*read->mutable_variable(), w);
     read->mutable_rows()->set_begin(begin);
     read->mutable_rows()->set_end(end);
     return call(cluster, "ps", std::move(f));
@@ -390,7 +390,7 @@ TEST_CASE("row ranges and slots on a ps: bad ranges, shapes and owners are refus
   CHECK(read_rows(2, 1).code() == static_cast<int>(errc::invalid_argument));
   wire::frame both;
   auto* read = both.message.mutable_request()->mutable_read_variable();
-  runtime::encode_ref(*read->mutable_variable(), w);
+  wire::encode_ref(*read->mutable_variable(), w);
   read->mutable_rows()->set_end(1);
   wire::put_tensor(both, *read->mutable_indices(), tensor::uninitialized(dtype::int64, {1}));
   status = call(cluster, "ps", std::move(both));
@@ -399,7 +399,7 @@ TEST_CASE("row ranges and slots on a ps: bad ranges, shapes and owners are refus
 
   wire::frame assign;
   auto* update = assign.message.mutable_request()->mutable_update_variable();
-  runtime::encode_ref(*update->mutable_variable(), w);
+  wire::encode_ref(*update->mutable_variable(), w);
   update->mutable_rows()->set_begin(1);
   update->mutable_rows()->set_end(3);
   wire::put_tensor(assign, *update->mutable_value(), tensor::uninitialized(dtype::float32, {1, 2}));
@@ -409,7 +409,7 @@ TEST_CASE("row ranges and slots on a ps: bad ranges, shapes and owners are refus
 
   wire::frame slot;
   auto* create = slot.message.mutable_request()->mutable_create_variable();
-  runtime::encode_ref(*create->mutable_variable(), variable_ref{"v/adam/m", dtype::float32, {3, 2}, 0});
+  wire::encode_ref(*create->mutable_variable(), variable_ref{"v/adam/m", dtype::float32, {3, 2}, 0});
   create->mutable_initializer()->set_kind(wire::Initializer::ZEROS);
   create->mutable_initializer()->add_full_shape(3);
   create->mutable_initializer()->add_full_shape(2);
@@ -419,7 +419,7 @@ TEST_CASE("row ranges and slots on a ps: bad ranges, shapes and owners are refus
   CHECK(contains(status.message(), "'v/adam/m' cannot be a slot of 'v'"));
 
   wire::frame list;
-  runtime::encode_ref(*list.message.mutable_request()->mutable_list_slots()->mutable_variable(), w);
+  wire::encode_ref(*list.message.mutable_request()->mutable_list_slots()->mutable_variable(), w);
   CHECK(call(cluster, "ps", std::move(list)).code() == 0);
 }
 
@@ -428,7 +428,7 @@ TEST_CASE("a new coordinator session releases the old one's variables; the old s
   auto create_w = [] {
     wire::frame f;
     auto* make = f.message.mutable_request()->mutable_create_variable();
-    runtime::encode_ref(*make->mutable_variable(), variable_ref{"w", dtype::float32, {2}, 0});
+    wire::encode_ref(*make->mutable_variable(), variable_ref{"w", dtype::float32, {2}, 0});
     make->mutable_initializer()->set_kind(wire::Initializer::ONES);
     make->mutable_initializer()->add_full_shape(2);
     return f;

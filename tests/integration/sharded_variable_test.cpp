@@ -72,7 +72,7 @@ asio::awaitable<void> check_lookup(sharded_variable<float> table, const xt::xarr
 
 }  // namespace
 
-// 3 shards: ids are grouped by shard in one pass; 9: counted first (src/sharded.cpp,
+// 3 shards: ids are grouped by shard in one pass; 9: counted first (src/client/sharded.cpp,
 // one_pass_max_shards).
 TEST_CASE("lookups of sorted, unsorted and repeated ids, small and large, alone and at once, return their rows") {
   for (const std::int64_t shards : {3, 9}) {
@@ -114,7 +114,7 @@ TEST_CASE("lookups of sorted, unsorted and repeated ids, small and large, alone 
           }
           // Repeats in unsorted ids are found by a reply index per row (ids >= rows / 8 per shard), a
           // bit per row (>= rows / 256) or a hash table (fewer), or not looked for when a shard's
-          // first 2,048 ids hardly repeat: src/sharded.cpp, plan_part.
+          // first 2,048 ids hardly repeat: src/client/sharded.cpp, plan_part.
           const std::vector<std::vector<std::int64_t>> cases{
               all,                                   // sorted, distinct: each shard's reply lands in place
               shuffled,                              // unsorted, distinct: the first ids do not repeat, asked as they are
@@ -164,7 +164,7 @@ TEST_CASE("lookups of sorted, unsorted and repeated ids, small and large, alone 
   }
 }
 
-// 3 shards: ids and rows are grouped by shard in one pass; 9: counted first (src/sharded.cpp,
+// 3 shards: ids and rows are grouped by shard in one pass; 9: counted first (src/client/sharded.cpp,
 // one_pass_max_shards).
 TEST_CASE("scatters of sorted, unsorted and repeated ids, at once, equal the same scatters on a dense variable") {
   for (const std::int64_t shards : {3, 9}) {

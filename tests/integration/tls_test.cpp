@@ -2,8 +2,8 @@
 // a peer without TLS, or with a certificate of another CA, is refused on both sides and changes
 // nothing. Certificates are made at test time with the `openssl` command.
 #include "local_cluster.hpp"
+#include "net/peer.hpp"
 #include "raw_client.hpp"
-#include "runtime/peer.hpp"
 #include "test_certificates.hpp"
 
 using namespace pscoro;

@@ -2,7 +2,7 @@
 // must refuse it (with a reason, where it can), close that connection, and keep serving others.
 #include "local_cluster.hpp"
 #include "raw_client.hpp"
-#include "runtime/values.hpp"
+#include "wire/values.hpp"
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -267,7 +267,7 @@ TEST_CASE("a ps counts a read's answer from the read's arrival: reads waiting fo
   const variable_ref v{"bounded", dtype::float32, {1024, 1024}, 0};  // rows of 4 KiB, 4 MiB in all
   wire::frame create = request_frame(1);
   auto* created = create.message.mutable_request()->mutable_create_variable();
-  runtime::encode_ref(*created->mutable_variable(), v);
+  wire::encode_ref(*created->mutable_variable(), v);
   tensor zeros = tensor::uninitialized(dtype::float32, {1024, 1024});
   std::fill_n(zeros.mutable_data<float>(), zeros.size(), 0.0f);
   wire::put_tensor(create, *created->mutable_initial_value(), zeros);
@@ -276,12 +276,12 @@ TEST_CASE("a ps counts a read's answer from the read's arrival: reads waiting fo
 
   wire::frame gather = request_frame(2);  // row 0, 4096 times: 16 MiB
   auto* sparse = gather.message.mutable_request()->mutable_read_variable();
-  runtime::encode_ref(*sparse->mutable_variable(), v);
+  wire::encode_ref(*sparse->mutable_variable(), v);
   wire::put_tensor(gather, *sparse->mutable_indices(), detail::vector_tensor(std::vector<std::int64_t>(4096, 0)));
   c.send(wire::encode(std::move(gather)));
   for (std::uint64_t id = 3; id <= 10; ++id) {
     wire::frame read = request_frame(id);
-    runtime::encode_ref(*read.message.mutable_request()->mutable_read_variable()->mutable_variable(), v);
+    wire::encode_ref(*read.message.mutable_request()->mutable_read_variable()->mutable_variable(), v);
     c.send(wire::encode(std::move(read)));
   }
   wire::frame heartbeat = request_frame(11);

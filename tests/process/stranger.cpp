@@ -6,8 +6,8 @@
 //
 // Prints "refused: <code>: <message>" and exits 0 when the task refuses it; prints what it did and
 // exits 3 when it got in.
-#include "runtime/peer.hpp"
-#include "runtime/security.hpp"
+#include "net/peer.hpp"
+#include "net/security.hpp"
 
 #include <pscoro/error.hpp>
 
@@ -24,12 +24,12 @@ using namespace pscoro;
 namespace {
 
 asio::awaitable<int> intrude(std::string address, std::string task, std::string job, transport_options transport) {
-  const auto incarnation = runtime::new_incarnation();
-  const auto hello = runtime::make_hello({job, 0, incarnation}, incarnation);
+  const auto incarnation = net::new_incarnation();
+  const auto hello = net::make_hello({job, 0, incarnation}, incarnation);
   transport.connect_timeout = std::chrono::seconds(5);
   std::shared_ptr<wire::connection> connection;
   try {
-    connection = co_await runtime::connect_to_task(task, address, hello, transport);
+    connection = co_await net::connect_to_task(task, address, hello, transport);
   } catch (const error& e) {
     std::printf("refused: %s: %s\n", e.code().message().c_str(), e.what());
     co_return 0;
@@ -75,7 +75,7 @@ int main(int argc, char** argv) {
     if (flag == "--job") {
       job = argv[i + 1];
     } else if (flag == "--secret-file") {
-      transport.auth_secret = runtime::read_secret_file(argv[i + 1]);
+      transport.auth_secret = net::read_secret_file(argv[i + 1]);
     } else if (flag == "--tls") {
       const std::string files = argv[i + 1];
       const auto first = files.find(','), second = files.rfind(',');

@@ -2,7 +2,7 @@
 // fed back by hand, no sockets. The executor only delivers completion handlers.
 #include "test_support.hpp"
 
-#include "runtime/closure_queue.hpp"
+#include "chief/closure_queue.hpp"
 
 #include <pscoro/error.hpp>
 
@@ -14,8 +14,8 @@
 #include <vector>
 
 using namespace pscoro;
-using detail::closure;
-using detail::closure_queue;
+using chief::closure;
+using chief::closure_queue;
 using testing::code_of;
 using testing::message_of;
 

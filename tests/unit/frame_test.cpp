@@ -1,7 +1,7 @@
 #include "wire/frame.hpp"
 
-#include "runtime/values.hpp"
 #include "test_support.hpp"
+#include "wire/values.hpp"
 
 #include <asio/co_spawn.hpp>
 #include <asio/io_context.hpp>
@@ -243,9 +243,9 @@ TEST_CASE("lists nest up to max_value_depth on the wire; deeper is refused, not 
   for (const std::size_t depth : {std::size_t{1}, max_value_depth}) {
     wire::frame f;
     auto& out = *f.message.mutable_response()->mutable_result();
-    runtime::encode_value(f, out, nested(depth));
+    wire::encode_value(f, out, nested(depth));
     std::size_t budget = max_value_items;
-    value back = runtime::decode_value(f, out, budget);
+    value back = wire::decode_value(f, out, budget);
     CHECK(budget == max_value_items - depth - 1);  // each list and the number
     for (std::size_t i = 0; i < depth; ++i) {
       auto* list = std::get_if<value_list>(&back);
@@ -258,9 +258,9 @@ TEST_CASE("lists nest up to max_value_depth on the wire; deeper is refused, not 
   }
   wire::frame f;
   auto& out = *f.message.mutable_response()->mutable_result();
-  runtime::encode_value(f, out, nested(max_value_depth + 1));
+  wire::encode_value(f, out, nested(max_value_depth + 1));
   std::size_t budget = max_value_items;
-  CHECK_THROWS_WITH_AS((void)runtime::decode_value(f, out, budget),
+  CHECK_THROWS_WITH_AS((void)wire::decode_value(f, out, budget),
                        "a value nests lists more than 32 deep (pscoro::max_value_depth)", error);
 }
 
@@ -275,18 +275,18 @@ TEST_CASE("the values of one request or answer are at most max_value_items, howe
   // Each in a frame of its own: encode_value adds to the value it is given.
   wire::frame fits_frame, over_frame, half_frame;
   auto& fits = *fits_frame.message.mutable_response()->mutable_result();
-  runtime::encode_value(fits_frame, fits, lists(256, 254));  // 1 + 256 + 256 * 254 = 65281 values
+  wire::encode_value(fits_frame, fits, lists(256, 254));  // 1 + 256 + 256 * 254 = 65281 values
   std::size_t budget = max_value_items;
-  CHECK(std::get<value_list>(runtime::decode_value(fits_frame, fits, budget)).items.size() == 256);
+  CHECK(std::get<value_list>(wire::decode_value(fits_frame, fits, budget)).items.size() == 256);
   CHECK(budget == max_value_items - 65281);
   auto& over = *over_frame.message.mutable_response()->mutable_result();
-  runtime::encode_value(over_frame, over, lists(256, 255));  // 1 + 256 + 256 * 255 = 65537: one too many
+  wire::encode_value(over_frame, over, lists(256, 255));  // 1 + 256 + 256 * 255 = 65537: one too many
   budget = max_value_items;
-  CHECK_THROWS_WITH_AS((void)runtime::decode_value(over_frame, over, budget), std::string(too_many).c_str(), error);
+  CHECK_THROWS_WITH_AS((void)wire::decode_value(over_frame, over, budget), std::string(too_many).c_str(), error);
   // The arguments of one request share the budget: two halves that fit alone do not fit together.
   auto& half = *half_frame.message.mutable_response()->mutable_result();
-  runtime::encode_value(half_frame, half, value_list{std::vector<value>(40'000, true)});
+  wire::encode_value(half_frame, half, value_list{std::vector<value>(40'000, true)});
   budget = max_value_items;
-  (void)runtime::decode_value(half_frame, half, budget);
-  CHECK_THROWS_WITH_AS((void)runtime::decode_value(half_frame, half, budget), std::string(too_many).c_str(), error);
+  (void)wire::decode_value(half_frame, half, budget);
+  CHECK_THROWS_WITH_AS((void)wire::decode_value(half_frame, half, budget), std::string(too_many).c_str(), error);
 }

@@ -5,8 +5,8 @@
 #include <pscoro/error.hpp>
 #include <pscoro/log.hpp>
 
-#include "runtime/environment.hpp"
-#include "runtime/log.hpp"
+#include "common/environment.hpp"
+#include "common/log.hpp"
 
 #include <nlohmann/json.hpp>
 
@@ -175,12 +175,12 @@ TEST_CASE("the lines a sink formats with format_log_line are pscoro's own") {
 
 TEST_CASE("an environment choice is matched without case, and a bad one names the choices") {
   ::setenv("PSCORO_TEST_CHOICE", "Warning", 1);
-  CHECK(runtime::choice_from_environment("PSCORO_TEST_CHOICE", {"debug", "info", "warning"}) == std::size_t{2});
+  CHECK(common::choice_from_environment("PSCORO_TEST_CHOICE", {"debug", "info", "warning"}) == std::size_t{2});
   ::setenv("PSCORO_TEST_CHOICE", "", 1);
-  CHECK_FALSE(runtime::choice_from_environment("PSCORO_TEST_CHOICE", {"debug"}).has_value());
+  CHECK_FALSE(common::choice_from_environment("PSCORO_TEST_CHOICE", {"debug"}).has_value());
   ::setenv("PSCORO_TEST_CHOICE", "verbose", 1);
   try {
-    (void)runtime::choice_from_environment("PSCORO_TEST_CHOICE", {"debug", "info"});
+    (void)common::choice_from_environment("PSCORO_TEST_CHOICE", {"debug", "info"});
     FAIL("no error");
   } catch (const error& e) {
     CHECK(e.code() == errc::invalid_argument);

@@ -1,6 +1,6 @@
 // What a task says about itself before it connects (its address, its Hello, its incarnation), and
 // how callers wait for a connection.
-#include "runtime/peer.hpp"
+#include "net/peer.hpp"
 
 #include "test_support.hpp"
 
@@ -17,22 +17,22 @@ using pscoro::testing::code_of;
 using pscoro::testing::message_of;
 
 TEST_CASE("an address is formatted as split_address reads it, an IPv6 host in brackets") {
-  CHECK(runtime::format_address("127.0.0.1", "4567") == "127.0.0.1:4567");
-  CHECK(runtime::format_address("ps-0.cluster.local", "2222") == "ps-0.cluster.local:2222");
-  CHECK(runtime::format_address("::1", "4567") == "[::1]:4567");
+  CHECK(common::format_address("127.0.0.1", "4567") == "127.0.0.1:4567");
+  CHECK(common::format_address("ps-0.cluster.local", "2222") == "ps-0.cluster.local:2222");
+  CHECK(common::format_address("::1", "4567") == "[::1]:4567");
   for (const std::string address : {"127.0.0.1:4567", "[::1]:4567", "localhost:0"}) {
-    const auto split = runtime::split_address(address, "ps:0");
-    CHECK(runtime::format_address(split.first, split.second) == address);
+    const auto split = common::split_address(address, "ps:0");
+    CHECK(common::format_address(split.first, split.second) == address);
   }
 }
 
 TEST_CASE("an endpoint is formatted like an address") {
-  CHECK(runtime::format_address(asio::ip::tcp::endpoint(asio::ip::make_address("10.0.0.7"), 2222)) == "10.0.0.7:2222");
-  CHECK(runtime::format_address(asio::ip::tcp::endpoint(asio::ip::address_v6::loopback(), 80)) == "[::1]:80");
+  CHECK(common::format_address(asio::ip::tcp::endpoint(asio::ip::make_address("10.0.0.7"), 2222)) == "10.0.0.7:2222");
+  CHECK(common::format_address(asio::ip::tcp::endpoint(asio::ip::address_v6::loopback(), 80)) == "[::1]:80");
 }
 
 TEST_CASE("a Hello names the task, its incarnation and its session in this protocol version") {
-  const auto hello = runtime::make_hello({"worker", 3, 0xabcdef}, 42);
+  const auto hello = net::make_hello({"worker", 3, 0xabcdef}, 42);
   CHECK(hello.protocol_version() == wire::protocol_version);
   CHECK(hello.job() == "worker");
   CHECK(hello.task_index() == 3);
@@ -43,7 +43,7 @@ TEST_CASE("a Hello names the task, its incarnation and its session in this proto
 }
 
 TEST_CASE("an incarnation is never 0, the session of no one") {
-  for (int i = 0; i < 100; ++i) CHECK(runtime::new_incarnation() != 0);
+  for (int i = 0; i < 100; ++i) CHECK(net::new_incarnation() != 0);
 }
 
 namespace {
@@ -58,7 +58,7 @@ struct connection_outcome {
 // Waits for `ps`'s connection as a closure's operation does: in a thread of execution whose
 // cancellation state records a cancellation without aborting what it waits on (as
 // worker_service::run_cancellable sets it up).
-asio::awaitable<void> get_as_closure(runtime::peer* ps, connection_outcome* outcome) {
+asio::awaitable<void> get_as_closure(net::peer* ps, connection_outcome* outcome) {
   co_await asio::this_coro::reset_cancellation_state(asio::enable_terminal_cancellation(),
                                                      asio::disable_cancellation());
   co_await asio::this_coro::throw_if_cancelled(false);
@@ -74,10 +74,10 @@ asio::awaitable<void> get_as_closure(runtime::peer* ps, connection_outcome* outc
 asio::awaitable<void> accept_one(asio::ip::tcp::acceptor* acceptor, transport_options options,
                                  std::shared_ptr<wire::connection>* accepted) {
   auto socket = co_await acceptor->async_accept(asio::use_awaitable);
-  auto connection = std::make_shared<wire::connection>(std::move(socket), runtime::limits_of(options), "the worker");
-  const runtime::task_identity self{"ps", 0, 7};
-  if (co_await runtime::receive_hello(connection, options, self)) {
-    runtime::welcome(connection, self);
+  auto connection = std::make_shared<wire::connection>(std::move(socket), net::limits_of(options), "the worker");
+  const net::task_identity self{"ps", 0, 7};
+  if (co_await net::receive_hello(connection, options, self)) {
+    net::welcome(connection, self);
     *accepted = connection;
   }
 }
@@ -96,8 +96,8 @@ TEST_CASE("a closure cancelled while it waits to reach a ps stops waiting; the a
   // Far longer than the test: a cancelled caller still waiting when it ends fails the checks
   // below with this attempt's unavailable error, not a hang.
   options.connect_timeout = std::chrono::seconds(20);
-  runtime::peer ps(io.get_executor(), "ps:0", runtime::format_address(endpoint),
-                   runtime::make_hello({"worker", 0, 11}, 0), options);
+  net::peer ps(io.get_executor(), "ps:0", common::format_address(endpoint),
+                   net::make_hello({"worker", 0, 11}, 0), options);
 
   asio::cancellation_signal first_closure, second_closure;
   connection_outcome first, second;

@@ -3,9 +3,9 @@
 // ps destroyed while a kernel runs gives its waiting requests a clear error. A test hook holds the
 // kernel on the pool thread until the test lets it go, so nothing here depends on timing: the
 // executor is driven with poll() (every request that can make progress does) before the release.
-#include "runtime/ps_service.hpp"
-#include "runtime/values.hpp"
+#include "ps/ps_service.hpp"
 #include "wire/frame.hpp"
+#include "wire/values.hpp"
 
 #include <pscoro/server.hpp>
 
@@ -41,7 +41,7 @@ wire::frame kp_create(const std::string& name, const tensor& initial) {
   wire::frame f;
   f.kind = wire::frame_kind::request;
   auto* body = f.message.mutable_request()->mutable_create_variable();
-  runtime::encode_ref(*body->mutable_variable(), kp_ref(name));
+  wire::encode_ref(*body->mutable_variable(), kp_ref(name));
   wire::put_tensor(f, *body->mutable_initial_value(), initial);
   return f;
 }
@@ -51,7 +51,7 @@ wire::frame kp_update(const std::string& name, wire::UpdateVariable::Op op, cons
   wire::frame f;
   f.kind = wire::frame_kind::request;
   auto* body = f.message.mutable_request()->mutable_update_variable();
-  runtime::encode_ref(*body->mutable_variable(), kp_ref(name));
+  wire::encode_ref(*body->mutable_variable(), kp_ref(name));
   body->set_op(op);
   if (rows) {
     body->mutable_rows()->set_begin(rows->first);
@@ -65,7 +65,7 @@ wire::frame kp_adagrad(const std::string& name, const tensor& gradient) {
   wire::frame f;
   f.kind = wire::frame_kind::request;
   auto* body = f.message.mutable_request()->mutable_apply_gradient();
-  runtime::encode_ref(*body->mutable_variable(), kp_ref(name));
+  wire::encode_ref(*body->mutable_variable(), kp_ref(name));
   body->mutable_optimizer()->set_kind(wire::Optimizer::ADAGRAD);
   body->mutable_optimizer()->set_learning_rate(0.1);
   body->mutable_optimizer()->set_initial_accumulator_value(0.1);
@@ -77,7 +77,7 @@ wire::frame kp_adagrad(const std::string& name, const tensor& gradient) {
 wire::frame kp_read(const std::string& name) {
   wire::frame f;
   f.kind = wire::frame_kind::request;
-  runtime::encode_ref(*f.message.mutable_request()->mutable_read_variable()->mutable_variable(), kp_ref(name));
+  wire::encode_ref(*f.message.mutable_request()->mutable_read_variable()->mutable_variable(), kp_ref(name));
   return f;
 }
 
@@ -86,7 +86,7 @@ wire::frame kp_gather(const std::string& name, const std::vector<std::int64_t>& 
   wire::frame f;
   f.kind = wire::frame_kind::request;
   auto* body = f.message.mutable_request()->mutable_read_variable();
-  runtime::encode_ref(*body->mutable_variable(), kp_ref(name));
+  wire::encode_ref(*body->mutable_variable(), kp_ref(name));
   wire::put_tensor(f, *body->mutable_indices(), detail::vector_tensor(ids));
   return f;
 }
@@ -94,7 +94,7 @@ wire::frame kp_gather(const std::string& name, const std::vector<std::int64_t>& 
 wire::frame kp_delete(const std::string& name) {
   wire::frame f;
   f.kind = wire::frame_kind::request;
-  runtime::encode_ref(*f.message.mutable_request()->mutable_delete_variable()->mutable_variable(), kp_ref(name));
+  wire::encode_ref(*f.message.mutable_request()->mutable_delete_variable()->mutable_variable(), kp_ref(name));
   return f;
 }
 
@@ -164,7 +164,7 @@ struct kp_fixture {
   }
 
   asio::io_context io;
-  std::optional<runtime::ps_service> ps;
+  std::optional<ps::ps_service> ps;
   std::shared_ptr<std::atomic<int>> held = std::make_shared<std::atomic<int>>(0);
   std::shared_ptr<std::atomic<bool>> released = std::make_shared<std::atomic<bool>>(false);
   std::vector<std::string> order;
@@ -187,7 +187,7 @@ TEST_CASE("requests for one variable are applied in arrival order while its kern
       {"adagrad 2", kp_adagrad("w", kp_values(0.75f, -0.02f))},
       {"read 2", kp_read("w")},
   };
-  runtime::ps_service sequential("ps:1");
+  ps::ps_service sequential("ps:1");
   REQUIRE(kp_code(sequential.handle(kp_create("w", kp_values(0, 1)))) == 0);
   std::map<std::string, wire::frame> expected;
   for (const auto& [tag, request] : requests) expected.emplace(tag, sequential.handle(request));
@@ -319,14 +319,14 @@ TEST_CASE("a small request on an idle variable runs on the executor at once; a b
   auto big = [&](const std::string& name) { return variable_ref{name, dtype::float32, {big_rows, kp_cols}, 0}; };
   wire::frame create;
   create.kind = wire::frame_kind::request;
-  runtime::encode_ref(*create.message.mutable_request()->mutable_create_variable()->mutable_variable(), big("big"));
+  wire::encode_ref(*create.message.mutable_request()->mutable_create_variable()->mutable_variable(), big("big"));
   wire::put_tensor(create, *create.message.mutable_request()->mutable_create_variable()->mutable_initial_value(),
                    kp_values(1, 0, big_rows));
   f.send("create big", std::move(create));
   wire::frame add;
   add.kind = wire::frame_kind::request;
   auto* body = add.message.mutable_request()->mutable_update_variable();
-  runtime::encode_ref(*body->mutable_variable(), big("big"));
+  wire::encode_ref(*body->mutable_variable(), big("big"));
   body->set_op(wire::UpdateVariable::ADD);
   wire::put_tensor(add, *body->mutable_value(), kp_values(2, 0, big_rows));
   f.send("add big", std::move(add));
@@ -473,7 +473,7 @@ TEST_CASE("an integer division's divisors are scanned on the pool: a zero is ref
   };
   wire::frame create;
   create.kind = wire::frame_kind::request;
-  runtime::encode_ref(*create.message.mutable_request()->mutable_create_variable()->mutable_variable(), ref);
+  wire::encode_ref(*create.message.mutable_request()->mutable_create_variable()->mutable_variable(), ref);
   wire::put_tensor(create, *create.message.mutable_request()->mutable_create_variable()->mutable_initial_value(),
                    ints(12));
   f.send("create n", std::move(create));
@@ -481,7 +481,7 @@ TEST_CASE("an integer division's divisors are scanned on the pool: a zero is ref
     wire::frame div;
     div.kind = wire::frame_kind::request;
     auto* body = div.message.mutable_request()->mutable_update_variable();
-    runtime::encode_ref(*body->mutable_variable(), ref);
+    wire::encode_ref(*body->mutable_variable(), ref);
     body->set_op(wire::UpdateVariable::DIV);
     wire::put_tensor(div, *body->mutable_value(), divisors);
     return div;
@@ -492,7 +492,7 @@ TEST_CASE("an integer division's divisors are scanned on the pool: a zero is ref
   f.send("divide by 3", divide(ints(3)));
   wire::frame read;
   read.kind = wire::frame_kind::request;
-  runtime::encode_ref(*read.message.mutable_request()->mutable_read_variable()->mutable_variable(), ref);
+  wire::encode_ref(*read.message.mutable_request()->mutable_read_variable()->mutable_variable(), ref);
   f.send("read n", std::move(read));
   f.finish();
   CHECK(kp_joined(f.order) == kp_joined(kp_list({"create n", "divide by a zero", "divide by 3", "read n"})));

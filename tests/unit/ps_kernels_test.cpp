@@ -1,7 +1,7 @@
-// A ps's sparse optimizer steps (runtime::kernels::apply_sparse): repeated ids are summed first
+// A ps's sparse optimizer steps (ps::kernels::apply_sparse): repeated ids are summed first
 // whichever way the kernel finds them (a bit per row for a variable of few rows per id, a hash table
 // of the ids for a huge one), and ids asked once are stepped as they are.
-#include "runtime/ps_kernels.hpp"
+#include "ps/kernels.hpp"
 
 #include <doctest/doctest.h>
 
@@ -26,7 +26,7 @@ std::pair<std::vector<float>, std::vector<float>> adagrad_step(std::size_t rows,
   std::vector<float> variable(rows * width, 0.5f), accumulator(rows * width, 0.1f);
   std::byte* slots[] = {reinterpret_cast<std::byte*>(accumulator.data())};
   const optimizer opt = optimizers::adagrad{.learning_rate = 0.1};
-  runtime::kernels::apply_sparse(opt, dtype::float32, reinterpret_cast<std::byte*>(variable.data()), rows, slots, 1,
+  ps::kernels::apply_sparse(opt, dtype::float32, reinterpret_cast<std::byte*>(variable.data()), rows, slots, 1,
                                  ids, reinterpret_cast<const std::byte*>(gradient.data()), width);
   return {std::vector<float>(variable.begin(), variable.begin() + compared * width),
           std::vector<float>(accumulator.begin(), accumulator.begin() + compared * width)};

@@ -1,11 +1,11 @@
-// The buffers a thread keeps for its lookups and scatters (runtime::scratch_cache): reused while
+// The buffers a thread keeps for its lookups and scatters (client::scratch_cache): reused while
 // free, never while a slice lives, and not kept for ever after one huge operation.
-#include "runtime/scratch_buffers.hpp"
+#include "client/scratch_buffers.hpp"
 
 #include <doctest/doctest.h>
 
 using namespace pscoro;
-using runtime::scratch_cache;
+using client::scratch_cache;
 using namespace std::chrono_literals;
 
 namespace {

@@ -1,7 +1,7 @@
 // A worker's per-worker values built on its build thread (worker_service::create_value): what
 // arrives while the user's function still runs decides whether the value is kept.
-#include "runtime/worker_service.hpp"
 #include "test_support.hpp"
+#include "worker/worker_service.hpp"
 
 #include <asio/co_spawn.hpp>
 #include <asio/detached.hpp>
@@ -21,7 +21,7 @@ namespace {
 // thread, as every build does).
 struct gated_worker {
   asio::io_context io;
-  runtime::worker_service worker{io.get_executor(), "worker:0", runtime::task_identity{"worker", 0, 1}, {}};
+  worker::worker_service worker{io.get_executor(), "worker:0", net::task_identity{"worker", 0, 1}, {}};
   std::promise<void> gate;
   std::atomic<int> started{0};
 
@@ -79,7 +79,7 @@ wire::frame release(std::uint64_t id) {
   return request;
 }
 
-asio::awaitable<void> serve(runtime::worker_service* worker, wire::frame request, std::optional<wire::frame>* answer) {
+asio::awaitable<void> serve(worker::worker_service* worker, wire::frame request, std::optional<wire::frame>* answer) {
   *answer = co_await worker->handle(std::move(request));
 }
 

@@ -1,12 +1,12 @@
 // The row arithmetic and the per-shard fan-out behind sharded_variable<T> (and the row operations
 // of variable<T>, which is a sharded variable of one shard). The row arithmetic and the coroutines,
-// for each element type, are compiled (src/sharded.cpp); what depends on the caller's expression
+// for each element type, are compiled (src/client/sharded.cpp); what depends on the caller's expression
 // types is here.
 #pragma once
 
 #include <pscoro/config.hpp>
 
-// Not used here since sharded_ops moved to src/; src/runtime/coordinator_core.cpp still finds
+// Not used here since sharded_ops moved to src/; src/chief/coordinator_core.cpp still finds
 // run_all through it. (To drop once that file includes <pscoro/detail/parallel.hpp> itself.)
 #include <pscoro/detail/parallel.hpp>
 #include <pscoro/detail/variable_io.hpp>
@@ -107,7 +107,7 @@ struct shard_rows {
 };
 
 /// A lookup planned (its ids checked and grouped by shard), and one shard's part of it
-/// (src/sharded.cpp).
+/// (src/client/sharded.cpp).
 struct lookup_plan;
 struct lookup_part;
 
@@ -166,7 +166,7 @@ inline constexpr bool is_expression_v = xt::is_xexpression<std::remove_cvref_t<E
 /// variable's dtype) and splits ids and rows by shard, keeping their order within each shard. Rows are copied
 /// once into per-shard buffers (not at all for one shard when `rows.owned`), so the result never
 /// refers to the caller's storage; the buffers are reused from the calling thread's earlier row
-/// operations once nothing holds them (src/runtime/scratch_buffers.hpp). Throws
+/// operations once nothing holds them (src/client/scratch_buffers.hpp). Throws
 /// errc::invalid_argument naming the operation, the variable, and the bad id with its position and
 /// the row count: a bad id sends nothing.
 PSCORO_API std::vector<shard_rows> split_by_shard(const sharded_layout& layout, std::span<const std::int64_t> ids,
@@ -243,7 +243,7 @@ PSCORO_API sparse_plan plan_sparse_lookup(const sharded_layout& layout, const sp
 
 /// The coroutines behind the handles. Static and by value: an awaitable must not depend on the
 /// handle staying alive, and every failure (an unbound handle too) surfaces where it is awaited.
-/// Compiled once for each element type in src/sharded.cpp (as fmt compiles its common
+/// Compiled once for each element type in src/client/sharded.cpp (as fmt compiles its common
 /// instantiations), so a program that reads variables does not compile these coroutines again.
 template <class T>
 struct PSCORO_API sharded_ops {
@@ -283,7 +283,7 @@ extern template struct sharded_ops<double>;
 extern template struct sharded_ops<std::int32_t>;
 extern template struct sharded_ops<std::int64_t>;
 
-/// The sparse lookups (floating-point variables only), compiled in src/sparse_lookup.cpp: the plan,
+/// The sparse lookups (floating-point variables only), compiled in src/client/sparse_lookup.cpp: the plan,
 /// one gather of the distinct ids (each shard asked once, for its rows), then the combination, in
 /// entry order, on the caller's executor.
 template <class T>

@@ -1,0 +1,171 @@
+// The chief's closure queue: a state machine with no I/O. Producers schedule closures; the queue
+// hands each to a live worker with a free slot (through `start`, which sends it) and takes its
+// outcome back. It keeps TF's contract: at least once per closure while workers come and go, and
+// the first error of a generation reported once, by the next schedule, join or done, with every
+// closure still queued then cancelled. Used on one executor; tests drive it with fake workers.
+#pragma once
+
+#include <pscoro/coordinator.hpp>
+#include <pscoro/detail/completion.hpp>
+#include <pscoro/metrics.hpp>
+#include <pscoro/remote_value.hpp>
+#include <pscoro/value.hpp>
+
+#include <chrono>
+#include <cstdint>
+#include <deque>
+#include <exception>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace pscoro::chief {
+
+/// One scheduled call of a worker function.
+struct closure {
+  std::string function;
+  std::string signature;
+  std::vector<value> args;
+  std::shared_ptr<detail::remote_state> result;
+  std::uint64_t generation = 0;  // errors of closures from before the last report are not reported again
+  std::chrono::steady_clock::time_point started{};  // handed to its worker (the last time)
+};
+
+class closure_queue : public std::enable_shared_from_this<closure_queue> {
+ public:
+  using closure_ptr = std::shared_ptr<closure>;
+  using clock = std::chrono::steady_clock;
+  /// Sends `c` to `worker`. The queue counts it as running there from now on and expects exactly
+  /// one outcome for it (succeeded, failed, retry or lost); an outcome for a closure the queue has
+  /// already resolved (fail()) is ignored.
+  using start_function = std::function<void(std::size_t worker, const closure_ptr& c)>;
+  /// Tells `worker` to cancel what it still runs of generation `generation`: the queue has resolved
+  /// those closures already (cancelled) and ignores their outcomes.
+  using cancel_function = std::function<void(std::size_t worker, std::uint64_t generation)>;
+  using admission_handler = detail::erased_handler<void(std::exception_ptr, std::shared_ptr<detail::remote_state>)>;
+  using join_handler = detail::erased_handler<void(std::exception_ptr)>;
+
+  /// A queue for workers named `workers` (for the watchdog's lines), all alive at first.
+  closure_queue(asio::any_io_executor executor, std::vector<std::string> workers, start_function start,
+                cancel_function cancel = {});
+
+  void set_options(const coordinator_options& options) { options_ = options; }
+  const coordinator_options& options() const noexcept { return options_; }
+
+  // Producers.
+  /// Queues `c` at once and returns its result state; throws the pending error (then cleared), the
+  /// fatal one, or errc::resource_exhausted when the queue is full.
+  std::shared_ptr<detail::remote_state> schedule(closure_ptr c);
+  /// Queues `c` when there is room: `admitted` gets its result state then, or the pending error
+  /// instead. Producers are admitted in order.
+  void schedule_when_room(closure_ptr c, admission_handler admitted);
+  /// Completes once no closure runs and none waits to run, with the pending error (then cleared).
+  void join(join_handler handler);
+  /// True when nothing is queued or running; throws the pending error (then cleared).
+  bool done();
+
+  // Workers.
+  /// `worker` may take closures (again).
+  void worker_up(std::size_t worker);
+  /// `worker` takes no closures until worker_up; what it runs comes back through lost().
+  void worker_lost(std::size_t worker);
+  bool alive(std::size_t worker) const { return workers_.at(worker).alive; }
+
+  // The outcome of a closure handed to `worker`.
+  void succeeded(std::size_t worker, const closure_ptr& c, value result);
+  /// Fails `c` with `e`, which becomes the error to report if it is the first of its generation.
+  void failed(std::size_t worker, const closure_ptr& c, std::exception_ptr e);
+  /// Runs `c` again, from the tail of the queue (a transient failure: at least once).
+  void retry(std::size_t worker, const closure_ptr& c);
+  /// `worker` was lost while running `c`: it runs again elsewhere (TF: at the tail), or is cancelled
+  /// if the queue is closed. (Were an error waiting to be reported, `c` would not be running.)
+  void lost(std::size_t worker, const closure_ptr& c);
+
+  // Faults.
+  /// A fault that ends the run (a lost ps): every running closure fails with `e` now, nothing starts
+  /// any more, `e` is reported once like any error, and every later schedule throws it.
+  void fail(std::exception_ptr e);
+  /// An error waits to be reported, or the run has failed: nothing starts.
+  bool failing() const noexcept { return pending_error_ || fatal_; }
+  /// fail() was called.
+  bool has_failed() const noexcept { return fatal_ != nullptr; }
+  /// Nothing queued or waiting will run: they are cancelled ("the coordinator closed"), and so is a
+  /// running closure whose worker is lost from now on.
+  void close();
+
+  /// The periodic checks (every worker_probe_interval): with no live worker for
+  /// worker_recovery_timeout and closures waiting, the error that says so; with work and no closure
+  /// finished for watchdog_timeout, a warning naming what every worker runs.
+  void tick(clock::time_point now = clock::now());
+
+  std::size_t queued() const noexcept { return queue_.size(); }
+  std::size_t waiting() const noexcept { return waiting_.size(); }
+  std::size_t in_flight() const noexcept;
+  const std::vector<closure_ptr>& running(std::size_t worker) const { return workers_.at(worker).running; }
+
+  /// queued() and in_flight() as gauges any thread may read (a scrape), set after every change.
+  const metrics::gauge& queued_gauge() const noexcept { return queued_gauge_; }
+  const metrics::gauge& inflight_gauge() const noexcept { return inflight_gauge_; }
+
+ private:
+  struct worker_slot {
+    std::string name;
+    std::vector<closure_ptr> running;  // handed to it, no outcome yet
+    bool alive = true;
+  };
+  struct waiting_producer {
+    closure_ptr c;
+    admission_handler admitted;
+  };
+
+  bool has_room() const noexcept {
+    return options_.max_queued_closures == 0 || queue_.size() < options_.max_queued_closures;
+  }
+  /// Starts what can start, admits waiting producers while there is room, then checks the recovery
+  /// timeout and the joiners.
+  void dispatch();
+  void start_closures();
+  bool admit_waiting();
+  /// Takes `c` off `worker`'s running list; false when it is not there (resolved already).
+  bool take_running(std::size_t worker, const closure_ptr& c);
+  /// Keeps `e` as the error to report, if it is the first of generation `generation`, and cancels
+  /// what is queued and what still runs of that generation (TF's testCancellation).
+  void record_error(std::exception_ptr e, std::uint64_t generation);
+  /// Resolves `c` as cancelled by the pending error.
+  void cancel(const closure& c) const;
+  /// Takes the closures of `generation` (every one when it is empty) off the running lists, tells
+  /// their workers to cancel them, and returns them.
+  std::vector<closure_ptr> stop_running(std::optional<std::uint64_t> generation);
+  /// Returns the pending error (cleared) and starts a new generation, or null.
+  std::exception_ptr take_error();
+  void check_recovery_timeout(clock::time_point now);
+  void check_watchdog(clock::time_point now);
+  void notify_joiners();
+  /// Sets the gauges from the queue and the running lists.
+  void publish() noexcept;
+
+  asio::any_io_executor executor_;
+  start_function start_;
+  cancel_function cancel_;
+  coordinator_options options_;
+  std::vector<worker_slot> workers_;
+  std::size_t next_worker_ = 0;  // where the search for a free worker starts (fairness)
+  std::deque<closure_ptr> queue_;
+  std::deque<waiting_producer> waiting_;  // producers waiting for room in queue_, in order
+  std::uint64_t generation_ = 0;
+  std::exception_ptr pending_error_;
+  // Set by fail(): nothing runs any more and every schedule says why (TF: a ps failure needs a
+  // coordinator restart and a checkpoint).
+  std::exception_ptr fatal_;
+  bool closed_ = false;
+  std::optional<clock::time_point> all_lost_since_;
+  // The last time a closure finished, or the queue had nothing to do (for the watchdog).
+  clock::time_point last_progress_ = clock::now();
+  std::vector<join_handler> joiners_;
+  metrics::gauge queued_gauge_;
+  metrics::gauge inflight_gauge_;
+};
+
+}  // namespace pscoro::chief

@@ -1,0 +1,346 @@
+#include "chief/cluster_connections.hpp"
+
+#include "common/log.hpp"
+#include "common/text.hpp"
+
+#include <pscoro/error.hpp>
+
+#include <asio/co_spawn.hpp>
+#include <asio/detached.hpp>
+#include <asio/experimental/as_tuple.hpp>
+#include <asio/use_awaitable.hpp>
+
+#include <fmt/format.h>
+
+namespace pscoro::chief {
+
+using asio::experimental::as_tuple;
+using asio::use_awaitable;
+
+cluster_connections::cluster_connections(asio::any_io_executor executor, const cluster_spec& cluster,
+                                         net::task_identity self, std::string spec_address, transport_options transport)
+    : executor_(std::move(executor)),
+      self_(std::move(self)),
+      task_(task_name(self_.job, self_.index)),
+      spec_address_(std::move(spec_address)),
+      transport_(std::move(transport)) {
+  // The chief's incarnation is its session on every server: a restarted chief starts a new one,
+  // which makes the servers drop the old session's variables and iterators.
+  auto hello = make_hello(self_, self_.incarnation);
+  for (const auto& job : {"ps", "worker"}) {
+    auto* entry = hello.add_cluster();
+    entry->set_name(job);
+    for (const int index : cluster.task_indices(job)) (*entry->mutable_tasks())[index] = cluster.task_address(job, index);
+  }
+  for (const int index : cluster.task_indices("ps")) {
+    ps_.push_back(std::make_shared<net::peer>(executor_, task_name("ps", index), cluster.task_address("ps", index), hello,
+                                         transport_));
+  }
+  for (const int index : cluster.task_indices("worker")) {
+    workers_.push_back(worker_slot{std::make_shared<net::peer>(executor_, task_name("worker", index),
+                                                          cluster.task_address("worker", index), hello, transport_)});
+  }
+}
+
+asio::awaitable<void> cluster_connections::connect() {
+  // Losses are noticed as they happen (connection closed, heartbeat timeout), not only when a call
+  // fails. The handlers hold the connections weakly: they may run while those are destroyed.
+  for (std::size_t i = 0; i < ps_.size(); ++i) {
+    ps_[i]->on_lost([weak = weak_from_this(), i](const std::string& reason) {
+      auto self = weak.lock();
+      if (self && !self->closed_ && self->events_.ps_lost) self->events_.ps_lost(i, reason);
+    });
+  }
+  for (std::size_t i = 0; i < workers_.size(); ++i) {
+    workers_[i].peer->on_lost([weak = weak_from_this(), i](const std::string& reason) {
+      if (auto self = weak.lock()) self->worker_failed(i, reason);
+    });
+  }
+  // Listen first: a worker that comes back at another address while we connect is heard.
+  // Not being able to is no reason to fail the run: only moved workers go unheard.
+  if (!spec_address_.empty() && !acceptor_) {
+    acceptor_.emplace(executor_);
+    try {
+      net::listen_on(*acceptor_, net::listen_address_for(spec_address_, task_), task_, transport_);
+      asio::co_spawn(executor_, hear_announcements(weak_from_this()), asio::detached);
+    } catch (const std::exception& e) {
+      log::warning("cannot listen for workers announcing a new address at {}: {}; a worker that moves will not be "
+                   "found",
+                   spec_address_, e.what());
+      std::error_code ignored;
+      acceptor_->close(ignored);
+    }
+  }
+  {
+    auto waiting_timer = std::make_shared<asio::steady_timer>(executor_);
+    asio::co_spawn(executor_, report_waiting(weak_from_this(), waiting_timer), asio::detached);
+    // However connect() ends (a throw too): nothing to report any more, even if the timer fired.
+    struct stop_report {
+      cluster_connections* self;
+      std::shared_ptr<asio::steady_timer> timer;
+      ~stop_report() {
+        self->awaiting_ = nullptr;
+        timer->cancel();
+      }
+    } stop{this, waiting_timer};
+    // One task at a time, in spec order: the first failure is the first task's, as it always was.
+    for (const auto& ps : ps_) {
+      awaiting_ = ps.get();
+      co_await ps->get();
+    }
+    for (const auto& worker : workers_) {
+      awaiting_ = worker.peer.get();
+      co_await worker.peer->get();
+    }
+    awaiting_ = nullptr;
+  }
+  log::info("connected to {} ps and {} workers", ps_.size(), workers_.size());
+  if (!watch_timer_) {
+    watch_timer_.emplace(executor_);
+    asio::co_spawn(executor_, watch_workers(weak_from_this()), asio::detached);
+  }
+}
+
+void cluster_connections::close(std::optional<int> job_exit_code) {
+  // Once: a second close() (the strategy's destructor after close()) must not cut the Shutdown
+  // exchange short.
+  if (std::exchange(closed_, true)) return;
+  if (watch_timer_) watch_timer_->cancel();
+  if (acceptor_) {
+    std::error_code ignored;
+    acceptor_->close(ignored);
+  }
+  std::vector<std::shared_ptr<net::peer>> tasks(ps_.begin(), ps_.end());
+  for (const auto& worker : workers_) tasks.push_back(worker.peer);
+  if (!job_exit_code) {
+    for (const auto& p : tasks) p->close("the coordinator closed");
+    return;
+  }
+  end_job(std::move(tasks), *job_exit_code);
+}
+
+// What every task's end_task holds: the last one done cancels the deadline, so the executor runs
+// out of work as soon as every task has answered.
+struct cluster_connections::ending {
+  ending(asio::any_io_executor executor, std::chrono::milliseconds timeout, std::size_t tasks)
+      : deadline(std::move(executor), timeout), waiting(tasks) {}
+  asio::steady_timer deadline;
+  std::size_t waiting;
+};
+
+void cluster_connections::end_job(std::vector<std::shared_ptr<net::peer>> tasks, int exit_code) {
+  log::info("the job ends: telling {} task(s) to exit with code {}", tasks.size(), exit_code);
+  auto state = std::make_shared<ending>(executor_, transport_.handshake_timeout, tasks.size());
+  state->deadline.async_wait([tasks](std::error_code ec) {
+    if (ec) return;
+    for (const auto& p : tasks) {
+      if (p->connection()) log::warning("{} did not answer the Shutdown in time; closing", p->task());
+      p->close("the job ended");
+    }
+  });
+  for (const auto& p : tasks) asio::co_spawn(executor_, end_task(p, exit_code, state), asio::detached);
+}
+
+asio::awaitable<void> cluster_connections::end_task(std::shared_ptr<net::peer> task, int exit_code,
+                                                    std::shared_ptr<ending> state) {
+  try {
+    auto connection = task->connection();
+    // A task the chief lost may still run (a network blip, a worker that was hung): one attempt.
+    if (!connection) connection = co_await task->connect_once();
+    if (connection) {
+      wire::frame request;
+      request.message.mutable_request()->mutable_shutdown()->set_exit_code(exit_code);
+      const auto [ec, response] = co_await connection->async_call(std::move(request), as_tuple(use_awaitable));
+      if (ec) {
+        log::warning("{} did not answer the Shutdown: {}", task->task(), connection->close_reason());
+      } else if (const auto& status = response.message.response().status(); status.code() != 0) {
+        log::warning("{} refused the Shutdown: {}", task->task(), status.message());
+      }
+    } else {
+      log::warning("{} at {} could not be reached to tell it that the job ended", task->task(), task->address());
+    }
+  } catch (const std::exception& e) {
+    log::warning("{} could not be told that the job ended: {}", task->task(), e.what());
+  }
+  task->close("the job ended");
+  if (--state->waiting == 0) state->deadline.cancel();
+}
+
+void cluster_connections::worker_failed(std::size_t index, const std::string& reason) {
+  auto& slot = workers_.at(index);
+  if (closed_ || !slot.ready) return;
+  log::warning("lost {}: {}; its closures go back to the queue", slot.peer->task(), reason);
+  slot.ready = false;
+  if (events_.worker_lost) events_.worker_lost(index);
+}
+
+std::string cluster_connections::address() const {
+  if (!acceptor_ || !acceptor_->is_open()) return {};
+  return common::format_address(acceptor_->local_endpoint());
+}
+
+asio::awaitable<void> cluster_connections::report_waiting(std::weak_ptr<cluster_connections> weak,
+                                                          std::shared_ptr<asio::steady_timer> timer) {
+  const auto start = std::chrono::steady_clock::now();
+  for (;;) {
+    timer->expires_after(waiting_report_interval);
+    const auto [woke] = co_await timer->async_wait(as_tuple(use_awaitable));
+    auto self = weak.lock();
+    if (!self || self->closed_ || woke == asio::error::operation_aborted) co_return;
+    const net::peer* awaiting = self->awaiting_;
+    if (!awaiting) co_return;
+    std::size_t connected = 0;
+    for (const auto& ps : self->ps_) connected += ps->connection() ? 1 : 0;
+    for (const auto& worker : self->workers_) connected += worker.peer->connection() ? 1 : 0;
+    const auto waited = std::chrono::duration_cast<std::chrono::seconds>(std::chrono::steady_clock::now() - start);
+    log::info("still waiting for {} at {} after {} s ({} of {} tasks connected; the chief gives up on a task after "
+              "{} s, transport_options::connect_timeout)",
+              awaiting->task(), awaiting->address(), waited.count(), connected,
+              self->ps_.size() + self->workers_.size(),
+              std::chrono::duration_cast<std::chrono::seconds>(self->transport_.connect_timeout).count());
+  }
+}
+
+asio::awaitable<void> cluster_connections::watch_workers(std::weak_ptr<cluster_connections> weak) {
+  for (;;) {
+    asio::steady_timer* timer = nullptr;
+    {
+      auto self = weak.lock();
+      if (!self || self->closed_) co_return;
+      timer = &*self->watch_timer_;
+      timer->expires_after(self->probe_interval_);
+    }
+    // Waits holding nothing: close() or destroyed connections cancel the timer, ending the loop.
+    const auto [woke] = co_await timer->async_wait(as_tuple(use_awaitable));
+    auto self = weak.lock();
+    if (!self || self->closed_ || woke == asio::error::operation_aborted) co_return;
+    for (std::size_t i = 0; i < self->workers_.size(); ++i) self->probe(i);
+    if (self->events_.tick) self->events_.tick();
+  }
+}
+
+void cluster_connections::probe(std::size_t index) {
+  auto& slot = workers_[index];
+  if (closed_ || slot.ready || slot.probing) return;
+  slot.probing = true;
+  asio::co_spawn(executor_, recover(shared_from_this(), index), asio::detached);
+}
+
+asio::awaitable<void> cluster_connections::hear_announcements(std::weak_ptr<cluster_connections> weak) {
+  net::accept_backoff backoff;
+  for (;;) {
+    asio::ip::tcp::acceptor* acceptor = nullptr;
+    {
+      auto self = weak.lock();
+      if (!self || self->closed_) co_return;
+      acceptor = &*self->acceptor_;
+    }
+    // Waits holding nothing: close() or destroyed connections close the acceptor.
+    auto [ec, socket] = co_await acceptor->async_accept(as_tuple(use_awaitable));
+    auto self = weak.lock();
+    if (!self || self->closed_ || ec == asio::error::operation_aborted) co_return;
+    if (ec) {
+      const auto task = self->task_;
+      self.reset();  // the wait holds nothing either
+      co_await backoff.failed(ec, task);
+      continue;
+    }
+    backoff.succeeded();
+    asio::co_spawn(self->executor_, hear_announcement(weak, std::move(socket)), asio::detached);
+  }
+}
+
+asio::awaitable<void> cluster_connections::hear_announcement(std::weak_ptr<cluster_connections> weak,
+                                                             asio::ip::tcp::socket socket) {
+  std::string task;
+  transport_options transport;
+  net::task_identity identity;
+  std::error_code ignored;
+  const auto remote = socket.remote_endpoint(ignored);
+  auto connection = std::make_shared<wire::connection>(std::move(socket), net::limits_of(transport), common::format_address(remote));
+  {
+    auto self = weak.lock();
+    if (!self) co_return;
+    task = self->task_;
+    transport = self->transport_;
+    identity = self->self_;
+    if (self->announcements_in_handshake_ >= transport.max_connections) {
+      net::refuse_early(connection, transport, make_error_code(errc::resource_exhausted),
+                   fmt::format("{} is in {} handshakes, its limit (transport_options::max_connections)", task,
+                               self->announcements_in_handshake_),
+                   task);
+      co_return;
+    }
+    ++self->announcements_in_handshake_;
+  }
+  std::optional<wire::Hello> hello;
+  std::exception_ptr failure;
+  try {
+    hello = co_await net::receive_hello(connection, transport, identity);
+  } catch (...) {
+    failure = std::current_exception();
+  }
+  auto self = weak.lock();
+  if (self) --self->announcements_in_handshake_;
+  if (failure) std::rethrow_exception(failure);
+  if (!hello || !self || self->closed_) co_return;
+  const auto count = self->workers_.size();
+  std::string refusal;
+  if (hello->job() != "worker" || hello->address().empty()) {
+    refusal = fmt::format("{} hears only workers announcing their address (got a Hello of '{}'{})", task,
+                          hello->job(), hello->address().empty() ? " without an address" : "");
+  } else if (hello->task_index() < 0 || static_cast<std::size_t>(hello->task_index()) >= count) {
+    refusal = fmt::format("worker index {} is out of range: the cluster has workers 0..{}", hello->task_index(),
+                          count - 1);
+  } else {
+    try {
+      (void)common::split_address(hello->address(), task_name("worker", hello->task_index()));
+    } catch (const error& e) {
+      refusal = e.what();
+    }
+  }
+  if (!refusal.empty()) {
+    net::refuse(connection, make_error_code(errc::invalid_argument), refusal, task);
+    co_return;
+  }
+  net::welcome(connection, identity);
+  connection->close_after_flush("announcement heard");
+  self->announced(static_cast<std::size_t>(hello->task_index()), hello->address());
+}
+
+void cluster_connections::announced(std::size_t index, const std::string& address) {
+  auto& slot = workers_[index];
+  if (address != slot.peer->address()) {
+    log::info("{} announced itself at {} (was {})", slot.peer->task(), address, slot.peer->address());
+    slot.peer->set_address(address);
+    // What it ran at the old address is lost with the old process: its calls fail and their
+    // closures go back to the queue.
+    const auto moved = fmt::format("it moved to {}", address);
+    worker_failed(index, moved);
+    slot.peer->close(moved);
+  }
+  probe(index);
+}
+
+asio::awaitable<void> cluster_connections::recover(std::shared_ptr<cluster_connections> self, std::size_t index) {
+  auto& slot = self->workers_[index];  // workers_ never changes size
+  try {
+    if (co_await slot.peer->connect_once() && !self->closed_) {
+      // Its per-worker resources first: no closure may reach it before its iterators exist.
+      if (self->events_.prepare_worker) {
+        auto prepared = self->events_.prepare_worker(index);  // named: g++ 12 (temporaries)
+        co_await std::move(prepared);
+      }
+      if (!self->closed_ && slot.peer->connection()) {
+        slot.ready = true;
+        if (self->events_.worker_back) self->events_.worker_back(index);
+      }
+    }
+  } catch (const std::exception& e) {
+    log::warning("{} answered but cannot take closures yet: {}", slot.peer->task(), e.what());
+    slot.peer->close("recovery failed");
+  }
+  slot.probing = false;
+}
+
+}  // namespace pscoro::chief

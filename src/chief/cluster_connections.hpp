@@ -1,0 +1,119 @@
+// The chief's connections to its cluster: a peer per ps and per worker (each connects on demand,
+// keeps a heartbeat and reports its loss), an acceptor for workers announcing a new address, and
+// the probes that bring lost workers back. It knows which workers are connected and ready; what
+// they run is the closure queue's business (it hears through `events`). Used on one executor.
+#pragma once
+
+#include <pscoro/cluster_spec.hpp>
+#include <pscoro/transport_options.hpp>
+
+#include "net/peer.hpp"
+
+#include <asio/any_io_executor.hpp>
+#include <asio/awaitable.hpp>
+#include <asio/ip/tcp.hpp>
+#include <asio/steady_timer.hpp>
+
+#include <chrono>
+#include <cstddef>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace pscoro::chief {
+
+class cluster_connections : public std::enable_shared_from_this<cluster_connections> {
+ public:
+  /// What the chief hears from its connections; all on the executor.
+  struct events {
+    /// A ps connection closed without our asking: its variables are gone.
+    std::function<void(std::size_t ps, const std::string& reason)> ps_lost;
+    /// A worker was lost (died, hung past the heartbeat timeout, moved, or a call to it failed).
+    std::function<void(std::size_t worker)> worker_lost;
+    /// A lost worker answers again: what it needs before it takes closures (its iterators).
+    /// Throwing leaves it lost, to be probed again.
+    std::function<asio::awaitable<void>(std::size_t worker)> prepare_worker;
+    /// A lost worker is back and prepared.
+    std::function<void(std::size_t worker)> worker_back;
+    /// Every probe interval, after the probes start.
+    std::function<void()> tick;
+  };
+
+  /// The chief `self` (job "chief", its index) of `cluster`; `incarnation` is its session on every
+  /// server. `spec_address` is the chief's own address in the cluster spec, or "".
+  cluster_connections(asio::any_io_executor executor, const cluster_spec& cluster, net::task_identity self,
+                      std::string spec_address, transport_options transport);
+
+  /// Listens for announcements (when the spec gives the chief an address), connects to every ps
+  /// and worker, then starts probing lost workers. Set `events` first.
+  asio::awaitable<void> connect();
+  void set_events(events handlers) { events_ = std::move(handlers); }
+  void set_probe_interval(std::chrono::milliseconds interval) { probe_interval_ = interval; }
+  /// Stops listening and probing and closes every connection. With `job_exit_code`, first tells
+  /// every ps and worker that the job ended (Shutdown), closing each connection when its task has
+  /// answered, or after handshake_timeout. Once: a second call does nothing.
+  void close(std::optional<int> job_exit_code = std::nullopt);
+  bool closed() const noexcept { return closed_; }
+
+  const std::vector<std::shared_ptr<net::peer>>& ps() const noexcept { return ps_; }
+  std::size_t num_workers() const noexcept { return workers_.size(); }
+  const std::shared_ptr<net::peer>& worker(std::size_t index) const { return workers_.at(index).peer; }
+  /// Connected and prepared: may take closures.
+  bool ready(std::size_t worker) const { return workers_.at(worker).ready; }
+  /// A call to `worker` failed because its connection is gone (`reason`): it is lost until a probe
+  /// brings it back. Logged once per loss.
+  void worker_failed(std::size_t worker, const std::string& reason);
+  /// Where the chief listens for workers announcing themselves (after connect()), or "".
+  std::string address() const;
+  const std::string& task() const noexcept { return task_; }
+
+ private:
+  struct worker_slot {
+    std::shared_ptr<net::peer> peer;
+    bool ready = true;
+    bool probing = false;  // a recovery attempt is under way
+  };
+
+  /// Accepts workers announcing themselves (Hello.address) until close().
+  static asio::awaitable<void> hear_announcements(std::weak_ptr<cluster_connections> weak);
+  static asio::awaitable<void> hear_announcement(std::weak_ptr<cluster_connections> weak,
+                                                 asio::ip::tcp::socket socket);
+  /// Worker `index` says it can be reached at `address` now: use that, and bring it back at once.
+  void announced(std::size_t index, const std::string& address);
+  /// While connect() waits, logs every waiting_report_interval which task it still waits for, for
+  /// how long and how many are connected, until `timer` is cancelled (a job whose tasks start slowly is not minutes of
+  /// silence).
+  static asio::awaitable<void> report_waiting(std::weak_ptr<cluster_connections> weak,
+                                              std::shared_ptr<asio::steady_timer> timer);
+  /// Tells every task in `tasks` that the job ended (Shutdown{exit_code}): over its connection, or
+  /// one connection attempt for a task the chief lost (it may still run); each peer closes when its
+  /// task has answered, all of them after handshake_timeout.
+  void end_job(std::vector<std::shared_ptr<net::peer>> tasks, int exit_code);
+  struct ending;
+  static asio::awaitable<void> end_task(std::shared_ptr<net::peer> task, int exit_code, std::shared_ptr<ending> state);
+  /// Probes lost workers every probe interval until close().
+  static asio::awaitable<void> watch_workers(std::weak_ptr<cluster_connections> weak);
+  void probe(std::size_t index);
+  /// One attempt to bring worker `index` back: connect, prepare it, then mark it ready.
+  static asio::awaitable<void> recover(std::shared_ptr<cluster_connections> self, std::size_t index);
+
+  asio::any_io_executor executor_;
+  net::task_identity self_;
+  std::string task_;
+  std::string spec_address_;
+  transport_options transport_;
+  events events_;
+  std::chrono::milliseconds probe_interval_{std::chrono::seconds(1)};
+  static constexpr std::chrono::seconds waiting_report_interval{5};
+  const net::peer* awaiting_ = nullptr;  // the task connect() waits for
+  std::vector<std::shared_ptr<net::peer>> ps_;
+  std::vector<worker_slot> workers_;
+  std::optional<asio::steady_timer> watch_timer_;
+  std::optional<asio::ip::tcp::acceptor> acceptor_;  // for announcements, when spec_address_ is set
+  std::size_t announcements_in_handshake_ = 0;
+  bool closed_ = false;
+};
+
+}  // namespace pscoro::chief

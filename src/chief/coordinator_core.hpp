@@ -1,0 +1,182 @@
+// The chief: what a parameter_server_strategy and its cluster_coordinator share. It puts three
+// parts together — the connections to the cluster (chief::cluster_connections), where variables
+// go (chief::variable_placement) and the closure queue (closure_queue, a state machine) — and
+// runs what the queue hands out: a closure's call to its worker, and its outcome back into the
+// queue. One object per strategy; used on the strategy's executor only (the public entry points
+// hop onto it).
+#pragma once
+
+#include <pscoro/coordinator.hpp>
+#include <pscoro/strategy.hpp>
+
+#include "chief/closure_queue.hpp"
+#include "chief/cluster_connections.hpp"
+#include "chief/placement.hpp"
+#include "client/ps_client.hpp"
+
+#include <asio/dispatch.hpp>
+
+#include <future>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <vector>
+
+namespace pscoro::detail {
+
+class coordinator_core : public std::enable_shared_from_this<coordinator_core> {
+ public:
+  /// Checks the cluster (TF's rules) and that this process is its chief; connects nothing yet.
+  static std::shared_ptr<coordinator_core> make(asio::any_io_executor executor, const simple_cluster_resolver& resolver,
+                                                strategy_options options);
+
+  asio::awaitable<void> connect() { return connections_->connect(); }
+  /// Closes every connection; queued closures are cancelled, running ones as their worker is lost.
+  /// With `job_exit_code`, and unless strategy_options::keep_servers, first tells every server
+  /// that the job ended with that code.
+  void close(std::optional<int> job_exit_code);
+
+  asio::awaitable<sharded_variable_ref> create_variable(std::string name, dtype type, shape_type shape,
+                                                        parameter_server_strategy::variable_source source,
+                                                        bool partition) {
+    return placement_.create(std::move(name), type, std::move(shape), std::move(source), partition);
+  }
+  void set_partitioner(variable_partitioner partitioner) { placement_.set_partitioner(std::move(partitioner)); }
+  /// Variables created from now on ask `restorer` for a saved value (a checkpoint restored before
+  /// they existed). On the executor.
+  void add_restorer(const std::shared_ptr<chief::restore_on_create>& restorer) { placement_.add_restorer(restorer); }
+  const std::shared_ptr<client::ps_client>& ps() const noexcept { return ps_; }
+
+  /// Takes `options`; TF_CLUSTER_COORDINATOR_WATCH_DOG_TIMEOUT and
+  /// TF_COORDINATOR_IGNORE_TRANSIENT_PS_FAILURES override theirs. On the executor.
+  void set_options(const coordinator_options& options);
+  /// A cluster_coordinator is made with `asked` (none: whatever the strategy's coordinators share).
+  /// Returns the options to set when it is the strategy's first coordinator, none when it shares
+  /// the first one's; throws errc::invalid_argument when `asked` differs from those. Any thread.
+  std::optional<coordinator_options> claim_options(const std::optional<coordinator_options>& asked);
+
+  /// Builds a fresh iterator of dataset function `function` on every worker; completes when all
+  /// exist, with their common id and a lease: when its last copy is gone, release_per_worker(id).
+  asio::awaitable<per_worker_ref> create_iterators(std::string function);
+  /// Makes per-worker variable `variable` on every worker, holding `initial_value`; as create_iterators.
+  asio::awaitable<per_worker_ref> create_per_worker_variables(variable_ref variable, tensor initial_value);
+  /// Builds a resource of resource function `function` on every worker; as create_iterators.
+  asio::awaitable<per_worker_ref> create_resources(std::string function);
+  /// Every worker's value of per-worker variable `variable` (`ref`), in worker order; a worker
+  /// that is not ready fails it with remote_error(errc::unavailable) naming the worker.
+  asio::awaitable<std::vector<std::optional<tensor>>> read_per_worker_variable(per_worker_ref ref,
+                                                                              variable_ref variable,
+                                                                              lost_workers lost);
+  /// Per-worker value `id` has no lease left: it is not rebuilt on workers that come back any more,
+  /// and each connected worker is told to drop its own (queued on the connection now, not awaited).
+  void release_per_worker(std::uint64_t id);
+
+  /// A closure of `name` with `args`, not scheduled yet.
+  std::shared_ptr<chief::closure> make_closure(std::string name, std::string signature, std::vector<value> args);
+  chief::closure_queue& queue() noexcept { return *queue_; }
+
+  const asio::any_io_executor& executor() const noexcept { return executor_; }
+  const cluster_spec& cluster() const noexcept { return cluster_; }
+  std::size_t num_ps() const noexcept { return connections_->ps().size(); }
+  std::size_t num_workers() const noexcept { return connections_->num_workers(); }
+  /// Where the chief listens for workers announcing themselves (after connect()), or "" when the
+  /// cluster spec gives the chief no address.
+  std::string address() const { return connections_->address(); }
+
+  /// TF's coordinator metrics, read now. Any thread.
+  metrics::coordinator_metrics metrics() const;
+
+ private:
+  coordinator_core(asio::any_io_executor executor, cluster_spec cluster, strategy_options options,
+                   net::task_identity self, std::string spec_address);
+  /// Wires the parts' events to this core (they hold it weakly).
+  void wire_events();
+
+  /// Sends closure `c` to `worker` and hands its outcome to the queue.
+  static asio::awaitable<void> run(std::shared_ptr<coordinator_core> self, std::size_t worker,
+                                   std::shared_ptr<chief::closure> c);
+  /// Tells `worker` to cancel its running closures of `generation` (closure_queue::cancel_function).
+  static asio::awaitable<void> cancel_on(std::shared_ptr<net::peer> worker, std::uint64_t generation);
+  void finish(std::size_t worker, const std::shared_ptr<chief::closure>& c, const wire::frame& response);
+  /// What a closure's failure to reach a ps means (TF's rule: a few such failures per ps are
+  /// transient connectivity failures, and the closure runs again).
+  struct ps_failure {
+    enum class kind {
+      none,       // not a ps that could not be reached
+      transient,  // within the tolerance: run it again
+      too_many,   // past it: the run fails, once confirm_ps_failure has asked the ps
+    } what = kind::none;
+    std::size_t ps = 0;  // which one (not none)
+  };
+  ps_failure classify_ps_failure(const remote_error& failure, const chief::closure& c, const std::string& worker);
+  /// Fails closure `c`, which could not reach ps `ps` once too often, after the chief asked that
+  /// ps itself (a Heartbeat on its own connection): a ps that is gone fails the run through
+  /// lost_ps, with its one message, whoever noticed first; a ps that answers the chief, with the
+  /// workers' error.
+  static asio::awaitable<void> confirm_ps_failure(std::shared_ptr<coordinator_core> self, std::size_t ps,
+                                                  std::size_t worker, std::shared_ptr<chief::closure> c,
+                                                  std::exception_ptr failure);
+  /// The connection to ps `index` closed without our asking: its variables are gone, and the run
+  /// with them.
+  void lost_ps(std::size_t index, const std::string& reason);
+  /// Rebuilds every per-worker value on `worker`, which came back, before it takes a closure.
+  static asio::awaitable<void> prepare_worker(std::shared_ptr<coordinator_core> self, std::size_t worker);
+  /// A value made on every worker, as the chief remembers it to rebuild it on a worker that comes
+  /// back: an iterator (ref.function: its dataset function), a variable (its initial value), a
+  /// resource (ref.function: its resource function).
+  struct per_worker_entry {
+    enum class kind { iterator, variable, resource } what = kind::iterator;
+    per_worker_ref ref;  // without the lease
+    variable_ref variable;
+    tensor initial_value;
+  };
+  /// Makes `entry` (its id not yet chosen) on every ready worker; completes with its ref and lease.
+  asio::awaitable<per_worker_ref> create_per_worker(per_worker_entry entry);
+  /// Makes `entry` on `worker`; a worker lost on the way is marked lost (it builds `entry` when it
+  /// comes back), not a failure. Throws the worker's refusal.
+  static asio::awaitable<void> create_on(std::shared_ptr<coordinator_core> self, std::size_t worker,
+                                         const per_worker_entry& entry);
+  /// The request that makes `entry` on `worker`.
+  wire::frame create_request(const per_worker_entry& entry, std::size_t worker) const;
+  /// Reads per-worker variable `variable` (`id`) on `worker` into `out`.
+  static asio::awaitable<void> read_on(std::shared_ptr<coordinator_core> self, std::size_t worker, std::uint64_t id,
+                                       variable_ref variable, lost_workers lost, std::optional<tensor>& out);
+
+  asio::any_io_executor executor_;
+  cluster_spec cluster_;
+  strategy_options strategy_options_;
+  std::shared_ptr<chief::cluster_connections> connections_;
+  std::shared_ptr<client::ps_client> ps_;
+  chief::variable_placement placement_;
+  std::shared_ptr<chief::closure_queue> queue_;
+  std::uint64_t next_per_worker_id_ = 1;  // iterators, variables and resources share the ids
+  std::vector<per_worker_entry> per_worker_;  // every live one: rebuilt on a worker that comes back
+  std::vector<int> transient_ps_failures_;  // per ps: closures that failed reaching it (TF's counters)
+  // The options the strategy's coordinators share, once the first one is made. Coordinators may
+  // be made on any thread: this is the one piece of the chief a mutex guards (set once, read at
+  // construction only; never protocol state).
+  std::mutex options_mutex_;
+  std::optional<coordinator_options> shared_options_;
+  // TF's coordinator metrics besides the queue's gauges; updated on the executor, read anywhere.
+  metrics::histogram closure_execution_;
+  metrics::histogram remote_value_fetch_;
+  metrics::counter worker_failures_;
+  metrics::counter ps_failures_;
+  metrics::counter iterator_rebuilds_;
+  std::vector<metrics::registry::registration> registered_;  // last: goes before what it lists
+};
+
+/// The one way onto the chief's executor: `f(core)` runs there — inline when the caller already runs
+/// there, posted otherwise — and the future gets what it returns or throws. A caller on another
+/// thread may wait on the future; a caller on the executor gets it ready, or must not wait.
+template <class F>
+auto on_chief(std::shared_ptr<coordinator_core> core, F f) -> std::future<decltype(f(*core))> {
+  std::packaged_task<decltype(f(*core))()> task([core, f = std::move(f)]() mutable { return f(*core); });
+  auto result = task.get_future();
+  const auto executor = core->executor();
+  // Wrapped: asio takes a bare packaged_task as a completion token and would take its future.
+  asio::dispatch(executor, [task = std::move(task)]() mutable { task(); });
+  return result;
+}
+
+}  // namespace pscoro::detail

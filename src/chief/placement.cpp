@@ -1,0 +1,205 @@
+#include "chief/placement.hpp"
+
+#include "common/log.hpp"
+
+#include <pscoro/detail/parallel.hpp>
+#include <pscoro/detail/sharded_io.hpp>
+#include <pscoro/error.hpp>
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <exception>
+#include <vector>
+#include <variant>
+
+namespace pscoro::chief {
+
+namespace {
+
+// FNV-1a: a stable hash of the variable's name, mixed into initializer seeds.
+std::uint64_t name_hash(std::string_view name) {
+  std::uint64_t h = 0xcbf29ce484222325ULL;
+  for (const char c : name) h = (h ^ static_cast<unsigned char>(c)) * 0x100000001b3ULL;
+  return h;
+}
+
+}  // namespace
+
+wire::Initializer encode_initializer(const initializer& init, const std::string& name, const shape_type& shape,
+                                     std::size_t row_offset) {
+  wire::Initializer out;
+  std::uint64_t seed = 0;
+  struct visitor {
+    wire::Initializer& out;
+    std::uint64_t& seed;
+    void operator()(const initializers::zeros&) const { out.set_kind(wire::Initializer::ZEROS); }
+    void operator()(const initializers::ones&) const { out.set_kind(wire::Initializer::ONES); }
+    void operator()(const initializers::constant& c) const {
+      out.set_kind(wire::Initializer::CONSTANT);
+      out.set_a(c.value);
+    }
+    void operator()(const initializers::random_uniform& r) const {
+      out.set_kind(wire::Initializer::RANDOM_UNIFORM);
+      out.set_a(r.minval);
+      out.set_b(r.maxval);
+      seed = r.seed;
+    }
+    void operator()(const initializers::random_normal& r) const {
+      out.set_kind(wire::Initializer::RANDOM_NORMAL);
+      out.set_a(r.mean);
+      out.set_b(r.stddev);
+      seed = r.seed;
+    }
+    void operator()(const initializers::truncated_normal& r) const {
+      out.set_kind(wire::Initializer::TRUNCATED_NORMAL);
+      out.set_a(r.mean);
+      out.set_b(r.stddev);
+      seed = r.seed;
+    }
+    void operator()(const initializers::glorot_uniform& r) const {
+      out.set_kind(wire::Initializer::GLOROT_UNIFORM);
+      seed = r.seed;
+    }
+  };
+  std::visit(visitor{out, seed}, init);
+  out.set_seed(seed ^ name_hash(name));
+  for (const auto d : shape) out.add_full_shape(d);
+  out.set_row_offset(row_offset);
+  return out;
+}
+
+asio::awaitable<sharded_variable_ref> variable_placement::create(std::string name, dtype type, shape_type shape,
+                                                                 parameter_server_strategy::variable_source source,
+                                                                 bool partition) {
+  if (name.empty()) throw error(errc::invalid_argument, "a variable needs a name");
+  std::size_t shards = 1;
+  if (partition && partitioner_ && !shape.empty()) {
+    const std::size_t asked = partitioner_(shape, type);
+    if (asked == 0) {
+      throw error(errc::invalid_argument,
+                  fmt::format("variable_partitioner must return a non-zero number of shards, got 0 for '{}' {} {}",
+                              name, name_of(type), to_string(shape)));
+    }
+    shards = std::max<std::size_t>(1, std::min(asked, shape[0]));  // TF clamps to the row count
+  }
+  const auto offsets = div_offsets(shape.empty() ? 1 : shape[0], shards);
+  const std::size_t num_ps = ps_->peers().size();
+  sharded_variable_ref ref{name, type, shape, {}};
+  for (std::size_t i = 0; i < shards; ++i) {
+    shape_type part = shape;
+    if (!part.empty()) part[0] = offsets[i + 1] - offsets[i];
+    ref.shards.push_back(variable_ref{shards == 1 ? name : fmt::format("{}/part_{}", name, i), type, std::move(part),
+                                      static_cast<int>(next_++ % num_ps)});
+  }
+  // Checkpoints restored before this variable existed: any mismatch is an error before anything
+  // is made, and the source is not evaluated when a saved value replaces it (TF does not run the
+  // initializer of a variable restored on creation either).
+  std::vector<std::shared_ptr<restore_on_create>> restorers;
+  std::erase_if(restorers_, [](const auto& r) { return r.expired(); });
+  const auto candidates = restorers_;  // a copy: another creation may add to it while this awaits
+  for (const auto& weak : candidates) {
+    auto restorer = weak.lock();
+    if (!restorer) continue;
+    const bool claimed = co_await restorer->claims(name, type, shape);
+    if (claimed) restorers.push_back(std::move(restorer));
+  }
+  if (!restorers.empty()) source = initializer{initializers::zeros{}};
+  std::vector<char> created(shards, no);  // char: a vector<bool> element cannot be referred to
+  std::exception_ptr failure;
+  try {
+    co_await create_shards(ref, offsets, source, created);
+    for (const auto& restorer : restorers) co_await restorer->restore(ref, ps_);
+  } catch (...) {
+    failure = std::current_exception();
+  }
+  if (failure) {
+    // A variable exists whole or not at all: the shards already made go, and the name is free again.
+    // Also those whose answer was lost: the ps may have made them.
+    std::vector<variable_ref> made;
+    std::vector<char> certain;
+    for (std::size_t i = 0; i < shards; ++i) {
+      if (created[i] == no) continue;
+      made.push_back(ref.shards[i]);
+      certain.push_back(created[i] == yes);
+    }
+    if (!made.empty()) {
+      log::warning("creating '{}' failed; removing the {} of its {} shards that were or may have been created", name,
+                   made.size(), shards);
+      co_await detail::run_all(made.size(), [&](std::size_t i) { return removed(*ps_, made[i], certain[i] != 0); });
+    }
+    std::rethrow_exception(failure);
+  }
+  co_return ref;
+}
+
+void variable_placement::add_restorer(const std::shared_ptr<restore_on_create>& restorer) {
+  for (const auto& r : restorers_) {
+    if (r.lock() == restorer) return;
+  }
+  restorers_.push_back(restorer);
+}
+
+asio::awaitable<void> variable_placement::create_shards(const sharded_variable_ref& ref,
+                                                        const std::vector<std::size_t>& offsets,
+                                                        const parameter_server_strategy::variable_source& source,
+                                                        std::vector<char>& created) {
+  const std::size_t shards = ref.shards.size();
+  if (const auto* value = std::get_if<tensor>(&source)) {
+    const auto layout = detail::make_layout(ref);
+    const auto parts = detail::split_dense(*layout, *value, "create_variable");
+    co_await detail::run_all(shards, [&](std::size_t i) {
+      return recorded(ps_->create(ref.shards[i], parts[i]), created[i]);
+    });
+  } else if (const auto* init = std::get_if<initializer>(&source)) {
+    co_await detail::run_all(shards, [&](std::size_t i) {
+      return recorded(ps_->create(ref.shards[i], encode_initializer(*init, ref.name, ref.shape, offsets[i])),
+                      created[i]);
+    });
+  } else {
+    // One shard at a time: its value is asked for, checked and sent before the next is asked for,
+    // so that the chief never holds more than one shard of it.
+    const auto& make = std::get<shard_initializer>(source);
+    for (std::size_t i = 0; i < shards; ++i) {
+      const auto& shard = ref.shards[i];
+      shard_info info{.full_shape = ref.shape, .offset = shape_type(ref.shape.size(), 0), .shape = shard.shape,
+                      .index = i, .count = shards};
+      if (!info.offset.empty()) info.offset[0] = offsets[i];
+      tensor value = make(info);
+      if (value.type() != ref.type || value.shape() != shard.shape) {
+        throw error(errc::invalid_argument,
+                    fmt::format("the initializer of '{}' returned {} {} for shard {} of {} (offset {}), which is {} {}",
+                                ref.name, name_of(value.type()), to_string(value.shape()), i, shards,
+                                to_string(info.offset), name_of(ref.type), to_string(shard.shape)));
+      }
+      if (value.size_bytes() != num_elements(value.shape()) * size_of(value.type())) {
+        throw error(errc::invalid_argument,
+                    fmt::format("the initializer of '{}' returned {} bytes for shard {} of {} ({} {})", ref.name,
+                                value.size_bytes(), i, shards, name_of(ref.type), to_string(shard.shape)));
+      }
+      co_await recorded(ps_->create(shard, std::move(value)), created[i]);
+    }
+  }
+}
+
+asio::awaitable<void> variable_placement::recorded(asio::awaitable<void> operation, char& outcome) {
+  try {
+    co_await std::move(operation);
+    outcome = yes;
+  } catch (const error& e) {
+    // The request may have reached the ps and only the answer been lost.
+    if (e.code() == errc::unavailable || e.code() == errc::deadline_exceeded) outcome = maybe;
+    throw;
+  }
+}
+
+asio::awaitable<void> variable_placement::removed(client::ps_client& ps, variable_ref shard, bool certain) {
+  try {
+    co_await ps.remove(shard);
+  } catch (const error& e) {
+    if (!certain && e.code() == errc::not_found) co_return;  // it was never made
+    log::warning("could not remove shard '{}' of a variable that failed to be created: {}", shard.name, e.what());
+  }
+}
+
+}  // namespace pscoro::chief

@@ -1,0 +1,66 @@
+// Where the chief puts variables: a variable, or each shard of a partitioned one, on the next ps
+// round robin (one counter per strategy, as in TF), created there from a value or from an
+// initializer that the ps runs itself.
+#pragma once
+
+#include <pscoro/strategy.hpp>
+
+#include "chief/restore_on_create.hpp"
+#include "client/ps_client.hpp"
+
+#include <asio/awaitable.hpp>
+
+#include <cstddef>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace pscoro::chief {
+
+class variable_placement {
+ public:
+  explicit variable_placement(std::shared_ptr<client::ps_client> ps) : ps_(std::move(ps)) {}
+
+  void set_partitioner(variable_partitioner partitioner) { partitioner_ = std::move(partitioner); }
+
+  /// From now on, every variable created asks `restorer` (while it lives) whether a saved value
+  /// waits for it. Adding one already there does nothing.
+  void add_restorer(const std::shared_ptr<restore_on_create>& restorer);
+
+  /// Creates a variable of `shards` (1 unless `partition` and the partitioner say otherwise) on
+  /// their ps, concurrently. When one shard fails, the shards already created are removed (the
+  /// failure is rethrown): a variable exists whole or not at all. When a restorer holds a saved
+  /// value for `name`, the shards are made empty (the source is never evaluated) and then take
+  /// that value. A shard_initializer is called for one shard at a time, each result sent before
+  /// the next is asked for. The placement must outlive the call.
+  asio::awaitable<sharded_variable_ref> create(std::string name, dtype type, shape_type shape,
+                                               parameter_server_strategy::variable_source source, bool partition);
+
+ private:
+  // What became of a shard's creation.
+  static constexpr char no = 0, yes = 1, maybe = 2;
+  /// Awaits `operation`; `outcome` becomes yes, or maybe when the answer was lost (unavailable,
+  /// deadline_exceeded), and stays no when the ps refused.
+  static asio::awaitable<void> recorded(asio::awaitable<void> operation, char& outcome);
+  /// Removes `shard`, logging (not throwing) a failure, unless it is not_found and was not
+  /// `certain` to exist: the caller reports the first error.
+  static asio::awaitable<void> removed(client::ps_client& ps, variable_ref shard, bool certain);
+
+  /// Creates every shard of `ref` from `source`; `created[i]` records what became of shard i.
+  asio::awaitable<void> create_shards(const sharded_variable_ref& ref, const std::vector<std::size_t>& offsets,
+                                      const parameter_server_strategy::variable_source& source,
+                                      std::vector<char>& created);
+
+  std::shared_ptr<client::ps_client> ps_;
+  variable_partitioner partitioner_;
+  std::vector<std::weak_ptr<restore_on_create>> restorers_;
+  std::size_t next_ = 0;
+};
+
+/// What a ps needs to fill a shard of variable `name` (of full shape `shape`) that starts at row
+/// `row_offset` with `init`: the kind and its parameters, and a seed mixed with a hash of the name
+/// (two variables created with the same seed still differ).
+wire::Initializer encode_initializer(const initializer& init, const std::string& name, const shape_type& shape,
+                                     std::size_t row_offset);
+
+}  // namespace pscoro::chief

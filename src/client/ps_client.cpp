@@ -1,0 +1,216 @@
+#include "client/ps_client.hpp"
+
+#include "wire/values.hpp"
+
+#include <fmt/format.h>
+
+namespace pscoro::client {
+
+namespace {
+
+wire::UpdateVariable::Op encode_op(update_op op) {
+  switch (op) {
+    case update_op::assign: return wire::UpdateVariable::ASSIGN;
+    case update_op::add: return wire::UpdateVariable::ADD;
+    case update_op::sub: return wire::UpdateVariable::SUB;
+    case update_op::mul: return wire::UpdateVariable::MUL;
+    case update_op::div: return wire::UpdateVariable::DIV;
+    case update_op::min: return wire::UpdateVariable::MIN;
+    case update_op::max: return wire::UpdateVariable::MAX;
+  }
+  throw error(errc::invalid_argument, fmt::format("unknown update operation {}", static_cast<int>(op)));
+}
+
+}  // namespace
+
+wire::Optimizer encode_optimizer(const optimizer& opt) {
+  wire::Optimizer out;
+  struct visitor {
+    wire::Optimizer& out;
+    void operator()(const optimizers::sgd& o) const {
+      out.set_kind(wire::Optimizer::SGD);
+      out.set_learning_rate(o.learning_rate);
+    }
+    void operator()(const optimizers::momentum& o) const {
+      out.set_kind(wire::Optimizer::MOMENTUM);
+      out.set_learning_rate(o.learning_rate);
+      out.set_momentum(o.momentum);
+      out.set_nesterov(o.nesterov);
+    }
+    void operator()(const optimizers::adagrad& o) const {
+      out.set_kind(wire::Optimizer::ADAGRAD);
+      out.set_learning_rate(o.learning_rate);
+      out.set_initial_accumulator_value(o.initial_accumulator_value);
+      out.set_epsilon(o.epsilon);
+    }
+    void operator()(const optimizers::adam& o) const {
+      out.set_kind(wire::Optimizer::ADAM);
+      out.set_learning_rate(o.learning_rate);
+      out.set_beta_1(o.beta_1);
+      out.set_beta_2(o.beta_2);
+      out.set_epsilon(o.epsilon);
+    }
+    void operator()(const optimizers::ftrl& o) const {
+      out.set_kind(wire::Optimizer::FTRL);
+      out.set_learning_rate(o.learning_rate);
+      out.set_learning_rate_power(o.learning_rate_power);
+      out.set_initial_accumulator_value(o.initial_accumulator_value);
+      out.set_l1(o.l1);
+      out.set_l2(o.l2);
+      out.set_beta(o.beta);
+    }
+  };
+  std::visit(visitor{out}, opt);
+  return out;
+}
+
+net::peer& ps_client::ps_of(const variable_ref& variable) const {
+  if (variable.ps_task < 0 || static_cast<std::size_t>(variable.ps_task) >= ps_.size()) {
+    throw error(errc::invalid_argument, fmt::format("variable '{}' is placed on ps task {} but the cluster has {} ps",
+                                                    variable.name, variable.ps_task, ps_.size()));
+  }
+  return *ps_[variable.ps_task];
+}
+
+asio::awaitable<void> ps_client::create(variable_ref variable, tensor initial_value) {
+  net::peer& ps = ps_of(variable);
+  wire::frame request;
+  auto* create = request.message.mutable_request()->mutable_create_variable();
+  encode_ref(*create->mutable_variable(), variable);
+  wire::put_tensor(request, *create->mutable_initial_value(), initial_value);
+  co_await ps.call(std::move(request));
+}
+
+asio::awaitable<void> ps_client::create(variable_ref variable, wire::Initializer initializer) {
+  net::peer& ps = ps_of(variable);
+  wire::frame request;
+  auto* create = request.message.mutable_request()->mutable_create_variable();
+  encode_ref(*create->mutable_variable(), variable);
+  *create->mutable_initializer() = std::move(initializer);
+  co_await ps.call(std::move(request));
+}
+
+asio::awaitable<void> ps_client::remove(variable_ref variable) {
+  net::peer& ps = ps_of(variable);
+  wire::frame request;
+  encode_ref(*request.message.mutable_request()->mutable_delete_variable()->mutable_variable(), variable);
+  co_await ps.call(std::move(request));
+}
+
+asio::awaitable<tensor> ps_client::read_tensor(net::peer& ps, wire::frame request, const variable_ref& variable,
+                                               byte_buffer into, arrival_handler on_arrival) {
+  std::vector<wire::segment_target> receive_into;
+  if (into.size()) receive_into.push_back({std::move(into), std::move(on_arrival)});
+  const auto response = co_await ps.call(std::move(request), std::move(receive_into));
+  const auto& result = response.message.response().result();
+  if (!result.has_tensor()) {
+    throw error(errc::protocol_error, fmt::format("{} answered a read of '{}' without a tensor", ps.task(), variable.name));
+  }
+  co_return wire::get_tensor(response, result.tensor());
+}
+
+asio::awaitable<tensor> ps_client::read(variable_ref variable, byte_buffer into) {
+  net::peer& ps = ps_of(variable);
+  wire::frame request;
+  encode_ref(*request.message.mutable_request()->mutable_read_variable()->mutable_variable(), variable);
+  co_return co_await read_tensor(ps, std::move(request), variable, std::move(into));
+}
+
+asio::awaitable<tensor> ps_client::gather(variable_ref variable, tensor ids, byte_buffer into,
+                                          arrival_handler on_arrival) {
+  net::peer& ps = ps_of(variable);
+  wire::frame request;
+  auto* read = request.message.mutable_request()->mutable_read_variable();
+  encode_ref(*read->mutable_variable(), variable);
+  wire::put_tensor(request, *read->mutable_indices(), ids);
+  co_return co_await read_tensor(ps, std::move(request), variable, std::move(into), std::move(on_arrival));
+}
+
+asio::awaitable<void> ps_client::update(variable_ref variable, update_op op, tensor value) {
+  net::peer& ps = ps_of(variable);
+  wire::frame request;
+  auto* update = request.message.mutable_request()->mutable_update_variable();
+  encode_ref(*update->mutable_variable(), variable);
+  update->set_op(encode_op(op));
+  wire::put_tensor(request, *update->mutable_value(), value);
+  co_await ps.call(std::move(request));
+}
+
+asio::awaitable<void> ps_client::scatter(variable_ref variable, update_op op, tensor ids, tensor rows) {
+  net::peer& ps = ps_of(variable);
+  wire::frame request;
+  auto* update = request.message.mutable_request()->mutable_update_variable();
+  encode_ref(*update->mutable_variable(), variable);
+  update->set_op(encode_op(op));
+  wire::put_tensor(request, *update->mutable_value(), rows);
+  wire::put_tensor(request, *update->mutable_indices(), ids);
+  co_await ps.call(std::move(request));
+}
+
+asio::awaitable<void> ps_client::apply_gradient(variable_ref variable, optimizer opt, tensor gradient,
+                                                std::optional<tensor> ids) {
+  net::peer& ps = ps_of(variable);
+  wire::frame request;
+  auto* apply = request.message.mutable_request()->mutable_apply_gradient();
+  encode_ref(*apply->mutable_variable(), variable);
+  *apply->mutable_optimizer() = encode_optimizer(opt);
+  wire::put_tensor(request, *apply->mutable_gradient(), gradient);
+  if (ids) wire::put_tensor(request, *apply->mutable_indices(), *ids);
+  co_await ps.call(std::move(request));
+}
+
+asio::awaitable<tensor> ps_client::read_rows(variable_ref variable, std::uint64_t begin, std::uint64_t end,
+                                             byte_buffer into) {
+  net::peer& ps = ps_of(variable);
+  wire::frame request;
+  auto* read = request.message.mutable_request()->mutable_read_variable();
+  encode_ref(*read->mutable_variable(), variable);
+  read->mutable_rows()->set_begin(begin);
+  read->mutable_rows()->set_end(end);
+  co_return co_await read_tensor(ps, std::move(request), variable, std::move(into));
+}
+
+asio::awaitable<void> ps_client::update_rows(variable_ref variable, update_op op, std::uint64_t begin, tensor rows) {
+  net::peer& ps = ps_of(variable);
+  if (rows.shape().empty()) {
+    throw error(errc::invalid_argument, fmt::format("update of rows of '{}': a scalar value has no rows", variable.name));
+  }
+  wire::frame request;
+  auto* update = request.message.mutable_request()->mutable_update_variable();
+  encode_ref(*update->mutable_variable(), variable);
+  update->set_op(encode_op(op));
+  update->mutable_rows()->set_begin(begin);
+  update->mutable_rows()->set_end(begin + rows.shape()[0]);
+  wire::put_tensor(request, *update->mutable_value(), rows);
+  co_await ps.call(std::move(request));
+}
+
+asio::awaitable<std::vector<detail::variable_io::slot_info>> ps_client::list_slots(variable_ref variable) {
+  net::peer& ps = ps_of(variable);
+  wire::frame request;
+  encode_ref(*request.message.mutable_request()->mutable_list_slots()->mutable_variable(), variable);
+  const auto response = co_await ps.call(std::move(request));
+  std::vector<slot_info> out;
+  for (const auto& info : response.message.response().slots()) {
+    variable_ref slot = wire::decode_ref(info.slot());
+    slot.ps_task = variable.ps_task;
+    out.push_back({std::move(slot), info.initial_value()});
+  }
+  co_return out;
+}
+
+asio::awaitable<void> ps_client::create_slot(variable_ref variable, variable_ref slot, double initial_value) {
+  net::peer& ps = ps_of(variable);
+  wire::frame request;
+  auto* create = request.message.mutable_request()->mutable_create_variable();
+  encode_ref(*create->mutable_variable(), slot);
+  auto& fill = *create->mutable_initializer();
+  fill.set_kind(wire::Initializer::CONSTANT);
+  fill.set_a(initial_value);
+  for (const auto d : slot.shape) fill.add_full_shape(d);
+  create->mutable_slot_of()->set_variable(variable.name);
+  create->mutable_slot_of()->set_initial_value(initial_value);
+  co_await ps.call(std::move(request));
+}
+
+}  // namespace pscoro::client

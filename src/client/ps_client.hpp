@@ -1,0 +1,51 @@
+// Variable operations over connections to the parameter servers: the variable_io behind every
+// variable handle, on the coordinator and on workers alike.
+#pragma once
+
+#include <pscoro/detail/variable_io.hpp>
+
+#include "net/peer.hpp"
+
+#include <memory>
+#include <vector>
+
+namespace pscoro::client {
+
+class ps_client final : public detail::variable_io {
+ public:
+  explicit ps_client(std::vector<std::shared_ptr<net::peer>> ps) : ps_(std::move(ps)) {}
+
+  /// Replaces the ps list (a new coordinator session may move them).
+  void set_peers(std::vector<std::shared_ptr<net::peer>> ps) { ps_ = std::move(ps); }
+  const std::vector<std::shared_ptr<net::peer>>& peers() const noexcept { return ps_; }
+
+  /// Creates `variable` from a value.
+  asio::awaitable<void> create(variable_ref variable, tensor initial_value);
+  /// Creates `variable` filled by its ps.
+  asio::awaitable<void> create(variable_ref variable, wire::Initializer initializer);
+  /// Removes `variable` and its optimizer slots from its ps (the chief only).
+  asio::awaitable<void> remove(variable_ref variable);
+
+  asio::awaitable<tensor> read(variable_ref variable, byte_buffer into) override;
+  asio::awaitable<tensor> gather(variable_ref variable, tensor ids, byte_buffer into, arrival_handler on_arrival) override;
+  asio::awaitable<void> update(variable_ref variable, update_op op, tensor value) override;
+  asio::awaitable<void> scatter(variable_ref variable, update_op op, tensor ids, tensor rows) override;
+  asio::awaitable<void> apply_gradient(variable_ref variable, optimizer opt, tensor gradient,
+                                       std::optional<tensor> ids) override;
+  asio::awaitable<tensor> read_rows(variable_ref variable, std::uint64_t begin, std::uint64_t end,
+                                    byte_buffer into) override;
+  asio::awaitable<void> update_rows(variable_ref variable, update_op op, std::uint64_t begin, tensor rows) override;
+  asio::awaitable<std::vector<slot_info>> list_slots(variable_ref variable) override;
+  asio::awaitable<void> create_slot(variable_ref variable, variable_ref slot, double initial_value) override;
+
+ private:
+  net::peer& ps_of(const variable_ref& variable) const;
+  asio::awaitable<tensor> read_tensor(net::peer& ps, wire::frame request, const variable_ref& variable,
+                                      byte_buffer into = {}, arrival_handler on_arrival = {});
+  std::vector<std::shared_ptr<net::peer>> ps_;
+};
+
+/// The wire form of `opt`.
+wire::Optimizer encode_optimizer(const optimizer& opt);
+
+}  // namespace pscoro::client

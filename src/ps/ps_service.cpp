@@ -1,0 +1,1133 @@
+#include "ps/ps_service.hpp"
+
+#include <pscoro/server.hpp>
+
+#include "common/environment.hpp"
+#include "common/log.hpp"
+#include "common/rows.hpp"
+#include "ps/kernels.hpp"
+#include "wire/status.hpp"
+#include "wire/values.hpp"
+
+#include <asio/experimental/as_tuple.hpp>
+#include <asio/post.hpp>
+#include <asio/this_coro.hpp>
+#include <asio/use_awaitable.hpp>
+
+#include <fmt/format.h>
+
+#include <sys/resource.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <cerrno>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <limits>
+#include <memory>
+#include <new>
+#include <optional>
+#include <utility>
+
+namespace pscoro::ps {
+
+namespace {
+
+[[noreturn]] void invalid(std::string message) { throw error(errc::invalid_argument, std::move(message)); }
+
+// ---- From the wire to the kernels' domain types: once, here, before any check --------------------
+
+update_op decode_op(wire::UpdateVariable::Op op) {
+  switch (op) {
+    case wire::UpdateVariable::ASSIGN: return update_op::assign;
+    case wire::UpdateVariable::ADD: return update_op::add;
+    case wire::UpdateVariable::SUB: return update_op::sub;
+    case wire::UpdateVariable::MUL: return update_op::mul;
+    case wire::UpdateVariable::DIV: return update_op::div;
+    case wire::UpdateVariable::MIN: return update_op::min;
+    case wire::UpdateVariable::MAX: return update_op::max;
+    default: invalid(fmt::format("unknown update operation {}", static_cast<int>(op)));
+  }
+}
+
+// The fields a kind does not use are ignored (docs/protocol.md).
+optimizer decode_optimizer(const wire::Optimizer& opt) {
+  switch (opt.kind()) {
+    case wire::Optimizer::SGD: return optimizers::sgd{.learning_rate = opt.learning_rate()};
+    case wire::Optimizer::MOMENTUM:
+      return optimizers::momentum{.learning_rate = opt.learning_rate(),
+                                  .momentum = opt.momentum(),
+                                  .nesterov = opt.nesterov()};
+    case wire::Optimizer::ADAGRAD:
+      return optimizers::adagrad{.learning_rate = opt.learning_rate(),
+                                 .initial_accumulator_value = opt.initial_accumulator_value(),
+                                 .epsilon = opt.epsilon()};
+    case wire::Optimizer::ADAM:
+      return optimizers::adam{.learning_rate = opt.learning_rate(),
+                              .beta_1 = opt.beta_1(),
+                              .beta_2 = opt.beta_2(),
+                              .epsilon = opt.epsilon()};
+    case wire::Optimizer::FTRL:
+      return optimizers::ftrl{.learning_rate = opt.learning_rate(),
+                              .learning_rate_power = opt.learning_rate_power(),
+                              .initial_accumulator_value = opt.initial_accumulator_value(),
+                              .l1 = opt.l1(),
+                              .l2 = opt.l2(),
+                              .beta = opt.beta()};
+    default: invalid(fmt::format("unknown optimizer {}", static_cast<int>(opt.kind())));
+  }
+}
+
+// The seed on the wire is the one to draw from: the chief mixed the variable's name into it.
+kernels::shard_initializer decode_initializer(const wire::Initializer& init, std::string_view variable) {
+  kernels::shard_initializer out{.init = {},
+                                 .full_shape = shape_type(init.full_shape().begin(), init.full_shape().end()),
+                                 .row_offset = init.row_offset()};
+  switch (init.kind()) {
+    case wire::Initializer::ZEROS: out.init = initializers::zeros{}; break;
+    case wire::Initializer::ONES: out.init = initializers::ones{}; break;
+    case wire::Initializer::CONSTANT: out.init = initializers::constant{.value = init.a()}; break;
+    case wire::Initializer::RANDOM_UNIFORM:
+      out.init = initializers::random_uniform{.minval = init.a(), .maxval = init.b(), .seed = init.seed()};
+      break;
+    case wire::Initializer::RANDOM_NORMAL:
+      out.init = initializers::random_normal{.mean = init.a(), .stddev = init.b(), .seed = init.seed()};
+      break;
+    case wire::Initializer::TRUNCATED_NORMAL:
+      out.init = initializers::truncated_normal{.mean = init.a(), .stddev = init.b(), .seed = init.seed()};
+      break;
+    case wire::Initializer::GLOROT_UNIFORM: out.init = initializers::glorot_uniform{.seed = init.seed()}; break;
+    default:
+      invalid(fmt::format("create of '{}': unknown initializer {}", variable, static_cast<int>(init.kind())));
+  }
+  return out;
+}
+
+std::string_view op_name(update_op op, bool scatter) {
+  switch (op) {
+    case update_op::assign: return scatter ? "scatter_update" : "assign";
+    case update_op::add: return scatter ? "scatter_add" : "assign_add";
+    case update_op::sub: return scatter ? "scatter_sub" : "assign_sub";
+    case update_op::mul: return scatter ? "scatter_mul" : "assign_mul";
+    case update_op::div: return scatter ? "scatter_div" : "assign_div";
+    case update_op::min: return scatter ? "scatter_min" : "assign_min";
+    case update_op::max: return scatter ? "scatter_max" : "assign_max";
+  }
+  return "update";
+}
+
+// Elements per row (axis 0) of a variable of `shape`; rank 0 has no rows.
+std::size_t row_elements(const shape_type& shape) { return num_elements(std::span(shape).subspan(1)); }
+
+// The shape of `n` rows of a variable of `shape`.
+shape_type rows_shape(std::size_t n, const shape_type& shape) {
+  shape_type out{n};
+  out.insert(out.end(), shape.begin() + 1, shape.end());
+  return out;
+}
+
+// Gives `bytes` storage of their own if a reply still holds them (copy on write), so an update in
+// place is never seen by a read being written out; returns the bytes the reply holds, which the
+// kernel copies in before it writes (empty when `bytes` were not shared). The copy is the kernel's:
+// it is as big as the variable.
+byte_buffer detach_shared(byte_buffer& bytes, wire::buffer_pool& pool) {
+  if (bytes.unique()) return {};
+  byte_buffer fresh = pool.take(bytes.size());
+  if (fresh.size() != bytes.size()) fresh = byte_buffer(bytes.size());
+  return std::exchange(bytes, std::move(fresh));
+}
+
+// Replies this large come from the ps's reply pool. Below it glibc's free lists serve them well;
+// above it, left to glibc, they fault fresh pages in: a block of 32 MiB or more (its largest
+// dynamic mmap threshold on 64-bit) is mapped anew every time, and smaller ones are too whenever
+// other traffic moves glibc's thresholds (lookups of 100k x 16 rows, 3.2 MB replies, faulted
+// 212-420 pages each when scatters shared the ps, none alone: RESULTS.md, 2026-11-27).
+constexpr std::size_t pooled_reply_min_bytes = std::size_t{1} << 20;
+
+// Pooled replies are rounded up to whole granules, so that replies of nearby sizes (lookups of one
+// batch size, their distinct ids varying) share buffers: huge pages from 32 MiB on, an eighth of
+// one below.
+constexpr std::size_t reply_buffer_granule(std::size_t bytes) noexcept {
+  return bytes >= (std::size_t{32} << 20) ? std::size_t{2} << 20 : std::size_t{256} << 10;
+}
+
+// `bytes` for a large reply (a sparse read's rows) from `pool`, rounded up to whole granules, that
+// go back to the pool when the reply's last holder lets go, instead of being unmapped. That holder
+// is on the ps's executor, as the pool requires: the producer that fills the reply, the connection
+// writing it, or handle()'s caller (sparse reads never run on the kernel pool). A fresh buffer
+// faults its pages in while the executor fills it, and every request behind waits: a 58 MB reply's
+// 29 huge pages took up to ~5 ms each on this VM, and such lookups took 45-47 ms against 36-37
+// pooled (RESULTS.md, 2026-11-25). Smaller replies are plain buffers. The pool is the replies'
+// own: sharing one with the requests' segments (ids of sizes that rarely repeat) let those take
+// its places (RESULTS.md, 2026-11-25, 04:20).
+byte_buffer reply_buffer(const std::shared_ptr<wire::buffer_pool>& pool, std::size_t bytes) {
+  const std::size_t granule = reply_buffer_granule(bytes);
+  if (bytes < pooled_reply_min_bytes || bytes > std::numeric_limits<std::size_t>::max() - granule) {
+    return byte_buffer(bytes);
+  }
+  const std::size_t rounded = (bytes + granule - 1) / granule * granule;
+  byte_buffer whole = pool->take(rounded);
+  if (whole.size() != rounded) whole = byte_buffer(rounded);
+  // Owns the whole buffer while the reply's bytes live, then gives it back. Not copyable: only the
+  // one made here may give it back.
+  class give_back {
+   public:
+    give_back(byte_buffer whole, std::weak_ptr<wire::buffer_pool> pool)
+        : whole_(std::move(whole)), pool_(std::move(pool)) {}
+    give_back(const give_back&) = delete;
+    give_back& operator=(const give_back&) = delete;
+    ~give_back() {
+      try {
+        if (auto to = pool_.lock()) to->give(std::move(whole_));
+      } catch (...) {  // no room to keep it: it is just released
+      }
+    }
+
+   private:
+    byte_buffer whole_;
+    std::weak_ptr<wire::buffer_pool> pool_;
+  };
+  std::byte* data = whole.data();
+  return byte_buffer::share(std::make_shared<give_back>(std::move(whole), pool), data, bytes);
+}
+
+}  // namespace
+
+// Storage a kernel writes, made ready by the executor and shared with the kernel (which keeps it
+// alive if the variable goes meanwhile), with what must go in before the kernel writes: the bytes
+// a reply still holds (detach_shared), or a new slot's initial value.
+struct kernel_storage {
+  byte_buffer bytes;
+  byte_buffer copy_from;
+  std::optional<double> fill;
+  dtype type = dtype::float32;
+
+  // The bytes setting it up reads and writes, counted in the kernel's size.
+  std::uint64_t setup_bytes() const noexcept { return fill ? bytes.size() : copy_from.size(); }
+  void set_up() const {
+    if (fill) {
+      const shape_type shape{bytes.size() / size_of(type)};
+      kernels::initialize({.init = initializers::constant{.value = *fill}, .full_shape = shape}, type, shape,
+                          bytes.data());
+    } else if (copy_from.size()) {
+      std::memcpy(bytes.data(), copy_from.data(), copy_from.size());
+    }
+  }
+};
+
+namespace {
+
+constexpr std::uint64_t no_limit = std::numeric_limits<std::uint64_t>::max();
+
+std::uint64_t saturating_add(std::uint64_t a, std::uint64_t b) noexcept { return a > no_limit - b ? no_limit : a + b; }
+
+// What holding a variable costs beside its values: its name, its shape, the hash-map node and the
+// buffer's control block (256 bytes is on the high side for the node and block on 64-bit systems).
+// Counting them keeps millions of tiny variables, or a few with huge names, within max_ps_bytes.
+constexpr std::uint64_t bookkeeping_bytes = 256;
+
+std::uint64_t footprint(const std::string& name, const shape_type& shape, std::uint64_t value_bytes) noexcept {
+  return saturating_add(value_bytes, name.size() + shape.size() * sizeof(std::size_t) + bookkeeping_bytes);
+}
+
+// "300 bytes", "16.0 KiB (16384 bytes)".
+std::string bytes_text(std::uint64_t n) {
+  if (n < 1024) return fmt::format("{} bytes", n);
+  constexpr std::string_view units[] = {"KiB", "MiB", "GiB", "TiB", "PiB", "EiB"};
+  double scaled = static_cast<double>(n) / 1024;
+  std::size_t unit = 0;
+  for (; scaled >= 1024 && unit + 1 < std::size(units); ++unit) scaled /= 1024;
+  return fmt::format("{:.1f} {} ({} bytes)", scaled, units[unit], n);
+}
+
+// The memory this process may use: physical memory, or its cgroup's limit when lower (a
+// container's; cgroup v2, then v1, whose "no limit" is a huge number). Unknown: no limit.
+std::uint64_t usable_memory() {
+  std::uint64_t bytes = no_limit;
+  const long pages = ::sysconf(_SC_PHYS_PAGES);
+  const long page_size = ::sysconf(_SC_PAGE_SIZE);
+  if (pages > 0 && page_size > 0) bytes = static_cast<std::uint64_t>(pages) * static_cast<std::uint64_t>(page_size);
+  for (const char* path : {"/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"}) {
+    std::ifstream in(path);
+    std::uint64_t limit = 0;
+    if (in >> limit && limit > 0) bytes = std::min(bytes, limit);  // v2's "max" does not parse: no limit
+  }
+  return bytes;
+}
+
+// server_options::max_ps_bytes's default: 3/4 of usable memory, leaving room for what a ps holds
+// beyond its variables (frames in flight, copies made while a reply shares a variable's bytes).
+std::uint64_t default_max_ps_bytes() {
+  static const std::uint64_t limit = usable_memory() == no_limit ? no_limit : usable_memory() / 4 * 3;
+  return limit;
+}
+
+// Element `flat` of a tensor of `shape` (which has it) as "[1, 2]".
+std::string index_text(std::size_t flat, const shape_type& shape) {
+  shape_type index(shape.size());
+  for (std::size_t d = shape.size(); d-- > 0;) {
+    index[d] = flat % shape[d];
+    flat /= shape[d];
+  }
+  return to_string(index);
+}
+
+}  // namespace
+
+namespace {
+constexpr std::string_view operation_names[] = {"create", "read", "update", "apply_gradient", "list_slots", "delete", "other"};
+
+std::size_t operation_index(wire::Request::BodyCase body) {
+  switch (body) {
+    case wire::Request::kCreateVariable: return 0;
+    case wire::Request::kReadVariable: return 1;
+    case wire::Request::kUpdateVariable: return 2;
+    case wire::Request::kApplyGradient: return 3;
+    case wire::Request::kListSlots: return 4;
+    case wire::Request::kDeleteVariable: return 5;
+    default: return 6;
+  }
+}
+}  // namespace
+
+ps_service::ps_service(std::string task) : ps_service(std::move(task), server_options{}) {}
+
+ps_service::ps_service(std::string task, const server_options& options)
+    : task_(std::move(task)),
+      max_ps_bytes_(options.max_ps_bytes ? options.max_ps_bytes : default_max_ps_bytes()),
+      max_variable_bytes_(options.max_variable_bytes ? options.max_variable_bytes : max_ps_bytes_),
+      // PSCORO_CHECK_NUMERICS, when set, overrides the program's choice; a bad value stops the ps.
+      check_numerics_(common::flag_from_environment("PSCORO_CHECK_NUMERICS", "refuse NaN and Inf in float values")
+                          .value_or(options.check_numerics)),
+      // Buffers of 256 KiB and more (smaller ones are cheap to allocate), at most 8 and a quarter of
+      // max_ps_bytes (the room it leaves beside the variables is for such buffers) or 1 GiB; sparse
+      // replies (reply_buffer) apart, at most 8 and a sixteenth of it or 256 MiB more.
+      buffers_(std::make_shared<wire::buffer_pool>(256 << 10, 8, std::min(max_ps_bytes_ / 4, std::uint64_t{1} << 30))),
+      reply_buffers_(std::make_shared<wire::buffer_pool>(pooled_reply_min_bytes, 8,
+                                                         std::min(max_ps_bytes_ / 16, std::uint64_t{256} << 20))),
+      offload_bytes_(options.ps_kernel_offload_bytes ? options.ps_kernel_offload_bytes : std::uint64_t{1} << 20) {
+  if (options.ps_kernel_threads) kernel_pool_.emplace(options.ps_kernel_threads);
+  auto& r = metrics::process_registry();
+  for (std::size_t i = 0; i < num_operations; ++i) {
+    const metrics::labels operation{{"operation", std::string(operation_names[i])}};
+    registered_.push_back(r.add("pscoro_ps_operation_seconds", "Time a parameter server took to serve a request.",
+                                operation, operation_seconds_[i]));
+    registered_.push_back(r.add("pscoro_ps_operation_errors_total",
+                                "Requests a parameter server answered with an error.", operation,
+                                operation_errors_[i]));
+  }
+  registered_.push_back(r.add("pscoro_ps_variables", "Variables and optimizer slots a parameter server holds.", {},
+                              variables_gauge_));
+  registered_.push_back(r.add("pscoro_ps_held_bytes",
+                              "Bytes a parameter server holds for variables and slots (as max_ps_bytes counts).", {},
+                              bytes_gauge_));
+  registered_.push_back(r.add("pscoro_ps_pooled_bytes",
+                              "Bytes a parameter server keeps in large buffers for reuse (besides held_bytes; at most "
+                              "max_ps_bytes / 4 or 1 GiB, and a sixteenth of it or 256 MiB for sparse replies; "
+                              "released once unused for server_options::ps_idle_buffers_release).",
+                              {}, pooled_gauge_));
+}
+
+std::uint64_t ps_service::checked_bytes(std::string_view context, dtype type, const shape_type& shape) const {
+  const auto bytes = checked_size_bytes(type, shape);
+  if (!bytes) {
+    invalid(fmt::format("{}: {} {} is too large (its size in bytes does not fit in 64 bits)", context, name_of(type),
+                        to_string(shape)));
+  }
+  return *bytes;
+}
+
+std::uint64_t ps_service::check_room(std::string_view context, std::string_view what, const std::string& name,
+                                     dtype type, const shape_type& shape, std::uint64_t pending) const {
+  const std::uint64_t bytes = checked_bytes(context, type, shape);
+  const auto held = saturating_add(held_bytes_, pending);
+  if (bytes > max_variable_bytes_) {
+    throw error(errc::resource_exhausted,
+                fmt::format("{}: {}{} {} takes {}, more than the {} {} allows per variable "
+                            "(server_options::max_variable_bytes raises it; {} holds {})",
+                            context, what, name_of(type), to_string(shape), bytes_text(bytes),
+                            bytes_text(max_variable_bytes_), task_, task_, bytes_text(held)));
+  }
+  const std::uint64_t adds = footprint(name, shape, bytes);
+  if (adds > max_ps_bytes_ || held > max_ps_bytes_ - adds) {
+    throw error(errc::resource_exhausted,
+                fmt::format("{}: {}{} {} takes {} and {} already holds {} of variables and slots{}: that is past "
+                            "its limit of {} (server_options::max_ps_bytes raises it)",
+                            context, what, name_of(type), to_string(shape), bytes_text(bytes), task_,
+                            bytes_text(held), pending ? " (counting the slots this step creates before it)" : "",
+                            bytes_text(max_ps_bytes_)));
+  }
+  return adds;
+}
+
+void ps_service::check_finite(std::string_view context, std::string_view what, const tensor& values) const {
+  if (!check_numerics_) return;
+  const value_scan* scan = scanned(values);
+  const std::size_t at =
+      scan ? scan->non_finite_at : kernels::first_non_finite(values.type(), values.bytes().data(), values.size());
+  if (at == values.size()) return;
+  const double x =
+      visit_dtype(values.type(), [&](auto zero) { return static_cast<double>(values.data<decltype(zero)>()[at]); });
+  const std::string_view bad = std::isnan(x) ? "NaN" : x > 0 ? "Inf" : "-Inf";
+  const std::string where = values.shape().empty()
+                                ? fmt::format("the {}", what)
+                                : fmt::format("element {} of the {}", index_text(at, values.shape()), what);
+  invalid(fmt::format("{}: {} is {} (server_options::check_numerics is on)", context, where, bad));
+}
+
+void ps_service::check_divisors(std::string_view context, update_op op, const tensor& divisors) const {
+  const value_scan* scan = scanned(divisors);
+  const std::size_t at = scan ? scan->zero_at
+                              : kernels::first_zero_divisor(op, divisors.type(), divisors.bytes().data(), divisors.size());
+  if (at == divisors.size()) return;
+  invalid(fmt::format("{}: integer division by zero (element {} of the divisor)", context,
+                      index_text(at, divisors.shape())));
+}
+
+std::vector<ps_service::value_scan> ps_service::values_to_scan(const wire::frame& request) const {
+  std::vector<value_scan> out;
+  if (!kernel_pool_) return out;
+  std::uint64_t bytes = 0;
+  try {
+    const auto add = [&](const wire::TensorRef& ref, update_op op) {
+      const tensor values = wire::get_tensor(request, ref);
+      const bool numerics = check_numerics_ && kernels::is_float(values.type());
+      const bool divisors = op == update_op::div && !kernels::is_float(values.type());
+      if (!numerics && !divisors) return;
+      out.push_back({values, op, values.size(), values.size()});
+      bytes += values.size_bytes();
+    };
+    const auto& body = request.message.request();
+    switch (body.body_case()) {
+      case wire::Request::kCreateVariable:
+        if (!body.create_variable().has_initializer()) add(body.create_variable().initial_value(), update_op::assign);
+        break;
+      case wire::Request::kUpdateVariable:
+        add(body.update_variable().value(), decode_op(body.update_variable().op()));
+        break;
+      case wire::Request::kApplyGradient: add(body.apply_gradient().gradient(), update_op::assign); break;
+      default: break;
+    }
+  } catch (const std::exception&) {
+    return {};
+  }
+  if (bytes < offload_bytes_) out.clear();
+  return out;
+}
+
+const ps_service::value_scan* ps_service::scanned(const tensor& values) const noexcept {
+  for (const auto& scan : value_scans_) {
+    if (scan.values.bytes().data() == values.bytes().data() && scan.values.size_bytes() == values.size_bytes() &&
+        scan.values.type() == values.type()) {
+      return &scan;
+    }
+  }
+  return nullptr;
+}
+
+ps_service::stored_variable& ps_service::hold(const std::string& name, stored_variable stored) {
+  const auto adds = footprint(name, stored.shape, stored.bytes.size());
+  auto& held = variables_.emplace(name, std::move(stored)).first->second;
+  held_bytes_ = saturating_add(held_bytes_, adds);
+  return held;
+}
+
+void ps_service::release(std::unordered_map<std::string, stored_variable>::iterator it) {
+  const auto gives_back = footprint(it->first, it->second.shape, it->second.bytes.size());
+  held_bytes_ -= std::min(held_bytes_, gives_back);
+  variables_.erase(it);
+}
+
+void ps_service::remove(const wire::DeleteVariable& request) {
+  find(request.variable(), "delete");  // exists, as the caller thinks it is
+  const auto& name = request.variable().name();
+  for (auto it = variables_.begin(); it != variables_.end();) {
+    const auto next = std::next(it);
+    if (it->second.slot_of == name) release(it);
+    it = next;
+  }
+  release(variables_.find(name));
+}
+
+ps_service::~ps_service() {
+  alive_.reset();
+  fail_waiting(make_error_code(errc::unavailable));
+  // The kernel running, if any, only touches storage it shares; its continuation finds alive_ gone.
+  if (kernel_pool_) kernel_pool_->join();  // runs what is queued too: each kernel's owner is waiting
+}
+
+void ps_service::clear() noexcept {
+  ++generation_;
+  fail_waiting(make_error_code(errc::aborted));
+  variables_.clear();
+  buffers_->clear();
+  reply_buffers_->clear();
+  held_bytes_ = 0;
+  publish();
+}
+
+void ps_service::fail_waiting(std::error_code ec) noexcept {
+  auto lanes = std::move(lanes_);
+  lanes_.clear();
+  for (auto& [_, lane] : lanes) {
+    for (auto& waiter : lane.waiting) waiter(ec);
+  }
+}
+
+ps_service::lane_hold::~lane_hold() {
+  if (!alive_.expired() && ps_->generation_ == generation_) ps_->release_lane(key_);
+}
+
+void ps_service::release_lane(const std::string& key) {
+  const auto it = lanes_.find(key);
+  if (it == lanes_.end()) return;
+  if (it->second.waiting.empty()) {
+    lanes_.erase(it);
+    return;
+  }
+  // Handed on: the lane stays, so whatever arrives before the next request resumes queues behind it.
+  auto next = std::move(it->second.waiting.front());
+  it->second.waiting.pop_front();
+  next(std::error_code{});
+}
+
+std::string ps_service::lane_of(const wire::Request& request) const {
+  const std::string* name = nullptr;
+  switch (request.body_case()) {
+    case wire::Request::kCreateVariable:
+      if (request.create_variable().has_slot_of()) return request.create_variable().slot_of().variable();
+      return request.create_variable().variable().name();
+    case wire::Request::kReadVariable: name = &request.read_variable().variable().name(); break;
+    case wire::Request::kUpdateVariable: name = &request.update_variable().variable().name(); break;
+    case wire::Request::kApplyGradient: name = &request.apply_gradient().variable().name(); break;
+    case wire::Request::kListSlots: name = &request.list_slots().variable().name(); break;
+    case wire::Request::kDeleteVariable: name = &request.delete_variable().variable().name(); break;
+    default: return {};
+  }
+  // A slot is written by its variable's optimizer steps: it shares the variable's lane.
+  if (const auto it = variables_.find(*name); it != variables_.end()) {
+    return it->second.slot_of.empty() ? *name : it->second.slot_of;
+  }
+  // Not there (yet): it may be a slot ("w/adagrad/accumulator") that a step waiting in its
+  // variable's lane creates; then it waits there too, as if served after that step.
+  for (auto slash = name->rfind('/'); slash != std::string::npos && slash > 0; slash = name->rfind('/', slash - 1)) {
+    std::string prefix = name->substr(0, slash);
+    if (lanes_.contains(prefix)) return prefix;
+  }
+  return *name;
+}
+
+void ps_service::run_kernel(std::uint64_t bytes, std::function<void()> kernel) {
+  if (serving_ && kernel_pool_ && bytes >= offload_bytes_) {
+    deferred_ = std::move(kernel);
+    return;
+  }
+  kernel();
+}
+
+namespace {
+using asio::experimental::as_tuple;
+
+// A kernel thread yields the CPU to the executor's (Linux: nice is per thread; +5 weighs it about
+// 3x less than a thread at the process's own nice): on a busy machine the executor then still
+// answers small requests at once while a big kernel runs. Once per thread; failure changes nothing.
+void lower_kernel_thread_priority() noexcept {
+  thread_local bool lowered = false;
+  if (lowered) return;
+  lowered = true;
+  errno = 0;
+  const int now = ::getpriority(PRIO_PROCESS, 0);
+  if (errno == 0) ::setpriority(PRIO_PROCESS, static_cast<id_t>(::syscall(SYS_gettid)), std::min(now + 5, 19));
+}
+
+wire::frame error_frame(std::error_code ec, std::string message, const std::string& task) {
+  wire::frame out;
+  wire::set_status(*out.message.mutable_response()->mutable_status(), ec, std::move(message), task);
+  return out;
+}
+
+// The answer of a request whose job ran on the pool while the ps stopped (`gone`) or the
+// coordinator session ended (`ended`), if either; `doing` says what it was doing ("it updated 'w'").
+std::optional<wire::frame> interrupted(bool gone, bool ended, const std::string& task, std::string_view doing) {
+  if (gone) return error_frame(make_error_code(errc::unavailable), fmt::format("{} stopped while {}", task, doing), task);
+  if (ended) {
+    return error_frame(make_error_code(errc::aborted),
+                       fmt::format("the coordinator session ended on {} while {}", task, doing), task);
+  }
+  return std::nullopt;
+}
+}  // namespace
+
+asio::awaitable<wire::frame> ps_service::serve(wire::frame request) {
+  const std::weak_ptr<const bool> alive = alive_;
+  const auto generation = generation_;
+  std::optional<std::string> key;
+  // The variable's lane while this request holds it: let go however serve() ends (unless the ps is
+  // gone or its session ended since), or handed on to a reply filled as it is sent.
+  std::shared_ptr<lane_hold> lane;
+  if (!lanes_.empty()) {
+    key = lane_of(request.message.request());
+    if (const auto it = key->empty() ? lanes_.end() : lanes_.find(*key); it != lanes_.end()) {
+      // Its variable has a kernel running: wait for the requests before this one.
+      const std::string task = task_;
+      const auto executor = co_await asio::this_coro::executor;
+      // as_tuple: the code comes back as a value (use_awaitable alone would throw it).
+      auto token = as_tuple(asio::use_awaitable);
+      const auto [ec] = co_await asio::async_initiate<decltype(token), void(std::error_code)>(
+          [&](auto handler) { it->second.waiting.emplace_back(std::move(handler), executor); }, token);
+      if (alive.expired() || ec == make_error_code(errc::unavailable)) {
+        co_return error_frame(make_error_code(errc::unavailable),
+                              fmt::format("{} stopped while a request for '{}' waited for its turn", task, *key), task);
+      }
+      if (ec || generation != generation_) {  // errc::aborted: clear()
+        co_return error_frame(make_error_code(errc::aborted),
+                              fmt::format("the coordinator session ended on {} while a request for '{}' waited for "
+                                          "its turn",
+                                          task, *key),
+                              task);
+      }
+      lane = std::make_shared<lane_hold>(this, alive_, generation_, *key);
+    }
+  }
+  const auto take_lane = [&] {
+    if (lane) return;
+    if (!key) key = lane_of(request.message.request());
+    auto hold = std::make_shared<lane_hold>(this, alive_, generation_, *key);
+    lanes_.try_emplace(*key);
+    lane = std::move(hold);
+  };
+  // A big request's values are scanned (check_numerics, zero divisors) on the pool before handle()
+  // changes anything, holding the variable's lane: requests after it still wait their turn.
+  if (auto to_scan = values_to_scan(request); !to_scan.empty()) {
+    take_lane();
+    ++offloaded_scans_;
+    auto scans = std::make_shared<std::vector<value_scan>>(std::move(to_scan));
+    const std::string task = task_;
+    const bool numerics = check_numerics_;
+    auto scanning = on_pool([scans, numerics] {
+      for (auto& scan : *scans) {
+        const auto* bytes = scan.values.bytes().data();
+        if (numerics) scan.non_finite_at = kernels::first_non_finite(scan.values.type(), bytes, scan.values.size());
+        scan.zero_at = kernels::first_zero_divisor(scan.op, scan.values.type(), bytes, scan.values.size());
+      }
+    });
+    const std::exception_ptr failure = co_await std::move(scanning);
+    const bool gone = alive.expired();  // then `this` is too: nothing of it is read
+    if (auto answer = interrupted(gone, !gone && generation != generation_, task,
+                                  fmt::format("it checked the values for '{}'", *key))) {
+      co_return std::move(*answer);
+    }
+    if (!failure) value_scans_ = std::move(*scans);  // the scans cannot throw; if they did, handle() scans again
+  }
+  serving_ = true;
+  wire::frame response = handle(request);
+  serving_ = false;
+  value_scans_.clear();  // before recycle(): they share the request's segments
+  if (response.produce_last) {
+    // A reply filled as it is sent (read): the variable's lane goes with its producer, released
+    // once the last row is gathered (the storage let go first, so the next update finds it
+    // unshared), or when the frame is dropped with its connection.
+    take_lane();
+    const std::size_t size = response.segments.back().size();
+    response.produce_last = [fill = std::move(response.produce_last), hold = std::move(lane), size]() mutable {
+      const std::size_t filled = fill();
+      if (filled >= size) {
+        fill = nullptr;
+        hold.reset();
+      }
+      return filled;
+    };
+  }
+  if (deferred_) {
+    auto kernel = std::exchange(deferred_, nullptr);
+    const auto measured = deferred_timing_;
+    take_lane();
+    ++offloaded_;
+    const std::string task = task_;
+    auto running = on_pool(std::move(kernel));
+    const std::exception_ptr failure = co_await std::move(running);
+    const bool gone = alive.expired();  // then `this` is too: nothing of it is read
+    if (auto answer = interrupted(gone, !gone && generation != generation_, task, fmt::format("it updated '{}'", *key))) {
+      co_return std::move(*answer);
+    }
+    if (failure) {
+      response = wire::frame{};
+      *response.message.mutable_response()->mutable_status() = wire::status_of(failure, task_);
+      operation_errors_[measured.operation].inc();
+    }
+    if (measured.timed) {
+      operation_seconds_[measured.operation].observe(
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - measured.started).count());
+    }
+  }
+  recycle(std::move(request));
+  lane.reset();
+  co_return response;
+}
+
+asio::awaitable<std::exception_ptr> ps_service::on_pool(std::function<void()> job) {
+  const auto executor = co_await asio::this_coro::executor;
+  auto token = as_tuple(asio::use_awaitable);
+  const auto [failure] = co_await asio::async_initiate<decltype(token), void(std::exception_ptr)>(
+      [&](auto handler) {
+        // Holds the executor's work while the job runs: its io_context keeps running for it.
+        detail::erased_handler<void(std::exception_ptr)> done(std::move(handler), executor);
+        asio::post(*kernel_pool_, [job = std::move(job), done = std::move(done), hook = kernel_hook_]() mutable {
+          lower_kernel_thread_priority();
+          std::exception_ptr failure;
+          try {
+            if (hook) hook();
+            job();
+          } catch (...) {
+            failure = std::current_exception();
+          }
+          job = nullptr;  // lets go of the storage before the executor looks at who shares it
+          done(failure);
+        });
+      },
+      token);
+  co_return failure;
+}
+
+wire::frame ps_service::handle(const wire::frame& request) {
+  const bool timed = metrics::enabled();  // no clock read while metrics are off
+  const auto started = timed ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point{};
+  const auto operation = operation_index(request.message.request().body_case());
+  wire::frame response;
+  response.message.mutable_response();
+  std::exception_ptr failure;
+  try {
+    const auto& body = request.message.request();
+    switch (body.body_case()) {
+      case wire::Request::kCreateVariable: create(request, body.create_variable()); break;
+      case wire::Request::kReadVariable: read(request, body.read_variable(), response); break;
+      case wire::Request::kUpdateVariable: update(request, body.update_variable()); break;
+      case wire::Request::kApplyGradient: apply_gradient(request, body.apply_gradient()); break;
+      case wire::Request::kListSlots: list_slots(body.list_slots(), response); break;
+      case wire::Request::kDeleteVariable: remove(body.delete_variable()); break;
+      case wire::Request::kHeartbeat:  // answered by the server before it gets here
+      case wire::Request::kShutdown: break;
+      case wire::Request::kRunFunction:
+        throw error(errc::failed_precondition,
+                    fmt::format("{} is a parameter server and runs no worker functions ('{}' was sent here)", task_,
+                                body.run_function().name()));
+      case wire::Request::kCreateIterator:
+        throw error(errc::failed_precondition,
+                    fmt::format("{} is a parameter server and builds no datasets ('{}' was sent here)", task_,
+                                body.create_iterator().function()));
+      case wire::Request::kReleaseIterator:
+        throw error(errc::failed_precondition, fmt::format("{} is a parameter server and holds no iterators", task_));
+      case wire::Request::kCreatePerWorkerVariable:
+      case wire::Request::kReadPerWorkerVariable:
+        throw error(errc::failed_precondition,
+                    fmt::format("{} is a parameter server and holds no per-worker variables", task_));
+      case wire::Request::kCreateResource:
+        throw error(errc::failed_precondition,
+                    fmt::format("{} is a parameter server and builds no per-worker resources ('{}' was sent here)",
+                                task_, body.create_resource().function()));
+      case wire::Request::kCancelClosures:
+        throw error(errc::failed_precondition, fmt::format("{} is a parameter server and runs no closures", task_));
+      case wire::Request::BODY_NOT_SET: throw error(errc::invalid_argument, "empty request");
+    }
+  } catch (const std::bad_alloc&) {
+    // The limits stop a request from asking for more than the ps may hold, but the machine may
+    // have less free than the limits assume: the caller learns how much the ps holds.
+    failure = std::make_exception_ptr(
+        error(errc::resource_exhausted, fmt::format("{} ran out of memory serving the request (it holds {} of "
+                                                    "variables and slots)",
+                                                    task_, bytes_text(held_bytes_))));
+  } catch (...) {
+    failure = std::current_exception();
+  }
+  if (failure) {
+    response = wire::frame{};
+    *response.message.mutable_response()->mutable_status() = wire::status_of(failure, task_);
+    operation_errors_[operation].inc();
+  }
+  if (deferred_) {
+    deferred_timing_ = {operation, timed, started};  // serve() observes it once the kernel is done
+  } else if (timed) {
+    operation_seconds_[operation].observe(
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count());
+  }
+  publish();
+  return response;
+}
+
+void ps_service::create(const wire::frame& request, const wire::CreateVariable& create) {
+  const variable_ref ref = decode_ref(create.variable());
+  if (ref.name.empty()) invalid("a variable needs a name");
+  const std::string context = fmt::format("create of '{}'", ref.name);
+  const std::uint64_t size = checked_bytes(context, ref.type, ref.shape);
+  tensor initial;
+  std::optional<kernels::shard_initializer> fill;
+  if (create.has_initializer()) {
+    fill = decode_initializer(create.initializer(), ref.name);
+    kernels::check_initializer(*fill, ref.type, ref.shape, ref.name);
+  } else {
+    initial = wire::get_tensor(request, create.initial_value());
+    if (initial.type() != ref.type || initial.shape() != ref.shape) {
+      invalid(fmt::format("initial value of '{}' is {} {} but the variable is {} {}", ref.name,
+                          name_of(initial.type()), to_string(initial.shape()), name_of(ref.type),
+                          to_string(ref.shape)));
+    }
+    check_finite(context, "initial value", initial);
+  }
+  if (variables_.contains(ref.name)) {
+    throw error(errc::already_exists, fmt::format("variable '{}' already exists on {}", ref.name, task_));
+  }
+  std::string owner;
+  if (create.has_slot_of()) {
+    owner = create.slot_of().variable();
+    if (!variables_.contains(owner) || !ref.name.starts_with(owner + "/")) {
+      invalid(fmt::format("'{}' cannot be a slot of '{}': a slot is named '<variable>/...' and lives beside its "
+                          "variable on {}",
+                          ref.name, owner, task_));
+    }
+  }
+  check_room(context, "", ref.name, ref.type, ref.shape, 0);
+  // The frame's segment becomes the variable's storage: no copy.
+  stored_variable stored{.type = ref.type,
+                         .shape = ref.shape,
+                         .bytes = fill ? byte_buffer(size) : initial.bytes(),
+                         .slot_of = std::move(owner),
+                         .slot_initial_value = create.has_slot_of() ? create.slot_of().initial_value() : 0.0};
+  const auto& held = hold(ref.name, std::move(stored));
+  if (fill) {
+    run_kernel(size, [bytes = held.bytes, fill = std::move(*fill), type = ref.type, shape = ref.shape] {
+      kernels::initialize(fill, type, shape, bytes.data());
+    });
+  }
+}
+
+std::uint64_t ps_service::answer_bytes_bound(const wire::frame& request) const noexcept {
+  const auto& body = request.message.request();
+  if (body.body_case() != wire::Request::kReadVariable) return 0;
+  const auto& read = body.read_variable();
+  try {
+    // From the request alone, not from the variables as they are when it arrives: a read right
+    // behind the create of its variable (still in service: its values scanned on the pool) would
+    // count for nothing. read() refuses a read whose variable is not exactly the one it names, so
+    // the bound is exact for every read that succeeds.
+    const variable_ref asked = decode_ref(read.variable());
+    if (read.has_indices() && read.has_rows()) return 0;
+    std::optional<std::uint64_t> bytes;
+    if (!read.has_indices() && !read.has_rows()) {
+      bytes = checked_size_bytes(asked.type, asked.shape);
+    } else {
+      if (asked.shape.empty()) return 0;  // a scalar has no rows
+      std::uint64_t rows = 0;
+      if (read.has_rows()) {
+        const auto& range = read.rows();
+        if (range.begin() > range.end() || range.end() > asked.shape[0]) return 0;
+        rows = range.end() - range.begin();
+      } else {
+        rows = wire::get_tensor(request, read.indices()).size();  // ids may repeat: beyond the variable's rows
+      }
+      bytes = checked_size_bytes(asked.type, rows_shape(rows, asked.shape));
+    }
+    // No variable, and no reply, is larger than max_variable_bytes (creates and sparse reads refuse one).
+    return bytes && *bytes <= max_variable_bytes_ ? *bytes : 0;
+  } catch (...) {
+    return 0;  // refused when served
+  }
+}
+
+ps_service::stored_variable& ps_service::find(const wire::VariableRef& ref, std::string_view operation) {
+  const variable_ref wanted = decode_ref(ref);
+  auto it = variables_.find(wanted.name);
+  if (it == variables_.end()) {
+    throw error(errc::not_found, fmt::format("{}: variable '{}' does not exist on {}", operation, wanted.name, task_));
+  }
+  auto& stored = it->second;
+  if (stored.type != wanted.type || stored.shape != wanted.shape) {
+    invalid(fmt::format("{}: the handle says '{}' is {} {} but {} holds it as {} {}", operation, wanted.name,
+                        name_of(wanted.type), to_string(wanted.shape), task_, name_of(stored.type),
+                        to_string(stored.shape)));
+  }
+  return stored;
+}
+
+std::span<const std::int64_t> ps_service::row_ids(const tensor& indices, const stored_variable& variable,
+                                                  std::string_view operation, const std::string& name) const {
+  if (variable.shape.empty()) invalid(fmt::format("{} of '{}': a scalar variable has no rows", operation, name));
+  if (indices.type() != dtype::int64 || indices.shape().size() != 1) {
+    invalid(fmt::format("{} of '{}': ids must be a 1-D int64 tensor, got {} {}", operation, name,
+                        name_of(indices.type()), to_string(indices.shape())));
+  }
+  const std::span<const std::int64_t> ids(indices.data<std::int64_t>(), indices.size());
+  const std::uint64_t rows = variable.shape[0];
+  for (std::size_t k = 0; k < ids.size(); ++k) {
+    if (ids[k] < 0 || static_cast<std::uint64_t>(ids[k]) >= rows) {
+      invalid(fmt::format("{} of '{}': id {} (position {}) is out of range [0, {})", operation, name, ids[k], k,
+                          rows));
+    }
+  }
+  return ids;
+}
+
+void ps_service::check_rows(const wire::RowRange& range, const stored_variable& variable,
+                            std::string_view operation, const std::string& name) const {
+  if (variable.shape.empty()) invalid(fmt::format("{} of '{}': a scalar variable has no rows", operation, name));
+  if (range.begin() > range.end() || range.end() > variable.shape[0]) {
+    invalid(fmt::format("{} of '{}': rows [{}, {}) are not within [0, {})", operation, name, range.begin(),
+                        range.end(), variable.shape[0]));
+  }
+}
+
+void ps_service::read(const wire::frame& request, const wire::ReadVariable& read, wire::frame& response) {
+  const bool sparse = read.has_indices();
+  auto& stored = find(read.variable(), sparse ? "sparse_read" : "read");
+  auto& out = *response.message.mutable_response()->mutable_result()->mutable_tensor();
+  if (read.has_rows()) {
+    if (sparse) invalid(fmt::format("read of '{}': rows and indices exclude each other", read.variable().name()));
+    check_rows(read.rows(), stored, "read", read.variable().name());
+    // A slice of the storage, shared like a whole read.
+    const std::size_t row_bytes = row_elements(stored.shape) * size_of(stored.type);
+    const auto count = static_cast<std::size_t>(read.rows().end() - read.rows().begin());
+    wire::put_tensor(response, out,
+                     tensor(stored.type, rows_shape(count, stored.shape),
+                            stored.bytes.slice(static_cast<std::size_t>(read.rows().begin()) * row_bytes,
+                                               count * row_bytes)));
+    return;
+  }
+  if (!sparse) {
+    // The reply shares the storage; a later update copies first (make_writable), so the bytes being
+    // written out never change underneath the write.
+    wire::put_tensor(response, out, tensor(stored.type, stored.shape, stored.bytes));
+    return;
+  }
+  const tensor indices = wire::get_tensor(request, read.indices());
+  const auto ids = row_ids(indices, stored, "sparse_read", read.variable().name());
+  // Ids may repeat: a short request could ask for a reply far larger than the variable.
+  auto reply_shape = rows_shape(ids.size(), stored.shape);
+  const auto reply_bytes = checked_size_bytes(stored.type, reply_shape);
+  if (!reply_bytes || *reply_bytes > max_variable_bytes_) {
+    throw error(errc::resource_exhausted,
+                fmt::format("sparse_read of '{}': {} ids make a reply of {} {}, {}, more than the {} {} allows per "
+                            "variable (server_options::max_variable_bytes raises it)",
+                            read.variable().name(), ids.size(), name_of(stored.type), to_string(reply_shape),
+                            reply_bytes ? bytes_text(*reply_bytes) : "over 2^64 bytes",
+                            bytes_text(max_variable_bytes_), task_));
+  }
+  tensor rows(stored.type, std::move(reply_shape), reply_buffer(reply_buffers_, *reply_bytes));
+  wire::put_tensor(response, out, rows);
+  const std::size_t row_bytes = row_elements(stored.shape) * size_of(stored.type);
+  if (serving_ && 2 * *reply_bytes >= offload_bytes_ && row_bytes > 0) {
+    // A large reply is gathered as it is sent, a step per turn of the executor, each step sent
+    // while it is in cache (wire::segment_producer); serve() holds the variable's lane until the
+    // last row is gathered, so no update of it runs meanwhile. The request's ids and the storage
+    // stay alive with the producer.
+    response.produce_last = [rows, storage = stored.bytes, indices, row_bytes, filled = std::size_t{0}]() mutable {
+      const std::size_t step = std::max<std::size_t>(wire::segment_produce_step / row_bytes, 1);
+      const std::size_t first = filled / row_bytes;
+      const std::size_t count = std::min(step, indices.size() - first);
+      common::gather_rows(rows.bytes().data() + filled, storage.data(),
+                  std::span<const std::int64_t>(indices.data<std::int64_t>() + first, count), row_bytes);
+      filled += count * row_bytes;
+      return filled;
+    };
+    return;
+  }
+  common::gather_rows(rows.bytes().data(), stored.bytes.data(), ids, row_bytes);
+}
+
+void ps_service::update(const wire::frame& request, const wire::UpdateVariable& update) {
+  const auto op = decode_op(update.op());
+  const bool scatter = update.has_indices();
+  const auto name = op_name(op, scatter);
+  auto& stored = find(update.variable(), name);
+  const auto& variable = update.variable().name();
+  const std::string context = fmt::format("{} to '{}'", name, variable);
+  const tensor value = wire::get_tensor(request, update.value());
+  if (value.type() != stored.type) {
+    invalid(fmt::format("{} to '{}': dtype {} does not match the variable's {}", name, variable,
+                        name_of(value.type()), name_of(stored.type)));
+  }
+  if (update.has_rows()) {
+    if (scatter) invalid(fmt::format("{} to '{}': rows and indices exclude each other", name, variable));
+    check_rows(update.rows(), stored, name, variable);
+    const auto count = static_cast<std::size_t>(update.rows().end() - update.rows().begin());
+    if (value.shape() != rows_shape(count, stored.shape)) {
+      invalid(fmt::format("{} to rows [{}, {}) of '{}': shape {} is not {}", name, update.rows().begin(),
+                          update.rows().end(), variable, to_string(value.shape()),
+                          to_string(rows_shape(count, stored.shape))));
+    }
+    check_finite(context, "value", value);
+    check_divisors(context, op, value);
+    auto copy_from = detach_shared(stored.bytes, *buffers_);
+    const kernel_storage target{stored.bytes, std::move(copy_from), std::nullopt, stored.type};
+    const std::size_t offset = update.rows().begin() * row_elements(stored.shape) * size_of(stored.type);
+    run_kernel(target.setup_bytes() + 2 * value.size_bytes(), [target, value, op, offset] {
+                 target.set_up();
+                 std::byte* first = target.bytes.data() + offset;
+                 if (op == update_op::assign) {
+                   if (value.bytes().size()) std::memcpy(first, value.bytes().data(), value.bytes().size());
+                 } else {
+                   kernels::combine(op, target.type, first, value.bytes().data(), value.size());
+                 }
+               });
+    return;
+  }
+  if (!scatter) {
+    if (value.shape() != stored.shape) {
+      invalid(fmt::format("{} to '{}': shape {} does not match the variable's {}", name, variable,
+                          to_string(value.shape()), to_string(stored.shape)));
+    }
+    check_finite(context, "value", value);
+    check_divisors(context, op, value);
+    if (op == update_op::assign) {
+      // Adopt the received segment (no copy); the storage it replaces receives a later request's
+      // segment of its size, unless a reply being written still holds it (then it goes when the
+      // reply is written: copy on write, as make_writable).
+      buffers_->give(std::exchange(stored.bytes, value.bytes()));
+      return;
+    }
+    auto copy_from = detach_shared(stored.bytes, *buffers_);
+    const kernel_storage target{stored.bytes, std::move(copy_from), std::nullopt, stored.type};
+    run_kernel(target.setup_bytes() + 2 * value.size_bytes(), [target, value, op] {
+      target.set_up();
+      kernels::combine(op, target.type, target.bytes.data(), value.bytes().data(), value.size());
+    });
+    return;
+  }
+  const tensor indices = wire::get_tensor(request, update.indices());
+  const auto ids = row_ids(indices, stored, name, variable);
+  if (value.shape() != rows_shape(ids.size(), stored.shape)) {
+    invalid(fmt::format("{} to '{}': {} ids need rows of shape {}, got {}", name, variable, ids.size(),
+                        to_string(rows_shape(ids.size(), stored.shape)), to_string(value.shape())));
+  }
+  check_finite(context, "rows", value);
+  check_divisors(context, op, value);
+  auto copy_from = detach_shared(stored.bytes, *buffers_);
+  const kernel_storage target{stored.bytes, std::move(copy_from), std::nullopt, stored.type};
+  run_kernel(target.setup_bytes() + 2 * value.size_bytes() + indices.size_bytes(),
+             [target, value, indices, op, row_size = row_elements(stored.shape)] {
+               target.set_up();
+               const std::span<const std::int64_t> ids(indices.data<std::int64_t>(), indices.size());
+               kernels::scatter(op, target.type, target.bytes.data(), ids, value.bytes().data(), row_size);
+             });
+}
+
+void ps_service::check_slots(std::string_view context, const std::string& variable, const stored_variable& of,
+                             std::span<const slot_plan> plans) const {
+  std::uint64_t pending = 0;  // slots this request creates before the one checked
+  for (const auto& plan : plans) {
+    const auto it = variables_.find(plan.name);
+    if (it == variables_.end()) {
+      pending = saturating_add(
+          pending, check_room(context, fmt::format("slot '{}' of '{}', ", plan.name, variable), plan.name, plan.type,
+                              plan.shape, pending));
+    } else if (it->second.type != plan.type || it->second.shape != plan.shape) {
+      invalid(fmt::format("{}: slot '{}' of {} {} exists as {} {}", context, plan.name, name_of(of.type),
+                          to_string(of.shape), name_of(it->second.type), to_string(it->second.shape)));
+    }
+  }
+}
+
+kernel_storage ps_service::slot(const std::string& variable, const slot_plan& plan) {
+  auto it = variables_.find(plan.name);
+  if (it == variables_.end()) {
+    // Held before its kernel fills it: whoever asks for it waits in its variable's lane meanwhile.
+    const byte_buffer bytes(num_elements(plan.shape) * size_of(plan.type));
+    hold(plan.name, stored_variable{plan.type, plan.shape, bytes, variable, plan.initial_value});
+    return {bytes, {}, plan.initial_value, plan.type};
+  }
+  auto copy_from = detach_shared(it->second.bytes, *buffers_);
+  return {it->second.bytes, std::move(copy_from), std::nullopt, plan.type};
+}
+
+void ps_service::apply_gradient(const wire::frame& request, const wire::ApplyGradient& apply) {
+  const auto opt = decode_optimizer(apply.optimizer());
+  const std::string optimizer(kernels::optimizer_name(opt));
+  const bool sparse = apply.has_indices();
+  const std::string operation = fmt::format("{} {}", optimizer, sparse ? "sparse update" : "update");
+  auto& stored = find(apply.variable(), operation);
+  const std::string& variable = apply.variable().name();
+  const std::string context = fmt::format("{} of '{}'", operation, variable);
+  kernels::check_optimizer(opt);
+  if (stored.type != dtype::float32 && stored.type != dtype::float64) {
+    invalid(fmt::format("{}: optimizers update float32 or float64 variables, not {}", context, name_of(stored.type)));
+  }
+  const tensor gradient = wire::get_tensor(request, apply.gradient());
+  if (gradient.type() != stored.type) {
+    invalid(fmt::format("{}: gradient dtype {} does not match the variable's {}", context, name_of(gradient.type()),
+                        name_of(stored.type)));
+  }
+  std::span<const std::int64_t> ids;
+  tensor indices;
+  if (sparse) {
+    indices = wire::get_tensor(request, apply.indices());
+    ids = row_ids(indices, stored, operation, variable);
+    if (gradient.shape() != rows_shape(ids.size(), stored.shape)) {
+      invalid(fmt::format("{}: {} ids need gradient rows of shape {}, got {}", context, ids.size(),
+                          to_string(rows_shape(ids.size(), stored.shape)), to_string(gradient.shape())));
+    }
+  } else if (gradient.shape() != stored.shape) {
+    invalid(fmt::format("{}: gradient shape {} does not match the variable's {}", context,
+                        to_string(gradient.shape()), to_string(stored.shape)));
+  }
+  check_finite(context, "gradient", gradient);
+  // The slots it keeps, created on first use: they must fit before anything changes.
+  std::vector<slot_plan> plans;
+  const auto specs = kernels::slots_of(opt);
+  for (const auto& spec : specs) {
+    plans.push_back({variable + "/" + optimizer + "/" + spec.name, stored.type, stored.shape, spec.initial_value});
+  }
+  if (kernels::counts_steps(opt)) plans.push_back({variable + "/" + optimizer + "/iterations", dtype::int64, {}, 0});
+  check_slots(context, variable, stored, plans);
+  // Everything is checked: from here on nothing throws, so variable and slots change together.
+  std::vector<kernel_storage> slots;
+  for (std::size_t i = 0; i < specs.size(); ++i) slots.push_back(slot(variable, plans[i]));
+  std::int64_t step = 0;
+  if (kernels::counts_steps(opt)) {
+    const auto count = slot(variable, plans.back());  // a scalar: set up here
+    count.set_up();
+    step = ++*reinterpret_cast<std::int64_t*>(count.bytes.data());
+  }
+  auto copy_from = detach_shared(stored.bytes, *buffers_);
+  const kernel_storage target{stored.bytes, std::move(copy_from), std::nullopt, stored.type};
+  // What it reads and writes: the gradient, and as many bytes of the variable and of each slot.
+  std::uint64_t work = target.setup_bytes() + (2 + slots.size()) * gradient.size_bytes();
+  for (const auto& s : slots) work += s.setup_bytes();
+  run_kernel(work, [target, slots = std::move(slots), opt, step, gradient, indices, sparse,
+                    row_size = row_elements(stored.shape), rows = stored.shape.empty() ? 0 : stored.shape[0]] {
+    target.set_up();
+    std::vector<std::byte*> slot_bytes;
+    for (const auto& s : slots) {
+      s.set_up();
+      slot_bytes.push_back(s.bytes.data());
+    }
+    if (sparse) {
+      const std::span<const std::int64_t> ids(indices.data<std::int64_t>(), indices.size());
+      kernels::apply_sparse(opt, target.type, target.bytes.data(), rows, slot_bytes, step, ids,
+                            gradient.bytes().data(), row_size);
+    } else {
+      kernels::apply_dense(opt, target.type, target.bytes.data(), slot_bytes, step, gradient.bytes().data(),
+                           gradient.size());
+    }
+  });
+}
+
+void ps_service::list_slots(const wire::ListSlots& list, wire::frame& response) {
+  find(list.variable(), "list_slots");
+  const auto& owner = list.variable().name();
+  std::vector<const std::pair<const std::string, stored_variable>*> slots;
+  for (const auto& entry : variables_) {
+    if (entry.second.slot_of == owner) slots.push_back(&entry);
+  }
+  // By name: the order must not depend on the hash map's.
+  std::sort(slots.begin(), slots.end(), [](auto a, auto b) { return a->first < b->first; });
+  auto& out = *response.message.mutable_response();
+  for (const auto* slot : slots) {
+    auto& info = *out.add_slots();
+    encode_ref(*info.mutable_slot(), variable_ref{slot->first, slot->second.type, slot->second.shape, 0});
+    info.set_initial_value(slot->second.slot_initial_value);
+  }
+}
+
+}  // namespace pscoro::ps

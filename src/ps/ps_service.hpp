@@ -1,0 +1,279 @@
+// The parameter-server role: holds variables (and optimizer slots beside them) and serves create,
+// read, gather, update, scatter and optimizer requests. Every request is checked in full (dtype,
+// shape and its size, ids, the caller's idea of the variable, parameters, the memory limits, and
+// NaN/Inf when asked) before anything changes, so a bad request leaves every variable as it was.
+//
+// serve() runs the math of a big request (an optimizer step, an update or an initializer touching
+// at least server_options::ps_kernel_offload_bytes) on a small kernel thread pool and resumes on
+// the executor, so that requests for other variables and heartbeats pass meanwhile; so are the
+// scans of a big request's values for NaN and Inf (check_numerics) and zero divisors, before
+// anything changes. A big sparse read's reply is gathered as the connection sends it, a step per
+// turn of the executor (wire::segment_producer). Requests for one variable (its slots included)
+// are still served in arrival order: a variable whose kernel is running has a lane, and whatever
+// comes for it waits its turn there (docs/design.md, "ps kernels off the event loop").
+#pragma once
+
+#include "wire/buffer_pool.hpp"
+#include "wire/frame.hpp"
+
+#include <pscoro/detail/completion.hpp>
+#include <pscoro/detail/variable_io.hpp>
+#include <pscoro/metrics.hpp>
+
+#include <asio/awaitable.hpp>
+#include <asio/thread_pool.hpp>
+
+#include <array>
+#include <chrono>
+#include <cstdint>
+#include <deque>
+#include <exception>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+#include <vector>
+
+namespace pscoro {
+struct server_options;
+}
+
+namespace pscoro::ps {
+
+struct kernel_storage;
+
+class ps_service {
+ public:
+  /// A ps `task` ("ps:0") with server_options' default limits.
+  explicit ps_service(std::string task);
+  /// A ps `task` with the limits and checks of `options` (PSCORO_CHECK_NUMERICS overrides
+  /// check_numerics; 0 limits become their defaults).
+  ps_service(std::string task, const server_options& options);
+  ps_service(const ps_service&) = delete;  // its metrics are registered by address
+  ps_service& operator=(const ps_service&) = delete;
+  /// Waits for the kernel running on the pool, if any; requests waiting for a variable's turn get
+  /// errc::unavailable.
+  ~ps_service();
+
+  /// Serves one request frame on the calling thread, the math included; failures come back as an
+  /// error status, never as an exception. For a ps nobody else reaches meanwhile (tests, tools).
+  wire::frame handle(const wire::frame& request);
+
+  /// Serves one request frame on `this`'s executor (the one every call comes from), as the server
+  /// does: a big kernel runs on the kernel pool meanwhile, and the request waits its variable's turn
+  /// (errc::aborted when the session ends first, errc::unavailable when the ps is destroyed). Gives
+  /// the request's segments to buffers() when done (recycle). A big sparse read's response comes
+  /// back with a producer (frame::produce_last) that gathers its rows as a connection sends it,
+  /// holding the variable's lane until it is done or dropped; elsewhere, wire::produce_whole.
+  asio::awaitable<wire::frame> serve(wire::frame request);
+
+  /// The most bytes the answer to `request` can hold, from the request alone
+  /// (wire::connection::bound_answers_by): a read's rows, all of the variable's for a dense read
+  /// (whose answer keeps the storage it read alive, even once an update replaced it). 0 for every
+  /// other request, and for a read whose refusal the request shows (rows past its variable's, a
+  /// reply over max_variable_bytes, ids that are not a tensor). Never throws.
+  std::uint64_t answer_bytes_bound(const wire::frame& request) const noexcept;
+
+  /// Waits for the kernels handed to the pool (their results reach the executor as usual) and runs
+  /// every later one on the executor. A stopped server calls it: no kernel thread is left to post
+  /// to an io_context that may be destroyed next (asio's shutdown does not expect a post from
+  /// another thread while it destroys what is queued).
+  void stop_kernels() {
+    if (!kernel_pool_) return;
+    kernel_pool_->join();  // not reset() alone: its destructor would drop the queued kernels
+    kernel_pool_.reset();
+  }
+
+  /// Test hook: runs on the kernel thread before every job it runs, kernels and scans (the product
+  /// path is the same with or without it). Lets a test hold one while it sends other requests.
+  void set_kernel_hook(std::function<void()> hook) { kernel_hook_ = std::move(hook); }
+  /// Kernels that ran on the pool so far.
+  std::uint64_t offloaded_kernels() const noexcept { return offloaded_; }
+  /// Requests whose values were scanned (check_numerics, zero divisors) on the pool so far.
+  std::uint64_t offloaded_scans() const noexcept { return offloaded_scans_; }
+
+  /// Gives `request`'s segments that nothing holds any more (a variable adopts an assign's) to
+  /// buffers(), once handle() has served it.
+  void recycle(wire::frame request) {
+    for (auto& segment : request.segments) buffers_->give(std::move(segment));
+  }
+  /// The large buffers this ps reuses: storage an assign replaced, copies a kernel replaced, request
+  /// segments it is done with. Its connections receive request segments into them
+  /// (connection::receive_requests_into).
+  const std::shared_ptr<wire::buffer_pool>& buffers() const noexcept { return buffers_; }
+  /// The buffers of sparse reads' replies of 1 MiB or more, kept apart from buffers() so that
+  /// request segments of sizes that rarely repeat do not take their places.
+  const std::shared_ptr<wire::buffer_pool>& reply_buffers() const noexcept { return reply_buffers_; }
+  /// Releases the buffers of both pools that no request has reused for `idle` (the server calls it
+  /// every so often: server_options::ps_idle_buffers_release); returns the bytes released.
+  std::uint64_t release_idle_buffers(std::chrono::steady_clock::duration idle) noexcept {
+    const auto now = std::chrono::steady_clock::now();
+    const std::uint64_t released = buffers_->release_idle(idle, now) + reply_buffers_->release_idle(idle, now);
+    publish();
+    return released;
+  }
+
+  std::size_t num_variables() const noexcept { return variables_.size(); }
+  /// Bytes held for variables and slots, as server_options::max_ps_bytes counts them.
+  std::uint64_t held_bytes() const noexcept { return held_bytes_; }
+  /// Drops every variable and slot (the coordinator session that made them ended). A kernel still
+  /// running keeps the storage it writes alive until it ends; its request and those waiting for
+  /// their variable's turn get errc::aborted.
+  void clear() noexcept;
+
+ private:
+  struct stored_variable {
+    dtype type;
+    shape_type shape;
+    byte_buffer bytes;
+    std::string slot_of;  // an optimizer slot: the variable it belongs to (else empty)
+    double slot_initial_value = 0;
+  };
+
+  /// Refuses (errc::invalid_argument) a variable shape whose size in bytes does not fit in 64 bits,
+  /// and returns that size.
+  std::uint64_t checked_bytes(std::string_view context, dtype type, const shape_type& shape) const;
+  /// Refuses (errc::resource_exhausted) to hold a variable or slot `name` of `type` and `shape` when
+  /// its values are over max_variable_bytes, or when it would take the ps past max_ps_bytes with
+  /// `pending` bytes already promised in this request; returns what it would add. `what` comes
+  /// before the dtype in the message: "" for the variable of `context`, "slot 'w/adam/m' of 'w', ".
+  std::uint64_t check_room(std::string_view context, std::string_view what, const std::string& name, dtype type,
+                           const shape_type& shape, std::uint64_t pending) const;
+  /// Refuses (errc::invalid_argument) `values` holding NaN or Inf when check_numerics is on.
+  void check_finite(std::string_view context, std::string_view what, const tensor& values) const;
+  /// Refuses (errc::invalid_argument) `divisors` holding a zero when `op` is an integer division.
+  void check_divisors(std::string_view context, update_op op, const tensor& divisors) const;
+
+  /// What check_finite and check_divisors find in one of a request's values, found before handle()
+  /// runs (on the pool: a scan of 256 MiB takes tens of milliseconds).
+  struct value_scan {
+    tensor values;  // as handle() decodes it: the scan is used for the same bytes only
+    update_op op;   // what the request does with them (assign: they are not an update's)
+    std::size_t non_finite_at;  // values.size(): none, or check_numerics is off
+    std::size_t zero_at;        // values.size(): none, or not an integer division
+  };
+  /// The values of `request` that check_finite or check_divisors would scan, when together they
+  /// are at least offload_bytes_ (else none: the executor scans them as it goes). A request that
+  /// does not decode gives none: handle() reports what is wrong with it.
+  std::vector<value_scan> values_to_scan(const wire::frame& request) const;
+  /// The scan of `values` made for the request being handled, if any.
+  const value_scan* scanned(const tensor& values) const noexcept;
+  /// Runs `job` on the kernel pool (after the test hook) and resumes on the executor with what it
+  /// threw. `job` must capture what it touches by value: the request may be gone when it runs.
+  asio::awaitable<std::exception_ptr> on_pool(std::function<void()> job);
+
+  void create(const wire::frame& request, const wire::CreateVariable& create);
+  void read(const wire::frame& request, const wire::ReadVariable& read, wire::frame& response);
+  void update(const wire::frame& request, const wire::UpdateVariable& update);
+  void apply_gradient(const wire::frame& request, const wire::ApplyGradient& apply);
+  void list_slots(const wire::ListSlots& list, wire::frame& response);
+  void remove(const wire::DeleteVariable& request);
+  /// Forgets `name`, giving back the bytes hold() counted for it.
+  void release(std::unordered_map<std::string, stored_variable>::iterator it);
+  stored_variable& find(const wire::VariableRef& ref, std::string_view operation);
+  /// A slot an optimizer keeps beside a variable.
+  struct slot_plan {
+    std::string name;  // "w/adam/m"
+    dtype type;
+    shape_type shape;
+    double initial_value;
+  };
+  /// Checks that the slots in `plans` of `variable` either exist as planned or fit in the limits;
+  /// changes nothing.
+  void check_slots(std::string_view context, const std::string& variable, const stored_variable& of,
+                   std::span<const slot_plan> plans) const;
+  /// The slot of `plan` (created on first use; check_slots passed), as its kernel writes it.
+  kernel_storage slot(const std::string& variable, const slot_plan& plan);
+  /// Holds `stored` under `name`, counting its bytes.
+  stored_variable& hold(const std::string& name, stored_variable stored);
+  /// Validates `range` as rows of `variable`: begin <= end <= rows, and the variable has rows.
+  void check_rows(const wire::RowRange& range, const stored_variable& variable, std::string_view operation,
+                  const std::string& name) const;
+  /// Validates `indices` as row ids of `variable`: int64, 1-D, each in [0, rows).
+  std::span<const std::int64_t> row_ids(const tensor& indices, const stored_variable& variable,
+                                        std::string_view operation, const std::string& name) const;
+
+  /// Runs `kernel` now, or, inside serve() with a kernel pool and `bytes` (what it reads and
+  /// writes) at least offload_bytes_, leaves it for serve() to run on the pool. It must capture
+  /// what it touches by value (shared buffers): it may run after the request and the variable are
+  /// gone.
+  void run_kernel(std::uint64_t bytes, std::function<void()> kernel);
+  /// The variable whose lane `request` goes through: an optimizer slot's is its variable's; empty
+  /// for requests that concern no variable.
+  std::string lane_of(const wire::Request& request) const;
+  /// Gives the lane of `key` to the next request waiting for it, or drops it.
+  void release_lane(const std::string& key);
+  /// A lane held by a request in serve(), or by the reply filled as it is sent that it hands it to.
+  /// Released when destroyed, however serve() ends (an exception included), unless the ps is gone
+  /// or its session ended since (clear() dropped the lanes; one of that name now is another's).
+  class lane_hold {
+   public:
+    lane_hold(ps_service* ps, std::weak_ptr<const bool> alive, std::uint64_t generation, std::string key)
+        : ps_(ps), alive_(std::move(alive)), generation_(generation), key_(std::move(key)) {}
+    lane_hold(const lane_hold&) = delete;
+    lane_hold& operator=(const lane_hold&) = delete;
+    ~lane_hold();
+
+   private:
+    ps_service* ps_;
+    std::weak_ptr<const bool> alive_;
+    std::uint64_t generation_;
+    std::string key_;
+  };
+  /// Completes every request waiting for a lane with `ec` and drops the lanes.
+  void fail_waiting(std::error_code ec) noexcept;
+
+  std::string task_;
+  std::uint64_t max_ps_bytes_;
+  std::uint64_t max_variable_bytes_;
+  bool check_numerics_;
+  std::uint64_t held_bytes_ = 0;
+  std::unordered_map<std::string, stored_variable> variables_;
+  std::shared_ptr<wire::buffer_pool> buffers_;
+  std::shared_ptr<wire::buffer_pool> reply_buffers_;  // sparse reads' rows (reply_buffer)
+
+  // Kernels off the executor. A lane exists while a variable has a kernel running (or being handed
+  // on): requests for it wait there, in arrival order, and each is handed the lane in turn.
+  struct lane {
+    std::deque<detail::erased_handler<void(std::error_code)>> waiting;
+  };
+  std::unordered_map<std::string, lane> lanes_;
+  std::uint64_t offload_bytes_;
+  // Inside serve(): run_kernel may defer to the pool, a large read's reply may be filled as it is sent.
+  bool serving_ = false;
+  std::function<void()> deferred_;    // what run_kernel left for serve()
+  struct timing {
+    std::size_t operation = 0;
+    bool timed = false;
+    std::chrono::steady_clock::time_point started;
+  } deferred_timing_;                 // its request's latency metric, observed when it is done
+  std::uint64_t generation_ = 0;      // counts clear(): a kernel's request outliving its session
+  std::uint64_t offloaded_ = 0;
+  std::uint64_t offloaded_scans_ = 0;
+  std::vector<value_scan> value_scans_;  // of the request handle() serves, made on the pool
+  std::function<void()> kernel_hook_;
+  // Whoever resumes after a kernel or a wait checks it first: the ps may be gone.
+  std::shared_ptr<const bool> alive_ = std::make_shared<const bool>(true);
+  // Last: destroyed (joined) first, before what its kernels' continuations would check.
+  std::optional<asio::thread_pool> kernel_pool_;
+
+  // Metrics: per operation (create, read, update, apply_gradient, list_slots, delete, other) its
+  // latency and its errors; what the ps holds. Registered in the process's registry.
+  static constexpr std::size_t num_operations = 7;
+  void publish() noexcept {
+    variables_gauge_.set(static_cast<std::int64_t>(variables_.size()));
+    bytes_gauge_.set(static_cast<std::int64_t>(held_bytes_));
+    pooled_gauge_.set(static_cast<std::int64_t>(buffers_->bytes() + reply_buffers_->bytes()));
+  }
+  std::array<metrics::histogram, num_operations> operation_seconds_;
+  std::array<metrics::counter, num_operations> operation_errors_;
+  metrics::gauge variables_gauge_;
+  metrics::gauge bytes_gauge_;
+  metrics::gauge pooled_gauge_;
+  std::vector<metrics::registry::registration> registered_;
+};
+
+}  // namespace pscoro::ps

@@ -1,0 +1,476 @@
+#include <pscoro/server.hpp>
+
+#include "common/log.hpp"
+#include "metrics/library.hpp"
+#include "net/peer.hpp"
+#include "net/security.hpp"
+#include "ps/ps_service.hpp"
+#include "wire/connection.hpp"
+#include "wire/status.hpp"
+#include "worker/worker_service.hpp"
+
+#include <asio/co_spawn.hpp>
+#include <asio/detached.hpp>
+#include <asio/dispatch.hpp>
+#include <asio/experimental/as_tuple.hpp>
+#include <asio/io_context.hpp>
+#include <asio/ip/tcp.hpp>
+#include <asio/post.hpp>
+#include <asio/signal_set.hpp>
+#include <asio/steady_timer.hpp>
+#include <asio/use_awaitable.hpp>
+
+#include <fmt/chrono.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <deque>
+#include <functional>
+#include <map>
+#include <optional>
+#include <string_view>
+
+namespace pscoro {
+
+using asio::experimental::as_tuple;
+using asio::use_awaitable;
+
+struct server::impl : std::enable_shared_from_this<impl> {
+  asio::any_io_executor executor;
+  std::string job;
+  int index;
+  std::string task;
+  std::string spec_address;
+  std::string listen_address;
+  std::string chief_address;  // where the chief listens for announcements (a worker's; or empty)
+  std::string chief_task;     // the chief's task name, as its Welcome gives it ("chief:0")
+  bool chief_connected = false;
+  transport_options transport;
+  std::uint64_t incarnation = net::new_incarnation();
+  asio::ip::tcp::acceptor acceptor;
+  std::optional<ps::ps_service> ps;
+  // A ps releases the pooled buffers no request reused for this long (0: never), checking on this
+  // timer.
+  std::chrono::milliseconds idle_buffers_release{0};
+  std::optional<asio::steady_timer> idle_buffers_timer;
+  std::optional<worker::worker_service> worker;
+  // Accepted connections and the coordinator session each works for.
+  std::map<std::shared_ptr<wire::connection>, std::uint64_t> connections;
+  // The coordinator session this server works for (0: none yet), and the sessions it worked for
+  // before, newest last: a Hello of one of those is refused.
+  std::uint64_t session = 0;
+  std::deque<std::uint64_t> ended_sessions;
+  static constexpr std::size_t max_ended_sessions = 1024;
+  std::size_t handshakes = 0;  // accepted connections still in their handshake
+  bool stopped = false;
+  // The chief ended the job (Shutdown): the exit code it asked for, the connection that carries
+  // the answer (the server stops once it is written), and how long that may take.
+  std::optional<int> shutdown_code;
+  std::weak_ptr<wire::connection> shutdown_from;
+  std::optional<asio::steady_timer> shutdown_deadline;
+  bool shutdown_finished = false;
+  std::function<void(int exit_code)> on_shutdown;
+
+  std::optional<std::uint16_t> metrics_port;
+
+  impl(asio::any_io_executor ex, const simple_cluster_resolver& resolver, server_options options)
+      : executor(ex), transport(net::with_environment(options.transport)), acceptor(ex) {
+    on_shutdown = std::move(options.on_shutdown);
+    metrics_port = metrics::metrics_port(options.metrics_port);
+    job = resolver.task_type();
+    if (job != "ps" && job != "worker") {
+      throw error(errc::invalid_argument,
+                  fmt::format("a server runs a 'ps' or 'worker' task, not '{}'", job.empty() ? "<none>" : job));
+    }
+    if (!resolver.task_id()) throw error(errc::invalid_argument, fmt::format("the {} task has no index", job));
+    index = *resolver.task_id();
+    task = task_name(job, index);
+    const auto& spec = resolver.cluster_spec();
+    if (!spec.has_job(job)) throw error(errc::invalid_argument, fmt::format("`task_type` '{}' not found in cluster_spec.", job));
+    spec_address = spec.task_address(job, index);
+    listen_address =
+        options.listen_address.empty() ? net::listen_address_for(spec_address, task) : options.listen_address;
+    // A worker tells the chief where it is (it may have come back at another address), if the
+    // spec says where the chief listens.
+    if (job == "worker") {
+      for (const auto& chief_job : {"chief", "master"}) {
+        if (!spec.has_job(chief_job)) continue;
+        const auto indices = spec.task_indices(chief_job);
+        const auto address = spec.task_address(chief_job, indices.front());
+        if (common::split_address(address, chief_job).second != "0") chief_address = address;
+        chief_task = task_name("chief", indices.front());  // the chief answers as "chief" whatever its job's name
+        break;
+      }
+    }
+    if (job == "ps") {
+      ps.emplace(task, options);
+      // A year or more is never (milliseconds::max() would overflow the timer's nanoseconds).
+      const auto release = options.ps_idle_buffers_release;
+      if (release.count() > 0 && release < std::chrono::hours(24 * 365)) idle_buffers_release = release;
+    } else {
+      worker.emplace(executor, task, identity(), transport);
+    }
+  }
+
+  void start() {
+    net::listen_on(acceptor, listen_address, task, transport);
+    if (metrics_port) {
+      const auto listen_host = common::split_address(listen_address, task).first;
+      const auto shown_host = common::split_address(reachable_address(), task).first;
+      metrics::serve_process_metrics(task, listen_host, shown_host, *metrics_port);
+    }
+    asio::co_spawn(executor, accept_loop(shared_from_this()), asio::detached);
+    if (!chief_address.empty()) asio::co_spawn(executor, announce(shared_from_this()), asio::detached);
+    if (ps && idle_buffers_release.count() > 0) {
+      idle_buffers_timer.emplace(executor);
+      asio::co_spawn(executor, release_idle_buffers(shared_from_this()), asio::detached);
+    }
+  }
+
+  // Every half of idle_buffers_release, the ps releases the buffers unused for that long: each goes
+  // back between one and one and a half times that after its last use.
+  static asio::awaitable<void> release_idle_buffers(std::shared_ptr<impl> self) {
+    const auto period = std::max(self->idle_buffers_release / 2, std::chrono::milliseconds{1});
+    while (!self->stopped) {
+      self->idle_buffers_timer->expires_after(period);
+      auto [ec] = co_await self->idle_buffers_timer->async_wait(as_tuple(use_awaitable));
+      if (ec || self->stopped) break;
+      if (const auto released = self->ps->release_idle_buffers(self->idle_buffers_release)) {
+        log::debug("{} released {} bytes of buffers unused for {} ms", self->task, released,
+                   self->idle_buffers_release.count());
+      }
+    }
+  }
+
+  // Where others reach this task: its spec address, with the port it got if the spec said 0.
+  std::string reachable_address() const {
+    const auto [host, port] = common::split_address(spec_address, task);
+    return common::format_address(host, port == "0" ? std::to_string(acceptor.local_endpoint().port()) : port);
+  }
+
+  // Tells the chief where this worker is, until it has heard it or the chief has connected: a
+  // worker that comes back at another address than the one the chief knows is found that way.
+  static asio::awaitable<void> announce(std::shared_ptr<impl> self) {
+    auto hello = net::make_hello(self->identity(), 0);
+    hello.set_address(self->reachable_address());
+    net::peer chief(self->executor, self->chief_task, self->chief_address, hello, self->transport);
+    asio::steady_timer timer(self->executor);
+    auto backoff = std::chrono::milliseconds(100);
+    while (!self->stopped && !self->chief_connected) {
+      try {
+        if (auto connection = co_await chief.connect_once()) {
+          log::info("announced {} at {} to the chief at {}", self->task, hello.address(), self->chief_address);
+          chief.close("announced");
+          co_return;
+        }
+      } catch (const std::exception& e) {
+        log::warning("the chief at {} refused this worker's announcement: {}", self->chief_address, e.what());
+        co_return;
+      }
+      timer.expires_after(backoff);
+      co_await timer.async_wait(as_tuple(use_awaitable));
+      backoff = std::min<std::chrono::milliseconds>(backoff * 2, std::chrono::seconds(5));
+    }
+  }
+
+  void stop() {
+    stopped = true;
+    if (shutdown_deadline) shutdown_deadline->cancel();
+    if (idle_buffers_timer) idle_buffers_timer->cancel();
+    std::error_code ignored;
+    acceptor.close(ignored);
+    auto open = std::move(connections);
+    connections.clear();
+    for (const auto& [connection, _] : open) connection->close("server stopped");
+    if (worker) worker->close_connections();
+    if (ps) ps->stop_kernels();
+  }
+
+  static asio::awaitable<void> accept_loop(std::shared_ptr<impl> self) {
+    net::accept_backoff backoff;
+    while (!self->stopped) {
+      auto [ec, socket] = co_await self->acceptor.async_accept(as_tuple(use_awaitable));
+      if (ec == asio::error::operation_aborted || self->stopped) break;
+      if (ec) {
+        co_await backoff.failed(ec, self->task);
+        continue;
+      }
+      backoff.succeeded();
+      asio::co_spawn(self->executor, handshake(self, std::move(socket)), asio::detached);
+    }
+  }
+
+  net::task_identity identity() const { return {job, index, incarnation}; }
+
+  // Puts the connection from `peer` into coordinator session `hello_session`: the current one; or,
+  // for the chief (`opens`), a new one, which ends the current session (its connections are closed
+  // and its state released: variables on a ps, iterators on a worker); never an ended one. Returns
+  // why the connection is refused, or "".
+  std::string join_session(std::uint64_t hello_session, const std::string& peer, bool opens) {
+    if (hello_session == 0) return fmt::format("the Hello of {} names no coordinator session", peer);
+    if (hello_session == session) return {};
+    if (std::find(ended_sessions.begin(), ended_sessions.end(), hello_session) != ended_sessions.end()) {
+      return fmt::format("coordinator session {:016x} of {} has ended on {}: a newer coordinator (session {:016x}) "
+                         "took over",
+                         hello_session, peer, task, session);
+    }
+    if (!opens) {
+      return fmt::format("coordinator session {:016x} of {} is not open on {}: only the chief opens a session",
+                         hello_session, peer, task);
+    }
+    if (session != 0) {
+      log::info("new coordinator session {:016x} (from {}): ending session {:016x} and releasing its {}", hello_session,
+                peer, session, ps ? fmt::format("{} variable(s)", ps->num_variables()) : std::string("iterators"));
+      ended_sessions.push_back(session);
+      if (ended_sessions.size() > max_ended_sessions) ended_sessions.pop_front();
+      std::vector<std::shared_ptr<wire::connection>> ended;
+      for (const auto& [connection, its_session] : connections) {
+        if (its_session != hello_session) ended.push_back(connection);
+      }
+      for (const auto& connection : ended) {
+        connections.erase(connection);
+        connection->close(fmt::format("coordinator session {:016x} ended", session));
+      }
+      if (ps) ps->clear();
+      if (worker) worker->end_session();
+    }
+    session = hello_session;
+    return {};
+  }
+
+  static asio::awaitable<void> handshake(std::shared_ptr<impl> self, asio::ip::tcp::socket socket) {
+    std::error_code ignored;
+    const auto remote = socket.remote_endpoint(ignored);
+    auto connection = std::make_shared<wire::connection>(
+        std::move(socket), net::limits_of(self->transport),
+        common::format_address(remote));
+    if (self->connections.size() + self->handshakes >= self->transport.max_connections) {
+      net::refuse_early(connection, self->transport, make_error_code(errc::resource_exhausted),
+                            fmt::format("{} holds {} connections, its limit (transport_options::max_connections)",
+                                        self->task, self->connections.size() + self->handshakes),
+                            self->task);
+      co_return;
+    }
+    ++self->handshakes;
+    std::optional<wire::Hello> hello;
+    try {
+      const auto identity = self->identity();  // named: g++ 12 destroys a co_await's temporaries early
+      hello = co_await net::receive_hello(connection, self->transport, identity);
+    } catch (...) {
+      --self->handshakes;
+      throw;
+    }
+    --self->handshakes;
+    if (!hello) co_return;
+    const auto& h = *hello;
+    // The chief opens and ends sessions; workers only join the current one, on a ps. Any other
+    // role (an evaluator, a second program started by mistake) is refused before it changes anything.
+    const bool chief = h.job() == "chief";
+    if (!chief && !(h.job() == "worker" && self->ps)) {
+      net::refuse(connection, make_error_code(errc::permission_denied),
+                      fmt::format("{} does not accept connections from '{}' tasks: only the chief opens a coordinator "
+                                  "session{}",
+                                  self->task, h.job(), self->ps ? ", and workers join it" : ""),
+                      self->task);
+      co_return;
+    }
+    connection->set_peer(fmt::format("{} at {}", task_name(h.job(), h.task_index()), connection->peer()));
+    if (const auto refused = self->join_session(h.session(), connection->peer(), chief); !refused.empty()) {
+      net::refuse(connection, make_error_code(errc::aborted), refused, self->task);
+      co_return;
+    }
+    if (chief && self->worker) {
+      self->worker->set_cluster(h);
+      self->chief_connected = true;
+    }
+    log::debug("accepted {}", connection->peer());
+    connection->count_traffic(&metrics::traffic_of(task_name(h.job(), h.task_index())));
+
+    net::welcome(connection, self->identity());
+
+    self->connections.emplace(connection, h.session());
+    std::weak_ptr<impl> weak_self = self;
+    std::weak_ptr<wire::connection> weak_connection = connection;
+    if (self->ps) {
+      connection->receive_requests_into(self->ps->buffers());
+      // A read of a few bytes can ask for a variable's worth of answer: counted from its arrival, so
+      // a peer cannot have more answers in the making than max_bytes_in_flight holds.
+      connection->bound_answers_by([weak_self](const wire::frame& request) -> std::uint64_t {
+        const auto s = weak_self.lock();
+        return s && s->ps ? s->ps->answer_bytes_bound(request) : 0;
+      });
+    }
+    connection->start(
+        [weak_self, weak_connection, session = h.session(), chief](wire::frame request) {
+          return serve(weak_self, weak_connection, session, chief, std::move(request));
+        },
+        [weak_self, weak_connection](const std::string& reason) {
+          auto s = weak_self.lock();
+          auto c = weak_connection.lock();
+          if (!s || !c) return;
+          log::debug("connection from {} closed: {}", c->peer(), reason);
+          s->connections.erase(c);
+          if (s->shutdown_code && s->shutdown_from.lock() == c) s->finish_shutdown();
+        });
+  }
+
+  // A request that only the chief may make: its name, and what it does.
+  struct chief_request {
+    std::string_view name, action;
+  };
+  static std::optional<chief_request> chief_only(const wire::Request& request) {
+    if (request.has_shutdown()) return chief_request{"Shutdown", "end the job"};
+    if (request.has_delete_variable()) return chief_request{"DeleteVariable", "delete variables"};
+    return std::nullopt;
+  }
+
+  // The chief on `from` ended the job: answers it, stops accepting, and stops for good once the
+  // answer is written (or after handshake_timeout if it cannot be).
+  wire::frame shutdown(const wire::Shutdown& asked, const std::shared_ptr<wire::connection>& from) {
+    wire::frame response;
+    response.message.mutable_response();
+    const auto& peer = from ? from->peer() : std::string("a closed connection");
+    if (shutdown_code) return response;  // already stopping
+    shutdown_code = asked.exit_code();
+    log::info("the chief ({}) ended the job with exit code {}: {} stops", peer, *shutdown_code, task);
+    stopped = true;
+    std::error_code ignored;
+    acceptor.close(ignored);
+    if (worker) worker->end_session();  // running closures are cancelled; nobody waits for them
+    shutdown_from = from;
+    // Posted: the answer is queued behind this handler, and closing after the flush sends it.
+    asio::post(executor, [weak = std::weak_ptr(from)] {
+      if (auto connection = weak.lock()) connection->close_after_flush("the chief ended the job");
+    });
+    shutdown_deadline.emplace(executor, transport.handshake_timeout);
+    shutdown_deadline->async_wait([weak = weak_from_this()](std::error_code ec) {
+      if (auto self = weak.lock(); self && !ec) self->finish_shutdown();
+    });
+    return response;
+  }
+
+  void finish_shutdown() {
+    if (!shutdown_code || shutdown_finished) return;
+    shutdown_finished = true;
+    stop();
+    if (on_shutdown) on_shutdown(*shutdown_code);
+  }
+
+  static asio::awaitable<wire::frame> serve(std::weak_ptr<impl> weak, std::weak_ptr<wire::connection> weak_connection,
+                                            std::uint64_t session, bool from_chief, wire::frame request) {
+    auto self = weak.lock();
+    if (!self) throw error(errc::unavailable, "server stopped");
+    if (request.message.request().has_heartbeat()) {
+      wire::frame alive;
+      alive.message.mutable_response();
+      co_return alive;
+    }
+    // The connection is closed when its session ends; this catches what was already on its way.
+    if (session != self->session) {
+      wire::frame refused;
+      wire::set_status(*refused.message.mutable_response()->mutable_status(), make_error_code(errc::aborted),
+                       fmt::format("coordinator session {:016x} has ended on {}", session, self->task), self->task);
+      co_return refused;
+    }
+    const auto& body = request.message.request();
+    if (const auto asked = chief_only(body); asked && !from_chief) {
+      const auto connection = weak_connection.lock();
+      wire::frame refused;
+      wire::set_status(*refused.message.mutable_response()->mutable_status(), make_error_code(errc::permission_denied),
+                       fmt::format("{} takes {} only from the chief; {} may not {}", self->task, asked->name,
+                                   connection ? connection->peer() : std::string("a closed connection"),
+                                   asked->action),
+                       self->task);
+      co_return refused;
+    }
+    if (body.has_shutdown()) co_return self->shutdown(body.shutdown(), weak_connection.lock());
+    if (self->ps) {
+      // Not holding the server while the ps serves: while a big kernel runs, this frame belongs to
+      // the kernel thread's task, which must never own (and so end up destroying) the server. The
+      // ps checks that it still lives when the kernel is done.
+      auto& ps = *self->ps;
+      self.reset();
+      co_return co_await ps.serve(std::move(request));
+    }
+    co_return co_await self->worker->handle(std::move(request));
+  }
+};
+
+server::server(asio::any_io_executor executor, const simple_cluster_resolver& resolver, server_options options)
+    : impl_(std::make_shared<impl>(std::move(executor), resolver, std::move(options))) {}
+
+server::~server() {
+  if (impl_) impl_->stop();
+}
+
+void server::start() { impl_->start(); }
+// Dispatched: at once on the executor's thread; from another (a dataset or resource function runs on
+// the worker's build thread, whose stop would otherwise join itself), posted to the executor.
+void server::stop() {
+  asio::dispatch(impl_->executor, [impl = impl_] { impl->stop(); });
+}
+std::uint16_t server::port() const { return impl_->acceptor.local_endpoint().port(); }
+std::string server::address() const {
+  return common::format_address(impl_->acceptor.local_endpoint());
+}
+const std::string& server::task() const noexcept { return impl_->task; }
+
+void server::bind_erased(std::string name, std::string signature, detail::erased_worker_function fn) {
+  if (!impl_->worker) {
+    throw error(errc::failed_precondition, fmt::format("{} is not a worker: it cannot bind '{}'", impl_->task, name));
+  }
+  impl_->worker->bind(std::move(name), std::move(signature), std::move(fn));
+}
+
+void server::bind_dataset_erased(std::string name, detail::erased_dataset_function fn) {
+  if (!impl_->worker) {
+    throw error(errc::failed_precondition, fmt::format("{} is not a worker: it cannot bind '{}'", impl_->task, name));
+  }
+  impl_->worker->bind_dataset(std::move(name), std::move(fn));
+}
+
+void server::bind_resource_erased(std::string name, detail::erased_resource_function fn) {
+  if (!impl_->worker) {
+    throw error(errc::failed_precondition, fmt::format("{} is not a worker: it cannot bind '{}'", impl_->task, name));
+  }
+  impl_->worker->bind_resource(std::move(name), std::move(fn));
+}
+
+int run_server(const simple_cluster_resolver& resolver, const std::function<void(server&)>& configure,
+               server_options options) {
+  try {
+    asio::io_context io;
+    int exit_code = 0;
+    // The chief ended the job: exit with its code, not waiting for what may still be queued (a
+    // closure that ignores cancellation).
+    options.on_shutdown = [&io, &exit_code, also = std::move(options.on_shutdown)](int code) {
+      // A process returns 8 bits: 256 must not become 0 (success). Any other failure is 1.
+      exit_code = code >= 0 && code <= 255 ? code : 1;
+      if (also) also(code);
+      io.stop();
+    };
+    server s(io.get_executor(), resolver, std::move(options));
+    log::set_task(s.task());
+    if (configure) configure(s);
+    s.start();
+    std::printf("pscoro: %s listening on %s\n", s.task().c_str(), s.address().c_str());
+    std::fflush(stdout);
+    asio::signal_set signals(io, SIGINT, SIGTERM);
+    signals.async_wait([&](std::error_code ec, int signal) {
+      if (ec) return;
+      log::info("signal {}: stopping", signal);
+      // As a shell reports a process the signal ended: a cluster manager (an Indexed Job, the
+      // launcher) takes it for a kill to retry, not for a task that finished its work.
+      exit_code = 128 + signal;
+      s.stop();
+      io.stop();
+    });
+    io.run();
+    return exit_code;
+  } catch (const std::exception& e) {
+    log::error("{}", e.what());
+    return 1;
+  }
+}
+
+}  // namespace pscoro

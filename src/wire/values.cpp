@@ -1,0 +1,114 @@
+#include "wire/values.hpp"
+
+#include <fmt/format.h>
+
+namespace pscoro::wire {
+
+void encode_ref(wire::VariableRef& out, const variable_ref& ref) {
+  out.set_name(ref.name);
+  out.set_dtype(static_cast<std::uint32_t>(ref.type));
+  out.clear_shape();
+  for (const auto dim : ref.shape) out.add_shape(dim);
+  out.set_ps_task(ref.ps_task);
+}
+
+dtype decode_dtype(std::uint32_t code, std::string_view variable) {
+  const auto type = static_cast<dtype>(code);
+  if (code > 255 || !is_valid(type)) {
+    throw error(errc::invalid_argument, fmt::format("variable '{}' has unknown dtype {}", variable, code));
+  }
+  return type;
+}
+
+variable_ref decode_ref(const wire::VariableRef& in) {
+  return {in.name(), decode_dtype(in.dtype(), in.name()), shape_type(in.shape().begin(), in.shape().end()),
+          in.ps_task()};
+}
+
+void encode_value(wire::frame& f, wire::Value& out, const value& v) {
+  struct visitor {
+    wire::frame& f;
+    wire::Value& out;
+    void operator()(const value_list& l) const {
+      auto& list = *out.mutable_list();
+      for (const auto& item : l.items) encode_value(f, *list.add_items(), item);
+    }
+    void operator()(std::monostate) const { out.set_none(true); }
+    void operator()(bool b) const { out.set_boolean(b); }
+    void operator()(std::int64_t i) const { out.set_integer(i); }
+    void operator()(double d) const { out.set_real(d); }
+    void operator()(const std::string& s) const { out.set_text(s); }
+    void operator()(const tensor& t) const { wire::put_tensor(f, *out.mutable_tensor(), t); }
+    void operator()(const variable_ref& r) const { encode_ref(*out.mutable_variable(), r); }
+    void operator()(const per_worker_ref& r) const {
+      out.mutable_per_worker()->set_id(r.id);
+      out.mutable_per_worker()->set_function(r.function);
+    }
+    void operator()(const sharded_variable_ref& r) const {
+      auto& sharded = *out.mutable_sharded_variable();
+      sharded.set_name(r.name);
+      sharded.set_dtype(static_cast<std::uint32_t>(r.type));
+      for (const auto dim : r.shape) sharded.add_shape(dim);
+      for (const auto& shard : r.shards) encode_ref(*sharded.add_shards(), shard);
+    }
+  };
+  std::visit(visitor{f, out}, v);
+}
+
+namespace {
+
+// Takes `count` values from `budget`; errc::invalid_argument when it has fewer.
+void take_values(std::size_t count, std::size_t& budget) {
+  if (count > budget) {
+    throw error(errc::invalid_argument,
+                fmt::format("a request or answer holds more than {} values (pscoro::max_value_items); send numbers in "
+                            "bulk as a tensor",
+                            max_value_items));
+  }
+  budget -= count;
+}
+
+// Decodes `in`, `depth` lists deep; `in` itself was taken from `budget`, its items are taken here.
+value decode_at(const wire::frame& f, const wire::Value& in, std::size_t depth, std::size_t& budget) {
+  switch (in.kind_case()) {
+    case wire::Value::kList: {
+      // Bounded before anything is made: a peer's nesting must not run this stack out (protobuf's
+      // own parse limit is 100), nor its item count the memory (no reserve from a count it chose).
+      if (depth >= max_value_depth) {
+        throw error(errc::invalid_argument,
+                    fmt::format("a value nests lists more than {} deep (pscoro::max_value_depth)", max_value_depth));
+      }
+      take_values(static_cast<std::size_t>(in.list().items_size()), budget);
+      value_list list;
+      for (const auto& item : in.list().items()) list.items.push_back(decode_at(f, item, depth + 1, budget));
+      return list;
+    }
+    case wire::Value::kNone: return std::monostate{};
+    case wire::Value::kBoolean: return in.boolean();
+    case wire::Value::kInteger: return in.integer();
+    case wire::Value::kReal: return in.real();
+    case wire::Value::kText: return in.text();
+    case wire::Value::kTensor: return wire::get_tensor(f, in.tensor());
+    case wire::Value::kVariable: return decode_ref(in.variable());
+    case wire::Value::kPerWorker: return per_worker_ref{in.per_worker().id(), in.per_worker().function()};
+    case wire::Value::kShardedVariable: {
+      const auto& sharded = in.sharded_variable();
+      sharded_variable_ref ref{sharded.name(), decode_dtype(sharded.dtype(), sharded.name()),
+                               shape_type(sharded.shape().begin(), sharded.shape().end()), {}};
+      ref.shards.reserve(sharded.shards_size());
+      for (const auto& shard : sharded.shards()) ref.shards.push_back(decode_ref(shard));
+      return ref;
+    }
+    case wire::Value::KIND_NOT_SET: break;
+  }
+  throw error(errc::invalid_argument, "a value with no kind");
+}
+
+}  // namespace
+
+value decode_value(const wire::frame& f, const wire::Value& in, std::size_t& budget) {
+  take_values(1, budget);
+  return decode_at(f, in, 0, budget);
+}
+
+}  // namespace pscoro::wire

@@ -1,0 +1,25 @@
+// pscoro::value <-> wire::Value, with tensors carried as frame segments.
+#pragma once
+
+#include <pscoro/value.hpp>
+
+#include "wire/frame.hpp"
+
+namespace pscoro::wire {
+
+/// Throws errc::invalid_argument naming `variable` for a code that is not a dtype.
+dtype decode_dtype(std::uint32_t code, std::string_view variable);
+
+void encode_ref(wire::VariableRef& out, const variable_ref& ref);
+/// Throws errc::invalid_argument for an unknown dtype.
+variable_ref decode_ref(const wire::VariableRef& in);
+
+void encode_value(wire::frame& f, wire::Value& out, const value& v);
+/// Throws errc::invalid_argument when `in` does not describe a valid value of `f`.
+/// Decodes `in`. Every value made (the value itself, each list, each item) takes one from
+/// `budget`, which all the arguments of a request or the result of an answer share
+/// (max_value_items): a peer's frame cannot make more values than that, however it splits or nests
+/// them. Lists nest at most max_value_depth deep.
+value decode_value(const wire::frame& f, const wire::Value& in, std::size_t& budget);
+
+}  // namespace pscoro::wire
