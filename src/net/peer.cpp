@@ -23,6 +23,7 @@
 #include <cctype>
 #include <charconv>
 #include <random>
+#include <variant>
 
 namespace pscoro::net {
 
@@ -326,50 +327,111 @@ void check_identity(const std::shared_ptr<wire::connection>& connection, const s
   }
 }
 
-// One attempt: connect, hello, [challenge, proof,] welcome. Returns null with `why` set for a
-// retryable failure.
-asio::awaitable<std::shared_ptr<wire::connection>> try_connect(const std::string& task, const std::string& host,
-                                                               const std::string& port, wire::Hello hello,
-                                                               const transport_options& options, std::string& why) {
+// One attempt to reach a task: the connection, or why there is none yet. A retry may succeed where
+// this one failed (nothing listens yet, the task is at its connection limit); what no retry can
+// change (a wrong secret, another protocol, the wrong task) is thrown instead.
+struct connect_attempt {
+  std::shared_ptr<wire::connection> connection;
+  std::string retry_reason;  // set when `connection` is null
+};
+
+connect_attempt retry_because(std::string reason) { return {nullptr, std::move(reason)}; }
+
+// A socket connected to one of a host's addresses, and that address ("127.0.0.1:4567").
+struct reached {
+  asio::ip::tcp::socket socket;
+  std::string address;
+};
+
+// Resolves and connects: the socket, or why there is none.
+asio::awaitable<std::variant<reached, std::string>> open_socket(const std::string& host, const std::string& port) {
   auto executor = co_await asio::this_coro::executor;
   asio::ip::tcp::resolver resolver(executor);
   auto [resolve_error, endpoints] = co_await resolver.async_resolve(host, port, as_tuple(use_awaitable));
-  if (resolve_error) {
-    why = fmt::format("cannot resolve {}: {}", host, resolve_error.message());
-    co_return nullptr;
-  }
+  if (resolve_error) co_return fmt::format("cannot resolve {}: {}", host, resolve_error.message());
   asio::ip::tcp::socket socket(executor);
   auto [connect_error, endpoint] = co_await asio::async_connect(socket, endpoints, as_tuple(use_awaitable));
-  if (connect_error) {
-    why = connect_error.message();
-    co_return nullptr;
+  if (connect_error) co_return connect_error.message();
+  co_return reached{std::move(socket), common::format_address(endpoint)};
+}
+
+// The client's side of the TLS handshake. Returns why to retry (the task closed the connection at
+// its limit), or "" when the handshake is done; throws what a retry cannot change.
+asio::awaitable<std::string> start_client_tls(const std::shared_ptr<wire::connection>& connection,
+                                              const wire::handshake_deadline& deadline, const std::string& task,
+                                              const std::string& address, const transport_options& options) {
+  try {
+    const auto context = tls_context_for(options);
+    co_await connection->start_tls(context, asio::ssl::stream_base::client);
+    co_return std::string();
+  } catch (const std::system_error& e) {
+    if (deadline.expired()) {
+      throw error(errc::deadline_exceeded, fmt::format("{} at {} accepted the connection but did not finish the "
+                                                       "TLS handshake within {}",
+                                                       task, address, options.handshake_timeout));
+    }
+    if (e.code() == asio::error::eof || e.code() == asio::ssl::error::stream_truncated ||
+        e.code() == asio::error::connection_reset) {
+      auto why = fmt::format("closed during the TLS handshake: {}", e.code().message());  // at its limit: retried
+      connection->close(why);
+      co_return why;
+    }
+    give_up(connection, error(errc::unauthenticated,
+                              fmt::format("TLS handshake with {} at {} failed: {} (does it use TLS with a "
+                                          "certificate of the same cluster CA?)",
+                                          task, address, e.code().message())));
   }
-  const auto address = common::format_address(endpoint);
-  auto connection = std::make_shared<wire::connection>(std::move(socket), handshake_limits_of(options),
-                                                       fmt::format("{} at {}", task, address));
+}
+
+// The task's next handshake frame, or why the connection closed first (worth a retry); throws what
+// a retry cannot change.
+asio::awaitable<std::variant<wire::frame, std::string>> next_handshake_frame(
+    const std::shared_ptr<wire::connection>& connection, const wire::handshake_deadline& deadline,
+    const std::string& task, const std::string& address, const transport_options& options) {
+  std::optional<wire::frame> f;
+  std::string why;
+  try {
+    f = co_await connection->read_frame();
+  } catch (const std::system_error& e) {
+    why = connection->close_reason().empty() ? e.what() : connection->close_reason();
+    connection->close(why);
+    // Whatever answers there speaks something else: retrying will not change that.
+    if (e.code() == errc::protocol_error && !deadline.expired()) {
+      throw error(errc::protocol_error,
+                  fmt::format("{} at {} does not answer in pscoro's protocol: {}", task, address, e.what()));
+    }
+    // In TLS 1.3 the task checks our certificate after our side of the TLS handshake is done: its
+    // refusal arrives as an alert on the first read.
+    if (e.code().category() == asio::error::get_ssl_category()) {
+      throw error(errc::unauthenticated, fmt::format("TLS handshake with {} at {} failed: it refused this "
+                                                     "task's certificate: {}",
+                                                     task, address, e.code().message()));
+    }
+  }
+  if (deadline.expired()) {
+    throw error(errc::deadline_exceeded,
+                fmt::format("{} at {} accepted the connection but did not finish the handshake within {}", task,
+                            address, options.handshake_timeout));
+  }
+  if (f) co_return std::move(*f);
+  if (why.empty()) why = connection->close_reason().empty() ? "closed during the handshake" : connection->close_reason();
+  co_return why;
+}
+
+// One attempt: connect, hello, [challenge, proof,] welcome.
+asio::awaitable<connect_attempt> try_connect(const std::string& task, const std::string& host, const std::string& port,
+                                             wire::Hello hello, const transport_options& options) {
+  auto opened = co_await open_socket(host, port);
+  if (auto* why = std::get_if<std::string>(&opened)) co_return retry_because(std::move(*why));
+  auto& [socket, address] = std::get<reached>(opened);
+  const auto connection = std::make_shared<wire::connection>(std::move(socket), handshake_limits_of(options),
+                                                             fmt::format("{} at {}", task, address));
 
   // A task that accepts but does not answer is not retried: something else listens there, or it hangs.
   wire::handshake_deadline deadline(connection, options.handshake_timeout, "no Welcome within the handshake timeout");
   if (uses_tls(options)) {
-    try {
-      const auto context = tls_context_for(options);
-      co_await connection->start_tls(context, asio::ssl::stream_base::client);
-    } catch (const std::system_error& e) {
-      if (deadline.expired()) {
-        throw error(errc::deadline_exceeded, fmt::format("{} at {} accepted the connection but did not finish the "
-                                                         "TLS handshake within {}",
-                                                         task, address, options.handshake_timeout));
-      }
-      if (e.code() == asio::error::eof || e.code() == asio::ssl::error::stream_truncated ||
-          e.code() == asio::error::connection_reset) {
-        why = fmt::format("closed during the TLS handshake: {}", e.code().message());  // at its limit: retried
-        connection->close(why);
-        co_return nullptr;
-      }
-      give_up(connection, error(errc::unauthenticated,
-                                fmt::format("TLS handshake with {} at {} failed: {} (does it use TLS with a "
-                                            "certificate of the same cluster CA?)",
-                                            task, address, e.code().message())));
+    if (auto why = co_await start_client_tls(connection, deadline, task, address, options); !why.empty()) {
+      co_return retry_because(std::move(why));
     }
   }
   const auto [to_job, to_index] = split_task_name(task);
@@ -382,43 +444,11 @@ asio::awaitable<std::shared_ptr<wire::connection>> try_connect(const std::string
   *hello_frame.message.mutable_hello() = hello;
   connection->send(std::move(hello_frame));
 
-  // The next handshake frame; nothing (with `why` set) when the connection closed first.
-  auto next = [&]() -> asio::awaitable<std::optional<wire::frame>> {
-    std::optional<wire::frame> f;
-    try {
-      f = co_await connection->read_frame();
-    } catch (const std::system_error& e) {
-      why = connection->close_reason().empty() ? e.what() : connection->close_reason();
-      connection->close(why);
-      // Whatever answers there speaks something else: retrying will not change that.
-      if (e.code() == errc::protocol_error && !deadline.expired()) {
-        throw error(errc::protocol_error,
-                    fmt::format("{} at {} does not answer in pscoro's protocol: {}", task, address, e.what()));
-      }
-      // In TLS 1.3 the task checks our certificate after our side of the TLS handshake is done:
-      // its refusal arrives as an alert on the first read.
-      if (e.code().category() == asio::error::get_ssl_category()) {
-        throw error(errc::unauthenticated, fmt::format("TLS handshake with {} at {} failed: it refused this "
-                                                       "task's certificate: {}",
-                                                       task, address, e.code().message()));
-      }
-    }
-    if (deadline.expired()) {
-      throw error(errc::deadline_exceeded,
-                  fmt::format("{} at {} accepted the connection but did not finish the handshake within {}", task,
-                              address, options.handshake_timeout));
-    }
-    if (!f && why.empty()) {
-      why = connection->close_reason().empty() ? "closed during the handshake" : connection->close_reason();
-    }
-    co_return f;
-  };
-
-  auto answer = co_await next();
-  if (!answer) co_return nullptr;
+  auto answer = co_await next_handshake_frame(connection, deadline, task, address, options);
+  if (auto* why = std::get_if<std::string>(&answer)) co_return retry_because(std::move(*why));
   bool proved = false;
-  if (answer->kind == wire::frame_kind::challenge) {
-    const auto& challenge = answer->message.challenge();
+  if (std::get<wire::frame>(answer).kind == wire::frame_kind::challenge) {
+    const auto& challenge = std::get<wire::frame>(answer).message.challenge();
     if (!authenticating) {
       give_up(connection, error(errc::unauthenticated,
                                 fmt::format("{} at {} asks for the cluster secret and this task has none: give every "
@@ -438,21 +468,21 @@ asio::awaitable<std::shared_ptr<wire::connection>> try_connect(const std::string
     proof.message.mutable_proof()->set_proof(
         handshake_proof(options.auth_secret, handshake_side::connecting, hello, challenge));
     connection->send(std::move(proof));
-    answer = co_await next();
-    if (!answer) co_return nullptr;
+    answer = co_await next_handshake_frame(connection, deadline, task, address, options);
+    if (auto* why = std::get_if<std::string>(&answer)) co_return retry_because(std::move(*why));
     proved = true;
   }
   deadline.cancel();
-  if (answer->kind != wire::frame_kind::welcome) {
+  const auto& welcome_frame = std::get<wire::frame>(answer);
+  if (welcome_frame.kind != wire::frame_kind::welcome) {
     give_up(connection, error(errc::protocol_error,
                               fmt::format("{} at {} answered the handshake with something else than a Welcome", task,
                                           address)));
   }
-  const auto& w = answer->message.welcome();
+  const auto& w = welcome_frame.message.welcome();
   if (w.status().code() == static_cast<int>(errc::resource_exhausted)) {
-    why = w.status().message();  // at its connection limit: it may have room again soon
     connection->close("handshake refused");
-    co_return nullptr;
+    co_return retry_because(w.status().message());  // at its connection limit: it may have room again soon
   }
   if (w.status().code() != 0) {
     connection->close("handshake refused");
@@ -467,7 +497,7 @@ asio::awaitable<std::shared_ptr<wire::connection>> try_connect(const std::string
   check_identity(connection, task, address, w.job(), w.task_index());
   connection->set_limits(limits_of(options));
   connection->count_traffic(&metrics::traffic_of(task));
-  co_return connection;
+  co_return connect_attempt{connection, {}};
 }
 
 }  // namespace
@@ -479,8 +509,9 @@ asio::awaitable<std::shared_ptr<wire::connection>> connect_to_task(std::string t
   auto backoff = std::chrono::milliseconds(10);
   asio::steady_timer timer(co_await asio::this_coro::executor);
   for (int attempt = 1;; ++attempt) {
-    std::string why;
-    if (auto connection = co_await try_connect(task, host, port, hello, options, why)) co_return connection;
+    auto tried = co_await try_connect(task, host, port, hello, options);
+    if (tried.connection) co_return std::move(tried.connection);
+    const auto& why = tried.retry_reason;
     if (std::chrono::steady_clock::now() + backoff >= deadline) {
       throw error(errc::unavailable, fmt::format("cannot reach {} at {} within {} ({} attempts): {}", task, address,
                                                  options.connect_timeout, attempt, why));
@@ -573,10 +604,9 @@ asio::awaitable<std::shared_ptr<wire::connection>> peer::connect_once() {
   if (auto open = connection()) co_return open;
   if (connecting_ || failure_) co_return nullptr;
   const auto [host, port] = common::split_address(address_, task_);
-  std::string why;
-  auto fresh = co_await try_connect(task_, host, port, hello_, options_, why);
-  if (!fresh || connection()) co_return connection();
-  adopt(std::move(fresh));
+  auto tried = co_await try_connect(task_, host, port, hello_, options_);
+  if (!tried.connection || connection()) co_return connection();
+  adopt(std::move(tried.connection));
   co_return connection_;
 }
 

@@ -223,27 +223,6 @@ namespace {
 
 constexpr std::uint64_t no_limit = std::numeric_limits<std::uint64_t>::max();
 
-std::uint64_t saturating_add(std::uint64_t a, std::uint64_t b) noexcept { return a > no_limit - b ? no_limit : a + b; }
-
-// What holding a variable costs beside its values: its name, its shape, the hash-map node and the
-// buffer's control block (256 bytes is on the high side for the node and block on 64-bit systems).
-// Counting them keeps millions of tiny variables, or a few with huge names, within max_ps_bytes.
-constexpr std::uint64_t bookkeeping_bytes = 256;
-
-std::uint64_t footprint(const std::string& name, const shape_type& shape, std::uint64_t value_bytes) noexcept {
-  return saturating_add(value_bytes, name.size() + shape.size() * sizeof(std::size_t) + bookkeeping_bytes);
-}
-
-// "300 bytes", "16.0 KiB (16384 bytes)".
-std::string bytes_text(std::uint64_t n) {
-  if (n < 1024) return fmt::format("{} bytes", n);
-  constexpr std::string_view units[] = {"KiB", "MiB", "GiB", "TiB", "PiB", "EiB"};
-  double scaled = static_cast<double>(n) / 1024;
-  std::size_t unit = 0;
-  for (; scaled >= 1024 && unit + 1 < std::size(units); ++unit) scaled /= 1024;
-  return fmt::format("{:.1f} {} ({} bytes)", scaled, units[unit], n);
-}
-
 // The memory this process may use: physical memory, or its cgroup's limit when lower (a
 // container's; cgroup v2, then v1, whose "no limit" is a huge number). Unknown: no limit.
 std::uint64_t usable_memory() {
@@ -298,17 +277,19 @@ ps_service::ps_service(std::string task) : ps_service(std::move(task), server_op
 
 ps_service::ps_service(std::string task, const server_options& options)
     : task_(std::move(task)),
-      max_ps_bytes_(options.max_ps_bytes ? options.max_ps_bytes : default_max_ps_bytes()),
-      max_variable_bytes_(options.max_variable_bytes ? options.max_variable_bytes : max_ps_bytes_),
+      store_(task_, options.max_ps_bytes ? options.max_ps_bytes : default_max_ps_bytes(),
+             options.max_variable_bytes  ? options.max_variable_bytes
+             : options.max_ps_bytes      ? options.max_ps_bytes
+                                         : default_max_ps_bytes()),
       // PSCORO_CHECK_NUMERICS, when set, overrides the program's choice; a bad value stops the ps.
       check_numerics_(common::flag_from_environment("PSCORO_CHECK_NUMERICS", "refuse NaN and Inf in float values")
                           .value_or(options.check_numerics)),
       // Buffers of 256 KiB and more (smaller ones are cheap to allocate), at most 8 and a quarter of
       // max_ps_bytes (the room it leaves beside the variables is for such buffers) or 1 GiB; sparse
       // replies (reply_buffer) apart, at most 8 and a sixteenth of it or 256 MiB more.
-      buffers_(std::make_shared<wire::buffer_pool>(256 << 10, 8, std::min(max_ps_bytes_ / 4, std::uint64_t{1} << 30))),
+      buffers_(std::make_shared<wire::buffer_pool>(256 << 10, 8, std::min(store_.max_ps_bytes() / 4, std::uint64_t{1} << 30))),
       reply_buffers_(std::make_shared<wire::buffer_pool>(pooled_reply_min_bytes, 8,
-                                                         std::min(max_ps_bytes_ / 16, std::uint64_t{256} << 20))),
+                                                         std::min(store_.max_ps_bytes() / 16, std::uint64_t{256} << 20))),
       offload_bytes_(options.ps_kernel_offload_bytes ? options.ps_kernel_offload_bytes : std::uint64_t{1} << 20) {
   if (options.ps_kernel_threads) kernel_pool_.emplace(options.ps_kernel_threads);
   auto& r = metrics::process_registry();
@@ -330,38 +311,6 @@ ps_service::ps_service(std::string task, const server_options& options)
                               "max_ps_bytes / 4 or 1 GiB, and a sixteenth of it or 256 MiB for sparse replies; "
                               "released once unused for server_options::ps_idle_buffers_release).",
                               {}, pooled_gauge_));
-}
-
-std::uint64_t ps_service::checked_bytes(std::string_view context, dtype type, const shape_type& shape) const {
-  const auto bytes = checked_size_bytes(type, shape);
-  if (!bytes) {
-    invalid(fmt::format("{}: {} {} is too large (its size in bytes does not fit in 64 bits)", context, name_of(type),
-                        to_string(shape)));
-  }
-  return *bytes;
-}
-
-std::uint64_t ps_service::check_room(std::string_view context, std::string_view what, const std::string& name,
-                                     dtype type, const shape_type& shape, std::uint64_t pending) const {
-  const std::uint64_t bytes = checked_bytes(context, type, shape);
-  const auto held = saturating_add(held_bytes_, pending);
-  if (bytes > max_variable_bytes_) {
-    throw error(errc::resource_exhausted,
-                fmt::format("{}: {}{} {} takes {}, more than the {} {} allows per variable "
-                            "(server_options::max_variable_bytes raises it; {} holds {})",
-                            context, what, name_of(type), to_string(shape), bytes_text(bytes),
-                            bytes_text(max_variable_bytes_), task_, task_, bytes_text(held)));
-  }
-  const std::uint64_t adds = footprint(name, shape, bytes);
-  if (adds > max_ps_bytes_ || held > max_ps_bytes_ - adds) {
-    throw error(errc::resource_exhausted,
-                fmt::format("{}: {}{} {} takes {} and {} already holds {} of variables and slots{}: that is past "
-                            "its limit of {} (server_options::max_ps_bytes raises it)",
-                            context, what, name_of(type), to_string(shape), bytes_text(bytes), task_,
-                            bytes_text(held), pending ? " (counting the slots this step creates before it)" : "",
-                            bytes_text(max_ps_bytes_)));
-  }
-  return adds;
 }
 
 void ps_service::check_finite(std::string_view context, std::string_view what, const tensor& values) const {
@@ -429,28 +378,9 @@ const ps_service::value_scan* ps_service::scanned(const tensor& values) const no
   return nullptr;
 }
 
-ps_service::stored_variable& ps_service::hold(const std::string& name, stored_variable stored) {
-  const auto adds = footprint(name, stored.shape, stored.bytes.size());
-  auto& held = variables_.emplace(name, std::move(stored)).first->second;
-  held_bytes_ = saturating_add(held_bytes_, adds);
-  return held;
-}
-
-void ps_service::release(std::unordered_map<std::string, stored_variable>::iterator it) {
-  const auto gives_back = footprint(it->first, it->second.shape, it->second.bytes.size());
-  held_bytes_ -= std::min(held_bytes_, gives_back);
-  variables_.erase(it);
-}
-
 void ps_service::remove(const wire::DeleteVariable& request) {
   find(request.variable(), "delete");  // exists, as the caller thinks it is
-  const auto& name = request.variable().name();
-  for (auto it = variables_.begin(); it != variables_.end();) {
-    const auto next = std::next(it);
-    if (it->second.slot_of == name) release(it);
-    it = next;
-  }
-  release(variables_.find(name));
+  store_.remove(request.variable().name());
 }
 
 ps_service::~ps_service() {
@@ -463,10 +393,9 @@ ps_service::~ps_service() {
 void ps_service::clear() noexcept {
   ++generation_;
   fail_waiting(make_error_code(errc::aborted));
-  variables_.clear();
+  store_.clear();
   buffers_->clear();
   reply_buffers_->clear();
-  held_bytes_ = 0;
   publish();
 }
 
@@ -509,9 +438,7 @@ std::string ps_service::lane_of(const wire::Request& request) const {
     default: return {};
   }
   // A slot is written by its variable's optimizer steps: it shares the variable's lane.
-  if (const auto it = variables_.find(*name); it != variables_.end()) {
-    return it->second.slot_of.empty() ? *name : it->second.slot_of;
-  }
+  if (const auto* stored = store_.find(*name)) return stored->slot_of.empty() ? *name : stored->slot_of;
   // Not there (yet): it may be a slot ("w/adagrad/accumulator") that a step waiting in its
   // variable's lane creates; then it waits there too, as if served after that step.
   for (auto slash = name->rfind('/'); slash != std::string::npos && slash > 0; slash = name->rfind('/', slash - 1)) {
@@ -739,7 +666,7 @@ wire::frame ps_service::handle(const wire::frame& request) {
     failure = std::make_exception_ptr(
         error(errc::resource_exhausted, fmt::format("{} ran out of memory serving the request (it holds {} of "
                                                     "variables and slots)",
-                                                    task_, bytes_text(held_bytes_))));
+                                                    task_, bytes_text(store_.held_bytes()))));
   } catch (...) {
     failure = std::current_exception();
   }
@@ -762,7 +689,7 @@ void ps_service::create(const wire::frame& request, const wire::CreateVariable& 
   const variable_ref ref = decode_ref(create.variable());
   if (ref.name.empty()) invalid("a variable needs a name");
   const std::string context = fmt::format("create of '{}'", ref.name);
-  const std::uint64_t size = checked_bytes(context, ref.type, ref.shape);
+  const std::uint64_t size = store_.checked_bytes(context, ref.type, ref.shape);
   tensor initial;
   std::optional<kernels::shard_initializer> fill;
   if (create.has_initializer()) {
@@ -777,26 +704,26 @@ void ps_service::create(const wire::frame& request, const wire::CreateVariable& 
     }
     check_finite(context, "initial value", initial);
   }
-  if (variables_.contains(ref.name)) {
+  if (store_.contains(ref.name)) {
     throw error(errc::already_exists, fmt::format("variable '{}' already exists on {}", ref.name, task_));
   }
   std::string owner;
   if (create.has_slot_of()) {
     owner = create.slot_of().variable();
-    if (!variables_.contains(owner) || !ref.name.starts_with(owner + "/")) {
+    if (!store_.contains(owner) || !ref.name.starts_with(owner + "/")) {
       invalid(fmt::format("'{}' cannot be a slot of '{}': a slot is named '<variable>/...' and lives beside its "
                           "variable on {}",
                           ref.name, owner, task_));
     }
   }
-  check_room(context, "", ref.name, ref.type, ref.shape, 0);
+  store_.check_room(context, "", ref.name, ref.type, ref.shape, 0);
   // The frame's segment becomes the variable's storage: no copy.
   stored_variable stored{.type = ref.type,
                          .shape = ref.shape,
                          .bytes = fill ? byte_buffer(size) : initial.bytes(),
                          .slot_of = std::move(owner),
                          .slot_initial_value = create.has_slot_of() ? create.slot_of().initial_value() : 0.0};
-  const auto& held = hold(ref.name, std::move(stored));
+  const auto& held = store_.hold(ref.name, std::move(stored));
   if (fill) {
     run_kernel(size, [bytes = held.bytes, fill = std::move(*fill), type = ref.type, shape = ref.shape] {
       kernels::initialize(fill, type, shape, bytes.data());
@@ -831,52 +758,14 @@ std::uint64_t ps_service::answer_bytes_bound(const wire::frame& request) const n
       bytes = checked_size_bytes(asked.type, rows_shape(rows, asked.shape));
     }
     // No variable, and no reply, is larger than max_variable_bytes (creates and sparse reads refuse one).
-    return bytes && *bytes <= max_variable_bytes_ ? *bytes : 0;
+    return bytes && *bytes <= store_.max_variable_bytes() ? *bytes : 0;
   } catch (...) {
     return 0;  // refused when served
   }
 }
 
-ps_service::stored_variable& ps_service::find(const wire::VariableRef& ref, std::string_view operation) {
-  const variable_ref wanted = decode_ref(ref);
-  auto it = variables_.find(wanted.name);
-  if (it == variables_.end()) {
-    throw error(errc::not_found, fmt::format("{}: variable '{}' does not exist on {}", operation, wanted.name, task_));
-  }
-  auto& stored = it->second;
-  if (stored.type != wanted.type || stored.shape != wanted.shape) {
-    invalid(fmt::format("{}: the handle says '{}' is {} {} but {} holds it as {} {}", operation, wanted.name,
-                        name_of(wanted.type), to_string(wanted.shape), task_, name_of(stored.type),
-                        to_string(stored.shape)));
-  }
-  return stored;
-}
-
-std::span<const std::int64_t> ps_service::row_ids(const tensor& indices, const stored_variable& variable,
-                                                  std::string_view operation, const std::string& name) const {
-  if (variable.shape.empty()) invalid(fmt::format("{} of '{}': a scalar variable has no rows", operation, name));
-  if (indices.type() != dtype::int64 || indices.shape().size() != 1) {
-    invalid(fmt::format("{} of '{}': ids must be a 1-D int64 tensor, got {} {}", operation, name,
-                        name_of(indices.type()), to_string(indices.shape())));
-  }
-  const std::span<const std::int64_t> ids(indices.data<std::int64_t>(), indices.size());
-  const std::uint64_t rows = variable.shape[0];
-  for (std::size_t k = 0; k < ids.size(); ++k) {
-    if (ids[k] < 0 || static_cast<std::uint64_t>(ids[k]) >= rows) {
-      invalid(fmt::format("{} of '{}': id {} (position {}) is out of range [0, {})", operation, name, ids[k], k,
-                          rows));
-    }
-  }
-  return ids;
-}
-
-void ps_service::check_rows(const wire::RowRange& range, const stored_variable& variable,
-                            std::string_view operation, const std::string& name) const {
-  if (variable.shape.empty()) invalid(fmt::format("{} of '{}': a scalar variable has no rows", operation, name));
-  if (range.begin() > range.end() || range.end() > variable.shape[0]) {
-    invalid(fmt::format("{} of '{}': rows [{}, {}) are not within [0, {})", operation, name, range.begin(),
-                        range.end(), variable.shape[0]));
-  }
+stored_variable& ps_service::find(const wire::VariableRef& ref, std::string_view operation) {
+  return store_.find(decode_ref(ref), operation);
 }
 
 void ps_service::read(const wire::frame& request, const wire::ReadVariable& read, wire::frame& response) {
@@ -885,7 +774,7 @@ void ps_service::read(const wire::frame& request, const wire::ReadVariable& read
   auto& out = *response.message.mutable_response()->mutable_result()->mutable_tensor();
   if (read.has_rows()) {
     if (sparse) invalid(fmt::format("read of '{}': rows and indices exclude each other", read.variable().name()));
-    check_rows(read.rows(), stored, "read", read.variable().name());
+    check_rows(read.rows().begin(), read.rows().end(), stored, "read", read.variable().name());
     // A slice of the storage, shared like a whole read.
     const std::size_t row_bytes = row_elements(stored.shape) * size_of(stored.type);
     const auto count = static_cast<std::size_t>(read.rows().end() - read.rows().begin());
@@ -906,13 +795,13 @@ void ps_service::read(const wire::frame& request, const wire::ReadVariable& read
   // Ids may repeat: a short request could ask for a reply far larger than the variable.
   auto reply_shape = rows_shape(ids.size(), stored.shape);
   const auto reply_bytes = checked_size_bytes(stored.type, reply_shape);
-  if (!reply_bytes || *reply_bytes > max_variable_bytes_) {
+  if (!reply_bytes || *reply_bytes > store_.max_variable_bytes()) {
     throw error(errc::resource_exhausted,
                 fmt::format("sparse_read of '{}': {} ids make a reply of {} {}, {}, more than the {} {} allows per "
                             "variable (server_options::max_variable_bytes raises it)",
                             read.variable().name(), ids.size(), name_of(stored.type), to_string(reply_shape),
                             reply_bytes ? bytes_text(*reply_bytes) : "over 2^64 bytes",
-                            bytes_text(max_variable_bytes_), task_));
+                            bytes_text(store_.max_variable_bytes()), task_));
   }
   tensor rows(stored.type, std::move(reply_shape), reply_buffer(reply_buffers_, *reply_bytes));
   wire::put_tensor(response, out, rows);
@@ -950,7 +839,7 @@ void ps_service::update(const wire::frame& request, const wire::UpdateVariable& 
   }
   if (update.has_rows()) {
     if (scatter) invalid(fmt::format("{} to '{}': rows and indices exclude each other", name, variable));
-    check_rows(update.rows(), stored, name, variable);
+    check_rows(update.rows().begin(), update.rows().end(), stored, name, variable);
     const auto count = static_cast<std::size_t>(update.rows().end() - update.rows().begin());
     if (value.shape() != rows_shape(count, stored.shape)) {
       invalid(fmt::format("{} to rows [{}, {}) of '{}': shape {} is not {}", name, update.rows().begin(),
@@ -1013,32 +902,16 @@ void ps_service::update(const wire::frame& request, const wire::UpdateVariable& 
              });
 }
 
-void ps_service::check_slots(std::string_view context, const std::string& variable, const stored_variable& of,
-                             std::span<const slot_plan> plans) const {
-  std::uint64_t pending = 0;  // slots this request creates before the one checked
-  for (const auto& plan : plans) {
-    const auto it = variables_.find(plan.name);
-    if (it == variables_.end()) {
-      pending = saturating_add(
-          pending, check_room(context, fmt::format("slot '{}' of '{}', ", plan.name, variable), plan.name, plan.type,
-                              plan.shape, pending));
-    } else if (it->second.type != plan.type || it->second.shape != plan.shape) {
-      invalid(fmt::format("{}: slot '{}' of {} {} exists as {} {}", context, plan.name, name_of(of.type),
-                          to_string(of.shape), name_of(it->second.type), to_string(it->second.shape)));
-    }
-  }
-}
-
 kernel_storage ps_service::slot(const std::string& variable, const slot_plan& plan) {
-  auto it = variables_.find(plan.name);
-  if (it == variables_.end()) {
+  auto* stored = store_.find(plan.name);
+  if (!stored) {
     // Held before its kernel fills it: whoever asks for it waits in its variable's lane meanwhile.
     const byte_buffer bytes(num_elements(plan.shape) * size_of(plan.type));
-    hold(plan.name, stored_variable{plan.type, plan.shape, bytes, variable, plan.initial_value});
+    store_.hold(plan.name, stored_variable{plan.type, plan.shape, bytes, variable, plan.initial_value});
     return {bytes, {}, plan.initial_value, plan.type};
   }
-  auto copy_from = detach_shared(it->second.bytes, *buffers_);
-  return {it->second.bytes, std::move(copy_from), std::nullopt, plan.type};
+  auto copy_from = detach_shared(stored->bytes, *buffers_);
+  return {stored->bytes, std::move(copy_from), std::nullopt, plan.type};
 }
 
 void ps_service::apply_gradient(const wire::frame& request, const wire::ApplyGradient& apply) {
@@ -1079,7 +952,7 @@ void ps_service::apply_gradient(const wire::frame& request, const wire::ApplyGra
     plans.push_back({variable + "/" + optimizer + "/" + spec.name, stored.type, stored.shape, spec.initial_value});
   }
   if (kernels::counts_steps(opt)) plans.push_back({variable + "/" + optimizer + "/iterations", dtype::int64, {}, 0});
-  check_slots(context, variable, stored, plans);
+  store_.check_slots(context, variable, stored, plans);
   // Everything is checked: from here on nothing throws, so variable and slots change together.
   std::vector<kernel_storage> slots;
   for (std::size_t i = 0; i < specs.size(); ++i) slots.push_back(slot(variable, plans[i]));
@@ -1115,18 +988,11 @@ void ps_service::apply_gradient(const wire::frame& request, const wire::ApplyGra
 
 void ps_service::list_slots(const wire::ListSlots& list, wire::frame& response) {
   find(list.variable(), "list_slots");
-  const auto& owner = list.variable().name();
-  std::vector<const std::pair<const std::string, stored_variable>*> slots;
-  for (const auto& entry : variables_) {
-    if (entry.second.slot_of == owner) slots.push_back(&entry);
-  }
-  // By name: the order must not depend on the hash map's.
-  std::sort(slots.begin(), slots.end(), [](auto a, auto b) { return a->first < b->first; });
   auto& out = *response.message.mutable_response();
-  for (const auto* slot : slots) {
+  for (const auto& [name, slot] : store_.slots_of(list.variable().name())) {
     auto& info = *out.add_slots();
-    encode_ref(*info.mutable_slot(), variable_ref{slot->first, slot->second.type, slot->second.shape, 0});
-    info.set_initial_value(slot->second.slot_initial_value);
+    encode_ref(*info.mutable_slot(), variable_ref{name, slot->type, slot->shape, 0});
+    info.set_initial_value(slot->slot_initial_value);
   }
 }
 

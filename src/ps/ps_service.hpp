@@ -13,6 +13,7 @@
 // comes for it waits its turn there (docs/design.md, "ps kernels off the event loop").
 #pragma once
 
+#include "ps/variable_store.hpp"
 #include "wire/buffer_pool.hpp"
 #include "wire/frame.hpp"
 
@@ -116,32 +117,16 @@ class ps_service {
     return released;
   }
 
-  std::size_t num_variables() const noexcept { return variables_.size(); }
+  std::size_t num_variables() const noexcept { return store_.size(); }
   /// Bytes held for variables and slots, as server_options::max_ps_bytes counts them.
-  std::uint64_t held_bytes() const noexcept { return held_bytes_; }
+  std::uint64_t held_bytes() const noexcept { return store_.held_bytes(); }
   /// Drops every variable and slot (the coordinator session that made them ended). A kernel still
   /// running keeps the storage it writes alive until it ends; its request and those waiting for
   /// their variable's turn get errc::aborted.
   void clear() noexcept;
 
  private:
-  struct stored_variable {
-    dtype type;
-    shape_type shape;
-    byte_buffer bytes;
-    std::string slot_of;  // an optimizer slot: the variable it belongs to (else empty)
-    double slot_initial_value = 0;
-  };
 
-  /// Refuses (errc::invalid_argument) a variable shape whose size in bytes does not fit in 64 bits,
-  /// and returns that size.
-  std::uint64_t checked_bytes(std::string_view context, dtype type, const shape_type& shape) const;
-  /// Refuses (errc::resource_exhausted) to hold a variable or slot `name` of `type` and `shape` when
-  /// its values are over max_variable_bytes, or when it would take the ps past max_ps_bytes with
-  /// `pending` bytes already promised in this request; returns what it would add. `what` comes
-  /// before the dtype in the message: "" for the variable of `context`, "slot 'w/adam/m' of 'w', ".
-  std::uint64_t check_room(std::string_view context, std::string_view what, const std::string& name, dtype type,
-                           const shape_type& shape, std::uint64_t pending) const;
   /// Refuses (errc::invalid_argument) `values` holding NaN or Inf when check_numerics is on.
   void check_finite(std::string_view context, std::string_view what, const tensor& values) const;
   /// Refuses (errc::invalid_argument) `divisors` holding a zero when `op` is an integer division.
@@ -171,30 +156,11 @@ class ps_service {
   void apply_gradient(const wire::frame& request, const wire::ApplyGradient& apply);
   void list_slots(const wire::ListSlots& list, wire::frame& response);
   void remove(const wire::DeleteVariable& request);
-  /// Forgets `name`, giving back the bytes hold() counted for it.
-  void release(std::unordered_map<std::string, stored_variable>::iterator it);
+  /// The variable `ref` names, as the caller thinks it is (variable_store::find).
   stored_variable& find(const wire::VariableRef& ref, std::string_view operation);
-  /// A slot an optimizer keeps beside a variable.
-  struct slot_plan {
-    std::string name;  // "w/adam/m"
-    dtype type;
-    shape_type shape;
-    double initial_value;
-  };
-  /// Checks that the slots in `plans` of `variable` either exist as planned or fit in the limits;
-  /// changes nothing.
-  void check_slots(std::string_view context, const std::string& variable, const stored_variable& of,
-                   std::span<const slot_plan> plans) const;
-  /// The slot of `plan` (created on first use; check_slots passed), as its kernel writes it.
+  /// The slot of `plan` (created on first use; variable_store::check_slots passed), as its kernel
+  /// writes it.
   kernel_storage slot(const std::string& variable, const slot_plan& plan);
-  /// Holds `stored` under `name`, counting its bytes.
-  stored_variable& hold(const std::string& name, stored_variable stored);
-  /// Validates `range` as rows of `variable`: begin <= end <= rows, and the variable has rows.
-  void check_rows(const wire::RowRange& range, const stored_variable& variable, std::string_view operation,
-                  const std::string& name) const;
-  /// Validates `indices` as row ids of `variable`: int64, 1-D, each in [0, rows).
-  std::span<const std::int64_t> row_ids(const tensor& indices, const stored_variable& variable,
-                                        std::string_view operation, const std::string& name) const;
 
   /// Runs `kernel` now, or, inside serve() with a kernel pool and `bytes` (what it reads and
   /// writes) at least offload_bytes_, leaves it for serve() to run on the pool. It must capture
@@ -227,11 +193,8 @@ class ps_service {
   void fail_waiting(std::error_code ec) noexcept;
 
   std::string task_;
-  std::uint64_t max_ps_bytes_;
-  std::uint64_t max_variable_bytes_;
+  variable_store store_;
   bool check_numerics_;
-  std::uint64_t held_bytes_ = 0;
-  std::unordered_map<std::string, stored_variable> variables_;
   std::shared_ptr<wire::buffer_pool> buffers_;
   std::shared_ptr<wire::buffer_pool> reply_buffers_;  // sparse reads' rows (reply_buffer)
 
@@ -264,8 +227,8 @@ class ps_service {
   // latency and its errors; what the ps holds. Registered in the process's registry.
   static constexpr std::size_t num_operations = 7;
   void publish() noexcept {
-    variables_gauge_.set(static_cast<std::int64_t>(variables_.size()));
-    bytes_gauge_.set(static_cast<std::int64_t>(held_bytes_));
+    variables_gauge_.set(static_cast<std::int64_t>(store_.size()));
+    bytes_gauge_.set(static_cast<std::int64_t>(store_.held_bytes()));
     pooled_gauge_.set(static_cast<std::int64_t>(buffers_->bytes() + reply_buffers_->bytes()));
   }
   std::array<metrics::histogram, num_operations> operation_seconds_;

@@ -5,6 +5,7 @@
 #include "net/peer.hpp"
 #include "net/security.hpp"
 #include "ps/ps_service.hpp"
+#include "server/session_table.hpp"
 #include "wire/connection.hpp"
 #include "wire/status.hpp"
 #include "worker/worker_service.hpp"
@@ -24,7 +25,6 @@
 
 #include <algorithm>
 #include <cstdio>
-#include <deque>
 #include <functional>
 #include <map>
 #include <optional>
@@ -56,11 +56,8 @@ struct server::impl : std::enable_shared_from_this<impl> {
   std::optional<worker::worker_service> worker;
   // Accepted connections and the coordinator session each works for.
   std::map<std::shared_ptr<wire::connection>, std::uint64_t> connections;
-  // The coordinator session this server works for (0: none yet), and the sessions it worked for
-  // before, newest last: a Hello of one of those is refused.
-  std::uint64_t session = 0;
-  std::deque<std::uint64_t> ended_sessions;
-  static constexpr std::size_t max_ended_sessions = 1024;
+  // The coordinator session this server works for, and those it worked for before.
+  serving::session_table sessions{""};
   std::size_t handshakes = 0;  // accepted connections still in their handshake
   bool stopped = false;
   // The chief ended the job (Shutdown): the exit code it asked for, the connection that carries
@@ -85,6 +82,7 @@ struct server::impl : std::enable_shared_from_this<impl> {
     if (!resolver.task_id()) throw error(errc::invalid_argument, fmt::format("the {} task has no index", job));
     index = *resolver.task_id();
     task = task_name(job, index);
+    sessions = serving::session_table(task);
     const auto& spec = resolver.cluster_spec();
     if (!spec.has_job(job)) throw error(errc::invalid_argument, fmt::format("`task_type` '{}' not found in cluster_spec.", job));
     spec_address = spec.task_address(job, index);
@@ -202,39 +200,24 @@ struct server::impl : std::enable_shared_from_this<impl> {
 
   net::task_identity identity() const { return {job, index, incarnation}; }
 
-  // Puts the connection from `peer` into coordinator session `hello_session`: the current one; or,
-  // for the chief (`opens`), a new one, which ends the current session (its connections are closed
-  // and its state released: variables on a ps, iterators on a worker); never an ended one. Returns
-  // why the connection is refused, or "".
+  // Puts the connection from `peer` into coordinator session `hello_session` (session_table::join)
+  // and, when that ends the current session, closes the ended session's connections and releases
+  // its state: variables on a ps, iterators on a worker. Returns why the connection is refused, or "".
   std::string join_session(std::uint64_t hello_session, const std::string& peer, bool opens) {
-    if (hello_session == 0) return fmt::format("the Hello of {} names no coordinator session", peer);
-    if (hello_session == session) return {};
-    if (std::find(ended_sessions.begin(), ended_sessions.end(), hello_session) != ended_sessions.end()) {
-      return fmt::format("coordinator session {:016x} of {} has ended on {}: a newer coordinator (session {:016x}) "
-                         "took over",
-                         hello_session, peer, task, session);
+    auto joined = sessions.join(hello_session, peer, opens);
+    if (!joined.refusal.empty() || joined.ended == 0) return std::move(joined.refusal);
+    log::info("new coordinator session {:016x} (from {}): ending session {:016x} and releasing its {}", hello_session,
+              peer, joined.ended, ps ? fmt::format("{} variable(s)", ps->num_variables()) : std::string("iterators"));
+    std::vector<std::shared_ptr<wire::connection>> ended;
+    for (const auto& [connection, its_session] : connections) {
+      if (its_session != hello_session) ended.push_back(connection);
     }
-    if (!opens) {
-      return fmt::format("coordinator session {:016x} of {} is not open on {}: only the chief opens a session",
-                         hello_session, peer, task);
+    for (const auto& connection : ended) {
+      connections.erase(connection);
+      connection->close(fmt::format("coordinator session {:016x} ended", joined.ended));
     }
-    if (session != 0) {
-      log::info("new coordinator session {:016x} (from {}): ending session {:016x} and releasing its {}", hello_session,
-                peer, session, ps ? fmt::format("{} variable(s)", ps->num_variables()) : std::string("iterators"));
-      ended_sessions.push_back(session);
-      if (ended_sessions.size() > max_ended_sessions) ended_sessions.pop_front();
-      std::vector<std::shared_ptr<wire::connection>> ended;
-      for (const auto& [connection, its_session] : connections) {
-        if (its_session != hello_session) ended.push_back(connection);
-      }
-      for (const auto& connection : ended) {
-        connections.erase(connection);
-        connection->close(fmt::format("coordinator session {:016x} ended", session));
-      }
-      if (ps) ps->clear();
-      if (worker) worker->end_session();
-    }
-    session = hello_session;
+    if (ps) ps->clear();
+    if (worker) worker->end_session();
     return {};
   }
 
@@ -366,7 +349,7 @@ struct server::impl : std::enable_shared_from_this<impl> {
       co_return alive;
     }
     // The connection is closed when its session ends; this catches what was already on its way.
-    if (session != self->session) {
+    if (session != self->sessions.current()) {
       wire::frame refused;
       wire::set_status(*refused.message.mutable_response()->mutable_status(), make_error_code(errc::aborted),
                        fmt::format("coordinator session {:016x} has ended on {}", session, self->task), self->task);
