@@ -2,12 +2,12 @@
 // an in-process cluster on loopback) against the disk's own write and read bandwidth, measured in
 // the same run on a file of the same size in the same directory (32 MiB pwrites + fsync; reads
 // after the file's pages are dropped from the page cache). Medians of --rounds; ratios to raw.
+#include "command_line.hpp"
 #include "local_cluster.hpp"
 #include "raw_limits.hpp"
 
 #include <pscoro/checkpoint.hpp>
 
-#include <CLI/CLI.hpp>
 #include <fmt/chrono.h>
 #include <fmt/format.h>
 
@@ -78,7 +78,7 @@ int main(int argc, char** argv) {
   app.add_option("--mib", mib, "table size in MiB")->check(CLI::PositiveNumber);
   app.add_option("--rounds", rounds, "measurements of each kind (the median is reported)")->check(CLI::PositiveNumber);
   app.add_option("--dir", dir, "where the files go (the disk being measured)");
-  CLI11_PARSE(app, argc, argv);
+  if (const auto stop = pscoro::tools::parse_command_line(app, argc, argv)) return *stop;
 
   const std::size_t columns = 64;
   const std::size_t rows = (mib << 20) / (columns * sizeof(float));

@@ -6,13 +6,12 @@
 // trip between two processes, placed on the CPUs alike (--placement, process_cluster.hpp). All on
 // 127.0.0.1, so the raw round trip and pscoro cross the same kernel path. Quote the ratios, not the
 // absolute times: the machine is shared and noisy.
+#include "command_line.hpp"
 #include "local_cluster.hpp"
 #include "process_cluster.hpp"
 #include "raw_limits.hpp"
 
 #include <pscoro/pscoro.hpp>
-
-#include <CLI/CLI.hpp>
 
 #include <fmt/chrono.h>
 #include <fmt/format.h>
@@ -162,7 +161,7 @@ int main(int argc, char** argv) {
                  "processes mode: the chief on one CPU and the ps and workers on the other (split), all on one CPU "
                  "(one), or as the scheduler likes (any); the raw round trips are placed alike")
       ->check(CLI::IsMember({"split", "one", "any"}));
-  CLI11_PARSE(app, argc, argv);
+  if (const auto stop = pscoro::tools::parse_command_line(app, argc, argv)) return *stop;
   if (flood < 4) flood = 0;  // reported by quarters
   ::setenv("PSCORO_LOG_LEVEL", "warning", 0);
 

@@ -2,12 +2,11 @@
 // same bytes raw (read(2) in 1 MiB chunks from the page cache) in the same run; and
 // tf_example_parser (the CTR spec, into a reused batch) against parse_tf_example, in the pipeline
 // and on records already in memory (thread CPU time: other processes on the machine do not count).
+#include "command_line.hpp"
 #include "criteo.hpp"
 #include "raw_limits.hpp"
 
 #include <pscoro/data_formats.hpp>
-
-#include <CLI/CLI.hpp>
 
 #include <fmt/chrono.h>
 #include <fmt/format.h>
@@ -88,7 +87,7 @@ int main(int argc, char** argv) {
   int rounds = 5;
   app.add_option("--lines", lines, "records in each file")->check(CLI::PositiveNumber);
   app.add_option("--rounds", rounds, "passes per measurement (the median is reported)")->check(CLI::PositiveNumber);
-  CLI11_PARSE(app, argc, argv);
+  if (const auto stop = pscoro::tools::parse_command_line(app, argc, argv)) return *stop;
 
   const auto root = std::filesystem::temp_directory_path() / fmt::format("pscoro-data-bench-{}", ::getpid());
   namespace criteo = examples::criteo;

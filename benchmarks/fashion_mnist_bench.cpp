@@ -6,10 +6,9 @@
 // the build (code layout alone), moving the ratio by 15%. Prints steps/s of both, their ratio, and
 // the CPU time per step (user + sys of every process), which tells how much work the cluster adds
 // whatever else the machine is doing.
+#include "command_line.hpp"
 #include "fashion_mnist.hpp"
 #include "raw_limits.hpp"
-
-#include <CLI/CLI.hpp>
 
 #include <fmt/chrono.h>
 #include <fmt/format.h>
@@ -90,7 +89,7 @@ int main(int argc, char** argv) {
   app.add_option("--steps", steps, "training steps per run")->check(CLI::PositiveNumber);
   app.add_option("--batch-size", batch_size, "images per step")->check(CLI::PositiveNumber);
   app.add_option("--rounds", rounds, "interleaved rounds (medians are reported)")->check(CLI::PositiveNumber);
-  CLI11_PARSE(app, argc, argv);
+  if (const auto stop = pscoro::tools::parse_command_line(app, argc, argv)) return *stop;
 
   const auto training = fmt::format("--steps {0} --batch-size {1} --learning-rate {2} --log-every {0} --min-accuracy 0 "
                                      "--data-dir '{3}'",

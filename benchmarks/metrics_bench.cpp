@@ -6,13 +6,12 @@
 // scraping every 15 s or so asks.
 //
 // One process on 127.0.0.1: chief, one ps and one worker on their threads, as cluster_bench.
+#include "command_line.hpp"
 #include "local_cluster.hpp"
 #include "raw_limits.hpp"
 
 #include <pscoro/metrics.hpp>
 #include <pscoro/pscoro.hpp>
-
-#include <CLI/CLI.hpp>
 
 #include <asio/connect.hpp>
 #include <asio/read.hpp>
@@ -71,7 +70,7 @@ int main(int argc, char** argv) {
   app.add_option("--in-flight", in_flight, "closures in flight per worker")->check(CLI::PositiveNumber);
   app.add_option("--scrape-ms", scrape_ms, "milliseconds between scrapes in the scraped mode (0: none)")
       ->check(CLI::NonNegativeNumber);
-  CLI11_PARSE(app, argc, argv);
+  if (const auto stop = pscoro::tools::parse_command_line(app, argc, argv)) return *stop;
   ::setenv("PSCORO_LOG_LEVEL", "warning", 0);
 
   pscoro::metrics::exposer exposer("127.0.0.1:0");

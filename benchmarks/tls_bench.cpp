@@ -4,13 +4,12 @@
 // Two in-process clusters on 127.0.0.1 (plain, then TLS with certificates made by the `openssl`
 // command); each round measures the raw exchange, then plain, then TLS. Quote the ratios: the
 // machine is shared and noisy.
+#include "command_line.hpp"
 #include "local_cluster.hpp"
 #include "raw_limits.hpp"
 #include "test_certificates.hpp"
 
 #include <pscoro/pscoro.hpp>
-
-#include <CLI/CLI.hpp>
 
 #include <fmt/chrono.h>
 #include <fmt/format.h>
@@ -54,7 +53,7 @@ int main(int argc, char** argv) {
   app.add_option("--rounds", rounds, "rounds of raw + plain + TLS measurements (medians reported)")
       ->check(CLI::PositiveNumber);
   app.add_option("--scale", scale, "multiplies the iteration counts")->check(CLI::PositiveNumber);
-  CLI11_PARSE(app, argc, argv);
+  if (const auto stop = pscoro::tools::parse_command_line(app, argc, argv)) return *stop;
   ::setenv("PSCORO_LOG_LEVEL", "warning", 0);
 
   const pscoro::testing::certificates certs;

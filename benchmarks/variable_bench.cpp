@@ -15,13 +15,12 @@
 // each read was due (one every 2 ms per kind), so reads held up behind a step count as long as it
 // held them (no coordinated omission). --kernel-threads 0 runs every kernel on the ps's executor,
 // as before the kernel pool.
+#include "command_line.hpp"
 #include "local_cluster.hpp"
 #include "process_cluster.hpp"
 #include "raw_limits.hpp"
 
 #include <pscoro/pscoro.hpp>
-
-#include <CLI/CLI.hpp>
 
 #include <fmt/chrono.h>
 #include <fmt/format.h>
@@ -479,7 +478,6 @@ pooling_figures measure_pooling(int scale) {
   return out;
 }
 
-
 // ---- --mode kernels ----------------------------------------------------------------------------
 
 using small_read_latencies = xt::xarray<double>;
@@ -687,7 +685,7 @@ int main(int argc, char** argv) {
   std::string sparse_op = "all";
   app.add_option("--sparse-op", sparse_op, "only this sparse operation (to profile one; the others print 0)")
       ->check(CLI::IsMember({"all", "lookup", "scatter_add", "adagrad"}));
-  CLI11_PARSE(app, argc, argv);
+  if (const auto stop = pscoro::tools::parse_command_line(app, argc, argv)) return *stop;
   ::setenv("PSCORO_LOG_LEVEL", "warning", 0);
   if (mode == "kernels") return run_kernel_bench(kernel_threads, millis, kernel_load);
 

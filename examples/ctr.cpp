@@ -20,9 +20,9 @@
 #include <pscoro/pscoro.hpp>
 
 #include "chief.hpp"
+#include "command_line.hpp"
 #include "criteo.hpp"
 
-#include <CLI/CLI.hpp>
 #include <asio/co_spawn.hpp>
 #include <asio/io_context.hpp>
 
@@ -286,7 +286,7 @@ int main(int argc, char** argv) {
   app.add_option("--closures-per-worker", o.closures_per_worker, "closures in flight per worker")->check(CLI::PositiveNumber);
   app.add_option("--log-every", o.log_every, "print the loss every N steps")->check(CLI::PositiveNumber);
   app.add_option("--logdir", o.logdir, "write TensorBoard events (loss, learning rate, test AUC) here");
-  CLI11_PARSE(app, argc, argv);
+  if (const auto stop = pscoro::tools::parse_command_line(app, argc, argv)) return *stop;
 
   try {
     const auto write_data = [&](criteo::file_format format) {

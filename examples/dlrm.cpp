@@ -30,9 +30,9 @@
 #include <pscoro/torch.hpp>
 
 #include "chief.hpp"
+#include "command_line.hpp"
 #include "criteo.hpp"
 
-#include <CLI/CLI.hpp>
 #include <asio/co_spawn.hpp>
 #include <asio/io_context.hpp>
 #include <torch/torch.h>
@@ -523,7 +523,7 @@ int main(int argc, char** argv) {
       ->check(CLI::PositiveNumber);
   app.add_flag("--no-reference", o.no_reference, "train on the cluster only, not the single-process reference");
   app.add_flag("--reference-only", o.reference_only, "train the single-process reference only (no cluster)");
-  CLI11_PARSE(app, argc, argv);
+  if (const auto stop = pscoro::tools::parse_command_line(app, argc, argv)) return *stop;
 
   try {
     // One libtorch thread per process: the ps and the other workers share the cores.

@@ -17,9 +17,9 @@
 #include <pscoro/pscoro.hpp>
 
 #include "chief.hpp"
+#include "command_line.hpp"
 #include "fashion_mnist.hpp"
 
-#include <CLI/CLI.hpp>
 #include <asio/co_spawn.hpp>
 #include <asio/io_context.hpp>
 
@@ -294,7 +294,7 @@ int main(int argc, char** argv) {
   app.add_flag("--one-thread", o.one_thread,
                "no cluster: the same steps in one thread of this process, the data in memory (the reference)")
       ->excludes(checkpoint_dir, logdir, count_runs);
-  CLI11_PARSE(app, argc, argv);
+  if (const auto stop = pscoro::tools::parse_command_line(app, argc, argv)) return *stop;
 
   try {
     if (o.one_thread) return train_one_thread(o);

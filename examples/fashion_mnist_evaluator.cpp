@@ -4,9 +4,8 @@
 // task does the same.)
 //
 //   fashion_mnist_evaluator --checkpoint-dir ckpts --until-step 3000
+#include "command_line.hpp"
 #include "fashion_mnist.hpp"
-
-#include <CLI/CLI.hpp>
 
 using namespace examples::fashion_mnist;
 
@@ -19,6 +18,6 @@ int main(int argc, char** argv) {
   app.add_option("--timeout", o.timeout, "exit 1 when no new checkpoint appears for this many seconds")
       ->check(CLI::PositiveNumber);
   app.add_option("--poll-interval", o.poll, "seconds between looks at the directory")->check(CLI::PositiveNumber);
-  CLI11_PARSE(app, argc, argv);
+  if (const auto stop = pscoro::tools::parse_command_line(app, argc, argv)) return *stop;
   return run_sidecar_evaluator(o);
 }

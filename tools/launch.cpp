@@ -20,7 +20,8 @@
 // fails the job: before the chief started at once; after, once the chief had the grace period to
 // notice and report it (a lost ps fails the chief with a message naming it), with the chief's code
 // if it exits meanwhile, else the task's.
-#include <CLI/CLI.hpp>
+#include "command_line.hpp"
+
 #include <nlohmann/json.hpp>
 
 #include <asio/co_spawn.hpp>
@@ -401,7 +402,7 @@ int main(int argc, char** argv) {
       ->check(CLI::NonNegativeNumber);
   app.add_option("command", command, "the program every task runs, and its arguments")->required();
   app.allow_extras(false);
-  CLI11_PARSE(app, argc, argv);
+  if (const auto stop = pscoro::tools::parse_command_line(app, argc, argv)) return *stop;
 
   try {
     std::optional<job_secret> secret;
