@@ -5,10 +5,15 @@
 #include <pscoro/coordinator.hpp>
 #include <pscoro/server.hpp>
 #include <pscoro/strategy.hpp>
+#include <pscoro/variable.hpp>
+#include <pscoro/worker_function.hpp>
 
 #include <asio/co_spawn.hpp>
 #include <asio/io_context.hpp>
 #include <asio/use_future.hpp>
+
+#include <xtensor/xbuilder.hpp>
+#include <xtensor/xmath.hpp>
 
 #include <exception>
 #include <functional>
@@ -20,6 +25,20 @@
 #include <vector>
 
 namespace pscoro::testing {
+
+/// A worker -> ps round trip for the tests that need one over a transport (TLS, secrets): adds 1
+/// to every element of the variable on its ps and returns the sum it reads back. A local_cluster
+/// binds it with bind_add_one.
+inline const worker_function<double(variable<float>)> add_one{"test.add_one"};
+
+inline void bind_add_one(server& s) {
+  s.bind(add_one, [](variable<float> v) -> asio::awaitable<double> {
+    xt::xarray<float> ones = xt::ones<float>(v.shape());
+    co_await v.assign_add(ones);
+    const auto value = co_await v.read();
+    co_return static_cast<double>(xt::sum(value)());
+  });
+}
 
 /// A test's or benchmark's chief: connects, runs `body(strategy, coordinator)`, closes the strategy
 /// whether the body finished or threw, and rethrows what it threw.

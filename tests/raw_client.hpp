@@ -5,11 +5,15 @@
 
 #include "net/peer.hpp"
 #include "test_support.hpp"
+#include "wire/connection.hpp"
 #include "wire/frame.hpp"
 
+#include <asio/co_spawn.hpp>
 #include <asio/connect.hpp>
+#include <asio/experimental/as_tuple.hpp>
 #include <asio/io_context.hpp>
 #include <asio/read.hpp>
+#include <asio/use_future.hpp>
 #include <asio/write.hpp>
 
 #include <sys/socket.h>
@@ -137,6 +141,28 @@ inline asio::awaitable<dial_outcome> refusal_of(std::string task, std::string ad
     co_return dial_outcome{e.code(), e.what()};
   }
   co_return dial_outcome{};
+}
+
+/// Sends `request` to `task` at `address` through the real transport after the handshake `hello`
+/// (a chief's of some session, a worker's, ...) and returns the whole response. Fails the test
+/// when the call itself fails (the connection lost before an answer).
+inline wire::frame call_task(std::string task, std::string address, wire::frame request, wire::Hello hello) {
+  asio::io_context io;
+  const transport_options options;
+  auto answer = asio::co_spawn(
+      io,
+      [&]() -> asio::awaitable<wire::frame> {
+        auto connection = co_await net::connect_to_task(task, address, hello, options);
+        connection->start(nullptr, nullptr);
+        auto [ec, reply] =
+            co_await connection->async_call(std::move(request), asio::experimental::as_tuple(asio::use_awaitable));
+        REQUIRE_FALSE(ec);
+        connection->close("done");
+        co_return std::move(reply);
+      },
+      asio::use_future);
+  io.run();
+  return answer.get();
 }
 
 }  // namespace pscoro::testing

@@ -74,17 +74,17 @@ void cluster_coordinator::join_erased(detail::erased_handler<void(std::exception
 
 asio::awaitable<per_worker_ref> detail::create_per_worker_iterators(std::shared_ptr<coordinator_core> core,
                                                                     std::string function) {
-  co_return co_await core->create_iterators(std::move(function));
+  co_return co_await core->per_worker().create_iterators(std::move(function));
 }
 
 asio::awaitable<per_worker_ref> detail::create_per_worker_variables(std::shared_ptr<coordinator_core> core,
                                                                     variable_ref variable, tensor initial_value) {
-  co_return co_await core->create_per_worker_variables(std::move(variable), std::move(initial_value));
+  co_return co_await core->per_worker().create_variables(std::move(variable), std::move(initial_value));
 }
 
 asio::awaitable<per_worker_ref> detail::create_per_worker_resources(std::shared_ptr<coordinator_core> core,
                                                                     std::string function) {
-  co_return co_await core->create_resources(std::move(function));
+  co_return co_await core->per_worker().create_resources(std::move(function));
 }
 
 asio::awaitable<std::vector<std::optional<tensor>>> detail::read_per_worker_variable(
@@ -95,7 +95,7 @@ asio::awaitable<std::vector<std::optional<tensor>>> detail::read_per_worker_vari
                 "per-worker variable '" + variable.name +
                     "' has no coordinator to read it with (a handle decoded from a result, or the strategy is gone)");
   }
-  co_return co_await chief->read_per_worker_variable(std::move(ref), std::move(variable), lost);
+  co_return co_await chief->per_worker().read_variable(std::move(ref), std::move(variable), lost);
 }
 
 bool cluster_coordinator::done() {

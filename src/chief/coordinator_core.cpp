@@ -101,7 +101,8 @@ coordinator_core::coordinator_core(asio::any_io_executor executor, cluster_spec 
       connections_(std::make_shared<chief::cluster_connections>(executor_, cluster_, std::move(self),
                                                                   std::move(spec_address), strategy_options_.transport)),
       ps_(std::make_shared<client::ps_client>(connections_->ps())),
-      placement_(ps_) {
+      placement_(ps_),
+      per_worker_(std::make_shared<chief::per_worker_values>(executor_, connections_)) {
   auto& r = metrics::process_registry();
   registered_.push_back(r.add("pscoro_coordinator_closure_execution_seconds",
                               "Time from handing a closure to its worker to its outcome (TF: closure_execution).",
@@ -163,12 +164,14 @@ void coordinator_core::wire_events() {
       self->queue_->worker_lost(worker);
     }
   };
-  events.prepare_worker = [weak](std::size_t worker) { return prepare_worker(weak.lock(), worker); };
+  events.prepare_worker = [weak](std::size_t worker) {
+    const auto self = weak.lock();
+    return chief::per_worker_values::prepare(self ? self->per_worker_ : nullptr, worker);
+  };
   events.worker_back = [weak](std::size_t worker) {
     auto self = weak.lock();
     if (!self) return;
-    std::size_t counts[3] = {0, 0, 0};  // iterators, variables, resources
-    for (const auto& entry : self->per_worker_) ++counts[static_cast<std::size_t>(entry.what)];
+    const auto counts = self->per_worker_->counts();  // iterators, variables, resources
     self->iterator_rebuilds_.inc(counts[0]);
     // "is back; N iterator(s) rebuilt before it takes closures" is what the process tests look for.
     log::info("{} is back; {} iterator(s) rebuilt before it takes closures (and {} per-worker variable(s), {} "
@@ -241,226 +244,6 @@ std::optional<coordinator_options> coordinator_core::claim_options(const std::op
                             describe(*shared_options_), describe(*asked)));
   }
   return std::nullopt;
-}
-
-wire::frame coordinator_core::create_request(const per_worker_entry& entry, std::size_t worker) const {
-  wire::frame request;
-  auto& body = *request.message.mutable_request();
-  switch (entry.what) {
-    case per_worker_entry::kind::iterator: {
-      auto* create = body.mutable_create_iterator();
-      create->set_function(entry.ref.function);
-      create->set_id(entry.ref.id);
-      create->set_worker_index(static_cast<std::int64_t>(worker));
-      create->set_num_workers(static_cast<std::int64_t>(connections_->num_workers()));
-      break;
-    }
-    case per_worker_entry::kind::resource: {
-      auto* create = body.mutable_create_resource();
-      create->set_function(entry.ref.function);
-      create->set_id(entry.ref.id);
-      create->set_worker_index(static_cast<std::int64_t>(worker));
-      create->set_num_workers(static_cast<std::int64_t>(connections_->num_workers()));
-      break;
-    }
-    case per_worker_entry::kind::variable: {
-      auto* create = body.mutable_create_per_worker_variable();
-      create->set_id(entry.ref.id);
-      wire::encode_ref(*create->mutable_variable(), entry.variable);
-      // The chief's copy of the initial value goes out shared, not copied, to every worker.
-      wire::put_tensor(request, *create->mutable_initial_value(), entry.initial_value);
-      break;
-    }
-  }
-  return request;
-}
-
-asio::awaitable<per_worker_ref> coordinator_core::create_iterators(std::string function) {
-  per_worker_entry entry;
-  entry.what = per_worker_entry::kind::iterator;
-  entry.ref.function = std::move(function);
-  co_return co_await create_per_worker(std::move(entry));
-}
-
-asio::awaitable<per_worker_ref> coordinator_core::create_resources(std::string function) {
-  per_worker_entry entry;
-  entry.what = per_worker_entry::kind::resource;
-  entry.ref.function = std::move(function);
-  co_return co_await create_per_worker(std::move(entry));
-}
-
-asio::awaitable<per_worker_ref> coordinator_core::create_per_worker_variables(variable_ref variable,
-                                                                               tensor initial_value) {
-  if (initial_value.type() != variable.type || initial_value.shape() != variable.shape) {
-    throw error(errc::invalid_argument,
-                fmt::format("per-worker variable '{}' is {} {} but its initial value is {} {}", variable.name,
-                            name_of(variable.type), to_string(variable.shape), name_of(initial_value.type()),
-                            to_string(initial_value.shape())));
-  }
-  per_worker_entry entry;
-  entry.what = per_worker_entry::kind::variable;
-  entry.ref.function = variable.name;
-  entry.variable = std::move(variable);
-  entry.initial_value = std::move(initial_value);
-  co_return co_await create_per_worker(std::move(entry));
-}
-
-asio::awaitable<per_worker_ref> coordinator_core::create_per_worker(per_worker_entry entry) {
-  entry.ref.id = next_per_worker_id_++;
-  // Listed first: a lost worker that comes back meanwhile builds it too (prepare_worker), before it
-  // takes a closure.
-  per_worker_.push_back(entry);
-  per_worker_ref ref = entry.ref;
-  std::vector<std::size_t> ready;
-  for (std::size_t i = 0; i < connections_->num_workers(); ++i) {
-    if (connections_->ready(i)) ready.push_back(i);
-  }
-  std::exception_ptr failure;
-  try {
-    const auto self = shared_from_this();
-    co_await run_all(ready.size(), [&](std::size_t k) { return create_on(self, ready[k], entry); });
-  } catch (...) {
-    failure = std::current_exception();
-  }
-  if (failure) {
-    release_per_worker(ref.id);  // the workers that built theirs drop them
-    std::rethrow_exception(failure);
-  }
-  // The last copy of the lease, wherever it goes (any thread), has the chief release the values.
-  // It only posts: locking the core here could make this thread its last owner.
-  struct lease {
-    lease(asio::any_io_executor on, std::weak_ptr<coordinator_core> of, std::uint64_t value)
-        : executor(std::move(on)), core(std::move(of)), id(value) {}
-    lease(const lease&) = delete;  // one release per value
-    lease& operator=(const lease&) = delete;
-    asio::any_io_executor executor;
-    std::weak_ptr<coordinator_core> core;
-    std::uint64_t id;
-    ~lease() {
-      asio::post(executor, [weak = core, value = id] {
-        if (auto self = weak.lock()) self->release_per_worker(value);
-      });
-    }
-  };
-  ref.lease = std::make_shared<const lease>(executor_, weak_from_this(), ref.id);
-  co_return ref;
-}
-
-asio::awaitable<void> coordinator_core::create_on(std::shared_ptr<coordinator_core> self, std::size_t worker,
-                                                  const per_worker_entry& entry) {
-  const auto peer = self->connections_->worker(worker);
-  // On the open connection only, as a closure: a worker that is gone may not come back soon.
-  const auto connection = peer->connection();
-  std::string lost = "not connected";
-  if (connection) {
-    auto request = self->create_request(entry, worker);  // named: g++ 12 (temporaries)
-    auto [ec, response] = co_await connection->async_call(std::move(request), as_tuple(use_awaitable));
-    if (!ec) {
-      // The worker's own refusal (an unbound or failing function) fails the creation.
-      wire::throw_if_error(response.message.response().status(), peer->task());
-      co_return;
-    }
-    lost = connection->close_reason();
-  }
-  if (self->connections_->closed()) {
-    throw remote_error(make_error_code(errc::unavailable), peer->task(),
-                       fmt::format("'{}' could not be made on {}: the chief closed its connections", entry.ref.function,
-                                   peer->task()));
-  }
-  // A worker that came back meanwhile on a new connection was prepared there, with this value
-  // (listed before any worker was asked).
-  if (const auto current = peer->connection(); current && current != connection) co_return;
-  // TF's contract: a lost worker costs only time. The value is listed already, so the worker
-  // builds it in prepare_worker when it comes back, before it takes a closure.
-  self->connections_->worker_failed(worker, lost);
-}
-
-void coordinator_core::release_per_worker(std::uint64_t id) {
-  std::erase_if(per_worker_, [id](const per_worker_entry& e) { return e.ref.id == id; });
-  if (connections_->closed()) return;
-  for (std::size_t i = 0; i < connections_->num_workers(); ++i) {
-    // Only an open connection: a lost worker has lost its values, and one that comes back is not
-    // given this one again.
-    const auto connection = connections_->worker(i)->connection();
-    if (!connection) continue;
-    wire::frame request;
-    request.message.mutable_request()->mutable_release_iterator()->set_id(id);
-    connection->async_call(std::move(request), [](std::error_code, wire::frame) {});
-  }
-}
-
-asio::awaitable<std::vector<std::optional<tensor>>> coordinator_core::read_per_worker_variable(per_worker_ref ref,
-                                                                                              variable_ref variable,
-                                                                                              lost_workers lost) {
-  const auto workers = connections_->num_workers();
-  for (std::size_t i = 0; i < workers && lost == lost_workers::fail; ++i) {
-    if (connections_->ready(i)) continue;
-    // TF raises too (its per-worker variable's value on a lost worker is aborted). The chief does
-    // not wait for the worker: it may never come back.
-    const auto& task = connections_->worker(i)->task();
-    throw remote_error(make_error_code(errc::unavailable), task,
-                       fmt::format("per-worker variable '{}' cannot be read on {}: the chief has lost that worker (it "
-                                   "gets the variable anew, from its initial value, when it comes back)",
-                                   variable.name, task));
-  }
-  std::vector<std::optional<tensor>> values(workers);
-  const auto self = shared_from_this();
-  co_await run_all(workers, [&](std::size_t i) { return read_on(self, i, ref.id, variable, lost, values[i]); });
-  co_return values;
-}
-
-asio::awaitable<void> coordinator_core::read_on(std::shared_ptr<coordinator_core> self, std::size_t worker,
-                                                std::uint64_t id, variable_ref variable, lost_workers lost,
-                                                std::optional<tensor>& out) {
-  // A worker being prepared to come back does not hold the variable yet: it counts as lost.
-  if (lost == lost_workers::skip && !self->connections_->ready(worker)) co_return;
-  wire::frame request;
-  auto* read = request.message.mutable_request()->mutable_read_per_worker_variable();
-  read->set_id(id);
-  wire::encode_ref(*read->mutable_variable(), variable);
-  const auto peer = self->connections_->worker(worker);
-  // On the open connection only, never a new one: a worker that is gone may not come back soon.
-  auto connection = peer->connection();
-  if (!connection && lost == lost_workers::skip) co_return;
-  if (!connection) {
-    throw remote_error(make_error_code(errc::unavailable), peer->task(),
-                       fmt::format("per-worker variable '{}' cannot be read on {}: it is not connected", variable.name,
-                                   peer->task()));
-  }
-  auto [ec, response] = co_await connection->async_call(std::move(request), as_tuple(use_awaitable));
-  if (ec && lost == lost_workers::skip) co_return;
-  if (ec) {
-    throw remote_error(make_error_code(errc::unavailable), peer->task(),
-                       fmt::format("per-worker variable '{}' cannot be read on {}: connection lost: {}", variable.name,
-                                   peer->task(), connection->close_reason()));
-  }
-  wire::throw_if_error(response.message.response().status(), peer->task());
-  const auto& result = response.message.response().result();
-  tensor value;
-  if (result.kind_case() == wire::Value::kTensor) value = wire::get_tensor(response, result.tensor());
-  if (result.kind_case() != wire::Value::kTensor || value.type() != variable.type || value.shape() != variable.shape) {
-    throw remote_error(make_error_code(errc::protocol_error), peer->task(),
-                       fmt::format("{} answered a read of per-worker variable '{}' ({} {}) with something else",
-                                   peer->task(), variable.name, name_of(variable.type), to_string(variable.shape)));
-  }
-  out = std::move(value);
-}
-
-asio::awaitable<void> coordinator_core::prepare_worker(std::shared_ptr<coordinator_core> self, std::size_t worker) {
-  if (!self) co_return;
-  // By id from the live list, afresh after every call: a value released while this waits is
-  // skipped, and one created meanwhile is built too (its create_per_worker did not send it here,
-  // this worker not being ready yet). Ids only grow, and the list keeps their order.
-  std::uint64_t built = 0;
-  for (;;) {
-    const auto& live = self->per_worker_;
-    const auto next =
-        std::find_if(live.begin(), live.end(), [built](const per_worker_entry& e) { return e.ref.id > built; });
-    if (next == live.end()) co_return;
-    built = next->ref.id;
-    auto request = self->create_request(*next, worker);  // named: g++ 12 (temporaries)
-    co_await self->connections_->worker(worker)->call(std::move(request));
-  }
 }
 
 std::shared_ptr<chief::closure> coordinator_core::make_closure(std::string name, std::string signature,

@@ -1,6 +1,7 @@
-// The chief: what a parameter_server_strategy and its cluster_coordinator share. It puts three
+// The chief: what a parameter_server_strategy and its cluster_coordinator share. It puts four
 // parts together — the connections to the cluster (chief::cluster_connections), where variables
-// go (chief::variable_placement) and the closure queue (closure_queue, a state machine) — and
+// go (chief::variable_placement), the per-worker values (chief::per_worker_values) and the closure
+// queue (closure_queue, a state machine) — and
 // runs what the queue hands out: a closure's call to its worker, and its outcome back into the
 // queue. One object per strategy; used on the strategy's executor only (the public entry points
 // hop onto it).
@@ -11,6 +12,7 @@
 
 #include "chief/closure_queue.hpp"
 #include "chief/cluster_connections.hpp"
+#include "chief/per_worker_values.hpp"
 #include "chief/placement.hpp"
 #include "client/ps_client.hpp"
 
@@ -55,21 +57,9 @@ class coordinator_core : public std::enable_shared_from_this<coordinator_core> {
   /// the first one's; throws errc::invalid_argument when `asked` differs from those. Any thread.
   std::optional<coordinator_options> claim_options(const std::optional<coordinator_options>& asked);
 
-  /// Builds a fresh iterator of dataset function `function` on every worker; completes when all
-  /// exist, with their common id and a lease: when its last copy is gone, release_per_worker(id).
-  asio::awaitable<per_worker_ref> create_iterators(std::string function);
-  /// Makes per-worker variable `variable` on every worker, holding `initial_value`; as create_iterators.
-  asio::awaitable<per_worker_ref> create_per_worker_variables(variable_ref variable, tensor initial_value);
-  /// Builds a resource of resource function `function` on every worker; as create_iterators.
-  asio::awaitable<per_worker_ref> create_resources(std::string function);
-  /// Every worker's value of per-worker variable `variable` (`ref`), in worker order; a worker
-  /// that is not ready fails it with remote_error(errc::unavailable) naming the worker.
-  asio::awaitable<std::vector<std::optional<tensor>>> read_per_worker_variable(per_worker_ref ref,
-                                                                              variable_ref variable,
-                                                                              lost_workers lost);
-  /// Per-worker value `id` has no lease left: it is not rebuilt on workers that come back any more,
-  /// and each connected worker is told to drop its own (queued on the connection now, not awaited).
-  void release_per_worker(std::uint64_t id);
+  /// The per-worker values (iterators, variables, resources) made on every worker and rebuilt on
+  /// a worker that comes back.
+  chief::per_worker_values& per_worker() noexcept { return *per_worker_; }
 
   /// A closure of `name` with `args`, not scheduled yet.
   std::shared_ptr<chief::closure> make_closure(std::string name, std::string signature, std::vector<value> args);
@@ -119,28 +109,6 @@ class coordinator_core : public std::enable_shared_from_this<coordinator_core> {
   /// The connection to ps `index` closed without our asking: its variables are gone, and the run
   /// with them.
   void lost_ps(std::size_t index, const std::string& reason);
-  /// Rebuilds every per-worker value on `worker`, which came back, before it takes a closure.
-  static asio::awaitable<void> prepare_worker(std::shared_ptr<coordinator_core> self, std::size_t worker);
-  /// A value made on every worker, as the chief remembers it to rebuild it on a worker that comes
-  /// back: an iterator (ref.function: its dataset function), a variable (its initial value), a
-  /// resource (ref.function: its resource function).
-  struct per_worker_entry {
-    enum class kind { iterator, variable, resource } what = kind::iterator;
-    per_worker_ref ref;  // without the lease
-    variable_ref variable;
-    tensor initial_value;
-  };
-  /// Makes `entry` (its id not yet chosen) on every ready worker; completes with its ref and lease.
-  asio::awaitable<per_worker_ref> create_per_worker(per_worker_entry entry);
-  /// Makes `entry` on `worker`; a worker lost on the way is marked lost (it builds `entry` when it
-  /// comes back), not a failure. Throws the worker's refusal.
-  static asio::awaitable<void> create_on(std::shared_ptr<coordinator_core> self, std::size_t worker,
-                                         const per_worker_entry& entry);
-  /// The request that makes `entry` on `worker`.
-  wire::frame create_request(const per_worker_entry& entry, std::size_t worker) const;
-  /// Reads per-worker variable `variable` (`id`) on `worker` into `out`.
-  static asio::awaitable<void> read_on(std::shared_ptr<coordinator_core> self, std::size_t worker, std::uint64_t id,
-                                       variable_ref variable, lost_workers lost, std::optional<tensor>& out);
 
   asio::any_io_executor executor_;
   cluster_spec cluster_;
@@ -149,8 +117,7 @@ class coordinator_core : public std::enable_shared_from_this<coordinator_core> {
   std::shared_ptr<client::ps_client> ps_;
   chief::variable_placement placement_;
   std::shared_ptr<chief::closure_queue> queue_;
-  std::uint64_t next_per_worker_id_ = 1;  // iterators, variables and resources share the ids
-  std::vector<per_worker_entry> per_worker_;  // every live one: rebuilt on a worker that comes back
+  std::shared_ptr<chief::per_worker_values> per_worker_;
   std::vector<int> transient_ps_failures_;  // per ps: closures that failed reaching it (TF's counters)
   // The options the strategy's coordinators share, once the first one is made. Coordinators may
   // be made on any thread: this is the one piece of the chief a mutex guards (set once, read at

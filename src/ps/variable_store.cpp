@@ -45,8 +45,8 @@ variable_store::variable_store(std::string task, std::uint64_t max_ps_bytes, std
 std::uint64_t variable_store::checked_bytes(std::string_view context, dtype type, const shape_type& shape) const {
   const auto bytes = checked_size_bytes(type, shape);
   if (!bytes) {
-    refuse_argument(fmt::format("{}: {} {} is too large (its size in bytes does not fit in 64 bits)", context, name_of(type),
-                        to_string(shape)));
+    refuse_argument(fmt::format("{}: {} {} is too large (its size in bytes does not fit in 64 bits)", context,
+                                name_of(type), to_string(shape)));
   }
   return *bytes;
 }
@@ -56,20 +56,19 @@ std::uint64_t variable_store::check_room(std::string_view context, std::string_v
   const std::uint64_t bytes = checked_bytes(context, type, shape);
   const auto held = add_saturating(held_bytes_, pending);
   if (bytes > max_variable_bytes_) {
-    throw error(errc::resource_exhausted,
-                fmt::format("{}: {}{} {} takes {}, more than the {} {} allows per variable "
-                            "(server_options::max_variable_bytes raises it; {} holds {})",
-                            context, what, name_of(type), to_string(shape), bytes_text(bytes),
-                            bytes_text(max_variable_bytes_), task_, task_, bytes_text(held)));
+    throw error(errc::resource_exhausted, fmt::format("{}: {}{} {} takes {}, more than the {} {} allows per variable "
+                                                      "(server_options::max_variable_bytes raises it; {} holds {})",
+                                                      context, what, name_of(type), to_string(shape), bytes_text(bytes),
+                                                      bytes_text(max_variable_bytes_), task_, task_, bytes_text(held)));
   }
   const std::uint64_t adds = footprint(name, shape, bytes);
   if (adds > max_ps_bytes_ || held > max_ps_bytes_ - adds) {
-    throw error(errc::resource_exhausted,
-                fmt::format("{}: {}{} {} takes {} and {} already holds {} of variables and slots{}: that is past "
-                            "its limit of {} (server_options::max_ps_bytes raises it)",
-                            context, what, name_of(type), to_string(shape), bytes_text(bytes), task_,
-                            bytes_text(held), pending ? " (counting the slots this step creates before it)" : "",
-                            bytes_text(max_ps_bytes_)));
+    throw error(
+        errc::resource_exhausted,
+        fmt::format("{}: {}{} {} takes {} and {} already holds {} of variables and slots{}: that is past "
+                    "its limit of {} (server_options::max_ps_bytes raises it)",
+                    context, what, name_of(type), to_string(shape), bytes_text(bytes), task_, bytes_text(held),
+                    pending ? " (counting the slots this step creates before it)" : "", bytes_text(max_ps_bytes_)));
   }
   return adds;
 }
@@ -80,12 +79,11 @@ void variable_store::check_slots(std::string_view context, const std::string& va
   for (const auto& plan : plans) {
     const auto it = variables_.find(plan.name);
     if (it == variables_.end()) {
-      pending = add_saturating(
-          pending, check_room(context, fmt::format("slot '{}' of '{}', ", plan.name, variable), plan.name, plan.type,
-                              plan.shape, pending));
+      pending = add_saturating(pending, check_room(context, fmt::format("slot '{}' of '{}', ", plan.name, variable),
+                                                   plan.name, plan.type, plan.shape, pending));
     } else if (it->second.type != plan.type || it->second.shape != plan.shape) {
       refuse_argument(fmt::format("{}: slot '{}' of {} {} exists as {} {}", context, plan.name, name_of(of.type),
-                          to_string(of.shape), name_of(it->second.type), to_string(it->second.shape)));
+                                  to_string(of.shape), name_of(it->second.type), to_string(it->second.shape)));
     }
   }
 }
@@ -105,8 +103,8 @@ stored_variable& variable_store::find(const variable_ref& wanted, std::string_vi
   auto& stored = it->second;
   if (stored.type != wanted.type || stored.shape != wanted.shape) {
     refuse_argument(fmt::format("{}: the handle says '{}' is {} {} but {} holds it as {} {}", operation, wanted.name,
-                        name_of(wanted.type), to_string(wanted.shape), task_, name_of(stored.type),
-                        to_string(stored.shape)));
+                                name_of(wanted.type), to_string(wanted.shape), task_, name_of(stored.type),
+                                to_string(stored.shape)));
   }
   return stored;
 }
@@ -154,26 +152,28 @@ std::vector<std::pair<std::string, const stored_variable*>> variable_store::slot
 
 void check_rows(std::uint64_t begin, std::uint64_t end, const stored_variable& variable, std::string_view operation,
                 const std::string& name) {
-  if (variable.shape.empty()) refuse_argument(fmt::format("{} of '{}': a scalar variable has no rows", operation, name));
+  if (variable.shape.empty())
+    refuse_argument(fmt::format("{} of '{}': a scalar variable has no rows", operation, name));
   if (begin > end || end > variable.shape[0]) {
     refuse_argument(fmt::format("{} of '{}': rows [{}, {}) are not within [0, {})", operation, name, begin, end,
-                        variable.shape[0]));
+                                variable.shape[0]));
   }
 }
 
 std::span<const std::int64_t> row_ids(const tensor& indices, const stored_variable& variable,
                                       std::string_view operation, const std::string& name) {
-  if (variable.shape.empty()) refuse_argument(fmt::format("{} of '{}': a scalar variable has no rows", operation, name));
+  if (variable.shape.empty())
+    refuse_argument(fmt::format("{} of '{}': a scalar variable has no rows", operation, name));
   if (indices.type() != dtype::int64 || indices.shape().size() != 1) {
     refuse_argument(fmt::format("{} of '{}': ids must be a 1-D int64 tensor, got {} {}", operation, name,
-                        name_of(indices.type()), to_string(indices.shape())));
+                                name_of(indices.type()), to_string(indices.shape())));
   }
   const std::span<const std::int64_t> ids(indices.data<std::int64_t>(), indices.size());
   const std::uint64_t rows = variable.shape[0];
   for (std::size_t k = 0; k < ids.size(); ++k) {
     if (ids[k] < 0 || static_cast<std::uint64_t>(ids[k]) >= rows) {
-      refuse_argument(fmt::format("{} of '{}': id {} (position {}) is out of range [0, {})", operation, name, ids[k], k,
-                          rows));
+      refuse_argument(
+          fmt::format("{} of '{}': id {} (position {}) is out of range [0, {})", operation, name, ids[k], k, rows));
     }
   }
   return ids;

@@ -17,13 +17,14 @@ session_join session_table::join(std::uint64_t session, const std::string& peer,
   if (session == 0) return {fmt::format("the Hello of {} names no coordinator session", peer)};
   if (session == current_) return {};
   if (ended(session)) {
-    return {fmt::format("coordinator session {:016x} of {} has ended on {}: a newer coordinator (session {:016x}) "
-                        "took over",
-                        session, peer, task_, current_)};
+    return {
+        fmt::format("coordinator session {:016x} of {} has ended on {}: a newer coordinator (session {:016x}) "
+                    "took over",
+                    session, peer, task_, current_)};
   }
   if (!opens) {
-    return {fmt::format("coordinator session {:016x} of {} is not open on {}: only the chief opens a session",
-                        session, peer, task_)};
+    return {fmt::format("coordinator session {:016x} of {} is not open on {}: only the chief opens a session", session,
+                        peer, task_)};
   }
   session_join joined;
   if (current_ != 0) {

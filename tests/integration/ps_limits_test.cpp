@@ -6,10 +6,10 @@
 #include "local_cluster.hpp"
 #include "net/peer.hpp"
 #include "ps/ps_service.hpp"
+#include "raw_client.hpp"
 #include "test_support.hpp"
 #include "wire/values.hpp"
 
-#include <asio/experimental/as_tuple.hpp>
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -36,30 +36,13 @@ struct reply {
 // Sends `request` to ps:0 of `cluster` as the chief of coordinator session `session` and returns
 // the status and the result tensor.
 reply call(local_cluster& cluster, wire::frame request, std::uint64_t session = 1) {
-  const auto hello = net::make_hello({"chief", 0, 0}, session);
-  asio::io_context io;
-  auto response = asio::co_spawn(
-      io,
-      [&]() -> asio::awaitable<reply> {
-        // Named: g++ 12 destroys a co_await's temporaries early.
-        const std::string task = "ps:0";
-        const auto address = cluster.spec.task_address("ps", 0);
-        const transport_options options;
-        auto connection = co_await net::connect_to_task(task, address, hello, options);
-        connection->start(nullptr, nullptr);
-        auto [ec, answer] =
-            co_await connection->async_call(std::move(request), asio::experimental::as_tuple(asio::use_awaitable));
-        REQUIRE_FALSE(ec);
-        connection->close("done");
-        reply out{answer.message.response().status(), {}};
-        if (answer.message.response().result().has_tensor()) {
-          out.value = wire::get_tensor(answer, answer.message.response().result().tensor());
-        }
-        co_return out;
-      },
-      asio::use_future);
-  io.run();
-  return response.get();
+  const auto answer = testing::call_task("ps:0", cluster.spec.task_address("ps", 0), std::move(request),
+                                         net::make_hello({"chief", 0, 0}, session));
+  reply out{answer.message.response().status(), {}};
+  if (answer.message.response().result().has_tensor()) {
+    out.value = wire::get_tensor(answer, answer.message.response().result().tensor());
+  }
+  return out;
 }
 
 template <class T>
@@ -160,29 +143,11 @@ wire::frame list_slots(const variable_ref& ref) {
 }
 
 std::size_t num_slots(local_cluster& cluster, const variable_ref& ref) {
-  wire::frame f = list_slots(ref);
   // ListSlots answers in Response.slots, which `call` does not return: count them here.
-  const auto hello = net::make_hello({"chief", 0, 0}, 1);
-  asio::io_context io;
-  auto response = asio::co_spawn(
-      io,
-      [&]() -> asio::awaitable<std::size_t> {
-        // Named: g++ 12 destroys a co_await's temporaries early.
-        const std::string task = "ps:0";
-        const auto address = cluster.spec.task_address("ps", 0);
-        const transport_options options;
-        auto connection = co_await net::connect_to_task(task, address, hello, options);
-        connection->start(nullptr, nullptr);
-        auto [ec, answer] =
-            co_await connection->async_call(std::move(f), asio::experimental::as_tuple(asio::use_awaitable));
-        REQUIRE_FALSE(ec);
-        connection->close("done");
-        REQUIRE(answer.message.response().status().code() == 0);
-        co_return static_cast<std::size_t>(answer.message.response().slots_size());
-      },
-      asio::use_future);
-  io.run();
-  return response.get();
+  const auto answer =
+      testing::call_task("ps:0", cluster.spec.task_address("ps", 0), list_slots(ref), net::make_hello({"chief", 0, 0}, 1));
+  REQUIRE(answer.message.response().status().code() == 0);
+  return static_cast<std::size_t>(answer.message.response().slots_size());
 }
 
 template <class T>

@@ -28,18 +28,6 @@ namespace {
 const std::string secret = "the test cluster's secret, 41 bytes long";
 const std::string other_secret = "a stranger's secret that is not the job's";
 
-const worker_function<double(variable<float>)> add_one_to_variable{"security.add_one"};
-
-void bind_functions(server& s) {
-  // Adds 1 to every element on the ps and returns the sum it reads back: a worker -> ps round trip.
-  s.bind(add_one_to_variable, [](variable<float> v) -> asio::awaitable<double> {
-    xt::xarray<float> ones = xt::ones<float>(v.shape());
-    co_await v.assign_add(ones);
-    const auto value = co_await v.read();
-    co_return static_cast<double>(xt::sum(value)());
-  });
-}
-
 server_options servers_with(const std::string& s) {
   server_options options;
   options.transport.auth_secret = s;
@@ -52,7 +40,6 @@ strategy_options chief_with(const std::string& s) {
   return options;
 }
 
-
 transport_options stranger_with(const std::string& s) {
   transport_options options;
   options.auth_secret = s;
@@ -63,7 +50,7 @@ transport_options stranger_with(const std::string& s) {
 // The job's variable is untouched and its workers still run functions in its session.
 asio::awaitable<void> check_job_untouched(cluster_coordinator& coordinator, variable<float>& v, float expected_sum) {
   CHECK(static_cast<double>(xt::sum(co_await v.read())()) == doctest::Approx(expected_sum));
-  auto result = coordinator.schedule(add_one_to_variable, v);
+  auto result = coordinator.schedule(testing::add_one, v);
   CHECK(co_await result.get() == doctest::Approx(expected_sum + 2));
 }
 
@@ -77,14 +64,14 @@ struct environment_variable {
 }  // namespace
 
 TEST_CASE("a cluster whose tasks share the secret trains: the chief, workers and ps all prove it") {
-  local_cluster cluster(2, 2, bind_functions, servers_with(secret));
+  local_cluster cluster(2, 2, testing::bind_add_one, servers_with(secret));
   cluster.run_chief(
       [](parameter_server_strategy& strategy, cluster_coordinator& coordinator) -> asio::awaitable<void> {
         const xt::xarray<float> zeros = xt::zeros<float>({2});
         auto v0 = co_await strategy.scope().create_variable("v0", zeros);
         auto v1 = co_await strategy.scope().create_variable("v1", zeros);  // on ps:1
         std::vector<remote_value<double>> sums;
-        for (int i = 0; i < 10; ++i) sums.push_back(coordinator.schedule(add_one_to_variable, i % 2 ? v1 : v0));
+        for (int i = 0; i < 10; ++i) sums.push_back(coordinator.schedule(testing::add_one, i % 2 ? v1 : v0));
         co_await coordinator.join();
         CHECK(xt::sum(co_await v0.read())() == doctest::Approx(10));
         CHECK(xt::sum(co_await v1.read())() == doctest::Approx(10));
@@ -93,7 +80,7 @@ TEST_CASE("a cluster whose tasks share the secret trains: the chief, workers and
 }
 
 TEST_CASE("a stranger without the secret, or with another, cannot open a session; the job is untouched") {
-  local_cluster cluster(1, 1, bind_functions, servers_with(secret));
+  local_cluster cluster(1, 1, testing::bind_add_one, servers_with(secret));
   cluster.run_chief(
       [&](parameter_server_strategy& strategy, cluster_coordinator& coordinator) -> asio::awaitable<void> {
         const xt::xarray<float> initial{1, 2};
@@ -155,7 +142,7 @@ TEST_CASE("the handshake proofs are HMAC-SHA256 over the transcript docs/protoco
 
 TEST_CASE("a stranger who proves a wrong secret to a server is refused by it") {
   // The stranger skips its own check of the server's proof, as a hostile peer would.
-  local_cluster cluster(1, 1, bind_functions, servers_with(secret));
+  local_cluster cluster(1, 1, testing::bind_add_one, servers_with(secret));
   raw_client c(cluster.spec.task_address("ps", 0));
   wire::frame f;
   f.kind = wire::frame_kind::hello;
@@ -176,7 +163,7 @@ TEST_CASE("a stranger who proves a wrong secret to a server is refused by it") {
 }
 
 TEST_CASE("a recorded handshake replayed on a new connection is refused") {
-  local_cluster cluster(1, 1, bind_functions, servers_with(secret));
+  local_cluster cluster(1, 1, testing::bind_add_one, servers_with(secret));
   const auto ps = cluster.spec.task_address("ps", 0);
   // A real handshake, as the chief would do it, recorded byte for byte.
   wire::Hello hello = hello_of("chief", 7);
@@ -215,13 +202,13 @@ TEST_CASE("a recorded handshake replayed on a new connection is refused") {
 
 TEST_CASE("a task with a secret and a task without one refuse each other, naming why") {
   SUBCASE("servers with a secret, a chief without") {
-    local_cluster cluster(1, 1, bind_functions, servers_with(secret));
+    local_cluster cluster(1, 1, testing::bind_add_one, servers_with(secret));
     const auto e = pscoro::testing::connect_failure(cluster.spec, {});
     CHECK(e.code() == errc::unauthenticated);
     CHECK(contains(e.what(), "sent no proof of the cluster secret and ps:0 requires one"));
   }
   SUBCASE("servers without a secret, a chief with one") {
-    local_cluster cluster(1, 1, bind_functions);
+    local_cluster cluster(1, 1, testing::bind_add_one);
     const auto e = pscoro::testing::connect_failure(cluster.spec, chief_with(secret));
     CHECK(e.code() == errc::unauthenticated);
     CHECK(contains(e.what(), "authenticates with a cluster secret but ps:0 has none"));
@@ -229,7 +216,7 @@ TEST_CASE("a task with a secret and a task without one refuse each other, naming
 }
 
 TEST_CASE("only the chief opens a session: an evaluator, or a worker of another session, is refused") {
-  local_cluster cluster(1, 1, bind_functions, servers_with(secret));
+  local_cluster cluster(1, 1, testing::bind_add_one, servers_with(secret));
   cluster.run_chief(
       [&](parameter_server_strategy& strategy, cluster_coordinator& coordinator) -> asio::awaitable<void> {
         const xt::xarray<float> initial{1, 2};
@@ -262,7 +249,7 @@ TEST_CASE("the chief checks who answered: a spec naming the wrong task's address
   for (const auto& s : {std::string(), secret}) {
     const std::string which = s.empty() ? "without a secret" : "with a secret";
     INFO(which);
-    local_cluster cluster(1, 1, bind_functions, servers_with(s));
+    local_cluster cluster(1, 1, testing::bind_add_one, servers_with(s));
     const cluster_spec swapped{{"ps", {cluster.spec.task_address("worker", 0)}},
                                {"worker", {cluster.spec.task_address("ps", 0)}}};
     const auto e = pscoro::testing::connect_failure(swapped, chief_with(s));
@@ -283,7 +270,7 @@ TEST_CASE("the secret comes from the file PSCORO_AUTH_SECRET_FILE names") {
   {
     // A line break at the end (as `echo` writes it) is not part of the secret.
     environment_variable file("PSCORO_AUTH_SECRET_FILE", write("secret", secret + "\n"));
-    local_cluster cluster(1, 1, bind_functions);
+    local_cluster cluster(1, 1, testing::bind_add_one);
     cluster.run_chief(
         [&](parameter_server_strategy& strategy, cluster_coordinator& coordinator) -> asio::awaitable<void> {
           const xt::xarray<float> initial{1, 2};
@@ -331,7 +318,7 @@ TEST_CASE("the secret comes from the file PSCORO_AUTH_SECRET_FILE names") {
 }
 
 TEST_CASE("before it proves the secret a peer can make a server hold no more than a small handshake frame") {
-  local_cluster cluster(1, 1, bind_functions, servers_with(secret));
+  local_cluster cluster(1, 1, testing::bind_add_one, servers_with(secret));
   const auto ps = cluster.spec.task_address("ps", 0);
   {
     raw_client c(ps);

@@ -5,7 +5,6 @@
 #include "test_support.hpp"
 #include "wire/values.hpp"
 
-#include <asio/experimental/as_tuple.hpp>
 
 #include <chrono>
 #include <future>
@@ -24,24 +23,9 @@ wire::Hello chief_hello(std::uint64_t session) { return net::make_hello({"chief"
 // Sends `request` to `job`:0 of `cluster` after the handshake `hello` and returns the response
 // status; call() sends it as the chief of coordinator session `session` would.
 wire::Status call_as(local_cluster& cluster, const std::string& job, wire::frame request, const wire::Hello& hello) {
-  asio::io_context io;
-  const auto task = job + ":0";  // named: g++ 12 destroys a co_await's temporaries early
-  const auto address = cluster.spec.task_address(job, 0);
-  const transport_options options;
-  auto response = asio::co_spawn(
-      io,
-      [&]() -> asio::awaitable<wire::Status> {
-        auto connection = co_await net::connect_to_task(task, address, hello, options);
-        connection->start(nullptr, nullptr);
-        auto [ec, reply] =
-            co_await connection->async_call(std::move(request), asio::experimental::as_tuple(asio::use_awaitable));
-        REQUIRE_FALSE(ec);
-        connection->close("done");
-        co_return reply.message.response().status();
-      },
-      asio::use_future);
-  io.run();
-  return response.get();
+  return testing::call_task(job + ":0", cluster.spec.task_address(job, 0), std::move(request), hello)
+      .message.response()
+      .status();
 }
 
 wire::Status call(local_cluster& cluster, const std::string& job, wire::frame request, std::uint64_t session = 1) {

@@ -39,7 +39,7 @@ namespace {
 const worker_function<std::vector<double>(sharded_variable<float>, sparse_ids<std::int64_t>)> pool_on_worker{
     "test.pool_on_worker"};
 
-void bind_test_functions(server& s) {
+void bind_sparse_functions(server& s) {
   // Sums each row's weighted rows of `batch` on the worker, through the worker's own connections to the ps.
   s.bind(pool_on_worker,
          [](sharded_variable<float> table, sparse_ids<std::int64_t> batch) -> asio::awaitable<std::vector<double>> {
@@ -345,7 +345,7 @@ TEST_CASE_TEMPLATE("the safe lookup drops ids < 0 and weights <= 0 as TF does; e
 }
 
 TEST_CASE("a worker function pools a sparse batch through the worker's connections") {
-  local_cluster cluster(2, 1, bind_test_functions);
+  local_cluster cluster(2, 1, bind_sparse_functions);
   cluster.run_chief(
       [](parameter_server_strategy& strategy, cluster_coordinator& coordinator) -> asio::awaitable<void> {
         const xt::xarray<float> value{{1, 2}, {3, 4}, {5, 6}, {7, 8}, {9, 10}};

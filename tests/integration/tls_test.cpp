@@ -12,23 +12,6 @@ using pscoro::testing::hello_of;
 using pscoro::testing::local_cluster;
 using pscoro::testing::refusal_of;
 
-namespace {
-
-const worker_function<double(variable<float>)> add_one{"tls.add_one"};
-
-void bind_functions(server& s) {
-  // Adds 1 to every element on the ps and returns the sum it reads back: a worker -> ps round trip.
-  s.bind(add_one, [](variable<float> v) -> asio::awaitable<double> {
-    xt::xarray<float> ones = xt::ones<float>(v.shape());
-    co_await v.assign_add(ones);
-    const auto value = co_await v.read();
-    co_return static_cast<double>(xt::sum(value)());
-  });
-}
-
-
-}  // namespace
-
 TEST_CASE("a cluster whose tasks hold certificates of one CA trains over TLS, with and without a secret") {
   const certificates certs;
   for (const std::string secret : {"", "the cluster secret next to TLS, 40 bytes"}) {
@@ -39,13 +22,13 @@ TEST_CASE("a cluster whose tasks hold certificates of one CA trains over TLS, wi
     servers.transport.auth_secret = secret;
     strategy_options chief;
     chief.transport = servers.transport;
-    local_cluster cluster(2, 2, bind_functions, servers);
+    local_cluster cluster(2, 2, testing::bind_add_one, servers);
     cluster.run_chief(
         [](parameter_server_strategy& strategy, cluster_coordinator& coordinator) -> asio::awaitable<void> {
           const xt::xarray<float> zeros = xt::zeros<float>({2});
           auto v0 = co_await strategy.scope().create_variable("v0", zeros);
           auto v1 = co_await strategy.scope().create_variable("v1", zeros);
-          for (int i = 0; i < 10; ++i) coordinator.schedule(add_one, i % 2 ? v1 : v0);
+          for (int i = 0; i < 10; ++i) coordinator.schedule(testing::add_one, i % 2 ? v1 : v0);
           co_await coordinator.join();
           CHECK(xt::sum(co_await v0.read())() == doctest::Approx(10));
           CHECK(xt::sum(co_await v1.read())() == doctest::Approx(10));
@@ -64,7 +47,7 @@ TEST_CASE("a peer without TLS, or with a certificate of another CA, is refused; 
   servers.transport = certs.transport();
   strategy_options chief;
   chief.transport = servers.transport;
-  local_cluster cluster(1, 1, bind_functions, servers);
+  local_cluster cluster(1, 1, testing::bind_add_one, servers);
   cluster.run_chief(
       [&](parameter_server_strategy& strategy, cluster_coordinator& coordinator) -> asio::awaitable<void> {
         const xt::xarray<float> initial{1, 2};
@@ -90,7 +73,7 @@ TEST_CASE("a peer without TLS, or with a certificate of another CA, is refused; 
           CHECK(contains(distrusting_refusal.text, "certificate verify failed"));
         }
         CHECK(static_cast<double>(xt::sum(co_await v.read())()) == doctest::Approx(3));
-        auto result = coordinator.schedule(add_one, v);
+        auto result = coordinator.schedule(testing::add_one, v);
         CHECK(co_await result.get() == doctest::Approx(5));
       },
       {}, chief);
@@ -98,7 +81,7 @@ TEST_CASE("a peer without TLS, or with a certificate of another CA, is refused; 
 
 TEST_CASE("a task with TLS meeting one without it fails at once, saying so") {
   const certificates certs;
-  local_cluster cluster(1, 1, bind_functions);
+  local_cluster cluster(1, 1, testing::bind_add_one);
   strategy_options chief;
   chief.transport = certs.transport();
   const auto e = pscoro::testing::connect_failure(cluster.spec, chief);

@@ -11,7 +11,8 @@ TEST_CASE("a session is opened by the chief alone, and workers join only the ope
   session_table sessions("ps:0");
   CHECK(sessions.current() == 0);
   const auto early = sessions.join(7, "worker:0 at 127.0.0.1:5000", false);
-  CHECK(contains(early.refusal, "coordinator session 0000000000000007 of worker:0 at 127.0.0.1:5000 is not open on ps:0"));
+  CHECK(contains(early.refusal,
+                 "coordinator session 0000000000000007 of worker:0 at 127.0.0.1:5000 is not open on ps:0"));
   CHECK(contains(early.refusal, "only the chief opens a session"));
   CHECK(sessions.current() == 0);
 

@@ -46,8 +46,9 @@ TEST_CASE("a variable store refuses a variable over the per-variable limit or pa
   const auto per_variable =
       error_thrown_by([&] { store.check_room("create of 'big'", "", "big", dtype::float32, {1001}, 0); });
   CHECK(per_variable.code() == errc::resource_exhausted);
-  CHECK(contains(per_variable.what(), "create of 'big': float32 [1001] takes 3.9 KiB (4004 bytes), more than the "
-                                      "3.9 KiB (4000 bytes) ps:1 allows per variable"));
+  CHECK(contains(per_variable.what(),
+                 "create of 'big': float32 [1001] takes 3.9 KiB (4004 bytes), more than the "
+                 "3.9 KiB (4000 bytes) ps:1 allows per variable"));
   // 2 x 3.9 KB fit; a third does not.
   for (const char* name : {"a", "b"}) {
     store.check_room("create", "", name, dtype::float32, {1000}, 0);
@@ -58,8 +59,9 @@ TEST_CASE("a variable store refuses a variable over the per-variable limit or pa
   CHECK(contains(total.what(), "past its limit of 9.8 KiB (10000 bytes) (server_options::max_ps_bytes raises it)"));
   CHECK(store.size() == 2);  // a refusal holds nothing
   // A shape whose byte size overflows 64 bits is an invalid argument, not a huge allocation.
-  const auto overflow = error_thrown_by(
-      [&] { store.check_room("create of 'x'", "", "x", dtype::float64, {std::uint64_t{1} << 62, 4}, 0); });
+  const auto overflow = error_thrown_by([&] {
+    store.check_room("create of 'x'", "", "x", dtype::float64, {std::uint64_t{1} << 62, 4}, 0);
+  });
   CHECK(overflow.code() == errc::invalid_argument);
   CHECK(contains(overflow.what(), "does not fit in 64 bits"));
 }
@@ -69,8 +71,8 @@ TEST_CASE("a variable store checks an optimizer's slots together, counting the o
   auto& w = store.hold("w", floats({500}));  // ~2.3 KB held
   const std::vector<slot_plan> two{{"w/adam/m", dtype::float32, {500}, 0.0}, {"w/adam/v", dtype::float32, {500}, 0.0}};
   store.check_slots("apply_gradient of 'w'", "w", w, two);  // 3 x 2 KB fit
-  const std::vector<slot_plan> four{two[0], two[1], {"w/x/a", dtype::float32, {500}, 0.0},
-                                    {"w/x/b", dtype::float32, {500}, 0.0}};
+  const std::vector<slot_plan> four{
+      two[0], two[1], {"w/x/a", dtype::float32, {500}, 0.0}, {"w/x/b", dtype::float32, {500}, 0.0}};
   const auto full = error_thrown_by([&] { store.check_slots("apply_gradient of 'w'", "w", w, four); });
   CHECK(full.code() == errc::resource_exhausted);
   CHECK(contains(full.what(), "slot 'w/x/b' of 'w', float32 [500]"));
