@@ -64,9 +64,10 @@ struct server_options {
   /// tf.debugging.check_numerics), naming the variable and the element. The environment variable
   /// PSCORO_CHECK_NUMERICS=1 turns it on, =0 off.
   bool check_numerics = false;
-  /// Threads a ps runs its big kernels on (optimizer steps, updates, initializers, sparse reads'
-  /// gathers), so that they never hold up other variables' requests or heartbeats; 0 runs every
-  /// kernel on the executor.
+  /// Threads a ps runs its big kernels on (optimizer steps, updates, initializers, and the scans
+  /// of big values for NaN, Inf and zero divisors), so that they never hold up other variables'
+  /// requests or heartbeats; 0 runs every kernel on the executor. A big sparse read's rows are
+  /// gathered on the executor as its reply is sent, a step at a time.
   std::size_t ps_kernel_threads = 1;
   /// A kernel that reads and writes at least this many bytes runs on those threads; smaller ones
   /// run on the executor at once (a thread hand-off costs more than they do). 0 means 1 MiB.
