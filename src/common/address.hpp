@@ -3,6 +3,8 @@
 // metrics endpoint alike.
 #pragma once
 
+#include <pscoro/config.hpp>  // before Asio: its coroutine settings (clang)
+
 #include <asio/ip/tcp.hpp>
 
 #include <string>
