@@ -6,6 +6,7 @@
 #include "common/log.hpp"
 #include "common/rows.hpp"
 #include "ps/kernels.hpp"
+#include "wire/requests.hpp"
 #include "wire/status.hpp"
 #include "wire/values.hpp"
 
@@ -313,9 +314,22 @@ ps_service::ps_service(std::string task, const server_options& options)
                               {}, pooled_gauge_));
 }
 
-void ps_service::check_finite(std::string_view context, std::string_view what, const tensor& values) const {
+// The scan of `values` among `scans`, made on the pool for the same bytes, if any.
+template <class Scan>
+const Scan* scan_of(std::span<const Scan> scans, const tensor& values) noexcept {
+  for (const auto& scan : scans) {
+    if (scan.values.bytes().data() == values.bytes().data() && scan.values.size_bytes() == values.size_bytes() &&
+        scan.values.type() == values.type()) {
+      return &scan;
+    }
+  }
+  return nullptr;
+}
+
+void ps_service::check_finite(std::string_view context, std::string_view what, const tensor& values,
+                              const serving& how) const {
   if (!check_numerics_) return;
-  const value_scan* scan = scanned(values);
+  const value_scan* scan = scan_of(how.scans, values);
   const std::size_t at =
       scan ? scan->non_finite_at : kernels::first_non_finite(values.type(), values.bytes().data(), values.size());
   if (at == values.size()) return;
@@ -328,8 +342,9 @@ void ps_service::check_finite(std::string_view context, std::string_view what, c
   invalid(fmt::format("{}: {} is {} (server_options::check_numerics is on)", context, where, bad));
 }
 
-void ps_service::check_divisors(std::string_view context, update_op op, const tensor& divisors) const {
-  const value_scan* scan = scanned(divisors);
+void ps_service::check_divisors(std::string_view context, update_op op, const tensor& divisors,
+                                const serving& how) const {
+  const value_scan* scan = scan_of(how.scans, divisors);
   const std::size_t at = scan ? scan->zero_at
                               : kernels::first_zero_divisor(op, divisors.type(), divisors.bytes().data(), divisors.size());
   if (at == divisors.size()) return;
@@ -368,16 +383,6 @@ std::vector<ps_service::value_scan> ps_service::values_to_scan(const wire::frame
   return out;
 }
 
-const ps_service::value_scan* ps_service::scanned(const tensor& values) const noexcept {
-  for (const auto& scan : value_scans_) {
-    if (scan.values.bytes().data() == values.bytes().data() && scan.values.size_bytes() == values.size_bytes() &&
-        scan.values.type() == values.type()) {
-      return &scan;
-    }
-  }
-  return nullptr;
-}
-
 void ps_service::remove(const wire::DeleteVariable& request) {
   find(request.variable(), "delete");  // exists, as the caller thinks it is
   store_.remove(request.variable().name());
@@ -385,75 +390,32 @@ void ps_service::remove(const wire::DeleteVariable& request) {
 
 ps_service::~ps_service() {
   alive_.reset();
-  fail_waiting(make_error_code(errc::unavailable));
+  lanes_.fail_all(make_error_code(errc::unavailable));
   // The kernel running, if any, only touches storage it shares; its continuation finds alive_ gone.
   if (kernel_pool_) kernel_pool_->join();  // runs what is queued too: each kernel's owner is waiting
 }
 
 void ps_service::clear() noexcept {
   ++generation_;
-  fail_waiting(make_error_code(errc::aborted));
+  lanes_.fail_all(make_error_code(errc::aborted));
   store_.clear();
   buffers_->clear();
   reply_buffers_->clear();
   publish();
 }
 
-void ps_service::fail_waiting(std::error_code ec) noexcept {
-  auto lanes = std::move(lanes_);
-  lanes_.clear();
-  for (auto& [_, lane] : lanes) {
-    for (auto& waiter : lane.waiting) waiter(ec);
-  }
-}
-
-ps_service::lane_hold::~lane_hold() {
-  if (!alive_.expired() && ps_->generation_ == generation_) ps_->release_lane(key_);
-}
-
-void ps_service::release_lane(const std::string& key) {
-  const auto it = lanes_.find(key);
-  if (it == lanes_.end()) return;
-  if (it->second.waiting.empty()) {
-    lanes_.erase(it);
-    return;
-  }
-  // Handed on: the lane stays, so whatever arrives before the next request resumes queues behind it.
-  auto next = std::move(it->second.waiting.front());
-  it->second.waiting.pop_front();
-  next(std::error_code{});
-}
-
 std::string ps_service::lane_of(const wire::Request& request) const {
-  const std::string* name = nullptr;
   switch (request.body_case()) {
     case wire::Request::kCreateVariable:
       if (request.create_variable().has_slot_of()) return request.create_variable().slot_of().variable();
       return request.create_variable().variable().name();
-    case wire::Request::kReadVariable: name = &request.read_variable().variable().name(); break;
-    case wire::Request::kUpdateVariable: name = &request.update_variable().variable().name(); break;
-    case wire::Request::kApplyGradient: name = &request.apply_gradient().variable().name(); break;
-    case wire::Request::kListSlots: name = &request.list_slots().variable().name(); break;
-    case wire::Request::kDeleteVariable: name = &request.delete_variable().variable().name(); break;
+    case wire::Request::kReadVariable: return lanes_.key_of(request.read_variable().variable().name(), store_);
+    case wire::Request::kUpdateVariable: return lanes_.key_of(request.update_variable().variable().name(), store_);
+    case wire::Request::kApplyGradient: return lanes_.key_of(request.apply_gradient().variable().name(), store_);
+    case wire::Request::kListSlots: return lanes_.key_of(request.list_slots().variable().name(), store_);
+    case wire::Request::kDeleteVariable: return lanes_.key_of(request.delete_variable().variable().name(), store_);
     default: return {};
   }
-  // A slot is written by its variable's optimizer steps: it shares the variable's lane.
-  if (const auto* stored = store_.find(*name)) return stored->slot_of.empty() ? *name : stored->slot_of;
-  // Not there (yet): it may be a slot ("w/adagrad/accumulator") that a step waiting in its
-  // variable's lane creates; then it waits there too, as if served after that step.
-  for (auto slash = name->rfind('/'); slash != std::string::npos && slash > 0; slash = name->rfind('/', slash - 1)) {
-    std::string prefix = name->substr(0, slash);
-    if (lanes_.contains(prefix)) return prefix;
-  }
-  return *name;
-}
-
-void ps_service::run_kernel(std::uint64_t bytes, std::function<void()> kernel) {
-  if (serving_ && kernel_pool_ && bytes >= offload_bytes_) {
-    deferred_ = std::move(kernel);
-    return;
-  }
-  kernel();
 }
 
 namespace {
@@ -493,19 +455,19 @@ asio::awaitable<wire::frame> ps_service::serve(wire::frame request) {
   const std::weak_ptr<const bool> alive = alive_;
   const auto generation = generation_;
   std::optional<std::string> key;
-  // The variable's lane while this request holds it: let go however serve() ends (unless the ps is
-  // gone or its session ended since), or handed on to a reply filled as it is sent.
-  std::shared_ptr<lane_hold> lane;
+  // The variable's lane while this request holds it: let go however serve() ends (a hold does
+  // nothing once the ps is gone or its session ended), or handed on to a reply filled as it is sent.
+  std::shared_ptr<lanes::hold> lane;
   if (!lanes_.empty()) {
     key = lane_of(request.message.request());
-    if (const auto it = key->empty() ? lanes_.end() : lanes_.find(*key); it != lanes_.end()) {
+    if (lanes_.busy(*key)) {
       // Its variable has a kernel running: wait for the requests before this one.
       const std::string task = task_;
       const auto executor = co_await asio::this_coro::executor;
       // as_tuple: the code comes back as a value (use_awaitable alone would throw it).
       auto token = as_tuple(asio::use_awaitable);
       const auto [ec] = co_await asio::async_initiate<decltype(token), void(std::error_code)>(
-          [&](auto handler) { it->second.waiting.emplace_back(std::move(handler), executor); }, token);
+          [&](auto handler) { lanes_.wait(*key, lanes::waiter(std::move(handler), executor)); }, token);
       if (alive.expired() || ec == make_error_code(errc::unavailable)) {
         co_return error_frame(make_error_code(errc::unavailable),
                               fmt::format("{} stopped while a request for '{}' waited for its turn", task, *key), task);
@@ -517,26 +479,25 @@ asio::awaitable<wire::frame> ps_service::serve(wire::frame request) {
                                           task, *key),
                               task);
       }
-      lane = std::make_shared<lane_hold>(this, alive_, generation_, *key);
+      lane = lanes_.take(*key);
     }
   }
   const auto take_lane = [&] {
     if (lane) return;
     if (!key) key = lane_of(request.message.request());
-    auto hold = std::make_shared<lane_hold>(this, alive_, generation_, *key);
-    lanes_.try_emplace(*key);
-    lane = std::move(hold);
+    lane = lanes_.take(*key);
   };
-  // A big request's values are scanned (check_numerics, zero divisors) on the pool before handle()
-  // changes anything, holding the variable's lane: requests after it still wait their turn.
+  // A big request's values are scanned (check_numerics, zero divisors) on the pool before it is
+  // decided, holding the variable's lane: requests after it still wait their turn.
+  std::vector<value_scan> scans;
   if (auto to_scan = values_to_scan(request); !to_scan.empty()) {
     take_lane();
     ++offloaded_scans_;
-    auto scans = std::make_shared<std::vector<value_scan>>(std::move(to_scan));
+    auto scanning_into = std::make_shared<std::vector<value_scan>>(std::move(to_scan));
     const std::string task = task_;
     const bool numerics = check_numerics_;
-    auto scanning = on_pool([scans, numerics] {
-      for (auto& scan : *scans) {
+    auto scanning = on_pool([scanning_into, numerics] {
+      for (auto& scan : *scanning_into) {
         const auto* bytes = scan.values.bytes().data();
         if (numerics) scan.non_finite_at = kernels::first_non_finite(scan.values.type(), bytes, scan.values.size());
         scan.zero_at = kernels::first_zero_divisor(scan.op, scan.values.type(), bytes, scan.values.size());
@@ -548,12 +509,11 @@ asio::awaitable<wire::frame> ps_service::serve(wire::frame request) {
                                   fmt::format("it checked the values for '{}'", *key))) {
       co_return std::move(*answer);
     }
-    if (!failure) value_scans_ = std::move(*scans);  // the scans cannot throw; if they did, handle() scans again
+    if (!failure) scans = std::move(*scanning_into);  // the scans cannot throw; if they did, decide() scans again
   }
-  serving_ = true;
-  wire::frame response = handle(request);
-  serving_ = false;
-  value_scans_.clear();  // before recycle(): they share the request's segments
+  decision decided = decide(request, {.in_serve = true, .scans = scans});
+  scans.clear();  // before recycle(): they share the request's segments
+  wire::frame& response = decided.response;
   if (response.produce_last) {
     // A reply filled as it is sent (read): the variable's lane goes with its producer, released
     // once the last row is gathered (the storage let go first, so the next update finds it
@@ -569,13 +529,11 @@ asio::awaitable<wire::frame> ps_service::serve(wire::frame request) {
       return filled;
     };
   }
-  if (deferred_) {
-    auto kernel = std::exchange(deferred_, nullptr);
-    const auto measured = deferred_timing_;
+  if (decided.kernel.run) {
     take_lane();
     ++offloaded_;
     const std::string task = task_;
-    auto running = on_pool(std::move(kernel));
+    auto running = on_pool(std::move(decided.kernel.run));
     const std::exception_ptr failure = co_await std::move(running);
     const bool gone = alive.expired();  // then `this` is too: nothing of it is read
     if (auto answer = interrupted(gone, !gone && generation != generation_, task, fmt::format("it updated '{}'", *key))) {
@@ -584,16 +542,16 @@ asio::awaitable<wire::frame> ps_service::serve(wire::frame request) {
     if (failure) {
       response = wire::frame{};
       *response.message.mutable_response()->mutable_status() = wire::status_of(failure, task_);
-      operation_errors_[measured.operation].inc();
+      operation_errors_[decided.operation].inc();
     }
-    if (measured.timed) {
-      operation_seconds_[measured.operation].observe(
-          std::chrono::duration<double>(std::chrono::steady_clock::now() - measured.started).count());
+    if (decided.started) {
+      operation_seconds_[decided.operation].observe(
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - *decided.started).count());
     }
   }
   recycle(std::move(request));
   lane.reset();
-  co_return response;
+  co_return std::move(response);
 }
 
 asio::awaitable<std::exception_ptr> ps_service::on_pool(std::function<void()> job) {
@@ -620,46 +578,30 @@ asio::awaitable<std::exception_ptr> ps_service::on_pool(std::function<void()> jo
   co_return failure;
 }
 
-wire::frame ps_service::handle(const wire::frame& request) {
-  const bool timed = metrics::enabled();  // no clock read while metrics are off
-  const auto started = timed ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point{};
-  const auto operation = operation_index(request.message.request().body_case());
-  wire::frame response;
+wire::frame ps_service::handle(const wire::frame& request) { return decide(request, {}).response; }
+
+ps_service::decision ps_service::decide(const wire::frame& request, const serving& how) {
+  decision out;
+  if (metrics::enabled()) out.started = std::chrono::steady_clock::now();  // no clock read while they are off
+  out.operation = operation_index(request.message.request().body_case());
+  wire::frame& response = out.response;
   response.message.mutable_response();
   std::exception_ptr failure;
   try {
     const auto& body = request.message.request();
+    kernel_job job;
     switch (body.body_case()) {
-      case wire::Request::kCreateVariable: create(request, body.create_variable()); break;
-      case wire::Request::kReadVariable: read(request, body.read_variable(), response); break;
-      case wire::Request::kUpdateVariable: update(request, body.update_variable()); break;
-      case wire::Request::kApplyGradient: apply_gradient(request, body.apply_gradient()); break;
+      case wire::Request::kCreateVariable: job = create(request, body.create_variable(), how); break;
+      case wire::Request::kReadVariable: read(request, body.read_variable(), response, how); break;
+      case wire::Request::kUpdateVariable: job = update(request, body.update_variable(), how); break;
+      case wire::Request::kApplyGradient: job = apply_gradient(request, body.apply_gradient(), how); break;
       case wire::Request::kListSlots: list_slots(body.list_slots(), response); break;
       case wire::Request::kDeleteVariable: remove(body.delete_variable()); break;
-      case wire::Request::kHeartbeat:  // answered by the server before it gets here
-      case wire::Request::kShutdown: break;
-      case wire::Request::kRunFunction:
-        throw error(errc::failed_precondition,
-                    fmt::format("{} is a parameter server and runs no worker functions ('{}' was sent here)", task_,
-                                body.run_function().name()));
-      case wire::Request::kCreateIterator:
-        throw error(errc::failed_precondition,
-                    fmt::format("{} is a parameter server and builds no datasets ('{}' was sent here)", task_,
-                                body.create_iterator().function()));
-      case wire::Request::kReleaseIterator:
-        throw error(errc::failed_precondition, fmt::format("{} is a parameter server and holds no iterators", task_));
-      case wire::Request::kCreatePerWorkerVariable:
-      case wire::Request::kReadPerWorkerVariable:
-        throw error(errc::failed_precondition,
-                    fmt::format("{} is a parameter server and holds no per-worker variables", task_));
-      case wire::Request::kCreateResource:
-        throw error(errc::failed_precondition,
-                    fmt::format("{} is a parameter server and builds no per-worker resources ('{}' was sent here)",
-                                task_, body.create_resource().function()));
-      case wire::Request::kCancelClosures:
-        throw error(errc::failed_precondition, fmt::format("{} is a parameter server and runs no closures", task_));
-      case wire::Request::BODY_NOT_SET: throw error(errc::invalid_argument, "empty request");
+      default: throw wire::not_served(body, "parameter server", task_);  // the server refuses them first
     }
+    // A big kernel is left for serve() to run on the pool; the rest runs now.
+    if (job.run && !(how.in_serve && kernel_pool_ && job.bytes >= offload_bytes_)) std::exchange(job.run, nullptr)();
+    out.kernel = std::move(job);
   } catch (const std::bad_alloc&) {
     // The limits stop a request from asking for more than the ps may hold, but the machine may
     // have less free than the limits assume: the caller learns how much the ps holds.
@@ -673,19 +615,18 @@ wire::frame ps_service::handle(const wire::frame& request) {
   if (failure) {
     response = wire::frame{};
     *response.message.mutable_response()->mutable_status() = wire::status_of(failure, task_);
-    operation_errors_[operation].inc();
+    operation_errors_[out.operation].inc();
   }
-  if (deferred_) {
-    deferred_timing_ = {operation, timed, started};  // serve() observes it once the kernel is done
-  } else if (timed) {
-    operation_seconds_[operation].observe(
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count());
+  if (!out.kernel.run && out.started) {  // else serve() observes it once the kernel is done
+    operation_seconds_[out.operation].observe(
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - *out.started).count());
   }
   publish();
-  return response;
+  return out;
 }
 
-void ps_service::create(const wire::frame& request, const wire::CreateVariable& create) {
+ps_service::kernel_job ps_service::create(const wire::frame& request, const wire::CreateVariable& create,
+                                          const serving& how) {
   const variable_ref ref = decode_ref(create.variable());
   if (ref.name.empty()) invalid("a variable needs a name");
   const std::string context = fmt::format("create of '{}'", ref.name);
@@ -702,7 +643,7 @@ void ps_service::create(const wire::frame& request, const wire::CreateVariable& 
                           name_of(initial.type()), to_string(initial.shape()), name_of(ref.type),
                           to_string(ref.shape)));
     }
-    check_finite(context, "initial value", initial);
+    check_finite(context, "initial value", initial, how);
   }
   if (store_.contains(ref.name)) {
     throw error(errc::already_exists, fmt::format("variable '{}' already exists on {}", ref.name, task_));
@@ -724,11 +665,10 @@ void ps_service::create(const wire::frame& request, const wire::CreateVariable& 
                          .slot_of = std::move(owner),
                          .slot_initial_value = create.has_slot_of() ? create.slot_of().initial_value() : 0.0};
   const auto& held = store_.hold(ref.name, std::move(stored));
-  if (fill) {
-    run_kernel(size, [bytes = held.bytes, fill = std::move(*fill), type = ref.type, shape = ref.shape] {
-      kernels::initialize(fill, type, shape, bytes.data());
-    });
-  }
+  if (!fill) return {};
+  return {size, [bytes = held.bytes, fill = std::move(*fill), type = ref.type, shape = ref.shape] {
+            kernels::initialize(fill, type, shape, bytes.data());
+          }};
 }
 
 std::uint64_t ps_service::answer_bytes_bound(const wire::frame& request) const noexcept {
@@ -768,7 +708,8 @@ stored_variable& ps_service::find(const wire::VariableRef& ref, std::string_view
   return store_.find(decode_ref(ref), operation);
 }
 
-void ps_service::read(const wire::frame& request, const wire::ReadVariable& read, wire::frame& response) {
+void ps_service::read(const wire::frame& request, const wire::ReadVariable& read, wire::frame& response,
+                      const serving& how) {
   const bool sparse = read.has_indices();
   auto& stored = find(read.variable(), sparse ? "sparse_read" : "read");
   auto& out = *response.message.mutable_response()->mutable_result()->mutable_tensor();
@@ -806,7 +747,7 @@ void ps_service::read(const wire::frame& request, const wire::ReadVariable& read
   tensor rows(stored.type, std::move(reply_shape), reply_buffer(reply_buffers_, *reply_bytes));
   wire::put_tensor(response, out, rows);
   const std::size_t row_bytes = row_elements(stored.shape) * size_of(stored.type);
-  if (serving_ && 2 * *reply_bytes >= offload_bytes_ && row_bytes > 0) {
+  if (how.in_serve && 2 * *reply_bytes >= offload_bytes_ && row_bytes > 0) {
     // A large reply is gathered as it is sent, a step per turn of the executor, each step sent
     // while it is in cache (wire::segment_producer); serve() holds the variable's lane until the
     // last row is gathered, so no update of it runs meanwhile. The request's ids and the storage
@@ -825,7 +766,8 @@ void ps_service::read(const wire::frame& request, const wire::ReadVariable& read
   common::gather_rows(rows.bytes().data(), stored.bytes.data(), ids, row_bytes);
 }
 
-void ps_service::update(const wire::frame& request, const wire::UpdateVariable& update) {
+ps_service::kernel_job ps_service::update(const wire::frame& request, const wire::UpdateVariable& update,
+                                          const serving& how) {
   const auto op = decode_op(update.op());
   const bool scatter = update.has_indices();
   const auto name = op_name(op, scatter);
@@ -846,43 +788,41 @@ void ps_service::update(const wire::frame& request, const wire::UpdateVariable& 
                           update.rows().end(), variable, to_string(value.shape()),
                           to_string(rows_shape(count, stored.shape))));
     }
-    check_finite(context, "value", value);
-    check_divisors(context, op, value);
+    check_finite(context, "value", value, how);
+    check_divisors(context, op, value, how);
     auto copy_from = detach_shared(stored.bytes, *buffers_);
     const kernel_storage target{stored.bytes, std::move(copy_from), std::nullopt, stored.type};
     const std::size_t offset = update.rows().begin() * row_elements(stored.shape) * size_of(stored.type);
-    run_kernel(target.setup_bytes() + 2 * value.size_bytes(), [target, value, op, offset] {
-                 target.set_up();
-                 std::byte* first = target.bytes.data() + offset;
-                 if (op == update_op::assign) {
-                   if (value.bytes().size()) std::memcpy(first, value.bytes().data(), value.bytes().size());
-                 } else {
-                   kernels::combine(op, target.type, first, value.bytes().data(), value.size());
-                 }
-               });
-    return;
+    return {target.setup_bytes() + 2 * value.size_bytes(), [target, value, op, offset] {
+              target.set_up();
+              std::byte* first = target.bytes.data() + offset;
+              if (op == update_op::assign) {
+                if (value.bytes().size()) std::memcpy(first, value.bytes().data(), value.bytes().size());
+              } else {
+                kernels::combine(op, target.type, first, value.bytes().data(), value.size());
+              }
+            }};
   }
   if (!scatter) {
     if (value.shape() != stored.shape) {
       invalid(fmt::format("{} to '{}': shape {} does not match the variable's {}", name, variable,
                           to_string(value.shape()), to_string(stored.shape)));
     }
-    check_finite(context, "value", value);
-    check_divisors(context, op, value);
+    check_finite(context, "value", value, how);
+    check_divisors(context, op, value, how);
     if (op == update_op::assign) {
       // Adopt the received segment (no copy); the storage it replaces receives a later request's
       // segment of its size, unless a reply being written still holds it (then it goes when the
       // reply is written: copy on write, as make_writable).
       buffers_->give(std::exchange(stored.bytes, value.bytes()));
-      return;
+      return {};
     }
     auto copy_from = detach_shared(stored.bytes, *buffers_);
     const kernel_storage target{stored.bytes, std::move(copy_from), std::nullopt, stored.type};
-    run_kernel(target.setup_bytes() + 2 * value.size_bytes(), [target, value, op] {
-      target.set_up();
-      kernels::combine(op, target.type, target.bytes.data(), value.bytes().data(), value.size());
-    });
-    return;
+    return {target.setup_bytes() + 2 * value.size_bytes(), [target, value, op] {
+              target.set_up();
+              kernels::combine(op, target.type, target.bytes.data(), value.bytes().data(), value.size());
+            }};
   }
   const tensor indices = wire::get_tensor(request, update.indices());
   const auto ids = row_ids(indices, stored, name, variable);
@@ -890,16 +830,16 @@ void ps_service::update(const wire::frame& request, const wire::UpdateVariable& 
     invalid(fmt::format("{} to '{}': {} ids need rows of shape {}, got {}", name, variable, ids.size(),
                         to_string(rows_shape(ids.size(), stored.shape)), to_string(value.shape())));
   }
-  check_finite(context, "rows", value);
-  check_divisors(context, op, value);
+  check_finite(context, "rows", value, how);
+  check_divisors(context, op, value, how);
   auto copy_from = detach_shared(stored.bytes, *buffers_);
   const kernel_storage target{stored.bytes, std::move(copy_from), std::nullopt, stored.type};
-  run_kernel(target.setup_bytes() + 2 * value.size_bytes() + indices.size_bytes(),
-             [target, value, indices, op, row_size = row_elements(stored.shape)] {
-               target.set_up();
-               const std::span<const std::int64_t> ids(indices.data<std::int64_t>(), indices.size());
-               kernels::scatter(op, target.type, target.bytes.data(), ids, value.bytes().data(), row_size);
-             });
+  return {target.setup_bytes() + 2 * value.size_bytes() + indices.size_bytes(),
+          [target, value, indices, op, row_size = row_elements(stored.shape)] {
+            target.set_up();
+            const std::span<const std::int64_t> ids(indices.data<std::int64_t>(), indices.size());
+            kernels::scatter(op, target.type, target.bytes.data(), ids, value.bytes().data(), row_size);
+          }};
 }
 
 kernel_storage ps_service::slot(const std::string& variable, const slot_plan& plan) {
@@ -914,7 +854,8 @@ kernel_storage ps_service::slot(const std::string& variable, const slot_plan& pl
   return {stored->bytes, std::move(copy_from), std::nullopt, plan.type};
 }
 
-void ps_service::apply_gradient(const wire::frame& request, const wire::ApplyGradient& apply) {
+ps_service::kernel_job ps_service::apply_gradient(const wire::frame& request, const wire::ApplyGradient& apply,
+                                                  const serving& how) {
   const auto opt = decode_optimizer(apply.optimizer());
   const std::string optimizer(kernels::optimizer_name(opt));
   const bool sparse = apply.has_indices();
@@ -944,7 +885,7 @@ void ps_service::apply_gradient(const wire::frame& request, const wire::ApplyGra
     invalid(fmt::format("{}: gradient shape {} does not match the variable's {}", context,
                         to_string(gradient.shape()), to_string(stored.shape)));
   }
-  check_finite(context, "gradient", gradient);
+  check_finite(context, "gradient", gradient, how);
   // The slots it keeps, created on first use: they must fit before anything changes.
   std::vector<slot_plan> plans;
   const auto specs = kernels::slots_of(opt);
@@ -967,8 +908,8 @@ void ps_service::apply_gradient(const wire::frame& request, const wire::ApplyGra
   // What it reads and writes: the gradient, and as many bytes of the variable and of each slot.
   std::uint64_t work = target.setup_bytes() + (2 + slots.size()) * gradient.size_bytes();
   for (const auto& s : slots) work += s.setup_bytes();
-  run_kernel(work, [target, slots = std::move(slots), opt, step, gradient, indices, sparse,
-                    row_size = row_elements(stored.shape), rows = stored.shape.empty() ? 0 : stored.shape[0]] {
+  return {work, [target, slots = std::move(slots), opt, step, gradient, indices, sparse,
+                row_size = row_elements(stored.shape), rows = stored.shape.empty() ? 0 : stored.shape[0]] {
     target.set_up();
     std::vector<std::byte*> slot_bytes;
     for (const auto& s : slots) {
@@ -983,7 +924,7 @@ void ps_service::apply_gradient(const wire::frame& request, const wire::ApplyGra
       kernels::apply_dense(opt, target.type, target.bytes.data(), slot_bytes, step, gradient.bytes().data(),
                            gradient.size());
     }
-  });
+  }};
 }
 
 void ps_service::list_slots(const wire::ListSlots& list, wire::frame& response) {

@@ -13,11 +13,11 @@
 // comes for it waits its turn there (docs/design.md, "ps kernels off the event loop").
 #pragma once
 
+#include "ps/lanes.hpp"
 #include "ps/variable_store.hpp"
 #include "wire/buffer_pool.hpp"
 #include "wire/frame.hpp"
 
-#include <pscoro/detail/completion.hpp>
 #include <pscoro/detail/variable_io.hpp>
 #include <pscoro/metrics.hpp>
 
@@ -27,7 +27,6 @@
 #include <array>
 #include <chrono>
 #include <cstdint>
-#include <deque>
 #include <exception>
 #include <functional>
 #include <memory>
@@ -35,7 +34,6 @@
 #include <span>
 #include <string>
 #include <string_view>
-#include <unordered_map>
 #include <vector>
 
 namespace pscoro {
@@ -58,6 +56,12 @@ class ps_service {
   /// Waits for the kernel running on the pool, if any; requests waiting for a variable's turn get
   /// errc::unavailable.
   ~ps_service();
+
+  /// The kinds of request a ps serves; the server refuses the rest (wire::not_served), as handle()
+  /// does when called with one.
+  static constexpr std::array kinds_served{wire::Request::kCreateVariable, wire::Request::kReadVariable,
+                                           wire::Request::kUpdateVariable, wire::Request::kApplyGradient,
+                                           wire::Request::kListSlots,      wire::Request::kDeleteVariable};
 
   /// Serves one request frame on the calling thread, the math included; failures come back as an
   /// error status, never as an exception. For a ps nobody else reaches meanwhile (tests, tools).
@@ -126,34 +130,57 @@ class ps_service {
   void clear() noexcept;
 
  private:
-
-  /// Refuses (errc::invalid_argument) `values` holding NaN or Inf when check_numerics is on.
-  void check_finite(std::string_view context, std::string_view what, const tensor& values) const;
-  /// Refuses (errc::invalid_argument) `divisors` holding a zero when `op` is an integer division.
-  void check_divisors(std::string_view context, update_op op, const tensor& divisors) const;
-
-  /// What check_finite and check_divisors find in one of a request's values, found before handle()
-  /// runs (on the pool: a scan of 256 MiB takes tens of milliseconds).
+  /// What check_finite and check_divisors find in one of a request's values, found before the
+  /// request is decided (on the pool: a scan of 256 MiB takes tens of milliseconds).
   struct value_scan {
-    tensor values;  // as handle() decodes it: the scan is used for the same bytes only
+    tensor values;  // as decide() decodes it: the scan is used for the same bytes only
     update_op op;   // what the request does with them (assign: they are not an update's)
     std::size_t non_finite_at;  // values.size(): none, or check_numerics is off
     std::size_t zero_at;        // values.size(): none, or not an integer division
   };
+  /// How a request is served: by serve(), which may run a big kernel on the pool and gather a big
+  /// sparse read's reply as the connection sends it, or at once by handle(); with the scans of its
+  /// values made on the pool, if any.
+  struct serving {
+    bool in_serve = false;
+    std::span<const value_scan> scans;
+  };
+  /// The math a request leaves to run once it is checked: what it reads and writes, and the kernel.
+  /// The kernel captures what it touches by value (shared buffers): it may run after the request
+  /// and the variable are gone.
+  struct kernel_job {
+    std::uint64_t bytes = 0;
+    std::function<void()> run;  // empty: nothing left to run
+  };
+  /// What serving one request decided: its response, and the kernel serve() still has to run on
+  /// the pool (empty when it ran, or there is none), with what the request's latency metric needs
+  /// once it is done.
+  struct decision {
+    wire::frame response;
+    kernel_job kernel;
+    std::size_t operation = 0;  // the metrics' index
+    std::optional<std::chrono::steady_clock::time_point> started;  // when it began, if timed
+  };
+  /// Checks and serves `request`: every failure becomes the response's error status.
+  decision decide(const wire::frame& request, const serving& how);
+
+  /// Refuses (errc::invalid_argument) `values` holding NaN or Inf when check_numerics is on.
+  void check_finite(std::string_view context, std::string_view what, const tensor& values,
+                    const serving& how) const;
+  /// Refuses (errc::invalid_argument) `divisors` holding a zero when `op` is an integer division.
+  void check_divisors(std::string_view context, update_op op, const tensor& divisors, const serving& how) const;
   /// The values of `request` that check_finite or check_divisors would scan, when together they
   /// are at least offload_bytes_ (else none: the executor scans them as it goes). A request that
-  /// does not decode gives none: handle() reports what is wrong with it.
+  /// does not decode gives none: decide() reports what is wrong with it.
   std::vector<value_scan> values_to_scan(const wire::frame& request) const;
-  /// The scan of `values` made for the request being handled, if any.
-  const value_scan* scanned(const tensor& values) const noexcept;
   /// Runs `job` on the kernel pool (after the test hook) and resumes on the executor with what it
   /// threw. `job` must capture what it touches by value: the request may be gone when it runs.
   asio::awaitable<std::exception_ptr> on_pool(std::function<void()> job);
 
-  void create(const wire::frame& request, const wire::CreateVariable& create);
-  void read(const wire::frame& request, const wire::ReadVariable& read, wire::frame& response);
-  void update(const wire::frame& request, const wire::UpdateVariable& update);
-  void apply_gradient(const wire::frame& request, const wire::ApplyGradient& apply);
+  kernel_job create(const wire::frame& request, const wire::CreateVariable& create, const serving& how);
+  void read(const wire::frame& request, const wire::ReadVariable& read, wire::frame& response, const serving& how);
+  kernel_job update(const wire::frame& request, const wire::UpdateVariable& update, const serving& how);
+  kernel_job apply_gradient(const wire::frame& request, const wire::ApplyGradient& apply, const serving& how);
   void list_slots(const wire::ListSlots& list, wire::frame& response);
   void remove(const wire::DeleteVariable& request);
   /// The variable `ref` names, as the caller thinks it is (variable_store::find).
@@ -162,35 +189,8 @@ class ps_service {
   /// writes it.
   kernel_storage slot(const std::string& variable, const slot_plan& plan);
 
-  /// Runs `kernel` now, or, inside serve() with a kernel pool and `bytes` (what it reads and
-  /// writes) at least offload_bytes_, leaves it for serve() to run on the pool. It must capture
-  /// what it touches by value (shared buffers): it may run after the request and the variable are
-  /// gone.
-  void run_kernel(std::uint64_t bytes, std::function<void()> kernel);
-  /// The variable whose lane `request` goes through: an optimizer slot's is its variable's; empty
-  /// for requests that concern no variable.
+  /// The lane `request` goes through (lanes::key_of); empty for requests that concern no variable.
   std::string lane_of(const wire::Request& request) const;
-  /// Gives the lane of `key` to the next request waiting for it, or drops it.
-  void release_lane(const std::string& key);
-  /// A lane held by a request in serve(), or by the reply filled as it is sent that it hands it to.
-  /// Released when destroyed, however serve() ends (an exception included), unless the ps is gone
-  /// or its session ended since (clear() dropped the lanes; one of that name now is another's).
-  class lane_hold {
-   public:
-    lane_hold(ps_service* ps, std::weak_ptr<const bool> alive, std::uint64_t generation, std::string key)
-        : ps_(ps), alive_(std::move(alive)), generation_(generation), key_(std::move(key)) {}
-    lane_hold(const lane_hold&) = delete;
-    lane_hold& operator=(const lane_hold&) = delete;
-    ~lane_hold();
-
-   private:
-    ps_service* ps_;
-    std::weak_ptr<const bool> alive_;
-    std::uint64_t generation_;
-    std::string key_;
-  };
-  /// Completes every request waiting for a lane with `ec` and drops the lanes.
-  void fail_waiting(std::error_code ec) noexcept;
 
   std::string task_;
   variable_store store_;
@@ -198,25 +198,11 @@ class ps_service {
   std::shared_ptr<wire::buffer_pool> buffers_;
   std::shared_ptr<wire::buffer_pool> reply_buffers_;  // sparse reads' rows (reply_buffer)
 
-  // Kernels off the executor. A lane exists while a variable has a kernel running (or being handed
-  // on): requests for it wait there, in arrival order, and each is handed the lane in turn.
-  struct lane {
-    std::deque<detail::erased_handler<void(std::error_code)>> waiting;
-  };
-  std::unordered_map<std::string, lane> lanes_;
+  lanes lanes_;  // of the variables whose requests wait their turn (a kernel runs for them)
   std::uint64_t offload_bytes_;
-  // Inside serve(): run_kernel may defer to the pool, a large read's reply may be filled as it is sent.
-  bool serving_ = false;
-  std::function<void()> deferred_;    // what run_kernel left for serve()
-  struct timing {
-    std::size_t operation = 0;
-    bool timed = false;
-    std::chrono::steady_clock::time_point started;
-  } deferred_timing_;                 // its request's latency metric, observed when it is done
-  std::uint64_t generation_ = 0;      // counts clear(): a kernel's request outliving its session
+  std::uint64_t generation_ = 0;  // counts clear(): a kernel's request outliving its session
   std::uint64_t offloaded_ = 0;
   std::uint64_t offloaded_scans_ = 0;
-  std::vector<value_scan> value_scans_;  // of the request handle() serves, made on the pool
   std::function<void()> kernel_hook_;
   // Whoever resumes after a kernel or a wait checks it first: the ps may be gone.
   std::shared_ptr<const bool> alive_ = std::make_shared<const bool>(true);

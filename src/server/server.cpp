@@ -7,6 +7,7 @@
 #include "ps/ps_service.hpp"
 #include "server/session_table.hpp"
 #include "wire/connection.hpp"
+#include "wire/requests.hpp"
 #include "wire/status.hpp"
 #include "worker/worker_service.hpp"
 
@@ -297,16 +298,6 @@ struct server::impl : std::enable_shared_from_this<impl> {
         });
   }
 
-  // A request that only the chief may make: its name, and what it does.
-  struct chief_request {
-    std::string_view name, action;
-  };
-  static std::optional<chief_request> chief_only(const wire::Request& request) {
-    if (request.has_shutdown()) return chief_request{"Shutdown", "end the job"};
-    if (request.has_delete_variable()) return chief_request{"DeleteVariable", "delete variables"};
-    return std::nullopt;
-  }
-
   // The chief on `from` ended the job: answers it, stops accepting, and stops for good once the
   // answer is written (or after handshake_timeout if it cannot be).
   wire::frame shutdown(const wire::Shutdown& asked, const std::shared_ptr<wire::connection>& from) {
@@ -339,6 +330,13 @@ struct server::impl : std::enable_shared_from_this<impl> {
     if (on_shutdown) on_shutdown(*shutdown_code);
   }
 
+  // The answer that refuses a request with `why`.
+  static wire::frame refusal(const error& why, const std::string& task) {
+    wire::frame refused;
+    wire::set_status(*refused.message.mutable_response()->mutable_status(), why.code(), why.what(), task);
+    return refused;
+  }
+
   static asio::awaitable<wire::frame> serve(std::weak_ptr<impl> weak, std::weak_ptr<wire::connection> weak_connection,
                                             std::uint64_t session, bool from_chief, wire::frame request) {
     auto self = weak.lock();
@@ -350,23 +348,26 @@ struct server::impl : std::enable_shared_from_this<impl> {
     }
     // The connection is closed when its session ends; this catches what was already on its way.
     if (session != self->sessions.current()) {
-      wire::frame refused;
-      wire::set_status(*refused.message.mutable_response()->mutable_status(), make_error_code(errc::aborted),
-                       fmt::format("coordinator session {:016x} has ended on {}", session, self->task), self->task);
-      co_return refused;
+      co_return refusal(
+          error(errc::aborted, fmt::format("coordinator session {:016x} has ended on {}", session, self->task)),
+          self->task);
     }
+    // Who may ask, and whether this task serves it: refused here, in one place, for every kind.
     const auto& body = request.message.request();
-    if (const auto asked = chief_only(body); asked && !from_chief) {
+    if (const auto action = wire::chief_only_action(body.body_case()); !action.empty() && !from_chief) {
       const auto connection = weak_connection.lock();
-      wire::frame refused;
-      wire::set_status(*refused.message.mutable_response()->mutable_status(), make_error_code(errc::permission_denied),
-                       fmt::format("{} takes {} only from the chief; {} may not {}", self->task, asked->name,
-                                   connection ? connection->peer() : std::string("a closed connection"),
-                                   asked->action),
-                       self->task);
-      co_return refused;
+      co_return refusal(error(errc::permission_denied,
+                              fmt::format("{} takes {} only from the chief; {} may not {}", self->task,
+                                          wire::request_name(body.body_case()),
+                                          connection ? connection->peer() : std::string("a closed connection"),
+                                          action)),
+                        self->task);
     }
     if (body.has_shutdown()) co_return self->shutdown(body.shutdown(), weak_connection.lock());
+    if (self->ps ? !wire::serves(ps::ps_service::kinds_served, body.body_case())
+                 : !wire::serves(worker::worker_service::kinds_served, body.body_case())) {
+      co_return refusal(wire::not_served(body, self->ps ? "parameter server" : "worker", self->task), self->task);
+    }
     if (self->ps) {
       // Not holding the server while the ps serves: while a big kernel runs, this frame belongs to
       // the kernel thread's task, which must never own (and so end up destroying) the server. The

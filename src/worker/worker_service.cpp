@@ -2,6 +2,7 @@
 
 #include "common/log.hpp"
 #include "common/text.hpp"
+#include "wire/requests.hpp"
 #include "wire/status.hpp"
 #include "wire/values.hpp"
 
@@ -329,9 +330,9 @@ asio::awaitable<wire::frame> worker_service::handle(wire::frame request) {
     }
     co_return response;
   }
-  if (body.body_case() != wire::Request::kRunFunction) {
-    wire::set_status(*out->mutable_status(), make_error_code(errc::failed_precondition),
-                     fmt::format("{} is a worker and holds no variables", task_), task_);
+  if (body.body_case() != wire::Request::kRunFunction) {  // the server refuses them first
+    const error refused = wire::not_served(body, "worker", task_);
+    wire::set_status(*out->mutable_status(), refused.code(), refused.what(), task_);
     co_return response;
   }
   co_return co_await run_function(std::move(request));

@@ -15,6 +15,7 @@
 #include <asio/awaitable.hpp>
 #include <asio/cancellation_signal.hpp>
 
+#include <array>
 #include <atomic>
 #include <cstdint>
 #include <functional>
@@ -55,9 +56,14 @@ class worker_service {
   /// How many per-worker values are being built, or wait for the build thread to be built.
   std::size_t values_being_built() const noexcept { return creating_.size(); }
 
-  /// Serves a request of the chief (RunFunction, CreateIterator, CreatePerWorkerVariable,
-  /// ReadPerWorkerVariable, CreateResource, ReleaseIterator, CancelClosures); failures come back as
-  /// an error status.
+  /// The kinds of request a worker serves; the server refuses the rest (wire::not_served), as
+  /// handle() does when given one.
+  static constexpr std::array kinds_served{
+      wire::Request::kRunFunction,     wire::Request::kCreateIterator,          wire::Request::kReleaseIterator,
+      wire::Request::kCreateResource,  wire::Request::kCreatePerWorkerVariable, wire::Request::kReadPerWorkerVariable,
+      wire::Request::kCancelClosures};
+
+  /// Serves a request of one of kinds_served; failures come back as an error status.
   asio::awaitable<wire::frame> handle(wire::frame request);
 
  private:
