@@ -1,7 +1,7 @@
 // The kinds of request (pscoro.proto's Request.body) as the servers see them: which tasks may make
 // a kind, and the one way a task that serves no such request refuses it. Which kinds a task serves
 // is its service's (ps::ps_service::kinds_served, worker::worker_service::kinds_served); the server
-// answers Heartbeat and Shutdown itself and refuses the rest in one place (server.cpp, route()).
+// answers Heartbeat and Shutdown itself and refuses the rest in one place (server.cpp, serve()).
 #pragma once
 
 #include <pscoro/error.hpp>
