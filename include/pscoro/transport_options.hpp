@@ -27,6 +27,20 @@ struct PSCORO_API transport_options {
   /// included; one more is refused with errc::resource_exhausted. Raise it (and the process's
   /// file descriptor limit) for clusters of more than a few thousand tasks.
   std::size_t max_connections = 4096;
+  /// Handshakes a server (or the chief's announcement listener) has in progress at once: accepted
+  /// connections whose peer has not yet proved who it is (or that it holds the secret). One more is
+  /// refused with errc::resource_exhausted, which a pscoro peer retries. They count in
+  /// max_connections too.
+  std::size_t max_handshakes = 256;
+  /// Of those, from one IP address (strangers from one machine cannot take every place; tasks of
+  /// one machine that reach a server at once beyond it retry).
+  std::size_t max_handshakes_per_address = 64;
+  /// Bytes the frames of the handshakes in progress hold together (their messages, and their read
+  /// buffers beyond the first 64 KiB; a Hello carries the cluster spec, up to
+  /// max_handshake_bytes): a Hello that would need more is refused with errc::resource_exhausted.
+  /// With max_handshakes, what strangers can make a server hold: about 256 x 115 KiB + 16 MiB by
+  /// default.
+  std::uint64_t max_handshake_bytes_total = std::uint64_t{16} << 20;
   /// Bytes a task holds for one connection's requests, from when they arrive until their answers
   /// are written (the request while it is served, with the most its answer can hold for a ps's
   /// reads, then its answer while it waits to be sent); past this it stops reading from that

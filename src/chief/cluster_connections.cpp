@@ -12,6 +12,9 @@
 
 #include <fmt/format.h>
 
+#include <optional>
+#include <variant>
+
 namespace pscoro::chief {
 
 using asio::experimental::as_tuple;
@@ -23,7 +26,8 @@ cluster_connections::cluster_connections(asio::any_io_executor executor, const c
       self_(std::move(self)),
       task_(task_name(self_.job, self_.index)),
       spec_address_(std::move(spec_address)),
-      transport_(std::move(transport)) {
+      transport_(std::move(transport)),
+      announcement_gate_(task_, transport_) {
   // The chief's incarnation is its session on every server: a restarted chief starts a new one,
   // which makes the servers drop the old session's variables and iterators.
   auto hello = make_hello(self_, self_.incarnation);
@@ -83,6 +87,20 @@ asio::awaitable<void> cluster_connections::connect() {
         timer->cancel();
       }
     } stop{this, waiting_timer};
+    // First who answers at every address, then the session: a spec that names a wrong address
+    // (another task, or a task of another job holding the same secret) fails here, before this
+    // chief has opened its session on any task, where it would end a live job's session on a
+    // task it reached first. A Hello without a session is such a check (docs/protocol.md §4).
+    const auto check = net::make_hello(self_, 0);
+    std::vector<const net::peer*> tasks;
+    for (const auto& ps : ps_) tasks.push_back(ps.get());
+    for (const auto& worker : workers_) tasks.push_back(worker.peer.get());
+    for (const auto* task : tasks) {
+      awaiting_ = task;
+      const auto checked = co_await net::connect_to_task(task->task(), task->address(), check, transport_);
+      checked->close("the chief checked who answers here");
+    }
+    spec_checked_ = true;
     // One task at a time, in spec order: the first failure is the first task's, as it always was.
     for (const auto& ps : ps_) {
       awaiting_ = ps.get();
@@ -112,6 +130,13 @@ void cluster_connections::close(std::optional<int> job_exit_code) {
   }
   std::vector<std::shared_ptr<net::peer>> tasks(ps_.begin(), ps_.end());
   for (const auto& worker : workers_) tasks.push_back(worker.peer);
+  if (job_exit_code && !spec_checked_) {
+    // Not every address of the spec answered as the task it names: the tasks reached may belong
+    // to another job (one that shares the secret), and a Shutdown would open this chief's session
+    // on them and end that job. They are left as they are; whoever started them stops them.
+    log::warning("the job ends before every task of the cluster spec was confirmed: no task is told to exit");
+    job_exit_code.reset();
+  }
   if (!job_exit_code) {
     for (const auto& p : tasks) p->close("the coordinator closed");
     return;
@@ -257,32 +282,27 @@ asio::awaitable<void> cluster_connections::hear_announcement(std::weak_ptr<clust
   net::task_identity identity;
   std::error_code ignored;
   const auto remote = socket.remote_endpoint(ignored);
-  auto connection = std::make_shared<wire::connection>(std::move(socket), net::limits_of(transport), common::format_address(remote));
+  auto connection =
+      std::make_shared<wire::connection>(std::move(socket), net::limits_of(transport), common::format_address(remote));
+  std::optional<net::handshake_gate::place> place;
   {
     auto self = weak.lock();
     if (!self) co_return;
     task = self->task_;
     transport = self->transport_;
     identity = self->self_;
-    if (self->announcements_in_handshake_ >= transport.max_connections) {
-      net::refuse_early(connection, transport, make_error_code(errc::resource_exhausted),
-                   fmt::format("{} is in {} handshakes, its limit (transport_options::max_connections)", task,
-                               self->announcements_in_handshake_),
-                   task);
+    // An announcement is its handshake and nothing more: no connection outlives it.
+    auto entered = self->announcement_gate_.enter(remote.address().to_string(), 0);
+    if (const auto* refused = std::get_if<std::string>(&entered)) {
+      net::refuse_early(connection, transport, make_error_code(errc::resource_exhausted), *refused, task);
       co_return;
     }
-    ++self->announcements_in_handshake_;
+    place.emplace(std::get<net::handshake_gate::place>(std::move(entered)));
   }
-  std::optional<wire::Hello> hello;
-  std::exception_ptr failure;
-  try {
-    hello = co_await net::receive_hello(connection, transport, identity);
-  } catch (...) {
-    failure = std::current_exception();
-  }
+  auto budget = place->budget();
+  const auto hello = co_await net::receive_hello(connection, transport, identity, std::move(budget));
+  place.reset();
   auto self = weak.lock();
-  if (self) --self->announcements_in_handshake_;
-  if (failure) std::rethrow_exception(failure);
   if (!hello || !self || self->closed_) co_return;
   const auto count = self->workers_.size();
   std::string refusal;

@@ -7,6 +7,7 @@
 #include <pscoro/cluster_spec.hpp>
 #include <pscoro/transport_options.hpp>
 
+#include "net/handshake_gate.hpp"
 #include "net/peer.hpp"
 
 #include <asio/any_io_executor.hpp>
@@ -53,7 +54,8 @@ class cluster_connections : public std::enable_shared_from_this<cluster_connecti
   void set_probe_interval(std::chrono::milliseconds interval) { probe_interval_ = interval; }
   /// Stops listening and probing and closes every connection. With `job_exit_code`, first tells
   /// every ps and worker that the job ended (Shutdown), closing each connection when its task has
-  /// answered, or after handshake_timeout. Once: a second call does nothing.
+  /// answered, or after handshake_timeout; not before connect() confirmed every address of the
+  /// spec (the tasks reached may be another job's). Once: a second call does nothing.
   void close(std::optional<int> job_exit_code = std::nullopt);
   bool closed() const noexcept { return closed_; }
 
@@ -112,7 +114,8 @@ class cluster_connections : public std::enable_shared_from_this<cluster_connecti
   std::vector<worker_slot> workers_;
   std::optional<asio::steady_timer> watch_timer_;
   std::optional<asio::ip::tcp::acceptor> acceptor_;  // for announcements, when spec_address_ is set
-  std::size_t announcements_in_handshake_ = 0;
+  net::handshake_gate announcement_gate_;  // of the announcements' handshakes
+  bool spec_checked_ = false;  // every ps and worker answered at its address as the task it is
   bool closed_ = false;
 };
 

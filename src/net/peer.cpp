@@ -203,9 +203,12 @@ asio::awaitable<std::optional<wire::frame>> read_handshake_frame(const std::shar
 }  // namespace
 
 asio::awaitable<std::optional<wire::Hello>> receive_hello(std::shared_ptr<wire::connection> connection,
-                                                          transport_options options, task_identity self) {
+                                                          transport_options options, task_identity self,
+                                                          std::shared_ptr<wire::byte_budget> budget) {
   const auto task = task_name(self.job, self.index);
-  connection->set_limits(handshake_limits_of(options));
+  auto limits = handshake_limits_of(options);
+  limits.buffer_budget = std::move(budget);
+  connection->set_limits(std::move(limits));
   wire::handshake_deadline deadline(connection, options.handshake_timeout, "no handshake");
   if (uses_tls(options)) {
     if (co_await connection->peer_sends_plain_frames()) {

@@ -53,8 +53,10 @@ wire::Hello make_hello(const task_identity& self, std::uint64_t session);
 /// and checks the peer's Proof. All within options.handshake_timeout, under the handshake frame
 /// limits. Returns the Hello of a peer that passed, or nothing after refusing it or giving up on it
 /// (logged either way). The caller then checks what the peer may do and sends welcome() or refuse().
+/// The handshake's frames grow their read buffer from `budget` (handshake_gate::place::budget).
 asio::awaitable<std::optional<wire::Hello>> receive_hello(std::shared_ptr<wire::connection> connection,
-                                                          transport_options options, task_identity self);
+                                                          transport_options options, task_identity self,
+                                                          std::shared_ptr<wire::byte_budget> budget);
 
 /// Paces an accept loop: after a failed accept it waits (10 ms, doubling to 1 s) so that a lasting
 /// failure, such as running out of file descriptors (EMFILE), does not spin, and logs failures at

@@ -5,6 +5,7 @@
 #include "common/environment.hpp"
 #include "common/log.hpp"
 #include "common/rows.hpp"
+#include "ps/decode.hpp"
 #include "ps/kernels.hpp"
 #include "wire/requests.hpp"
 #include "wire/status.hpp"
@@ -39,87 +40,6 @@ namespace pscoro::ps {
 namespace {
 
 [[noreturn]] void invalid(std::string message) { throw error(errc::invalid_argument, std::move(message)); }
-
-// ---- From the wire to the kernels' domain types: once, here, before any check --------------------
-
-update_op decode_op(wire::UpdateVariable::Op op) {
-  switch (op) {
-    case wire::UpdateVariable::ASSIGN: return update_op::assign;
-    case wire::UpdateVariable::ADD: return update_op::add;
-    case wire::UpdateVariable::SUB: return update_op::sub;
-    case wire::UpdateVariable::MUL: return update_op::mul;
-    case wire::UpdateVariable::DIV: return update_op::div;
-    case wire::UpdateVariable::MIN: return update_op::min;
-    case wire::UpdateVariable::MAX: return update_op::max;
-    default: invalid(fmt::format("unknown update operation {}", static_cast<int>(op)));
-  }
-}
-
-// The fields a kind does not use are ignored (docs/protocol.md).
-optimizer decode_optimizer(const wire::Optimizer& opt) {
-  switch (opt.kind()) {
-    case wire::Optimizer::SGD: return optimizers::sgd{.learning_rate = opt.learning_rate()};
-    case wire::Optimizer::MOMENTUM:
-      return optimizers::momentum{.learning_rate = opt.learning_rate(),
-                                  .momentum = opt.momentum(),
-                                  .nesterov = opt.nesterov()};
-    case wire::Optimizer::ADAGRAD:
-      return optimizers::adagrad{.learning_rate = opt.learning_rate(),
-                                 .initial_accumulator_value = opt.initial_accumulator_value(),
-                                 .epsilon = opt.epsilon()};
-    case wire::Optimizer::ADAM:
-      return optimizers::adam{.learning_rate = opt.learning_rate(),
-                              .beta_1 = opt.beta_1(),
-                              .beta_2 = opt.beta_2(),
-                              .epsilon = opt.epsilon()};
-    case wire::Optimizer::FTRL:
-      return optimizers::ftrl{.learning_rate = opt.learning_rate(),
-                              .learning_rate_power = opt.learning_rate_power(),
-                              .initial_accumulator_value = opt.initial_accumulator_value(),
-                              .l1 = opt.l1(),
-                              .l2 = opt.l2(),
-                              .beta = opt.beta()};
-    default: invalid(fmt::format("unknown optimizer {}", static_cast<int>(opt.kind())));
-  }
-}
-
-// The seed on the wire is the one to draw from: the chief mixed the variable's name into it.
-kernels::shard_initializer decode_initializer(const wire::Initializer& init, std::string_view variable) {
-  kernels::shard_initializer out{.init = {},
-                                 .full_shape = shape_type(init.full_shape().begin(), init.full_shape().end()),
-                                 .row_offset = init.row_offset()};
-  switch (init.kind()) {
-    case wire::Initializer::ZEROS: out.init = initializers::zeros{}; break;
-    case wire::Initializer::ONES: out.init = initializers::ones{}; break;
-    case wire::Initializer::CONSTANT: out.init = initializers::constant{.value = init.a()}; break;
-    case wire::Initializer::RANDOM_UNIFORM:
-      out.init = initializers::random_uniform{.minval = init.a(), .maxval = init.b(), .seed = init.seed()};
-      break;
-    case wire::Initializer::RANDOM_NORMAL:
-      out.init = initializers::random_normal{.mean = init.a(), .stddev = init.b(), .seed = init.seed()};
-      break;
-    case wire::Initializer::TRUNCATED_NORMAL:
-      out.init = initializers::truncated_normal{.mean = init.a(), .stddev = init.b(), .seed = init.seed()};
-      break;
-    case wire::Initializer::GLOROT_UNIFORM: out.init = initializers::glorot_uniform{.seed = init.seed()}; break;
-    default:
-      invalid(fmt::format("create of '{}': unknown initializer {}", variable, static_cast<int>(init.kind())));
-  }
-  return out;
-}
-
-std::string_view op_name(update_op op, bool scatter) {
-  switch (op) {
-    case update_op::assign: return scatter ? "scatter_update" : "assign";
-    case update_op::add: return scatter ? "scatter_add" : "assign_add";
-    case update_op::sub: return scatter ? "scatter_sub" : "assign_sub";
-    case update_op::mul: return scatter ? "scatter_mul" : "assign_mul";
-    case update_op::div: return scatter ? "scatter_div" : "assign_div";
-    case update_op::min: return scatter ? "scatter_min" : "assign_min";
-    case update_op::max: return scatter ? "scatter_max" : "assign_max";
-  }
-  return "update";
-}
 
 // Elements per row (axis 0) of a variable of `shape`; rank 0 has no rows.
 std::size_t row_elements(const shape_type& shape) { return num_elements(std::span(shape).subspan(1)); }

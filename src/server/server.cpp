@@ -2,6 +2,7 @@
 
 #include "common/log.hpp"
 #include "metrics/library.hpp"
+#include "net/handshake_gate.hpp"
 #include "net/peer.hpp"
 #include "net/security.hpp"
 #include "ps/ps_service.hpp"
@@ -30,6 +31,7 @@
 #include <map>
 #include <optional>
 #include <string_view>
+#include <variant>
 
 namespace pscoro {
 
@@ -59,7 +61,7 @@ struct server::impl : std::enable_shared_from_this<impl> {
   std::map<std::shared_ptr<wire::connection>, std::uint64_t> connections;
   // The coordinator session this server works for, and those it worked for before.
   serving::session_table sessions{""};
-  std::size_t handshakes = 0;  // accepted connections still in their handshake
+  std::optional<net::handshake_gate> gate;  // what accepted connections may hold in their handshakes
   bool stopped = false;
   // The chief ended the job (Shutdown): the exit code it asked for, the connection that carries
   // the answer (the server stops once it is written), and how long that may take.
@@ -84,6 +86,7 @@ struct server::impl : std::enable_shared_from_this<impl> {
     index = *resolver.task_id();
     task = task_name(job, index);
     sessions = serving::session_table(task);
+    gate.emplace(task, transport);
     const auto& spec = resolver.cluster_spec();
     if (!spec.has_job(job)) throw error(errc::invalid_argument, fmt::format("`task_type` '{}' not found in cluster_spec.", job));
     spec_address = spec.task_address(job, index);
@@ -225,26 +228,22 @@ struct server::impl : std::enable_shared_from_this<impl> {
   static asio::awaitable<void> handshake(std::shared_ptr<impl> self, asio::ip::tcp::socket socket) {
     std::error_code ignored;
     const auto remote = socket.remote_endpoint(ignored);
-    auto connection = std::make_shared<wire::connection>(
-        std::move(socket), net::limits_of(self->transport),
-        common::format_address(remote));
-    if (self->connections.size() + self->handshakes >= self->transport.max_connections) {
-      net::refuse_early(connection, self->transport, make_error_code(errc::resource_exhausted),
-                            fmt::format("{} holds {} connections, its limit (transport_options::max_connections)",
-                                        self->task, self->connections.size() + self->handshakes),
-                            self->task);
+    auto connection = std::make_shared<wire::connection>(std::move(socket), net::limits_of(self->transport),
+                                                         common::format_address(remote));
+    auto entered = self->gate->enter(remote.address().to_string(), self->connections.size());
+    if (const auto* refused = std::get_if<std::string>(&entered)) {
+      net::refuse_early(connection, self->transport, make_error_code(errc::resource_exhausted), *refused, self->task);
       co_return;
     }
-    ++self->handshakes;
     std::optional<wire::Hello> hello;
-    try {
-      const auto identity = self->identity();  // named: g++ 12 destroys a co_await's temporaries early
-      hello = co_await net::receive_hello(connection, self->transport, identity);
-    } catch (...) {
-      --self->handshakes;
-      throw;
+    {
+      // Its place at the gate, given back when the handshake ends, however it ends.
+      const auto place = std::get<net::handshake_gate::place>(std::move(entered));
+      // Named: g++ 12 destroys a co_await's temporaries early.
+      const auto identity = self->identity();
+      auto budget = place.budget();
+      hello = co_await net::receive_hello(connection, self->transport, identity, std::move(budget));
     }
-    --self->handshakes;
     if (!hello) co_return;
     const auto& h = *hello;
     // The chief opens and ends sessions; workers only join the current one, on a ps. Any other
@@ -259,6 +258,15 @@ struct server::impl : std::enable_shared_from_this<impl> {
       co_return;
     }
     connection->set_peer(fmt::format("{} at {}", task_name(h.job(), h.task_index()), connection->peer()));
+    if (chief && h.session() == 0) {
+      // A chief checking who answers at this address before it opens its session on any task
+      // (cluster_connections::connect): welcomed (the secret proved, the dialled task this one),
+      // and nothing else; no session changes.
+      log::debug("{} checked that {} answers here", connection->peer(), self->task);
+      net::welcome(connection, self->identity());
+      connection->close_after_flush("the chief checked who answers here");
+      co_return;
+    }
     if (const auto refused = self->join_session(h.session(), connection->peer(), chief); !refused.empty()) {
       net::refuse(connection, make_error_code(errc::aborted), refused, self->task);
       co_return;

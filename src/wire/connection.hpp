@@ -81,7 +81,7 @@ class connection : public std::enable_shared_from_this<connection> {
   void bound_answers_by(answer_bound bound) noexcept { answer_bound_ = std::move(bound); }
 
   /// The limits for the frames read from now on (the handshake runs under smaller ones).
-  void set_limits(frame_limits limits) noexcept { reader_.set_limits(limits); }
+  void set_limits(frame_limits limits) noexcept { reader_.set_limits(std::move(limits)); }
 
   /// Starts the read loop. Requests go to `on_request` (none: a request closes the connection);
   /// `on_close` runs once when the connection closes for any reason. A peer that closes its

@@ -194,15 +194,31 @@ bool closed_by_peer(const std::error_code& ec) {
 
 }  // namespace
 
+void frame_reader::draw(std::uint64_t bytes, std::uint64_t frame_part) {
+  const auto& budget = limits_.buffer_budget;
+  if (!budget || bytes == 0) return;
+  if (!budget->take(bytes)) {
+    throw error(errc::resource_exhausted,
+                fmt::format("a {}-byte frame part does not fit: the connections still in their handshake hold {} of "
+                            "the {} bytes they may (transport_options::max_handshake_bytes_total)",
+                            frame_part, budget->total() - budget->left(), budget->total()));
+  }
+  drawn_ += bytes;
+}
+
 template <class Stream>
 asio::awaitable<bool> frame_reader::fill(Stream& socket, std::size_t n, std::size_t frame_offset) {
   if (buffered() >= n) co_return true;
+  if (buffer_.empty()) buffer_.resize(first_buffer_bytes);
   if (buffer_.size() - begin_ < n) {
     // Compact, then grow if the frame part is larger than the buffer (bounded by the limits).
     std::memmove(buffer_.data(), buffer_.data() + begin_, buffered());
     end_ -= begin_;
     begin_ = 0;
-    if (buffer_.size() < n) buffer_.resize(n);
+    if (buffer_.size() < n) {
+      draw(n - buffer_.size(), n);
+      buffer_.resize(n);
+    }
   }
   while (buffered() < n) {
     mid_frame_ = frame_offset + buffered() > 0;
@@ -227,6 +243,8 @@ asio::awaitable<std::optional<frame>> frame_reader::read(Stream& socket, const s
       std::span<const std::byte, fixed_header_size>(buffer_.data() + begin_, fixed_header_size), limits_);
   begin_ += fixed_header_size;
 
+  // Under a budget the message parsed from the header counts too: it lives as long as the frame.
+  draw(header.header_bytes, header.header_bytes);
   co_await fill(socket, header.header_bytes, fixed_header_size);
   frame f;
   f.kind = header.kind;

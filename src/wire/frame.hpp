@@ -16,6 +16,7 @@
 #include <chrono>
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <optional>
 #include <span>
 #include <string>
@@ -29,6 +30,27 @@ inline constexpr std::size_t fixed_header_size = 32;
 
 enum class frame_kind : std::uint16_t { hello = 1, welcome = 2, request = 3, response = 4, challenge = 5, proof = 6 };
 
+/// Bytes that many connections draw from together: what the frame readers of strangers still in
+/// their handshake may hold beyond their first buffer, over all of a server's connections
+/// (transport_options::max_handshake_bytes_total). One executor uses it: no locking.
+class byte_budget {
+ public:
+  explicit byte_budget(std::uint64_t total) noexcept : total_(total), left_(total) {}
+  /// Draws `bytes` if that many are left.
+  bool take(std::uint64_t bytes) noexcept {
+    if (bytes > left_) return false;
+    left_ -= bytes;
+    return true;
+  }
+  void give(std::uint64_t bytes) noexcept { left_ += bytes; }
+  std::uint64_t total() const noexcept { return total_; }
+  std::uint64_t left() const noexcept { return left_; }
+
+ private:
+  std::uint64_t total_;
+  std::uint64_t left_;
+};
+
 struct frame_limits {
   std::uint32_t max_header_bytes = 16u << 20;        ///< protobuf part
   std::uint64_t max_payload_bytes = std::uint64_t{4} << 30;  ///< all tensor segments together
@@ -38,6 +60,11 @@ struct frame_limits {
   /// Bytes of requests being served and of their answers not yet written, per connection; past
   /// it, reading pauses.
   std::uint64_t max_bytes_in_flight = std::uint64_t{1} << 30;
+  /// When set, a frame's header bytes (the message parsed from them) and the read buffer's growth
+  /// past its first size are drawn from it (a frame that would need more than is left is refused:
+  /// errc::resource_exhausted); they are given back when the limits change (the handshake is over)
+  /// or the reader goes.
+  std::shared_ptr<byte_budget> buffer_budget;
 };
 
 struct fixed_header {
@@ -132,7 +159,15 @@ inline constexpr std::size_t segment_read_step = std::size_t{64} << 10;
 /// one read.
 class frame_reader {
  public:
-  explicit frame_reader(frame_limits limits) : limits_(limits), buffer_(64 * 1024) {}
+  /// The buffer is allocated by the first read: a connection refused before it reads (a stranger
+  /// past a server's handshake limits) holds none.
+  explicit frame_reader(frame_limits limits) : limits_(std::move(limits)) {}
+  frame_reader(const frame_reader&) = delete;
+  frame_reader& operator=(const frame_reader&) = delete;
+  ~frame_reader() { give_back_drawn(); }
+
+  /// The read buffer's size until a frame needs more.
+  static constexpr std::size_t first_buffer_bytes = 64 * 1024;
 
   /// The next frame from `stream` (a TCP socket, or a TLS stream over one: both are instantiated),
   /// or nullopt when the peer closed cleanly between frames. Throws errc::protocol_error for bad
@@ -146,15 +181,29 @@ class frame_reader {
   bool mid_frame() const noexcept { return mid_frame_; }
   /// Bytes received so far, for telling a stalled peer from a slow one.
   std::uint64_t bytes_received() const noexcept { return bytes_received_ + segment_progress_; }
-  /// The limits for the frames after this one (the handshake runs under smaller ones).
-  void set_limits(frame_limits limits) noexcept { limits_ = limits; }
+  /// The limits for the frames after this one (the handshake runs under smaller ones). What the
+  /// buffer drew from a budget the new limits do not name goes back to it.
+  void set_limits(frame_limits limits) noexcept {
+    if (limits.buffer_budget != limits_.buffer_budget) give_back_drawn();
+    limits_ = std::move(limits);
+  }
+  /// Bytes the buffer holds drawn from the limits' buffer_budget.
+  std::uint64_t drawn() const noexcept { return drawn_; }
 
  private:
   template <class Stream>
   asio::awaitable<bool> fill(Stream& stream, std::size_t n, std::size_t frame_offset);
   std::size_t buffered() const noexcept { return end_ - begin_; }
+  /// Draws `bytes` from the limits' buffer_budget, if they name one; errc::resource_exhausted,
+  /// naming the `frame_part` that needs them, when fewer are left.
+  void draw(std::uint64_t bytes, std::uint64_t frame_part);
+  void give_back_drawn() noexcept {
+    if (drawn_ && limits_.buffer_budget) limits_.buffer_budget->give(drawn_);
+    drawn_ = 0;
+  }
 
   frame_limits limits_;
+  std::uint64_t drawn_ = 0;  // from limits_.buffer_budget
   bool mid_frame_ = false;
   std::uint64_t bytes_received_ = 0;
   std::uint64_t segment_progress_ = 0;  // of the segment read under way

@@ -431,6 +431,16 @@ TEST_CASE("a new coordinator session releases the old one's variables; the old s
   CHECK(contains(message, "has ended on ps:0: a newer coordinator (session 0000000000000002) took over"));
   CHECK(call(cluster, "ps", create_w(), 2).code() == static_cast<int>(errc::already_exists));  // session 2 goes on
 
-  // A Hello that names no session is refused.
-  CHECK(contains(refusal_of(cluster, "worker", chief_hello(0)).what(), "names no coordinator session"));
+  // A chief's Hello that names no session checks who answers: welcomed, and no session changes. A
+  // worker's is refused.
+  {
+    asio::io_context io;
+    const auto address = cluster.spec.task_address("ps", 0);
+    auto checked = asio::co_spawn(io, net::connect_to_task("ps:0", address, chief_hello(0), {}), asio::use_future);
+    io.run();
+    checked.get()->close("checked");
+  }
+  CHECK(call(cluster, "ps", create_w(), 2).code() == static_cast<int>(errc::already_exists));  // session 2 goes on
+  CHECK(contains(refusal_of(cluster, "ps", net::make_hello({"worker", 0, 0}, 0)).what(),
+                 "names no coordinator session"));
 }

@@ -43,6 +43,17 @@ done
 check "ps:0 refuses a worker of a session it does not know" \
   stranger_refused ps:0 ps-0 aborted --job worker --secret-file "$PSCORO_AUTH_SECRET_FILE"
 
+# A chief holding the job's secret whose spec names the live ps's address for its worker too: it
+# finds out before it opens its session anywhere, and the live job goes on (below: no server ever
+# switched sessions).
+wrong_cluster="{\"chief\": [\"127.0.0.1:0\"], \"ps\": [\"$(address_of ps-0)\"], \"worker\": [\"$(address_of ps-0)\"]}"
+TF_CONFIG="{\"cluster\": $wrong_cluster, \"task\": {\"type\": \"chief\", \"index\": 0}}" \
+  "$example" --steps 10 > "$work/wrong-chief.log" 2>&1
+code=$?
+grep -m1 'reached ps:0' "$work/wrong-chief.log"
+check "a chief whose spec names a wrong address fails (exit $code)" test "$code" -ne 0
+check "naming the task it reached instead" grep -q 'dialled worker:0 but reached ps:0' "$work/wrong-chief.log"
+
 # The program run as the job's evaluator task: a sidecar evaluator of the job's checkpoints.
 cluster="{\"chief\": [\"127.0.0.1:0\"], \"ps\": [\"$(address_of ps-0)\"], \"worker\": [\"$(address_of worker-0)\", \"$(address_of worker-1)\"]}"
 TF_CONFIG="{\"cluster\": $cluster, \"task\": {\"type\": \"evaluator\", \"index\": 0}}" \
@@ -103,11 +114,13 @@ wait_exit "$tls_job" 300
 check "the TLS job ends well (exit $code)" test "$code" -eq 0
 check "the TLS job reaches its accuracy" grep -qE "chief: test accuracy 0\.(8|9)" "$work/tls-job.log"
 
+# What strangers cost a ps, in the release suite only (PSCORO_SECURITY_RESOURCES=0 under the
+# sanitizers, whose runtime needs descriptors of its own and whose memory is not the program's:
+# tests/meson.build).
+#
 # A ps out of file descriptors backs off instead of spinning, says so at most every 10 s, and
 # accepts again once descriptors are free. (Its backlog keeps the connections it cannot accept.)
-# Not under the sanitizers (PSCORO_SECURITY_OUT_OF_DESCRIPTORS=0): their runtime needs descriptors
-# of its own (tests/meson.build).
-if [ "${PSCORO_SECURITY_OUT_OF_DESCRIPTORS:-1}" = 1 ]; then
+if [ "${PSCORO_SECURITY_RESOURCES:-1}" = 1 ]; then
   ps_config='{"cluster": {"ps": ["127.0.0.1:0"], "worker": ["127.0.0.1:1"]}, "task": {"type": "ps", "index": 0}}'
   (ulimit -n 24 && exec env -u PSCORO_AUTH_SECRET_FILE TF_CONFIG="$ps_config" "$example") > "$work/ps.log" 2>&1 &
   ps_pid=$!
@@ -137,8 +150,33 @@ PY
   echo "$out" | head -n 2
   check "the ps accepts again once descriptors are free" grep -q 'got into ps:0' <<< "$out"
   kill "$ps_pid"
+
+  # A thousand strangers' Hellos of 253 KiB each (from 127.0.0.2), held open, cost the ps a small
+  # fixed total (at most 256 handshakes at once, and 16 MiB for their frames: docs/design.md,
+  # Security), and a task of the job (from 127.0.0.1) gets in meanwhile.
+  ps_config='{"cluster": {"ps": ["127.0.0.1:0"], "worker": ["127.0.0.1:1"]}, "task": {"type": "ps", "index": 0}}'
+  TF_CONFIG="$ps_config" "$example" > "$work/flooded-ps.log" 2>&1 &
+  ps_pid=$!
+  check "the ps to flood starts" wait_for "$work/flooded-ps.log" 'listening on' 60
+  ps_address=$(sed -nE 's/^pscoro: ps:0 listening on (\S+)$/\1/p' "$work/flooded-ps.log")
+  peak_kib() { awk '/^VmHWM:/ {print $2}' "/proc/$ps_pid/status"; }
+  before=$(peak_kib)
+  /usr/bin/python3 "$(dirname "$0")/hello_flood.py" "$ps_address" 1000 $((253 << 10)) 127.0.0.2 "$work/flooded" &
+  flood=$!
+  check "1000 strangers sent their Hellos" wait_for_file "$work/flooded"
+  # The Hellos that do not fit in what strangers may hold are refused (and those past the places).
+  check "it refuses the strangers' Hellos past its handshake budget" \
+    wait_for "$work/flooded-ps.log" \
+    'refused connection from 127\.0\.0\.2:[0-9]+: .*\(transport_options::max_handshake_bytes_total\)' 60
+  out=$("$stranger" "$ps_address" ps:0 --secret-file "$PSCORO_AUTH_SECRET_FILE" 2>&1)
+  echo "$out" | head -n 1
+  check "a task holding the secret gets in while the strangers wait" grep -q 'got into ps:0' <<< "$out"
+  grown=$(( $(peak_kib) - before ))
+  echo "the ps's peak memory grew by $((grown >> 10)) MiB for 1000 strangers' Hellos"
+  check "by at most 64 MiB ($((grown >> 10)) MiB)" test "$grown" -le $((64 << 10))
+  kill "$flood" "$ps_pid"
 else
-  echo "skipped under the sanitizers: a ps out of file descriptors"
+  echo "skipped under the sanitizers: a ps out of file descriptors, strangers' memory"
 fi
 
 finish

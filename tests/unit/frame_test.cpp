@@ -290,3 +290,43 @@ TEST_CASE("the values of one request or answer are at most max_value_items, howe
   (void)wire::decode_value(half_frame, half, budget);
   CHECK_THROWS_WITH_AS((void)wire::decode_value(half_frame, half, budget), std::string(too_many).c_str(), error);
 }
+
+TEST_CASE("frame readers under a shared budget grow their buffers only with what is left of it, and give it back") {
+  // Three strangers' Hellos of ~200 KiB each: each reader draws the header's bytes (the message
+  // parsed from them) and ~136 KiB past its first 64 KiB buffer, and the budget has room for two.
+  const auto budget = std::make_shared<byte_budget>(700u << 10);
+  frame_limits limits;
+  limits.max_header_bytes = 256u << 10;
+  limits.max_payload_bytes = 0;
+  limits.buffer_budget = budget;
+  frame hello;
+  hello.kind = frame_kind::hello;
+  hello.message.mutable_hello()->set_address(std::string(200u << 10, 'x'));
+  const auto encoded = encode(hello);
+  const std::uint64_t header = encoded.head.size() - fixed_header_size;
+  const std::uint64_t needs = header + header - frame_reader::first_buffer_bytes;
+
+  socket_pair first_pair, second_pair, third_pair;
+  std::optional<frame_reader> first(std::in_place, limits);
+  frame_reader second(limits), third(limits);
+  first_pair.write(std::string_view(encoded.head));
+  REQUIRE(first_pair.read(*first));
+  CHECK(first->drawn() == needs);
+  second_pair.write(std::string_view(encoded.head));
+  REQUIRE(second_pair.read(second));
+  CHECK(budget->left() == budget->total() - 2 * needs);
+
+  third_pair.write(std::string_view(encoded.head));
+  const auto refused = error_thrown_by([&] { (void)third_pair.read(third); });
+  CHECK(refused.code() == errc::resource_exhausted);
+  CHECK(contains(refused.what(), "(transport_options::max_handshake_bytes_total)"));
+  CHECK(third.drawn() == 0);
+
+  // A reader that is gone, or whose handshake is over (limits without the budget), gives back
+  // what it drew.
+  first.reset();
+  CHECK(budget->left() == budget->total() - needs);
+  second.set_limits({});
+  CHECK(budget->left() == budget->total());
+  CHECK(second.drawn() == 0);
+}

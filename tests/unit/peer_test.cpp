@@ -76,7 +76,8 @@ asio::awaitable<void> accept_one(asio::ip::tcp::acceptor* acceptor, transport_op
   auto socket = co_await acceptor->async_accept(asio::use_awaitable);
   auto connection = std::make_shared<wire::connection>(std::move(socket), net::limits_of(options), "the worker");
   const net::task_identity self{"ps", 0, 7};
-  if (co_await net::receive_hello(connection, options, self)) {
+  auto budget = std::make_shared<wire::byte_budget>(options.max_handshake_bytes_total);
+  if (co_await net::receive_hello(connection, options, self, std::move(budget))) {
     net::welcome(connection, self);
     *accepted = connection;
   }
