@@ -9,6 +9,7 @@
 #include "chief/coordinator_core.hpp"
 #include "chief/restore_on_create.hpp"
 #include "common/crc32c.hpp"
+#include "common/log.hpp"
 
 #include <asio/co_spawn.hpp>
 #include <asio/thread_pool.hpp>
@@ -122,10 +123,11 @@ void sync_directory(const fs::path& dir) {
 
 std::string hex32(std::uint32_t v) { return fmt::format("{:08x}", v); }
 
-std::uint32_t parse_hex32(std::string_view text) {
+// Exactly 8 hex digits, as hex32 writes them.
+std::optional<std::uint32_t> parse_hex32(std::string_view text) {
   std::uint32_t v = 0;
   const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), v, 16);
-  if (ec != std::errc{} || end != text.data() + text.size() || text.size() != 8) return 0;
+  if (ec != std::errc{} || end != text.data() + text.size() || text.size() != 8) return std::nullopt;
   return v;
 }
 
@@ -509,7 +511,8 @@ struct checkpoint_reader::state {
   }
 };
 
-checkpoint_reader::checkpoint_reader(fs::path path) : state_(std::make_unique<state>()) {
+checkpoint_reader::checkpoint_reader(fs::path path, checkpoint_read_options options)
+    : state_(std::make_unique<state>()) {
   auto& s = *state_;
   s.path = std::move(path);
   s.file = std::make_unique<posix_file>(s.path, O_RDONLY);
@@ -523,7 +526,9 @@ checkpoint_reader::checkpoint_reader(fs::path path) : state_(std::make_unique<st
   for (std::size_t i = 0; i < s.header.entries.size(); ++i) s.index.emplace(s.header.entries[i].name, i);
 
   const auto& metadata = s.header.metadata;
-  if (const auto it = metadata.find("format"); it != metadata.end() && it->second == checkpoint_format) {
+  const auto format = metadata.find("format");
+  const bool ours = format != metadata.end() && format->second == checkpoint_format;
+  if (ours) {
     const auto version = metadata.find("format_version");
     int v = 0;
     if (version != metadata.end()) std::from_chars(version->second.data(), version->second.data() + version->second.size(), v);
@@ -534,12 +539,42 @@ checkpoint_reader::checkpoint_reader(fs::path path) : state_(std::make_unique<st
                               checkpoint_format_version));
     }
   }
+  if (!ours && !options.allow_unverified) {
+    throw error(errc::failed_precondition,
+                fmt::format("checkpoint {}: not a pscoro checkpoint (its __metadata__ has no \"format\": \"{}\"; "
+                            "written by another tool?), so nothing verifies its tensors; to read it unverified, "
+                            "pass checkpoint_read_options{{.allow_unverified = true}}",
+                            s.path.string(), checkpoint_format));
+  }
+  // A pscoro checkpoint is verified whole: a record missing, for the file or for one tensor, is
+  // damage, not a file to read unchecked (a flipped byte would load as a wrong value).
+  if (ours && !metadata.contains("crc32c")) {
+    throw error(errc::data_loss, fmt::format("checkpoint {}: __metadata__ has no \"crc32c\" record, which every "
+                                             "pscoro checkpoint has: its tensors cannot be verified",
+                                             s.path.string()));
+  }
   const json crcs = metadata_json(metadata, "crc32c", s.path.string());  // named: items() does not extend it
   for (const auto& [name, crc] : crcs.items()) {
-    if (!crc.is_string() || !s.index.contains(name)) {
+    const auto value = crc.is_string() ? parse_hex32(crc.get<std::string>()) : std::nullopt;
+    if (!value || !s.index.contains(name)) {
       throw error(errc::data_loss, fmt::format("checkpoint {}: bad checksum record for \"{}\"", s.path.string(), name));
     }
-    s.crcs.emplace(name, parse_hex32(crc.get<std::string>()));
+    s.crcs.emplace(name, *value);
+  }
+  std::size_t unverified = 0;
+  for (const auto& e : s.header.entries) {
+    if (s.crcs.contains(e.name)) continue;
+    if (ours) {
+      throw error(errc::data_loss, fmt::format("checkpoint {}: tensor \"{}\" has no checksum in the \"crc32c\" "
+                                               "record: it cannot be verified",
+                                               s.path.string(), e.name));
+    }
+    ++unverified;
+  }
+  if (!ours) {
+    log::warning("checkpoint {}: not a pscoro checkpoint, read unverified as asked ({} of its {} tensors have no "
+                 "CRC-32C)",
+                 s.path.string(), unverified, s.header.entries.size());
   }
 }
 
@@ -952,10 +987,10 @@ asio::awaitable<void> checkpoint::save(fs::path path) const {
   sync_directory(path.parent_path());
 }
 
-asio::awaitable<void> checkpoint::restore(fs::path path) {
+asio::awaitable<void> checkpoint::restore(fs::path path, checkpoint_read_options options) {
   // Held by this frame: the state may be replaced (a move-assignment) while it awaits.
   const auto self = state_;
-  auto reader = std::make_shared<checkpoint_reader>(path);
+  auto reader = std::make_shared<checkpoint_reader>(path, options);
   const auto& state = *reader->state_;
   const std::string where = path.string();
   auto slots = decode_slots(metadata_json(state.header.metadata, "slots", where), where);

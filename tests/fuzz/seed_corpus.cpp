@@ -363,6 +363,11 @@ int main(int argc, char** argv) {
     std::vector<safetensors::entry> plain{{"x", dtype::float64, {1}, 0, 8}};
     put("safetensors", "plain", safetensors::encode_header(plain, {}) + std::string(8, '\x01'));
     put("safetensors", "short", std::string("\x10\0\0\0\0\0\0\0{}", 10));
+    // A pscoro checkpoint without its checksums, or without one tensor's: refused whole.
+    metadata.erase("crc32c");
+    put("safetensors", "no_crc32c", safetensors::encode_header(entries, metadata) + data);
+    metadata["crc32c"] = fmt::format(R"({{"w": "{:08x}"}})", common::crc32c(data.data(), 16));
+    put("safetensors", "one_crc32c_missing", safetensors::encode_header(entries, metadata) + data);
   }
 
   // tfrecord: byte 0 bit 0 = the target gzips the rest.

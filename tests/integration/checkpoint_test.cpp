@@ -1,6 +1,7 @@
 // Checkpoints on real in-process clusters: a round trip of variables, slots, step and scalars; a
 // restore into other numbers of shards and ps with identical values (and identical training after
 // it); every kind of bad file refused before anything changes; the manager's numbering and pruning.
+#include "file_faults.hpp"
 #include "local_cluster.hpp"
 #include "test_support.hpp"
 
@@ -385,9 +386,20 @@ fs::path handmade(const fs::path& dir, const std::string& name, const std::strin
   return dir / name;
 }
 
-std::string reader_failure(const fs::path& path) {
+// What reading all of `path` fails with, code first; "" when it reads. Files of other tools are
+// read (unverified) too, so that their structure is what is checked.
+std::string reader_failure_by_default(const fs::path& path) {
   try {
     checkpoint_reader reader(path);
+  } catch (const error& e) {
+    return std::string(e.code() == errc::failed_precondition ? "failed_precondition: " : "other: ") + e.what();
+  }
+  return "";
+}
+
+std::string reader_failure(const fs::path& path) {
+  try {
+    checkpoint_reader reader(path, {.allow_unverified = true});
     for (const auto& name : reader.names()) (void)reader.read_tensor(name);
     (void)reader.step();
     (void)reader.scalars();
@@ -404,12 +416,23 @@ std::string reader_failure(const fs::path& path) {
 
 TEST_CASE("a handmade file: other safetensors files read, malformed ones are refused, naming what is wrong") {
   scratch s;
-  // Any safetensors file of supported dtypes reads, without pscoro metadata.
+  // Any safetensors file of supported dtypes reads, without pscoro metadata, when the caller says
+  // so, and the log says it was read unverified; by default it is refused.
   const auto plain = handmade(s.dir, "plain.safetensors",
                               R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},)"
                               R"("b":{"dtype":"I64","shape":[],"data_offsets":[8,16]}})",
                               16);
-  checkpoint_reader reader(plain);
+  CHECK(reader_failure_by_default(plain) ==
+        "failed_precondition: checkpoint " + plain.string() +
+            ": not a pscoro checkpoint (its __metadata__ has no \"format\": \"pscoro.checkpoint\"; written by another "
+            "tool?), so nothing verifies its tensors; to read it unverified, pass "
+            "checkpoint_read_options{.allow_unverified = true}");
+  const testing::captured_log log;
+  checkpoint_reader reader(plain, {.allow_unverified = true});
+  CHECK_MESSAGE(contains(log.text(), "checkpoint " + plain.string() +
+                                         ": not a pscoro checkpoint, read unverified as asked (2 of its 2 tensors "
+                                         "have no CRC-32C)"),
+                log.text());
   CHECK(reader.names() == std::vector<std::string>{"a", "b"});
   CHECK(reader.read<float>("a") == xt::xarray<float>{0, 0});
   CHECK(reader.step() == 0);
@@ -439,6 +462,24 @@ TEST_CASE("a handmade file: other safetensors files read, malformed ones are ref
   refused("newer.safetensors", R"({"__metadata__":{"format":"pscoro.checkpoint","format_version":"2"}})", 0,
           "failed_precondition: checkpoint " + (s.dir / "newer.safetensors").string() +
               ": format version 2 is not one this pscoro reads (1 to 1)");
+  // A pscoro checkpoint is verified whole, even when unverified files are allowed: a checksum
+  // record missing, for the file or for one tensor, or not 8 hex digits, is data loss.
+  refused("no-crc.safetensors",
+          R"({"__metadata__":{"format":"pscoro.checkpoint","format_version":"1"},)"
+          R"("a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}})",
+          4, "data_loss: checkpoint " + (s.dir / "no-crc.safetensors").string() +
+                 ": __metadata__ has no \"crc32c\" record, which every pscoro checkpoint has: its tensors cannot be "
+                 "verified");
+  refused("one-crc.safetensors",
+          R"({"__metadata__":{"format":"pscoro.checkpoint","format_version":"1","crc32c":"{\"a\":\"00000000\"}"},)"
+          R"("a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]},)"
+          R"("b":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}})",
+          8, "data_loss: checkpoint " + (s.dir / "one-crc.safetensors").string() +
+                 ": tensor \"b\" has no checksum in the \"crc32c\" record: it cannot be verified");
+  refused("hex.safetensors",
+          R"({"__metadata__":{"format":"pscoro.checkpoint","format_version":"1","crc32c":"{\"a\":\"0000000g\"}"},)"
+          R"("a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}})",
+          4, "data_loss: checkpoint " + (s.dir / "hex.safetensors").string() + ": bad checksum record for \"a\"");
   refused("crc.safetensors",
           R"({"__metadata__":{"crc32c":"{\"missing\":\"00000000\"}"},"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}})",
           4, "bad checksum record for \"missing\"");
@@ -454,7 +495,9 @@ TEST_CASE("a checkpoint whose slot records are malformed, or a save into a missi
     auto ckpt = m.tracked();
     // A file whose "slots" record is not what pscoro writes: refused before anything changes.
     const auto path = handmade(s.dir, "slots.safetensors",
-                               R"({"__metadata__":{"slots":"{\"model/weights/adam/m\":{\"variable\":1}}"}})", 0);
+                               R"({"__metadata__":{"format":"pscoro.checkpoint","format_version":"1","crc32c":"{}",)"
+                               R"("slots":"{\"model/weights/adam/m\":{\"variable\":1}}"}})",
+                               0);
     auto e = co_await failure_of(ckpt.restore(path));
     REQUIRE(e);
     CHECK(code_of(e) == errc::data_loss);
@@ -466,6 +509,117 @@ TEST_CASE("a checkpoint whose slot records are malformed, or a save into a missi
     CHECK(code_of(e) == errc::not_found);
     CHECK(contains(message_of(e), "no-such-dir"));
     CHECK_FALSE(fs::exists(s.dir / "no-such-dir"));
+  });
+}
+
+namespace {
+
+std::string bytes_of_file(const fs::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  return {std::istreambuf_iterator<char>(in), {}};
+}
+
+// `text` as a JSON string holds it (pscoro's names and hex digits need no other escape).
+std::string json_escaped(const std::string& text) {
+  std::string out;
+  for (const char c : text) {
+    if (c == '"' || c == '\\') out += '\\';
+    out += c;
+  }
+  return out;
+}
+
+// The checkpoint `bytes` with `part` of its header removed and the header padded with as many
+// spaces (as safetensors allows), so every tensor stays where it was.
+std::string without_header_part(const std::string& bytes, const std::string& part) {
+  std::uint64_t n = 0;
+  for (int i = 7; i >= 0; --i) n = (n << 8) | static_cast<unsigned char>(bytes[static_cast<std::size_t>(i)]);
+  std::string header = bytes.substr(8, n);
+  const auto at = header.find(part);
+  REQUIRE_MESSAGE(at != std::string::npos, header);
+  header.erase(at, part.size());
+  header.append(part.size(), ' ');
+  return bytes.substr(0, 8) + header + bytes.substr(8 + n);
+}
+
+}  // namespace
+
+TEST_CASE("a checkpoint without its checksums, or without one tensor's, is data loss naming it; nothing changes") {
+  scratch s;
+  const auto good = s.dir / "good.safetensors";
+  with_cluster(2, 2, [&](parameter_server_strategy& strategy) -> asio::awaitable<void> {
+    const auto m = co_await model::create(strategy);
+    co_await m.train(2);
+    auto ckpt = m.tracked();
+    co_await ckpt.save(good);
+    co_await m.train(1);  // the cluster now differs from the file
+    const auto current = co_await m.read();
+    const std::string bytes = bytes_of_file(good);
+    const std::string record = checkpoint_reader(good).metadata().at("crc32c");
+    const auto write = [&](const std::string& name, const std::string& content) {
+      std::ofstream(s.dir / name, std::ios::binary) << content;
+      return s.dir / name;
+    };
+    const auto refused = [&](fs::path path, std::string says,
+                             checkpoint_read_options options) -> asio::awaitable<void> {
+      CAPTURE(path.filename().string());
+      auto ckpt = m.tracked();  // named: g++ 12 ends a co_await's temporaries too early
+      auto e = co_await failure_of(ckpt.restore(path, options));
+      CHECK_MESSAGE(e, "restored, with a wrong counter");  // not REQUIRE: every case reports
+      if (!e) co_return;
+      CHECK(code_of(e) == errc::data_loss);
+      CHECK_MESSAGE(contains(message_of(e), "checkpoint " + path.string() + ": " + says), message_of(e));
+      check_same(co_await m.read(), current);
+    };
+    // A byte of the last tensor, the counter, flipped: its checksum refuses it...
+    std::string flipped = bytes;
+    flipped[flipped.size() - 3] ^= 0x20;
+    co_await refused(write("flipped.safetensors", flipped), "tensor \"model/counter\" is corrupt", {});
+    // ...and without the record, or without the counter's checksum in it, the same flip is refused
+    // all the same (it restored a wrong counter before), even when unverified files are allowed:
+    // those are files of other tools, not pscoro checkpoints that lost their checksums.
+    const std::string no_record = without_header_part(flipped, "\"crc32c\":\"" + json_escaped(record) + "\",");
+    for (const bool allow_unverified : {false, true}) {
+      CAPTURE(allow_unverified);
+      co_await refused(write("no-record.safetensors", no_record),
+                       "__metadata__ has no \"crc32c\" record, which every pscoro checkpoint has: its tensors cannot "
+                       "be verified",
+                       {.allow_unverified = allow_unverified});
+    }
+    const auto counter_at = record.find("\"model/counter\":\"");
+    REQUIRE(counter_at != std::string::npos);
+    const std::string counter_crc = record.substr(counter_at, 17 + 8 + 2);  // name, 8 digits, quote, comma
+    REQUIRE(counter_crc.back() == ',');
+    co_await refused(write("no-counter-crc.safetensors", without_header_part(flipped, json_escaped(counter_crc))),
+                     "tensor \"model/counter\" has no checksum in the \"crc32c\" record: it cannot be verified", {});
+  });
+}
+
+TEST_CASE("a safetensors file of another tool restores only when the caller allows it, and the log says unverified") {
+  scratch s;
+  // The weights as another tool writes them: no pscoro metadata, so no checksums (and zeros).
+  const auto foreign = handmade(s.dir, "foreign.safetensors",
+                                R"({"model/weights":{"dtype":"F32","shape":[5,3],"data_offsets":[0,60]}})", 60);
+  with_cluster(1, 1, [&](parameter_server_strategy& strategy) -> asio::awaitable<void> {
+    const auto m = co_await model::create(strategy);
+    const auto before = co_await m.weights.read();
+    checkpoint ckpt;
+    ckpt.track(m.weights);
+    auto e = co_await failure_of(ckpt.restore(foreign));
+    REQUIRE(e);
+    CHECK(code_of(e) == errc::failed_precondition);
+    CHECK_MESSAGE(contains(message_of(e), "checkpoint " + foreign.string() + ": not a pscoro checkpoint"),
+                  message_of(e));
+    CHECK((co_await m.weights.read() == before));
+    const testing::captured_log log;
+    const pscoro::checkpoint_read_options unverified{.allow_unverified = true};
+    co_await ckpt.restore(foreign, unverified);  // another tool's file: logged as unverified
+    const xt::xarray<float> zeros = xt::zeros<float>({5, 3});
+    CHECK((co_await m.weights.read() == zeros));
+    CHECK_MESSAGE(contains(log.text(), "checkpoint " + foreign.string() +
+                                           ": not a pscoro checkpoint, read unverified as asked (1 of its 1 tensors "
+                                           "have no CRC-32C)"),
+                  log.text());
   });
 }
 
