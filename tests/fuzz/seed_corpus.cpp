@@ -9,6 +9,7 @@
 #include "tf_example_reference.hpp"
 
 #include <pscoro/data_formats.hpp>
+#include <pscoro/dataset.hpp>
 #include <pscoro/per_worker.hpp>
 #include <pscoro/tensor.hpp>
 #include <pscoro/worker_function.hpp>
@@ -368,6 +369,41 @@ int main(int argc, char** argv) {
     put("safetensors", "no_crc32c", safetensors::encode_header(entries, metadata) + data);
     metadata["crc32c"] = fmt::format(R"({{"w": "{:08x}"}})", common::crc32c(data.data(), 16));
     put("safetensors", "one_crc32c_missing", safetensors::encode_header(entries, metadata) + data);
+  }
+
+  // cache: files dataset::cache(filename) writes, in 1 MiB blocks and in blocks of 16 bytes.
+  {
+    const auto path = fs::temp_directory_path() / "pscoro-seed.cache";
+    using example = std::tuple<xt::xarray<float>, std::int64_t, std::string>;
+    const auto write = [&](auto elements, std::size_t block_size) {
+      using codec = detail::cache_codec<typename decltype(elements)::value_type>;
+      {
+        detail::cache_file_writer out(path.string(), codec::signature(), block_size);
+        for (const auto& e : elements) {
+          out.begin_element();
+          codec::write(out, e);
+        }
+        out.commit();
+      }
+      auto bytes = read_file(path);
+      fs::remove(path);
+      return bytes;
+    };
+    const std::vector<std::string> texts{"abc", "", "defghijklmnopqrstuvwxyz"};
+    const std::vector<example> examples{{xt::xarray<float>{{1, 2}, {3, 4}}, -7, "x"},
+                                        {xt::xarray<float>(0.5f), 0, ""}};
+    put("cache", "strings", write(texts, detail::cache_block_size));
+    put("cache", "strings_small_blocks", write(texts, 16));
+    const auto tuples = write(examples, 16);
+    put("cache", "tuples_small_blocks", tuples);
+    put("cache", "tuples", write(examples, detail::cache_block_size));
+    put("cache", "truncated", tuples.substr(0, tuples.size() - 9));
+    auto flipped = tuples;
+    flipped[40] = static_cast<char>(flipped[40] ^ 1);
+    put("cache", "flipped", flipped);
+    // The format before checksums, which is never read.
+    put("cache", "unchecked_format", std::string("PSCACHE1") + std::string("\x06\0\0\0\0\0\0\0string", 14) +
+                                         std::string("\x01\x01\0\0\0\0\0\0\0a\0\x01\0\0\0\0\0\0\0", 19));
   }
 
   // tfrecord: byte 0 bit 0 = the target gzips the rest.
