@@ -128,7 +128,9 @@ class PSCORO_API checkpoint {
   /// is an error before anything changes. Every tensor restored matches its CRC-32C: a
   /// checkpoint without the `crc32c` record, or without one tensor's checksum in it, is
   /// errc::data_loss naming the file (and the tensor); a file that is not a pscoro checkpoint is
-  /// errc::failed_precondition unless `options` allow it (checkpoint_read_options).
+  /// errc::failed_precondition unless `options` allow it (checkpoint_read_options). A path that
+  /// is not a regular file (a FIFO, a directory) is errc::invalid_argument, and never opened in a
+  /// way that could block.
   ///
   /// The file's variables that no tracked variable takes stay pending (TF's delayed restoration):
   /// with a checkpoint made with the strategy, a variable the strategy creates later under one of
@@ -202,8 +204,9 @@ PSCORO_API std::optional<std::filesystem::path> latest_checkpoint(const std::fil
 class PSCORO_API checkpoint_reader {
  public:
   /// Throws errc::not_found (no file), errc::data_loss (not safetensors, truncated, bad header, a
-  /// pscoro checkpoint without a checksum for every tensor) or errc::failed_precondition (a newer
-  /// format version; a file of another tool unless `options.allow_unverified`).
+  /// pscoro checkpoint without a checksum for every tensor), errc::failed_precondition (a newer
+  /// format version; a file of another tool unless `options.allow_unverified`) or
+  /// errc::invalid_argument (`path` is a FIFO, a directory or a device).
   explicit checkpoint_reader(std::filesystem::path path, checkpoint_read_options options = {});
   ~checkpoint_reader();
   checkpoint_reader(checkpoint_reader&&) noexcept;

@@ -132,8 +132,10 @@ class dataset {
   /// CRC-32C), and a pass checks each block before it uses any of its bytes: a flipped byte, a
   /// file that is not such a cache, or is cut short, is errc::data_loss naming it and the byte
   /// offset (the elements of the blocks before the damage have been delivered). One written for
-  /// other element types is errc::invalid_argument. A cache an older pscoro wrote (no checksums)
-  /// is never read: the log says so, and the pass reads upstream and writes it again. A file that cannot be written is errc::unavailable from the make_iterator()
+  /// other element types is errc::invalid_argument, and so is a `filename` that is not a regular
+  /// file (a FIFO, a directory), refused without an open that could block. A cache an older
+  /// pscoro wrote (no checksums) is never read: the log says so, and the pass reads upstream and
+  /// writes it again. A file that cannot be written is errc::unavailable from the make_iterator()
   /// (or next()) that would write it. A process killed while writing leaves its `.tmp-` file,
   /// never a cache that looks finished.
   dataset cache(std::string filename) const;

@@ -10,6 +10,7 @@
 #include "chief/restore_on_create.hpp"
 #include "common/crc32c.hpp"
 #include "common/log.hpp"
+#include "common/regular_file.hpp"
 
 #include <asio/co_spawn.hpp>
 #include <asio/thread_pool.hpp>
@@ -57,10 +58,16 @@ namespace {
 // ---------------------------------------------------------------------------------------------
 // Files: POSIX, because the crash-safety dance needs fsync of the file and of its directory.
 
+// The settings that name a checkpoint file, for the error that refuses a FIFO or a directory there.
+constexpr std::string_view read_setting = "the path given to checkpoint::restore or checkpoint_reader";
+constexpr std::string_view save_setting = "the path given to checkpoint::save";
+
+// A regular file: anything else that `path` names (a FIFO would block open(2)) is refused as
+// `setting`.
 class posix_file {
  public:
-  posix_file(const fs::path& path, int flags, mode_t mode = 0644) : path_(path.string()) {
-    fd_ = ::open(path_.c_str(), flags | O_CLOEXEC, mode);
+  posix_file(const fs::path& path, int flags, std::string_view setting, mode_t mode = 0644) : path_(path.string()) {
+    fd_ = common::open_regular_file("checkpoint", path_, flags, mode, setting);
     if (fd_ < 0) {
       throw error(errno == ENOENT ? errc::not_found : errc::unavailable,
                   fmt::format("checkpoint {}: cannot open: {}", path_, std::strerror(errno)));
@@ -118,7 +125,15 @@ class posix_file {
 };
 
 void sync_directory(const fs::path& dir) {
-  posix_file(dir.empty() ? fs::path(".") : dir, O_RDONLY | O_DIRECTORY).sync();
+  const std::string path = dir.empty() ? std::string(".") : dir.string();
+  const int fd = ::open(path.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  const bool synced = fd >= 0 && ::fsync(fd) == 0;
+  const int why = errno;
+  if (fd >= 0) ::close(fd);
+  if (!synced) {
+    throw error(errc::unavailable,
+                fmt::format("checkpoint: fsync of directory {} failed: {}", path, std::strerror(why)));
+  }
 }
 
 std::string hex32(std::uint32_t v) { return fmt::format("{:08x}", v); }
@@ -515,7 +530,7 @@ checkpoint_reader::checkpoint_reader(fs::path path, checkpoint_read_options opti
     : state_(std::make_unique<state>()) {
   auto& s = *state_;
   s.path = std::move(path);
-  s.file = std::make_unique<posix_file>(s.path, O_RDONLY);
+  s.file = std::make_unique<posix_file>(s.path, O_RDONLY, read_setting);
   const std::uint64_t file_size = s.file->size();
   std::string prefix(8, '\0');
   if (file_size >= 8) s.file->read_at(prefix.data(), 8, 0);
@@ -949,6 +964,8 @@ double checkpoint::scalar(std::string_view name) const {
 }
 
 asio::awaitable<void> checkpoint::save(fs::path path) const {
+  // A FIFO or a directory there is refused now, not found by the rename after the whole save.
+  (void)common::regular_file_exists("checkpoint", path.string(), save_setting);
   // Plan the file: every variable, then its slots (found on each shard's ps), as pieces in order.
   save_plan plan;
   const std::size_t chunk_bytes = state_->chunk_bytes;
@@ -970,7 +987,7 @@ asio::awaitable<void> checkpoint::save(fs::path path) const {
       if (armed) fs::remove(path, ignored);
     }
   } cleanup{temporary};
-  posix_file file(temporary, O_WRONLY | O_CREAT | O_TRUNC);
+  posix_file file(temporary, O_WRONLY | O_CREAT | O_TRUNC, save_setting);
   file.write_at(placeholder.data(), placeholder.size(), 0);
   const std::uint64_t data_start = placeholder.size();
   asio::thread_pool io_thread(1);

@@ -11,6 +11,7 @@
 
 #include "common/crc32c.hpp"
 #include "common/log.hpp"
+#include "common/regular_file.hpp"
 
 #include <fmt/format.h>
 
@@ -42,6 +43,8 @@ constexpr std::uint64_t max_block_size = std::uint64_t{64} << 20;
 constexpr std::uint64_t max_signature = 4096;
 constexpr std::uint64_t max_dimensions = 64;
 
+constexpr std::string_view cache_setting = "the file of dataset::cache(filename)";
+
 // The checksum of block `index` holding `size` bytes at `payload`: the index goes first, so a block
 // read in another block's place fails its check.
 std::uint32_t block_crc(std::uint64_t index, const void* payload, std::size_t size) {
@@ -60,9 +63,8 @@ std::string encode_cache_header(std::uint32_t block_size) {
 }  // namespace
 
 bool cache_file_ready(const std::string& path) {
-  struct stat st {};
-  if (::stat(path.c_str(), &st) != 0) return false;
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (!common::regular_file_exists("cache", path, cache_setting)) return false;
+  const int fd = common::open_regular_file("cache", path, O_RDONLY, 0, cache_setting);
   if (fd < 0) return true;  // the reader says why it cannot open it
   char head[sizeof cache_magic] = {};
   const ssize_t n = ::pread(fd, head, sizeof head, 0);
@@ -87,7 +89,7 @@ cache_file_writer::cache_file_writer(std::string path, const std::string& signat
   }
   static std::atomic<std::uint64_t> files{0};
   temporary_ = fmt::format("{}.tmp-{}-{}", path_, ::getpid(), files.fetch_add(1));
-  fd_ = ::open(temporary_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  fd_ = common::open_regular_file("cache", temporary_, O_WRONLY | O_CREAT | O_TRUNC, 0644, cache_setting);
   if (fd_ < 0) {
     throw error(errc::unavailable, fmt::format("cache: cannot write {}: {}", temporary_, std::strerror(errno)));
   }
@@ -200,7 +202,7 @@ void cache_file_writer::commit() {
 // Reading
 
 cache_file_reader::cache_file_reader(std::string path, const std::string& signature) : path_(std::move(path)) {
-  fd_ = ::open(path_.c_str(), O_RDONLY | O_CLOEXEC);
+  fd_ = common::open_regular_file("cache", path_, O_RDONLY, 0, cache_setting);
   if (fd_ < 0) throw error(errc::not_found, fmt::format("cache: cannot open {}: {}", path_, std::strerror(errno)));
   try {
     struct stat st {};

@@ -623,6 +623,43 @@ TEST_CASE("a safetensors file of another tool restores only when the caller allo
   });
 }
 
+TEST_CASE("a FIFO or a directory given as a checkpoint path is refused at once, naming it and the setting") {
+  scratch s;
+  const testing::scoped_fifo fifo((s.dir / "fifo.safetensors").string());
+  const std::string refused_for_reading =
+      "checkpoint: " + fifo.path() +
+      " is a FIFO, not a regular file (the path given to checkpoint::restore or checkpoint_reader must name a regular "
+      "file)";
+  const auto thrown =
+      testing::thrown_without_blocking_on(fifo.path(), [&] { checkpoint_reader reader{fs::path(fifo.path())}; });
+  // REQUIRE: a reader that blocks would block the restore below too, and the cluster with it.
+  REQUIRE(code_of(thrown) == errc::invalid_argument);
+  CHECK(message_of(thrown) == refused_for_reading);
+  with_cluster(1, 1, [&](parameter_server_strategy& strategy) -> asio::awaitable<void> {
+    const auto m = co_await model::create(strategy);
+    auto ckpt = m.tracked();
+    const fs::path fifo_path = fifo.path();
+    auto e = co_await failure_of(ckpt.restore(fifo_path));
+    REQUIRE(e);
+    CHECK(code_of(e) == errc::invalid_argument);
+    CHECK(message_of(e) == refused_for_reading);
+    e = co_await failure_of(ckpt.restore(s.dir));
+    REQUIRE(e);
+    CHECK(code_of(e) == errc::invalid_argument);
+    CHECK_MESSAGE(contains(message_of(e), "checkpoint: " + s.dir.string() + " is a directory, not a regular file"),
+                  message_of(e));
+    // A save there is refused before it starts, and leaves the FIFO as it was (a rename would
+    // have replaced it).
+    e = co_await failure_of(ckpt.save(fifo_path));
+    REQUIRE(e);
+    CHECK(code_of(e) == errc::invalid_argument);
+    CHECK(message_of(e) == "checkpoint: " + fifo.path() +
+                               " is a FIFO, not a regular file (the path given to checkpoint::save must name a regular "
+                               "file)");
+    CHECK(fs::is_fifo(fifo_path));
+  });
+}
+
 namespace {
 
 // The names a checkpoint of `model` holds, sorted.

@@ -533,6 +533,24 @@ TEST_CASE("a cache file an older pscoro wrote, without checksums, is rebuilt fro
   CHECK(*reads == 2);
 }
 
+TEST_CASE("a FIFO or a directory given as a cache file is refused at once, naming it and the setting") {
+  const scratch s;
+  const testing::scoped_fifo fifo((s.dir / "fifo.cache").string());
+  const auto thrown = testing::thrown_without_blocking_on(fifo.path(), [&] {
+    (void)collect(from_values<std::string>({"a"}).cache(fifo.path()));
+  });
+  REQUIRE(thrown);
+  CHECK(testing::code_of(thrown) == errc::invalid_argument);
+  CHECK_MESSAGE(testing::message_of(thrown) == "cache: " + fifo.path() + " is a FIFO, not a regular file (the file of "
+                                     "dataset::cache(filename) must name a regular file)",
+                testing::message_of(thrown));
+  const auto directory = (s.dir / "directory.cache").string();
+  std::filesystem::create_directories(directory);
+  const auto e = error_thrown_by([&] { (void)collect(from_values<std::string>({"a"}).cache(directory)); });
+  CHECK(e.code() == errc::invalid_argument);
+  CHECK_MESSAGE(contains(e.what(), "cache: " + directory + " is a directory, not a regular file"), e.what());
+}
+
 TEST_CASE("text_lines reads files in order and drops line ends") {
   scratch s;
   const auto a = s.write("a.txt", "one\r\ntwo\n");

@@ -209,7 +209,8 @@ class PSCORO_API cache_file_writer {
 
 /// Whether a finished cache of the current format is at `path`, to be read. False when there is
 /// no file, and when there is one of an older format (without checksums): it is logged and
-/// rebuilt by the pass that writes the new one.
+/// rebuilt by the pass that writes the new one. Throws errc::invalid_argument when `path` is not a
+/// regular file (a FIFO, a directory).
 PSCORO_API bool cache_file_ready(const std::string& path);
 
 /// Reads a cache file written by cache_file_writer, block by block, each checked against its
