@@ -371,7 +371,8 @@ int main(int argc, char** argv) {
     put("safetensors", "one_crc32c_missing", safetensors::encode_header(entries, metadata) + data);
   }
 
-  // cache: files dataset::cache(filename) writes, in 1 MiB blocks and in blocks of 16 bytes.
+  // cache: byte 0 bit 0 clear, the file dataset::cache(filename) writes (in 1 MiB blocks and in
+  // blocks of 16 bytes); set, a block size (byte 1, minus one) and the data, which the target frames.
   {
     const auto path = fs::temp_directory_path() / "pscoro-seed.cache";
     using example = std::tuple<xt::xarray<float>, std::int64_t, std::string>;
@@ -389,20 +390,30 @@ int main(int argc, char** argv) {
       fs::remove(path);
       return bytes;
     };
+    // The data of a file in blocks of 16: its bytes without the header and the checksums.
+    const auto data_of = [](const std::string& file) {
+      std::string out;
+      for (std::size_t at = 16; at < file.size(); at += 20) {
+        out += file.substr(at, std::min<std::size_t>(16, file.size() - at - 4));
+      }
+      return out;
+    };
     const std::vector<std::string> texts{"abc", "", "defghijklmnopqrstuvwxyz"};
     const std::vector<example> examples{{xt::xarray<float>{{1, 2}, {3, 4}}, -7, "x"},
                                         {xt::xarray<float>(0.5f), 0, ""}};
-    put("cache", "strings", write(texts, detail::cache_block_size));
-    put("cache", "strings_small_blocks", write(texts, 16));
+    put("cache", "strings", flag(0) + write(texts, detail::cache_block_size));
+    put("cache", "strings_small_blocks", flag(0) + write(texts, 16));
     const auto tuples = write(examples, 16);
-    put("cache", "tuples_small_blocks", tuples);
-    put("cache", "tuples", write(examples, detail::cache_block_size));
-    put("cache", "truncated", tuples.substr(0, tuples.size() - 9));
+    put("cache", "tuples_small_blocks", flag(0) + tuples);
+    put("cache", "tuples", flag(0) + write(examples, detail::cache_block_size));
+    put("cache", "truncated", flag(0) + tuples.substr(0, tuples.size() - 9));
     auto flipped = tuples;
     flipped[40] = static_cast<char>(flipped[40] ^ 1);
-    put("cache", "flipped", flipped);
+    put("cache", "flipped", flag(0) + flipped);
+    put("cache", "framed_strings", flag(1) + flag(15) + data_of(write(texts, 16)));
+    put("cache", "framed_tuples", flag(1) + flag(2) + data_of(tuples));
     // The format before checksums, which is never read.
-    put("cache", "unchecked_format", std::string("PSCACHE1") + std::string("\x06\0\0\0\0\0\0\0string", 14) +
+    put("cache", "unchecked_format", flag(0) + "PSCACHE1" + std::string("\x06\0\0\0\0\0\0\0string", 14) +
                                          std::string("\x01\x01\0\0\0\0\0\0\0a\0\x01\0\0\0\0\0\0\0", 19));
   }
 
