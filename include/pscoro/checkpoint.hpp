@@ -12,12 +12,12 @@
 // The file is safetensors (https://github.com/huggingface/safetensors): every variable and slot is
 // ONE tensor of its full shape, whatever its sharding, streamed shard by shard in row chunks so that
 // no process holds a whole table. `__metadata__` names the format, its version, the pscoro version,
-// the step, the user scalars, the slots, and a CRC-32C per tensor. A save writes a temporary file,
-// fsyncs it and renames it into place: a crash leaves the previous checkpoint as it was. A restore
-// checks the whole file (header, sizes, every tracked variable's dtype and shape, checksums) before
-// it changes anything; a pscoro checkpoint without its checksums is refused as damaged, and a
-// safetensors file another tool wrote is read only when the caller says so
-// (checkpoint_read_options). docs/design.md ("Checkpoints") has the details.
+// the step, the user scalars, the slots, a CRC-32C per tensor and one of the header itself. A save
+// writes a temporary file, fsyncs it and renames it into place: a crash leaves the previous
+// checkpoint as it was. A restore checks the whole file (header, sizes, every tracked variable's
+// dtype and shape, checksums) before it changes anything; a pscoro checkpoint without its checksums
+// is refused as damaged, and a safetensors file another tool wrote is read only when the caller
+// says so (checkpoint_read_options). docs/design.md ("Checkpoints") has the details.
 //
 // A checkpoint made with the strategy also restores variables that do not exist yet (TF's delayed
 // restoration): restore() keeps the saved values no tracked variable took, and each variable the
@@ -55,8 +55,9 @@ class parameter_server_strategy;
 
 /// The format name written in every checkpoint's `__metadata__["format"]`.
 inline constexpr std::string_view checkpoint_format = "pscoro.checkpoint";
-/// Its version (`__metadata__["format_version"]`); a reader refuses a newer one.
-inline constexpr int checkpoint_format_version = 1;
+/// Its version (`__metadata__["format_version"]`); a reader refuses a newer one. Version 2 added
+/// the header's own checksum (`header_crc32c`); version 1 files still read, their header unchecked.
+inline constexpr int checkpoint_format_version = 2;
 
 namespace detail {
 

@@ -341,8 +341,33 @@ void plan_slot(save_plan& plan, const detail::checkpoint_variable& v, const std:
   plan.slots.push_back(std::move(record));
 }
 
+// The header's own checksum: `"header_crc32c":"<8 hex digits>"` in `__metadata__`, the CRC-32C of
+// the header (its 8-byte size and its JSON) with those digits read as zeros. It covers what the
+// tensors' checksums do not (the step, the scalars, the slot records, the checksums themselves).
+constexpr std::string_view header_crc_key = "\"header_crc32c\":\"";
+
+// Where the header checksum's digits are in a header's JSON `text`, found as written: once, compact.
+// An unescaped quote cannot occur inside a JSON string, so the key is not found inside a name or a
+// value. None when it is missing, repeated or cut.
+std::optional<std::size_t> header_crc_digits(std::string_view text) {
+  const auto at = text.find(header_crc_key);
+  if (at == std::string_view::npos || text.find(header_crc_key, at + 1) != std::string_view::npos ||
+      at + header_crc_key.size() + 8 > text.size()) {
+    return std::nullopt;
+  }
+  return at + header_crc_key.size();
+}
+
+// The checksum of header `prefix` (its size) and `text` (its JSON), the digits at `digits` read as
+// zeros.
+std::uint32_t header_crc_of(std::string_view prefix, std::string text, std::size_t digits) {
+  text.replace(digits, 8, "00000000");
+  return common::crc32c_extend(common::crc32c(prefix.data(), prefix.size()), text.data(), text.size());
+}
+
 // The file's `__metadata__`, with `crcs` as the tensors' checksums (zeros at first: a placeholder
-// of the final length, rewritten once the tensors are written).
+// of the final length, rewritten once the tensors are written) and the header's own checksum as
+// zeros (with_header_crc fills it in).
 safetensors::metadata_map metadata_of(const save_plan& plan, std::int64_t step,
                                       const std::map<std::string, double, std::less<>>& scalars,
                                       const std::vector<std::uint32_t>& crcs) {
@@ -356,7 +381,17 @@ safetensors::metadata_map metadata_of(const save_plan& plan, std::int64_t step,
           {"step", std::to_string(step)},
           {"scalars", scalar_values.dump()},
           {"slots", encode_slots(plan.slots).dump()},
-          {"crc32c", checksums.dump()}};
+          {"crc32c", checksums.dump()},
+          {"header_crc32c", hex32(0)}};
+}
+
+// `header` (encode_header's: size and JSON) with its own checksum filled in.
+std::string with_header_crc(std::string header) {
+  const auto digits = header_crc_digits(std::string_view(header).substr(8));
+  if (!digits) throw error(errc::internal, "checkpoint: the header has no place for its checksum");
+  const auto crc = hex32(header_crc_of(std::string_view(header).substr(0, 8), header.substr(8), *digits));
+  header.replace(8 + *digits, 8, crc);
+  return header;
 }
 
 // Two buffers of a piece's size (at most 64 MiB), reused: one in a network transfer while the
@@ -543,6 +578,22 @@ checkpoint_reader::checkpoint_reader(fs::path path, checkpoint_read_options opti
   const auto& metadata = s.header.metadata;
   const auto format = metadata.find("format");
   const bool ours = format != metadata.end() && format->second == checkpoint_format;
+  // The header's own checksum first: a flipped byte anywhere in it (the version included) is damage.
+  if (ours && metadata.contains("header_crc32c")) {
+    const auto digits = header_crc_digits(text);
+    const auto stated = digits ? parse_hex32(std::string_view(text).substr(*digits, 8)) : std::nullopt;
+    if (!stated) {
+      throw error(errc::data_loss, fmt::format("checkpoint {}: the \"header_crc32c\" record is not as pscoro writes "
+                                               "it (the header was rewritten?): its header cannot be verified",
+                                               s.path.string()));
+    }
+    const auto actual = header_crc_of(prefix, text, *digits);
+    if (actual != *stated) {
+      throw error(errc::data_loss, fmt::format("checkpoint {}: its header is corrupt (CRC-32C {} where the header "
+                                               "says {})",
+                                               s.path.string(), hex32(actual), hex32(*stated)));
+    }
+  }
   if (ours) {
     const auto version = metadata.find("format_version");
     int v = 0;
@@ -552,6 +603,13 @@ checkpoint_reader::checkpoint_reader(fs::path path, checkpoint_read_options opti
                   fmt::format("checkpoint {}: format version {} is not one this pscoro reads (1 to {})",
                               s.path.string(), version == metadata.end() ? "(none)" : version->second,
                               checkpoint_format_version));
+    }
+    // Since version 2 every save writes the header's checksum: without it, the header is unverified.
+    if (v >= 2 && !metadata.contains("header_crc32c")) {
+      throw error(errc::data_loss, fmt::format("checkpoint {}: __metadata__ has no \"header_crc32c\" record, which "
+                                               "every pscoro checkpoint of format version {} has: its header cannot "
+                                               "be verified",
+                                               s.path.string(), v));
     }
   }
   if (!ours && !options.allow_unverified) {
@@ -992,7 +1050,8 @@ asio::awaitable<void> checkpoint::save(fs::path path) const {
   const std::uint64_t data_start = placeholder.size();
   asio::thread_pool io_thread(1);
   co_await write_pieces(io_thread, file, plan.pieces, chunk_bytes, data_start, crcs);
-  const std::string header = safetensors::encode_header(plan.entries, metadata_of(plan, step_, scalars_, crcs));
+  const std::string header =
+      with_header_crc(safetensors::encode_header(plan.entries, metadata_of(plan, step_, scalars_, crcs)));
   if (header.size() != placeholder.size()) {
     throw error(errc::internal, "checkpoint: the header changed size when its checksums were filled in");
   }

@@ -3,7 +3,8 @@
 // allowing files of other tools, unverified. Bad files must be errc::data_loss (or
 // failed_precondition: a pscoro checkpoint of a format version this build does not read, or, by
 // default, a file that is not a pscoro checkpoint); what opens must read back without a crash.
-// By default, only a pscoro checkpoint with a checksum for every tensor opens.
+// By default, only a pscoro checkpoint with a checksum for every tensor (and, from format version
+// 2, one of its header) opens.
 #include "temp_file.hpp"
 
 #include <pscoro/checkpoint.hpp>
@@ -12,6 +13,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include <charconv>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -36,6 +38,14 @@ void check_verified_whole(const pscoro::checkpoint_reader& reader) {
   }
   const auto record = metadata.find("crc32c");
   if (record == metadata.end()) broken("a pscoro checkpoint without a crc32c record opened");
+  const auto version = metadata.find("format_version");
+  int v = 0;
+  if (version != metadata.end()) {
+    std::from_chars(version->second.data(), version->second.data() + version->second.size(), v);
+  }
+  if (v >= 2 && !metadata.contains("header_crc32c")) {
+    broken("a pscoro checkpoint of format version " + version->second + " opened without its header's checksum");
+  }
   const auto crcs = nlohmann::json::parse(record->second, nullptr, false);
   for (const auto& name : reader.names()) {
     if (!crcs.is_object() || !crcs.contains(name)) broken("tensor '" + name + "' opened without a checksum");

@@ -364,6 +364,20 @@ int main(int argc, char** argv) {
     std::vector<safetensors::entry> plain{{"x", dtype::float64, {1}, 0, 8}};
     put("safetensors", "plain", safetensors::encode_header(plain, {}) + std::string(8, '\x01'));
     put("safetensors", "short", std::string("\x10\0\0\0\0\0\0\0{}", 10));
+    // Format version 2: the header signed by its own CRC-32C (its digits read as zeros), and the
+    // same with a flipped byte of the step.
+    {
+      auto signed_metadata = metadata;
+      signed_metadata["format_version"] = "2";
+      signed_metadata["header_crc32c"] = "00000000";
+      auto header_v2 = safetensors::encode_header(entries, signed_metadata);
+      const std::string key = "\"header_crc32c\":\"";
+      const auto at = header_v2.find(key) + key.size();
+      header_v2.replace(at, 8, fmt::format("{:08x}", common::crc32c(header_v2.data(), header_v2.size())));
+      put("safetensors", "checkpoint_v2", header_v2 + data);
+      header_v2[header_v2.find("\"step\":\"4") + 8] = '5';
+      put("safetensors", "checkpoint_v2_step_changed", header_v2 + data);
+    }
     // A pscoro checkpoint without its checksums, or without one tensor's: refused whole.
     metadata.erase("crc32c");
     put("safetensors", "no_crc32c", safetensors::encode_header(entries, metadata) + data);

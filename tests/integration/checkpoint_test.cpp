@@ -164,7 +164,8 @@ TEST_CASE("a checkpoint round-trips variables, optimizer slots, the step and sca
   // The file read without a cluster: one tensor per variable and slot, of its full shape.
   checkpoint_reader reader(path);
   CHECK(reader.metadata().at("format") == "pscoro.checkpoint");
-  CHECK(reader.metadata().at("format_version") == "1");
+  CHECK(reader.metadata().at("format_version") == "2");
+  CHECK(reader.metadata().at("header_crc32c").size() == 8);
   CHECK(reader.step() == 1234);
   CHECK(reader.scalars().at("epoch") == 3);
   CHECK(reader.names() == std::vector<std::string>{"model/weights", "model/weights/adagrad/accumulator", "model/table",
@@ -459,9 +460,9 @@ TEST_CASE("a handmade file: other safetensors files read, malformed ones are ref
   refused("no-offsets.safetensors", R"({"a":{"dtype":"F32","shape":[1]}})", 4,
           "tensor \"a\" needs dtype, shape and data_offsets");
   refused("metadata.safetensors", R"({"__metadata__":{"step":7}})", 0, "__metadata__[\"step\"] is not a string");
-  refused("newer.safetensors", R"({"__metadata__":{"format":"pscoro.checkpoint","format_version":"2"}})", 0,
+  refused("newer.safetensors", R"({"__metadata__":{"format":"pscoro.checkpoint","format_version":"3"}})", 0,
           "failed_precondition: checkpoint " + (s.dir / "newer.safetensors").string() +
-              ": format version 2 is not one this pscoro reads (1 to 1)");
+              ": format version 3 is not one this pscoro reads (1 to 2)");
   // A pscoro checkpoint is verified whole, even when unverified files are allowed: a checksum
   // record missing, for the file or for one tensor, or not 8 hex digits, is data loss.
   refused("no-crc.safetensors",
@@ -542,9 +543,33 @@ std::string without_header_part(const std::string& bytes, const std::string& par
   return bytes.substr(0, 8) + header + bytes.substr(8 + n);
 }
 
+// CRC-32C bit by bit (the Castagnoli polynomial, reflected), for a test to sign a header it edited.
+std::uint32_t crc32c_bit_by_bit(std::string_view bytes) {
+  std::uint32_t crc = ~0u;
+  for (const unsigned char b : bytes) {
+    crc ^= b;
+    for (int k = 0; k < 8; ++k) crc = (crc >> 1) ^ (0x82f63b78u & (0u - (crc & 1u)));
+  }
+  return ~crc;
+}
+
+// The checkpoint `bytes` with its header's own checksum made right again, as a tool that edited the
+// header on purpose would leave it: what is then wrong is what the edit took out.
+std::string resigned(const std::string& bytes) {
+  std::uint64_t n = 0;
+  for (int i = 7; i >= 0; --i) n = (n << 8) | static_cast<unsigned char>(bytes[static_cast<std::size_t>(i)]);
+  std::string header = bytes.substr(8, n);
+  const std::string key = "\"header_crc32c\":\"";
+  const auto at = header.find(key);
+  REQUIRE_MESSAGE(at != std::string::npos, header);
+  header.replace(at + key.size(), 8, "00000000");
+  header.replace(at + key.size(), 8, fmt::format("{:08x}", crc32c_bit_by_bit(bytes.substr(0, 8) + header)));
+  return bytes.substr(0, 8) + header + bytes.substr(8 + n);
+}
+
 }  // namespace
 
-TEST_CASE("a checkpoint without its checksums, or without one tensor's, is data loss naming it; nothing changes") {
+TEST_CASE("a checkpoint without its checksums, or with a damaged header, is data loss naming it; nothing changes") {
   scratch s;
   const auto good = s.dir / "good.safetensors";
   with_cluster(2, 2, [&](parameter_server_strategy& strategy) -> asio::awaitable<void> {
@@ -565,7 +590,7 @@ TEST_CASE("a checkpoint without its checksums, or without one tensor's, is data 
       CAPTURE(path.filename().string());
       auto ckpt = m.tracked();  // named: g++ 12 ends a co_await's temporaries too early
       auto e = co_await failure_of(ckpt.restore(path, options));
-      CHECK_MESSAGE(e, "restored, with a wrong counter");  // not REQUIRE: every case reports
+      CHECK_MESSAGE(e, "restored what it should have refused");  // not REQUIRE: every case reports
       if (!e) co_return;
       CHECK(code_of(e) == errc::data_loss);
       CHECK_MESSAGE(contains(message_of(e), "checkpoint " + path.string() + ": " + says), message_of(e));
@@ -577,8 +602,10 @@ TEST_CASE("a checkpoint without its checksums, or without one tensor's, is data 
     co_await refused(write("flipped.safetensors", flipped), "tensor \"model/counter\" is corrupt", {});
     // ...and without the record, or without the counter's checksum in it, the same flip is refused
     // all the same (it restored a wrong counter before), even when unverified files are allowed:
-    // those are files of other tools, not pscoro checkpoints that lost their checksums.
-    const std::string no_record = without_header_part(flipped, "\"crc32c\":\"" + json_escaped(record) + "\",");
+    // those are files of other tools, not pscoro checkpoints that lost their checksums. (The header
+    // is signed again after each edit, or its own checksum would refuse it first.)
+    const std::string no_record =
+        resigned(without_header_part(flipped, "\"crc32c\":\"" + json_escaped(record) + "\","));
     for (const bool allow_unverified : {false, true}) {
       CAPTURE(allow_unverified);
       co_await refused(write("no-record.safetensors", no_record),
@@ -590,8 +617,42 @@ TEST_CASE("a checkpoint without its checksums, or without one tensor's, is data 
     REQUIRE(counter_at != std::string::npos);
     const std::string counter_crc = record.substr(counter_at, 17 + 8 + 2);  // name, 8 digits, quote, comma
     REQUIRE(counter_crc.back() == ',');
-    co_await refused(write("no-counter-crc.safetensors", without_header_part(flipped, json_escaped(counter_crc))),
+    const std::string no_counter_crc = resigned(without_header_part(flipped, json_escaped(counter_crc)));
+    co_await refused(write("no-counter-crc.safetensors", no_counter_crc),
                      "tensor \"model/counter\" has no checksum in the \"crc32c\" record: it cannot be verified", {});
+    // A flipped byte in the header, where the tensors' checksums do not reach (the step, here 0 -> 1):
+    // the header's own checksum refuses it. A version 2 file without that checksum is refused too.
+    const std::string step_key = "\"step\":\"";
+    std::string other_step = bytes;
+    other_step[other_step.find(step_key) + step_key.size()] ^= 0x01;
+    co_await refused(write("step.safetensors", other_step), "its header is corrupt (CRC-32C", {});
+    const auto crc_at = bytes.find("\"header_crc32c\":\"");
+    REQUIRE(crc_at != std::string::npos);
+    const std::string header_crc = bytes.substr(crc_at, 17 + 8 + 1);  // key, 8 digits, quote
+    co_await refused(write("no-header-crc.safetensors", without_header_part(bytes, "," + header_crc)),
+                     "__metadata__ has no \"header_crc32c\" record, which every pscoro checkpoint of format "
+                     "version 2 has: its header cannot be verified",
+                     {});
+  });
+  // A checkpoint of format version 1 (an older pscoro: no header checksum) still restores.
+  with_cluster(2, 2, [&](parameter_server_strategy& strategy) -> asio::awaitable<void> {
+    const auto m = co_await model::create(strategy);
+    const std::string bytes = bytes_of_file(good);
+    const auto crc_at = bytes.find("\"header_crc32c\":\"");
+    REQUIRE(crc_at != std::string::npos);
+    std::string version_1 = without_header_part(bytes, "," + bytes.substr(crc_at, 17 + 8 + 1));
+    const std::string version_key = "\"format_version\":\"2\"";
+    const auto version_at = version_1.find(version_key);
+    REQUIRE(version_at != std::string::npos);
+    version_1.replace(version_at, version_key.size(), "\"format_version\":\"1\"");
+    std::ofstream(s.dir / "version-1.safetensors", std::ios::binary) << version_1;
+    const auto saved = checkpoint_reader(good).read<float>("model/weights");
+    const xt::xarray<float> zeros = xt::zeros<float>({5, 3});
+    co_await m.weights.assign(zeros);
+    auto ckpt = m.tracked();
+    const fs::path version_1_path = s.dir / "version-1.safetensors";
+    co_await ckpt.restore(version_1_path);
+    CHECK((co_await m.weights.read() == saved));
   });
 }
 

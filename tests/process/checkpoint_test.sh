@@ -84,15 +84,21 @@ newest=$(ls "$work/crash"/ckpt-*.safetensors | sort -V | tail -n 1)
 stripped="$work/stripped/$(basename "$newest")"
 /usr/bin/python3 - "$newest" "$stripped" <<'EOF'
 import json, struct, sys
+import crc32c
 raw = open(sys.argv[1], "rb").read()
 (n,) = struct.unpack_from("<Q", raw, 0)
 header = json.loads(raw[8:8 + n])
 del header["__metadata__"]["crc32c"]
+header["__metadata__"]["header_crc32c"] = "00000000"
 text = json.dumps(header, separators=(",", ":")).encode()
 text += b" " * (-len(text) % 8)
+# Signed again, as a tool that rewrote the header on purpose would: what is wrong is the record.
+prefix = struct.pack("<Q", len(text))
+at = text.index(b'"header_crc32c":"') + len(b'"header_crc32c":"')
+text = text[:at] + b"%08x" % crc32c.crc32c(prefix + text) + text[at + 8:]
 data = bytearray(raw[8 + n:])
 data[len(data) // 2] ^= 0x10  # in the middle of the table
-open(sys.argv[2], "wb").write(struct.pack("<Q", len(text)) + text + bytes(data))
+open(sys.argv[2], "wb").write(prefix + text + bytes(data))
 EOF
 "$writer" verify "$work/stripped" > "$work/stripped.log" 2>&1
 code=$?
