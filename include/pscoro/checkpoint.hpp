@@ -12,10 +12,12 @@
 // The file is safetensors (https://github.com/huggingface/safetensors): every variable and slot is
 // ONE tensor of its full shape, whatever its sharding, streamed shard by shard in row chunks so that
 // no process holds a whole table. `__metadata__` names the format, its version, the pscoro version,
-// the step, the user scalars, the slots, and a CRC-32C per tensor. A save writes a temporary file,
-// fsyncs it and renames it into place: a crash leaves the previous checkpoint as it was. A restore
-// checks the whole file (header, sizes, every tracked variable's dtype and shape, checksums) before
-// it changes anything. docs/design.md ("Checkpoints") has the details.
+// the step, the user scalars, the slots, a CRC-32C per tensor and one of the header itself. A save
+// writes a temporary file, fsyncs it and renames it into place: a crash leaves the previous
+// checkpoint as it was. A restore checks the whole file (header, sizes, every tracked variable's
+// dtype and shape, checksums) before it changes anything; a pscoro checkpoint without its checksums
+// is refused as damaged, and a safetensors file another tool wrote is read only when the caller
+// says so (checkpoint_read_options). docs/design.md ("Checkpoints") has the details.
 //
 // A checkpoint made with the strategy also restores variables that do not exist yet (TF's delayed
 // restoration): restore() keeps the saved values no tracked variable took, and each variable the
@@ -53,8 +55,9 @@ class parameter_server_strategy;
 
 /// The format name written in every checkpoint's `__metadata__["format"]`.
 inline constexpr std::string_view checkpoint_format = "pscoro.checkpoint";
-/// Its version (`__metadata__["format_version"]`); a reader refuses a newer one.
-inline constexpr int checkpoint_format_version = 1;
+/// Its version (`__metadata__["format_version"]`); a reader refuses a newer one. Version 2 added
+/// the header's own checksum (`header_crc32c`); version 1 files still read, their header unchecked.
+inline constexpr int checkpoint_format_version = 2;
 
 namespace detail {
 
@@ -68,6 +71,16 @@ struct checkpoint_variable {
 struct checkpoint_state;
 
 }  // namespace detail
+
+/// Which files checkpoint::restore and checkpoint_reader read.
+struct checkpoint_read_options {
+  /// Also read a safetensors file that is not a pscoro checkpoint (its `__metadata__` has no
+  /// `"format": "pscoro.checkpoint"`: another tool wrote it), whose tensors nothing verifies; the
+  /// log says it is read unverified. Off (the default), such a file is errc::failed_precondition.
+  /// A pscoro checkpoint is verified whole either way: one without its checksums is
+  /// errc::data_loss.
+  bool allow_unverified = false;
+};
 
 class PSCORO_API checkpoint {
  public:
@@ -113,7 +126,12 @@ class PSCORO_API checkpoint {
   /// Loads `path` into the tracked variables (any number of shards on any ps), their slots (created
   /// where missing), the step and the scalars. The file is checked in full first: a missing,
   /// truncated or corrupt file, a tracked variable it lacks or holds with another dtype or shape,
-  /// is an error before anything changes.
+  /// is an error before anything changes. Every tensor restored matches its CRC-32C: a
+  /// checkpoint without the `crc32c` record, or without one tensor's checksum in it, is
+  /// errc::data_loss naming the file (and the tensor); a file that is not a pscoro checkpoint is
+  /// errc::failed_precondition unless `options` allow it (checkpoint_read_options). A path that
+  /// is not a regular file (a FIFO, a directory) is errc::invalid_argument, and never opened in a
+  /// way that could block.
   ///
   /// The file's variables that no tracked variable takes stay pending (TF's delayed restoration):
   /// with a checkpoint made with the strategy, a variable the strategy creates later under one of
@@ -124,7 +142,7 @@ class PSCORO_API checkpoint {
   /// A variable that exists already is restored only when tracked. Pending values are kept until
   /// taken, until the next restore() (which replaces them), or until discard_pending(); the file
   /// stays open meanwhile (a checkpoint_manager may delete it: the open file still reads).
-  asio::awaitable<void> restore(std::filesystem::path path);
+  asio::awaitable<void> restore(std::filesystem::path path, checkpoint_read_options options = {});
 
   /// The names of the variables the last restore() found in its file and no variable has taken
   /// yet, sorted (TF keeps them silently; here one can ask). A checkpoint without a strategy lists
@@ -181,12 +199,16 @@ PSCORO_API std::vector<std::filesystem::path> checkpoints_in(const std::filesyst
 /// The newest of them (TF's tf.train.latest_checkpoint).
 PSCORO_API std::optional<std::filesystem::path> latest_checkpoint(const std::filesystem::path& directory);
 
-/// Reads a checkpoint (or any safetensors file of float32/float64/int32/int64 tensors) without a
-/// cluster: an evaluator, a converter, a test. The header is parsed and checked on construction.
+/// Reads a checkpoint (or, when `options` allow it, any safetensors file of float32/float64/int32/
+/// int64 tensors) without a cluster: an evaluator, a converter, a test. The header is parsed and
+/// checked on construction.
 class PSCORO_API checkpoint_reader {
  public:
-  /// Throws errc::not_found (no file) or errc::data_loss (not safetensors, truncated, bad header).
-  explicit checkpoint_reader(std::filesystem::path path);
+  /// Throws errc::not_found (no file), errc::data_loss (not safetensors, truncated, bad header, a
+  /// pscoro checkpoint without a checksum for every tensor), errc::failed_precondition (a newer
+  /// format version; a file of another tool unless `options.allow_unverified`) or
+  /// errc::invalid_argument (`path` is a FIFO, a directory or a device).
+  explicit checkpoint_reader(std::filesystem::path path, checkpoint_read_options options = {});
   ~checkpoint_reader();
   checkpoint_reader(checkpoint_reader&&) noexcept;
   checkpoint_reader& operator=(checkpoint_reader&&) noexcept;
@@ -205,7 +227,8 @@ class PSCORO_API checkpoint_reader {
   std::int64_t step() const;
   std::map<std::string, double, std::less<>> scalars() const;
 
-  /// Tensor `name`, checked against its CRC-32C when the file has one (errc::data_loss if not).
+  /// Tensor `name`, checked against its CRC-32C (errc::data_loss if it does not match); a file of
+  /// another tool, read with allow_unverified, may have none.
   tensor read_tensor(std::string_view name) const;
   /// The same as an xarray of T; errc::invalid_argument when the dtype is not T's.
   template <class T>

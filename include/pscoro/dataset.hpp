@@ -127,11 +127,17 @@ class dataset {
   /// the file exists, every pass reads it and upstream is never read; when it does not, a pass
   /// reads upstream and writes `filename`.tmp-<pid>-<n> beside it, renamed to `filename` only when
   /// the pass reaches the end (a pass that stops early or fails leaves no file behind). Elements
-  /// are xt::xarray<V> of arithmetic V, arithmetic scalars, std::string, and tuples of these. A
+  /// are xt::xarray<V> of arithmetic V, arithmetic scalars, std::string, and tuples of these. The
+  /// file is written in blocks of 1 MiB, each with its CRC-32C (as TF's cache files carry
+  /// CRC-32C), and a pass checks each block before it uses any of its bytes: a flipped byte, a
   /// file that is not such a cache, or is cut short, is errc::data_loss naming it and the byte
-  /// offset; one written for other element types is errc::invalid_argument; a file that cannot be
-  /// written is errc::unavailable from the make_iterator() (or next()) that would write it. A
-  /// process killed while writing leaves its `.tmp-` file, never a cache that looks finished.
+  /// offset (the elements of the blocks before the damage have been delivered). One written for
+  /// other element types is errc::invalid_argument, and so is a `filename` that is not a regular
+  /// file (a FIFO, a directory), refused without an open that could block. A cache an older
+  /// pscoro wrote (no checksums) is never read: the log says so, and the pass reads upstream and
+  /// writes it again. A file that cannot be written is errc::unavailable from the make_iterator()
+  /// (or next()) that would write it. A process killed while writing leaves its `.tmp-` file,
+  /// never a cache that looks finished.
   dataset cache(std::string filename) const;
 
   /// Produces up to `buffer_size` elements ahead on a thread of its own, so the consumer finds them

@@ -9,6 +9,8 @@
 #include "chief/coordinator_core.hpp"
 #include "chief/restore_on_create.hpp"
 #include "common/crc32c.hpp"
+#include "common/log.hpp"
+#include "common/regular_file.hpp"
 
 #include <asio/co_spawn.hpp>
 #include <asio/thread_pool.hpp>
@@ -56,10 +58,16 @@ namespace {
 // ---------------------------------------------------------------------------------------------
 // Files: POSIX, because the crash-safety dance needs fsync of the file and of its directory.
 
+// The settings that name a checkpoint file, for the error that refuses a FIFO or a directory there.
+constexpr std::string_view read_setting = "the path given to checkpoint::restore or checkpoint_reader";
+constexpr std::string_view save_setting = "the path given to checkpoint::save";
+
+// A regular file: anything else that `path` names (a FIFO would block open(2)) is refused as
+// `setting`.
 class posix_file {
  public:
-  posix_file(const fs::path& path, int flags, mode_t mode = 0644) : path_(path.string()) {
-    fd_ = ::open(path_.c_str(), flags | O_CLOEXEC, mode);
+  posix_file(const fs::path& path, int flags, std::string_view setting, mode_t mode = 0644) : path_(path.string()) {
+    fd_ = common::open_regular_file("checkpoint", path_, flags, mode, setting);
     if (fd_ < 0) {
       throw error(errno == ENOENT ? errc::not_found : errc::unavailable,
                   fmt::format("checkpoint {}: cannot open: {}", path_, std::strerror(errno)));
@@ -117,15 +125,24 @@ class posix_file {
 };
 
 void sync_directory(const fs::path& dir) {
-  posix_file(dir.empty() ? fs::path(".") : dir, O_RDONLY | O_DIRECTORY).sync();
+  const std::string path = dir.empty() ? std::string(".") : dir.string();
+  const int fd = ::open(path.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  const bool synced = fd >= 0 && ::fsync(fd) == 0;
+  const int why = errno;
+  if (fd >= 0) ::close(fd);
+  if (!synced) {
+    throw error(errc::unavailable,
+                fmt::format("checkpoint: fsync of directory {} failed: {}", path, std::strerror(why)));
+  }
 }
 
 std::string hex32(std::uint32_t v) { return fmt::format("{:08x}", v); }
 
-std::uint32_t parse_hex32(std::string_view text) {
+// Exactly 8 hex digits, as hex32 writes them.
+std::optional<std::uint32_t> parse_hex32(std::string_view text) {
   std::uint32_t v = 0;
   const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), v, 16);
-  if (ec != std::errc{} || end != text.data() + text.size() || text.size() != 8) return 0;
+  if (ec != std::errc{} || end != text.data() + text.size() || text.size() != 8) return std::nullopt;
   return v;
 }
 
@@ -324,8 +341,33 @@ void plan_slot(save_plan& plan, const detail::checkpoint_variable& v, const std:
   plan.slots.push_back(std::move(record));
 }
 
+// The header's own checksum: `"header_crc32c":"<8 hex digits>"` in `__metadata__`, the CRC-32C of
+// the header (its 8-byte size and its JSON) with those digits read as zeros. It covers what the
+// tensors' checksums do not (the step, the scalars, the slot records, the checksums themselves).
+constexpr std::string_view header_crc_key = "\"header_crc32c\":\"";
+
+// Where the header checksum's digits are in a header's JSON `text`, found as written: once, compact.
+// An unescaped quote cannot occur inside a JSON string, so the key is not found inside a name or a
+// value. None when it is missing, repeated or cut.
+std::optional<std::size_t> header_crc_digits(std::string_view text) {
+  const auto at = text.find(header_crc_key);
+  if (at == std::string_view::npos || text.find(header_crc_key, at + 1) != std::string_view::npos ||
+      at + header_crc_key.size() + 8 > text.size()) {
+    return std::nullopt;
+  }
+  return at + header_crc_key.size();
+}
+
+// The checksum of header `prefix` (its size) and `text` (its JSON), the digits at `digits` read as
+// zeros.
+std::uint32_t header_crc_of(std::string_view prefix, std::string text, std::size_t digits) {
+  text.replace(digits, 8, "00000000");
+  return common::crc32c_extend(common::crc32c(prefix.data(), prefix.size()), text.data(), text.size());
+}
+
 // The file's `__metadata__`, with `crcs` as the tensors' checksums (zeros at first: a placeholder
-// of the final length, rewritten once the tensors are written).
+// of the final length, rewritten once the tensors are written) and the header's own checksum as
+// zeros (with_header_crc fills it in).
 safetensors::metadata_map metadata_of(const save_plan& plan, std::int64_t step,
                                       const std::map<std::string, double, std::less<>>& scalars,
                                       const std::vector<std::uint32_t>& crcs) {
@@ -339,7 +381,17 @@ safetensors::metadata_map metadata_of(const save_plan& plan, std::int64_t step,
           {"step", std::to_string(step)},
           {"scalars", scalar_values.dump()},
           {"slots", encode_slots(plan.slots).dump()},
-          {"crc32c", checksums.dump()}};
+          {"crc32c", checksums.dump()},
+          {"header_crc32c", hex32(0)}};
+}
+
+// `header` (encode_header's: size and JSON) with its own checksum filled in.
+std::string with_header_crc(std::string header) {
+  const auto digits = header_crc_digits(std::string_view(header).substr(8));
+  if (!digits) throw error(errc::internal, "checkpoint: the header has no place for its checksum");
+  const auto crc = hex32(header_crc_of(std::string_view(header).substr(0, 8), header.substr(8), *digits));
+  header.replace(8 + *digits, 8, crc);
+  return header;
 }
 
 // Two buffers of a piece's size (at most 64 MiB), reused: one in a network transfer while the
@@ -509,10 +561,11 @@ struct checkpoint_reader::state {
   }
 };
 
-checkpoint_reader::checkpoint_reader(fs::path path) : state_(std::make_unique<state>()) {
+checkpoint_reader::checkpoint_reader(fs::path path, checkpoint_read_options options)
+    : state_(std::make_unique<state>()) {
   auto& s = *state_;
   s.path = std::move(path);
-  s.file = std::make_unique<posix_file>(s.path, O_RDONLY);
+  s.file = std::make_unique<posix_file>(s.path, O_RDONLY, read_setting);
   const std::uint64_t file_size = s.file->size();
   std::string prefix(8, '\0');
   if (file_size >= 8) s.file->read_at(prefix.data(), 8, 0);
@@ -523,7 +576,25 @@ checkpoint_reader::checkpoint_reader(fs::path path) : state_(std::make_unique<st
   for (std::size_t i = 0; i < s.header.entries.size(); ++i) s.index.emplace(s.header.entries[i].name, i);
 
   const auto& metadata = s.header.metadata;
-  if (const auto it = metadata.find("format"); it != metadata.end() && it->second == checkpoint_format) {
+  const auto format = metadata.find("format");
+  const bool ours = format != metadata.end() && format->second == checkpoint_format;
+  // The header's own checksum first: a flipped byte anywhere in it (the version included) is damage.
+  if (ours && metadata.contains("header_crc32c")) {
+    const auto digits = header_crc_digits(text);
+    const auto stated = digits ? parse_hex32(std::string_view(text).substr(*digits, 8)) : std::nullopt;
+    if (!stated) {
+      throw error(errc::data_loss, fmt::format("checkpoint {}: the \"header_crc32c\" record is not as pscoro writes "
+                                               "it (the header was rewritten?): its header cannot be verified",
+                                               s.path.string()));
+    }
+    const auto actual = header_crc_of(prefix, text, *digits);
+    if (actual != *stated) {
+      throw error(errc::data_loss, fmt::format("checkpoint {}: its header is corrupt (CRC-32C {} where the header "
+                                               "says {})",
+                                               s.path.string(), hex32(actual), hex32(*stated)));
+    }
+  }
+  if (ours) {
     const auto version = metadata.find("format_version");
     int v = 0;
     if (version != metadata.end()) std::from_chars(version->second.data(), version->second.data() + version->second.size(), v);
@@ -533,13 +604,50 @@ checkpoint_reader::checkpoint_reader(fs::path path) : state_(std::make_unique<st
                               s.path.string(), version == metadata.end() ? "(none)" : version->second,
                               checkpoint_format_version));
     }
+    // Since version 2 every save writes the header's checksum: without it, the header is unverified.
+    if (v >= 2 && !metadata.contains("header_crc32c")) {
+      throw error(errc::data_loss, fmt::format("checkpoint {}: __metadata__ has no \"header_crc32c\" record, which "
+                                               "every pscoro checkpoint of format version {} has: its header cannot "
+                                               "be verified",
+                                               s.path.string(), v));
+    }
+  }
+  if (!ours && !options.allow_unverified) {
+    throw error(errc::failed_precondition,
+                fmt::format("checkpoint {}: not a pscoro checkpoint (its __metadata__ has no \"format\": \"{}\"; "
+                            "written by another tool?), so nothing verifies its tensors; to read it unverified, "
+                            "pass checkpoint_read_options{{.allow_unverified = true}}",
+                            s.path.string(), checkpoint_format));
+  }
+  // A pscoro checkpoint is verified whole: a record missing, for the file or for one tensor, is
+  // damage, not a file to read unchecked (a flipped byte would load as a wrong value).
+  if (ours && !metadata.contains("crc32c")) {
+    throw error(errc::data_loss, fmt::format("checkpoint {}: __metadata__ has no \"crc32c\" record, which every "
+                                             "pscoro checkpoint has: its tensors cannot be verified",
+                                             s.path.string()));
   }
   const json crcs = metadata_json(metadata, "crc32c", s.path.string());  // named: items() does not extend it
   for (const auto& [name, crc] : crcs.items()) {
-    if (!crc.is_string() || !s.index.contains(name)) {
+    const auto value = crc.is_string() ? parse_hex32(crc.get<std::string>()) : std::nullopt;
+    if (!value || !s.index.contains(name)) {
       throw error(errc::data_loss, fmt::format("checkpoint {}: bad checksum record for \"{}\"", s.path.string(), name));
     }
-    s.crcs.emplace(name, parse_hex32(crc.get<std::string>()));
+    s.crcs.emplace(name, *value);
+  }
+  std::size_t unverified = 0;
+  for (const auto& e : s.header.entries) {
+    if (s.crcs.contains(e.name)) continue;
+    if (ours) {
+      throw error(errc::data_loss, fmt::format("checkpoint {}: tensor \"{}\" has no checksum in the \"crc32c\" "
+                                               "record: it cannot be verified",
+                                               s.path.string(), e.name));
+    }
+    ++unverified;
+  }
+  if (!ours) {
+    log::warning("checkpoint {}: not a pscoro checkpoint, read unverified as asked ({} of its {} tensors have no "
+                 "CRC-32C)",
+                 s.path.string(), unverified, s.header.entries.size());
   }
 }
 
@@ -914,6 +1022,8 @@ double checkpoint::scalar(std::string_view name) const {
 }
 
 asio::awaitable<void> checkpoint::save(fs::path path) const {
+  // A FIFO or a directory there is refused now, not found by the rename after the whole save.
+  (void)common::regular_file_exists("checkpoint", path.string(), save_setting);
   // Plan the file: every variable, then its slots (found on each shard's ps), as pieces in order.
   save_plan plan;
   const std::size_t chunk_bytes = state_->chunk_bytes;
@@ -935,12 +1045,13 @@ asio::awaitable<void> checkpoint::save(fs::path path) const {
       if (armed) fs::remove(path, ignored);
     }
   } cleanup{temporary};
-  posix_file file(temporary, O_WRONLY | O_CREAT | O_TRUNC);
+  posix_file file(temporary, O_WRONLY | O_CREAT | O_TRUNC, save_setting);
   file.write_at(placeholder.data(), placeholder.size(), 0);
   const std::uint64_t data_start = placeholder.size();
   asio::thread_pool io_thread(1);
   co_await write_pieces(io_thread, file, plan.pieces, chunk_bytes, data_start, crcs);
-  const std::string header = safetensors::encode_header(plan.entries, metadata_of(plan, step_, scalars_, crcs));
+  const std::string header =
+      with_header_crc(safetensors::encode_header(plan.entries, metadata_of(plan, step_, scalars_, crcs)));
   if (header.size() != placeholder.size()) {
     throw error(errc::internal, "checkpoint: the header changed size when its checksums were filled in");
   }
@@ -952,10 +1063,10 @@ asio::awaitable<void> checkpoint::save(fs::path path) const {
   sync_directory(path.parent_path());
 }
 
-asio::awaitable<void> checkpoint::restore(fs::path path) {
+asio::awaitable<void> checkpoint::restore(fs::path path, checkpoint_read_options options) {
   // Held by this frame: the state may be replaced (a move-assignment) while it awaits.
   const auto self = state_;
-  auto reader = std::make_shared<checkpoint_reader>(path);
+  auto reader = std::make_shared<checkpoint_reader>(path, options);
   const auto& state = *reader->state_;
   const std::string where = path.string();
   auto slots = decode_slots(metadata_json(state.header.metadata, "slots", where), where);

@@ -9,6 +9,7 @@
 #include "tf_example_reference.hpp"
 
 #include <pscoro/data_formats.hpp>
+#include <pscoro/dataset.hpp>
 #include <pscoro/per_worker.hpp>
 #include <pscoro/tensor.hpp>
 #include <pscoro/worker_function.hpp>
@@ -363,6 +364,71 @@ int main(int argc, char** argv) {
     std::vector<safetensors::entry> plain{{"x", dtype::float64, {1}, 0, 8}};
     put("safetensors", "plain", safetensors::encode_header(plain, {}) + std::string(8, '\x01'));
     put("safetensors", "short", std::string("\x10\0\0\0\0\0\0\0{}", 10));
+    // Format version 2: the header signed by its own CRC-32C (its digits read as zeros), and the
+    // same with a flipped byte of the step.
+    {
+      auto signed_metadata = metadata;
+      signed_metadata["format_version"] = "2";
+      signed_metadata["header_crc32c"] = "00000000";
+      auto header_v2 = safetensors::encode_header(entries, signed_metadata);
+      const std::string key = "\"header_crc32c\":\"";
+      const auto at = header_v2.find(key) + key.size();
+      header_v2.replace(at, 8, fmt::format("{:08x}", common::crc32c(header_v2.data(), header_v2.size())));
+      put("safetensors", "checkpoint_v2", header_v2 + data);
+      header_v2[header_v2.find("\"step\":\"4") + 8] = '5';
+      put("safetensors", "checkpoint_v2_step_changed", header_v2 + data);
+    }
+    // A pscoro checkpoint without its checksums, or without one tensor's: refused whole.
+    metadata.erase("crc32c");
+    put("safetensors", "no_crc32c", safetensors::encode_header(entries, metadata) + data);
+    metadata["crc32c"] = fmt::format(R"({{"w": "{:08x}"}})", common::crc32c(data.data(), 16));
+    put("safetensors", "one_crc32c_missing", safetensors::encode_header(entries, metadata) + data);
+  }
+
+  // cache: byte 0 bit 0 clear, the file dataset::cache(filename) writes (in 1 MiB blocks and in
+  // blocks of 16 bytes); set, a block size (byte 1, minus one) and the data, which the target frames.
+  {
+    const auto path = fs::temp_directory_path() / "pscoro-seed.cache";
+    using example = std::tuple<xt::xarray<float>, std::int64_t, std::string>;
+    const auto write = [&](auto elements, std::size_t block_size) {
+      using codec = detail::cache_codec<typename decltype(elements)::value_type>;
+      {
+        detail::cache_file_writer out(path.string(), codec::signature(), block_size);
+        for (const auto& e : elements) {
+          out.begin_element();
+          codec::write(out, e);
+        }
+        out.commit();
+      }
+      auto bytes = read_file(path);
+      fs::remove(path);
+      return bytes;
+    };
+    // The data of a file in blocks of 16: its bytes without the header and the checksums.
+    const auto data_of = [](const std::string& file) {
+      std::string out;
+      for (std::size_t at = 16; at < file.size(); at += 20) {
+        out += file.substr(at, std::min<std::size_t>(16, file.size() - at - 4));
+      }
+      return out;
+    };
+    const std::vector<std::string> texts{"abc", "", "defghijklmnopqrstuvwxyz"};
+    const std::vector<example> examples{{xt::xarray<float>{{1, 2}, {3, 4}}, -7, "x"},
+                                        {xt::xarray<float>(0.5f), 0, ""}};
+    put("cache", "strings", flag(0) + write(texts, detail::cache_block_size));
+    put("cache", "strings_small_blocks", flag(0) + write(texts, 16));
+    const auto tuples = write(examples, 16);
+    put("cache", "tuples_small_blocks", flag(0) + tuples);
+    put("cache", "tuples", flag(0) + write(examples, detail::cache_block_size));
+    put("cache", "truncated", flag(0) + tuples.substr(0, tuples.size() - 9));
+    auto flipped = tuples;
+    flipped[40] = static_cast<char>(flipped[40] ^ 1);
+    put("cache", "flipped", flag(0) + flipped);
+    put("cache", "framed_strings", flag(1) + flag(15) + data_of(write(texts, 16)));
+    put("cache", "framed_tuples", flag(1) + flag(2) + data_of(tuples));
+    // The format before checksums, which is never read.
+    put("cache", "unchecked_format", flag(0) + "PSCACHE1" + std::string("\x06\0\0\0\0\0\0\0string", 14) +
+                                         std::string("\x01\x01\0\0\0\0\0\0\0a\0\x01\0\0\0\0\0\0\0", 19));
   }
 
   // tfrecord: byte 0 bit 0 = the target gzips the rest.

@@ -1,6 +1,7 @@
 // Checkpoints on real in-process clusters: a round trip of variables, slots, step and scalars; a
 // restore into other numbers of shards and ps with identical values (and identical training after
 // it); every kind of bad file refused before anything changes; the manager's numbering and pruning.
+#include "file_faults.hpp"
 #include "local_cluster.hpp"
 #include "test_support.hpp"
 
@@ -163,7 +164,8 @@ TEST_CASE("a checkpoint round-trips variables, optimizer slots, the step and sca
   // The file read without a cluster: one tensor per variable and slot, of its full shape.
   checkpoint_reader reader(path);
   CHECK(reader.metadata().at("format") == "pscoro.checkpoint");
-  CHECK(reader.metadata().at("format_version") == "1");
+  CHECK(reader.metadata().at("format_version") == "2");
+  CHECK(reader.metadata().at("header_crc32c").size() == 8);
   CHECK(reader.step() == 1234);
   CHECK(reader.scalars().at("epoch") == 3);
   CHECK(reader.names() == std::vector<std::string>{"model/weights", "model/weights/adagrad/accumulator", "model/table",
@@ -385,9 +387,20 @@ fs::path handmade(const fs::path& dir, const std::string& name, const std::strin
   return dir / name;
 }
 
-std::string reader_failure(const fs::path& path) {
+// What reading all of `path` fails with, code first; "" when it reads. Files of other tools are
+// read (unverified) too, so that their structure is what is checked.
+std::string reader_failure_by_default(const fs::path& path) {
   try {
     checkpoint_reader reader(path);
+  } catch (const error& e) {
+    return std::string(e.code() == errc::failed_precondition ? "failed_precondition: " : "other: ") + e.what();
+  }
+  return "";
+}
+
+std::string reader_failure(const fs::path& path) {
+  try {
+    checkpoint_reader reader(path, {.allow_unverified = true});
     for (const auto& name : reader.names()) (void)reader.read_tensor(name);
     (void)reader.step();
     (void)reader.scalars();
@@ -404,12 +417,23 @@ std::string reader_failure(const fs::path& path) {
 
 TEST_CASE("a handmade file: other safetensors files read, malformed ones are refused, naming what is wrong") {
   scratch s;
-  // Any safetensors file of supported dtypes reads, without pscoro metadata.
+  // Any safetensors file of supported dtypes reads, without pscoro metadata, when the caller says
+  // so, and the log says it was read unverified; by default it is refused.
   const auto plain = handmade(s.dir, "plain.safetensors",
                               R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},)"
                               R"("b":{"dtype":"I64","shape":[],"data_offsets":[8,16]}})",
                               16);
-  checkpoint_reader reader(plain);
+  CHECK(reader_failure_by_default(plain) ==
+        "failed_precondition: checkpoint " + plain.string() +
+            ": not a pscoro checkpoint (its __metadata__ has no \"format\": \"pscoro.checkpoint\"; written by another "
+            "tool?), so nothing verifies its tensors; to read it unverified, pass "
+            "checkpoint_read_options{.allow_unverified = true}");
+  const testing::captured_log log;
+  checkpoint_reader reader(plain, {.allow_unverified = true});
+  CHECK_MESSAGE(contains(log.text(), "checkpoint " + plain.string() +
+                                         ": not a pscoro checkpoint, read unverified as asked (2 of its 2 tensors "
+                                         "have no CRC-32C)"),
+                log.text());
   CHECK(reader.names() == std::vector<std::string>{"a", "b"});
   CHECK(reader.read<float>("a") == xt::xarray<float>{0, 0});
   CHECK(reader.step() == 0);
@@ -436,9 +460,27 @@ TEST_CASE("a handmade file: other safetensors files read, malformed ones are ref
   refused("no-offsets.safetensors", R"({"a":{"dtype":"F32","shape":[1]}})", 4,
           "tensor \"a\" needs dtype, shape and data_offsets");
   refused("metadata.safetensors", R"({"__metadata__":{"step":7}})", 0, "__metadata__[\"step\"] is not a string");
-  refused("newer.safetensors", R"({"__metadata__":{"format":"pscoro.checkpoint","format_version":"2"}})", 0,
+  refused("newer.safetensors", R"({"__metadata__":{"format":"pscoro.checkpoint","format_version":"3"}})", 0,
           "failed_precondition: checkpoint " + (s.dir / "newer.safetensors").string() +
-              ": format version 2 is not one this pscoro reads (1 to 1)");
+              ": format version 3 is not one this pscoro reads (1 to 2)");
+  // A pscoro checkpoint is verified whole, even when unverified files are allowed: a checksum
+  // record missing, for the file or for one tensor, or not 8 hex digits, is data loss.
+  refused("no-crc.safetensors",
+          R"({"__metadata__":{"format":"pscoro.checkpoint","format_version":"1"},)"
+          R"("a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}})",
+          4, "data_loss: checkpoint " + (s.dir / "no-crc.safetensors").string() +
+                 ": __metadata__ has no \"crc32c\" record, which every pscoro checkpoint has: its tensors cannot be "
+                 "verified");
+  refused("one-crc.safetensors",
+          R"({"__metadata__":{"format":"pscoro.checkpoint","format_version":"1","crc32c":"{\"a\":\"00000000\"}"},)"
+          R"("a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]},)"
+          R"("b":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}})",
+          8, "data_loss: checkpoint " + (s.dir / "one-crc.safetensors").string() +
+                 ": tensor \"b\" has no checksum in the \"crc32c\" record: it cannot be verified");
+  refused("hex.safetensors",
+          R"({"__metadata__":{"format":"pscoro.checkpoint","format_version":"1","crc32c":"{\"a\":\"0000000g\"}"},)"
+          R"("a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}})",
+          4, "data_loss: checkpoint " + (s.dir / "hex.safetensors").string() + ": bad checksum record for \"a\"");
   refused("crc.safetensors",
           R"({"__metadata__":{"crc32c":"{\"missing\":\"00000000\"}"},"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}})",
           4, "bad checksum record for \"missing\"");
@@ -454,7 +496,9 @@ TEST_CASE("a checkpoint whose slot records are malformed, or a save into a missi
     auto ckpt = m.tracked();
     // A file whose "slots" record is not what pscoro writes: refused before anything changes.
     const auto path = handmade(s.dir, "slots.safetensors",
-                               R"({"__metadata__":{"slots":"{\"model/weights/adam/m\":{\"variable\":1}}"}})", 0);
+                               R"({"__metadata__":{"format":"pscoro.checkpoint","format_version":"1","crc32c":"{}",)"
+                               R"("slots":"{\"model/weights/adam/m\":{\"variable\":1}}"}})",
+                               0);
     auto e = co_await failure_of(ckpt.restore(path));
     REQUIRE(e);
     CHECK(code_of(e) == errc::data_loss);
@@ -466,6 +510,214 @@ TEST_CASE("a checkpoint whose slot records are malformed, or a save into a missi
     CHECK(code_of(e) == errc::not_found);
     CHECK(contains(message_of(e), "no-such-dir"));
     CHECK_FALSE(fs::exists(s.dir / "no-such-dir"));
+  });
+}
+
+namespace {
+
+std::string bytes_of_file(const fs::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  return {std::istreambuf_iterator<char>(in), {}};
+}
+
+// `text` as a JSON string holds it (pscoro's names and hex digits need no other escape).
+std::string json_escaped(const std::string& text) {
+  std::string out;
+  for (const char c : text) {
+    if (c == '"' || c == '\\') out += '\\';
+    out += c;
+  }
+  return out;
+}
+
+// The checkpoint `bytes` with `part` of its header removed and the header padded with as many
+// spaces (as safetensors allows), so every tensor stays where it was.
+std::string without_header_part(const std::string& bytes, const std::string& part) {
+  std::uint64_t n = 0;
+  for (int i = 7; i >= 0; --i) n = (n << 8) | static_cast<unsigned char>(bytes[static_cast<std::size_t>(i)]);
+  std::string header = bytes.substr(8, n);
+  const auto at = header.find(part);
+  REQUIRE_MESSAGE(at != std::string::npos, header);
+  header.erase(at, part.size());
+  header.append(part.size(), ' ');
+  return bytes.substr(0, 8) + header + bytes.substr(8 + n);
+}
+
+// CRC-32C bit by bit (the Castagnoli polynomial, reflected), for a test to sign a header it edited.
+std::uint32_t crc32c_bit_by_bit(std::string_view bytes) {
+  std::uint32_t crc = ~0u;
+  for (const unsigned char b : bytes) {
+    crc ^= b;
+    for (int k = 0; k < 8; ++k) crc = (crc >> 1) ^ (0x82f63b78u & (0u - (crc & 1u)));
+  }
+  return ~crc;
+}
+
+// The checkpoint `bytes` with its header's own checksum made right again, as a tool that edited the
+// header on purpose would leave it: what is then wrong is what the edit took out.
+std::string resigned(const std::string& bytes) {
+  std::uint64_t n = 0;
+  for (int i = 7; i >= 0; --i) n = (n << 8) | static_cast<unsigned char>(bytes[static_cast<std::size_t>(i)]);
+  std::string header = bytes.substr(8, n);
+  const std::string key = "\"header_crc32c\":\"";
+  const auto at = header.find(key);
+  REQUIRE_MESSAGE(at != std::string::npos, header);
+  header.replace(at + key.size(), 8, "00000000");
+  header.replace(at + key.size(), 8, fmt::format("{:08x}", crc32c_bit_by_bit(bytes.substr(0, 8) + header)));
+  return bytes.substr(0, 8) + header + bytes.substr(8 + n);
+}
+
+}  // namespace
+
+TEST_CASE("a checkpoint without its checksums, or with a damaged header, is data loss naming it; nothing changes") {
+  scratch s;
+  const auto good = s.dir / "good.safetensors";
+  with_cluster(2, 2, [&](parameter_server_strategy& strategy) -> asio::awaitable<void> {
+    const auto m = co_await model::create(strategy);
+    co_await m.train(2);
+    auto ckpt = m.tracked();
+    co_await ckpt.save(good);
+    co_await m.train(1);  // the cluster now differs from the file
+    const auto current = co_await m.read();
+    const std::string bytes = bytes_of_file(good);
+    const std::string record = checkpoint_reader(good).metadata().at("crc32c");
+    const auto write = [&](const std::string& name, const std::string& content) {
+      std::ofstream(s.dir / name, std::ios::binary) << content;
+      return s.dir / name;
+    };
+    const auto refused = [&](fs::path path, std::string says,
+                             checkpoint_read_options options) -> asio::awaitable<void> {
+      CAPTURE(path.filename().string());
+      auto ckpt = m.tracked();  // named: g++ 12 ends a co_await's temporaries too early
+      auto e = co_await failure_of(ckpt.restore(path, options));
+      CHECK_MESSAGE(e, "restored what it should have refused");  // not REQUIRE: every case reports
+      if (!e) co_return;
+      CHECK(code_of(e) == errc::data_loss);
+      CHECK_MESSAGE(contains(message_of(e), "checkpoint " + path.string() + ": " + says), message_of(e));
+      check_same(co_await m.read(), current);
+    };
+    // A byte of the last tensor, the counter, flipped: its checksum refuses it...
+    std::string flipped = bytes;
+    flipped[flipped.size() - 3] ^= 0x20;
+    co_await refused(write("flipped.safetensors", flipped), "tensor \"model/counter\" is corrupt", {});
+    // ...and without the record, or without the counter's checksum in it, the same flip is refused
+    // all the same (it restored a wrong counter before), even when unverified files are allowed:
+    // those are files of other tools, not pscoro checkpoints that lost their checksums. (The header
+    // is signed again after each edit, or its own checksum would refuse it first.)
+    const std::string no_record =
+        resigned(without_header_part(flipped, "\"crc32c\":\"" + json_escaped(record) + "\","));
+    for (const bool allow_unverified : {false, true}) {
+      CAPTURE(allow_unverified);
+      co_await refused(write("no-record.safetensors", no_record),
+                       "__metadata__ has no \"crc32c\" record, which every pscoro checkpoint has: its tensors cannot "
+                       "be verified",
+                       {.allow_unverified = allow_unverified});
+    }
+    const auto counter_at = record.find("\"model/counter\":\"");
+    REQUIRE(counter_at != std::string::npos);
+    const std::string counter_crc = record.substr(counter_at, 17 + 8 + 2);  // name, 8 digits, quote, comma
+    REQUIRE(counter_crc.back() == ',');
+    const std::string no_counter_crc = resigned(without_header_part(flipped, json_escaped(counter_crc)));
+    co_await refused(write("no-counter-crc.safetensors", no_counter_crc),
+                     "tensor \"model/counter\" has no checksum in the \"crc32c\" record: it cannot be verified", {});
+    // A flipped byte in the header, where the tensors' checksums do not reach (the step, here 0 -> 1):
+    // the header's own checksum refuses it. A version 2 file without that checksum is refused too.
+    const std::string step_key = "\"step\":\"";
+    std::string other_step = bytes;
+    other_step[other_step.find(step_key) + step_key.size()] ^= 0x01;
+    co_await refused(write("step.safetensors", other_step), "its header is corrupt (CRC-32C", {});
+    const auto crc_at = bytes.find("\"header_crc32c\":\"");
+    REQUIRE(crc_at != std::string::npos);
+    const std::string header_crc = bytes.substr(crc_at, 17 + 8 + 1);  // key, 8 digits, quote
+    co_await refused(write("no-header-crc.safetensors", without_header_part(bytes, "," + header_crc)),
+                     "__metadata__ has no \"header_crc32c\" record, which every pscoro checkpoint of format "
+                     "version 2 has: its header cannot be verified",
+                     {});
+  });
+  // A checkpoint of format version 1 (an older pscoro: no header checksum) still restores.
+  with_cluster(2, 2, [&](parameter_server_strategy& strategy) -> asio::awaitable<void> {
+    const auto m = co_await model::create(strategy);
+    const std::string bytes = bytes_of_file(good);
+    const auto crc_at = bytes.find("\"header_crc32c\":\"");
+    REQUIRE(crc_at != std::string::npos);
+    std::string version_1 = without_header_part(bytes, "," + bytes.substr(crc_at, 17 + 8 + 1));
+    const std::string version_key = "\"format_version\":\"2\"";
+    const auto version_at = version_1.find(version_key);
+    REQUIRE(version_at != std::string::npos);
+    version_1.replace(version_at, version_key.size(), "\"format_version\":\"1\"");
+    std::ofstream(s.dir / "version-1.safetensors", std::ios::binary) << version_1;
+    const auto saved = checkpoint_reader(good).read<float>("model/weights");
+    const xt::xarray<float> zeros = xt::zeros<float>({5, 3});
+    co_await m.weights.assign(zeros);
+    auto ckpt = m.tracked();
+    const fs::path version_1_path = s.dir / "version-1.safetensors";
+    co_await ckpt.restore(version_1_path);
+    CHECK((co_await m.weights.read() == saved));
+  });
+}
+
+TEST_CASE("a safetensors file of another tool restores only when the caller allows it, and the log says unverified") {
+  scratch s;
+  // The weights as another tool writes them: no pscoro metadata, so no checksums (and zeros).
+  const auto foreign = handmade(s.dir, "foreign.safetensors",
+                                R"({"model/weights":{"dtype":"F32","shape":[5,3],"data_offsets":[0,60]}})", 60);
+  with_cluster(1, 1, [&](parameter_server_strategy& strategy) -> asio::awaitable<void> {
+    const auto m = co_await model::create(strategy);
+    const auto before = co_await m.weights.read();
+    checkpoint ckpt;
+    ckpt.track(m.weights);
+    auto e = co_await failure_of(ckpt.restore(foreign));
+    REQUIRE(e);
+    CHECK(code_of(e) == errc::failed_precondition);
+    CHECK_MESSAGE(contains(message_of(e), "checkpoint " + foreign.string() + ": not a pscoro checkpoint"),
+                  message_of(e));
+    CHECK((co_await m.weights.read() == before));
+    const testing::captured_log log;
+    const pscoro::checkpoint_read_options unverified{.allow_unverified = true};
+    co_await ckpt.restore(foreign, unverified);  // another tool's file: logged as unverified
+    const xt::xarray<float> zeros = xt::zeros<float>({5, 3});
+    CHECK((co_await m.weights.read() == zeros));
+    CHECK_MESSAGE(contains(log.text(), "checkpoint " + foreign.string() +
+                                           ": not a pscoro checkpoint, read unverified as asked (1 of its 1 tensors "
+                                           "have no CRC-32C)"),
+                  log.text());
+  });
+}
+
+TEST_CASE("a FIFO or a directory given as a checkpoint path is refused at once, naming it and the setting") {
+  scratch s;
+  const testing::scoped_fifo fifo((s.dir / "fifo.safetensors").string());
+  const std::string refused_for_reading =
+      "checkpoint: " + fifo.path() +
+      " is a FIFO, not a regular file (the path given to checkpoint::restore or checkpoint_reader must name a regular "
+      "file)";
+  const auto thrown =
+      testing::thrown_without_blocking_on(fifo.path(), [&] { checkpoint_reader reader{fs::path(fifo.path())}; });
+  // REQUIRE: a reader that blocks would block the restore below too, and the cluster with it.
+  REQUIRE(code_of(thrown) == errc::invalid_argument);
+  CHECK(message_of(thrown) == refused_for_reading);
+  with_cluster(1, 1, [&](parameter_server_strategy& strategy) -> asio::awaitable<void> {
+    const auto m = co_await model::create(strategy);
+    auto ckpt = m.tracked();
+    const fs::path fifo_path = fifo.path();
+    auto e = co_await failure_of(ckpt.restore(fifo_path));
+    REQUIRE(e);
+    CHECK(code_of(e) == errc::invalid_argument);
+    CHECK(message_of(e) == refused_for_reading);
+    e = co_await failure_of(ckpt.restore(s.dir));
+    REQUIRE(e);
+    CHECK(code_of(e) == errc::invalid_argument);
+    CHECK_MESSAGE(contains(message_of(e), "checkpoint: " + s.dir.string() + " is a directory, not a regular file"),
+                  message_of(e));
+    // A save there is refused before it starts, and leaves the FIFO as it was (a rename would
+    // have replaced it).
+    e = co_await failure_of(ckpt.save(fifo_path));
+    REQUIRE(e);
+    CHECK(code_of(e) == errc::invalid_argument);
+    CHECK(message_of(e) == "checkpoint: " + fifo.path() +
+                               " is a FIFO, not a regular file (the path given to checkpoint::save must name a regular "
+                               "file)");
+    CHECK(fs::is_fifo(fifo_path));
   });
 }
 

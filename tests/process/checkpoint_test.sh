@@ -2,7 +2,8 @@
 # Real processes: the Fashion-MNIST cluster saves checkpoints while the sidecar evaluator evaluates
 # each one; an independent reader (Debian's python3 + numpy, from the safetensors spec) agrees with
 # the evaluator's accuracy; a restarted chief resumes from the newest checkpoint at its step; a
-# process killed mid-save leaves the previous checkpoints intact and restorable.
+# process killed mid-save leaves the previous checkpoints intact and restorable; a checkpoint
+# stripped of its checksums, with a flipped byte, is refused instead of restored.
 # usage: checkpoint_test.sh PSCORO_LAUNCH FASHION_MNIST EVALUATOR CHECKPOINT_WRITER
 set -uo pipefail
 launch=$1
@@ -76,5 +77,34 @@ code=$?
 cat "$work/verify.log"
 check "every complete checkpoint reads back and the newest restores (exit $code)" test "$code" -eq 0
 check "the next manager removed the dead save's temporary file" test "$(ls "$work/crash" | grep -c '\.tmp-')" -eq 0
+
+echo "--- a checkpoint stripped of its checksums, a byte of its table flipped: refused, never restored"
+mkdir -p "$work/stripped"
+newest=$(ls "$work/crash"/ckpt-*.safetensors | sort -V | tail -n 1)
+stripped="$work/stripped/$(basename "$newest")"
+/usr/bin/python3 - "$newest" "$stripped" <<'EOF'
+import json, struct, sys
+import crc32c
+raw = open(sys.argv[1], "rb").read()
+(n,) = struct.unpack_from("<Q", raw, 0)
+header = json.loads(raw[8:8 + n])
+del header["__metadata__"]["crc32c"]
+header["__metadata__"]["header_crc32c"] = "00000000"
+text = json.dumps(header, separators=(",", ":")).encode()
+text += b" " * (-len(text) % 8)
+# Signed again, as a tool that rewrote the header on purpose would: what is wrong is the record.
+prefix = struct.pack("<Q", len(text))
+at = text.index(b'"header_crc32c":"') + len(b'"header_crc32c":"')
+text = text[:at] + b"%08x" % crc32c.crc32c(prefix + text) + text[at + 8:]
+data = bytearray(raw[8 + n:])
+data[len(data) // 2] ^= 0x10  # in the middle of the table
+open(sys.argv[2], "wb").write(prefix + text + bytes(data))
+EOF
+"$writer" verify "$work/stripped" > "$work/stripped.log" 2>&1
+code=$?
+cat "$work/stripped.log"
+check "the stripped checkpoint is refused (exit $code)" test "$code" -ne 0
+check "as data loss naming the file and the missing record" \
+  grep -qF "checkpoint $stripped: __metadata__ has no \"crc32c\" record" "$work/stripped.log"
 
 finish

@@ -1,8 +1,8 @@
 """An independent checkpoint reader: parses a pscoro checkpoint of the Fashion-MNIST example from
 the safetensors specification alone (8-byte little-endian header size, JSON header, tensor bytes
-covered exactly by the data_offsets), checks pscoro's metadata and every tensor's CRC-32C, then
-computes the test accuracy of the saved weights with numpy and compares it with the one pscoro
-printed for that checkpoint.
+covered exactly by the data_offsets), checks pscoro's metadata, the header's CRC-32C and every
+tensor's, then computes the test accuracy of the saved weights with numpy and compares it with the
+one pscoro printed for that checkpoint.
 
 usage: /usr/bin/python3 read_checkpoint.py CHECKPOINT FASHION_MNIST_DIR EXPECTED_ACCURACY STEP
 """
@@ -23,7 +23,13 @@ header = json.loads(raw[8:8 + n])
 data = raw[8 + n:]
 meta = header.pop("__metadata__")
 assert meta["format"] == "pscoro.checkpoint", meta
-assert meta["format_version"] == "1", meta
+assert meta["format_version"] == "2", meta
+# The header's own CRC-32C: of the size and the JSON as stored, its 8 digits read as zeros.
+key = b'"header_crc32c":"'
+at = raw.index(key, 8) + len(key)
+assert raw.count(key, 8, 8 + n) == 1, "header_crc32c is not written once"
+unsigned = raw[:at] + b"00000000" + raw[at + 8:8 + n]
+assert crc32c.crc32c(unsigned) == int(meta["header_crc32c"], 16), "header CRC-32C mismatch"
 assert meta["pscoro_version"], meta
 assert int(meta["step"]) == step, (meta["step"], step)
 crcs = json.loads(meta["crc32c"])

@@ -1,5 +1,6 @@
 // Dataset pipelines: transformations on in-memory data, then every file format on small files the
 // test writes (corrupt ones included), and the real Fashion-MNIST files.
+#include "file_faults.hpp"
 #include "test_support.hpp"
 
 #include <pscoro/data_formats.hpp>
@@ -299,55 +300,255 @@ TEST_CASE("cache(filename) writes the file at the end of a pass and reads it fro
                 unwritable.what());
 }
 
-TEST_CASE("a corrupt cache file is data loss naming the file and the byte offset, hostile sizes included") {
-  const scratch s;
-  const auto good_path = (s.dir / "good.cache").string();
-  (void)collect(from_values<std::string>({"abc", "de"}).cache(good_path));
-  std::string good;
-  {
-    std::ifstream in(good_path, std::ios::binary);
-    good.assign(std::istreambuf_iterator<char>(in), {});
+namespace {
+
+std::string u64_bytes(std::uint64_t v) { return std::string(reinterpret_cast<const char*>(&v), 8); }
+
+std::string whole_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return {std::istreambuf_iterator<char>(in), {}};
+}
+
+// A cache file holding `data`, framed by hand as docs/design.md describes it (header, then blocks
+// of `block_size` each followed by the CRC-32C of its index and its bytes), so a test can frame
+// any data validly and reach the decoder behind the checksums.
+std::string framed_cache(const std::string& data, std::uint32_t block_size = 1 << 20) {
+  std::string out = "PSCACHE2";
+  out.append(reinterpret_cast<const char*>(&block_size), 4);
+  const std::uint32_t header_crc = common::crc32c(out.data(), out.size());
+  out.append(reinterpret_cast<const char*>(&header_crc), 4);
+  std::uint64_t index = 0;
+  for (std::size_t at = 0; at < data.size(); at += block_size, ++index) {
+    const std::size_t n = std::min<std::size_t>(block_size, data.size() - at);
+    out.append(data, at, n);
+    const std::uint32_t crc = common::crc32c_extend(common::crc32c(&index, 8), data.data() + at, n);
+    out.append(reinterpret_cast<const char*>(&crc), 4);
   }
-  // magic 8 | signature length 8 | "string" 6 | mark 1 at 22 | length 8 at 23 | "abc" at 31 | ...
-  REQUIRE(good.size() == 22 + (1 + 8 + 3) + (1 + 8 + 2) + 1 + 8);
-  auto u64 = [](std::uint64_t v) { return std::string(reinterpret_cast<const char*>(&v), 8); };
+  return out;
+}
+
+// What a pass over `path` as a cache of strings delivers before it fails, and the failure.
+struct cache_pass {
+  std::vector<std::string> delivered;
+  std::exception_ptr failure;
+};
+cache_pass read_string_cache(const std::string& path) {
+  cache_pass out;
+  try {
+    auto it = from_values<std::string>({}).cache(path).make_iterator();
+    while (auto item = it.next()) out.delivered.push_back(std::move(*item));
+  } catch (...) {
+    out.failure = std::current_exception();
+  }
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("a cache file is written as its format says: a header, then blocks each with its CRC-32C") {
+  const scratch s;
+  const auto path = (s.dir / "format.cache").string();
+  (void)collect(from_values<std::string>({"abc", "de"}).cache(path));
+  // The data: the element type (length, "string"), each element behind a 1, then a 0 and the count.
+  const std::string data =
+      u64_bytes(6) + "string" + "\x01" + u64_bytes(3) + "abc" + "\x01" + u64_bytes(2) + "de" + std::string(1, '\0') +
+      u64_bytes(2);
+  CHECK(whole_file(path) == framed_cache(data));
+  // Small blocks: the data spans several, the last one shorter.
+  const auto small = (s.dir / "small.cache").string();
+  {
+    detail::cache_file_writer out(small, "string", 16);
+    for (const std::string text : {"abc", "de"}) {
+      out.begin_element();
+      detail::cache_codec<std::string>::write(out, text);
+    }
+    out.commit();
+  }
+  CHECK(whole_file(small) == framed_cache(data, 16));
+  CHECK(collect(from_values<std::string>({}).cache(small)) == std::vector<std::string>{"abc", "de"});
+}
+
+TEST_CASE("a flipped byte in a cache file is data loss naming the file and the block, when a pass reaches it") {
+  const scratch s;
+  const auto path = (s.dir / "long.cache").string();
+  // 40 texts of 80,000 bytes: 3.2 MB, in blocks 0 to 3 of 1 MiB (the last one shorter).
+  std::vector<std::string> texts;
+  for (int i = 0; i < 40; ++i) {
+    std::string text(80000, '\0');
+    for (std::size_t k = 0; k < text.size(); ++k) text[k] = static_cast<char>('a' + (i * 7 + k) % 26);
+    texts.push_back(std::move(text));
+  }
+  CHECK(collect(from_values(texts).cache(path)) == texts);
+  const std::string good = whole_file(path);
+  const std::size_t block = (1 << 20) + 4;  // on disk: the bytes and the checksum
+  REQUIRE(good.size() > 16 + 3 * block);
+  // In the first element, deep in blocks 1 and 2, and in the last block's checksum.
+  for (const std::size_t at : {std::size_t{40}, 16 + block + 100, 16 + 2 * block + 5000, good.size() - 2}) {
+    CAPTURE(at);
+    std::string bad = good;
+    bad[at] = static_cast<char>(bad[at] ^ 0x04);
+    const auto bad_path = s.write(fmt::format("flipped-{}.cache", at), bad);
+    const auto pass = read_string_cache(bad_path);
+    REQUIRE(pass.failure);
+    CHECK(testing::code_of(pass.failure) == errc::data_loss);
+    const std::size_t index = (at - 16) / block;
+    const auto message = testing::message_of(pass.failure);
+    CHECK_MESSAGE(contains(message, fmt::format("cache: {}: block {} (bytes {} to {}) is corrupt", bad_path, index,
+                                                16 + index * block, std::min(good.size(), 16 + (index + 1) * block))),
+                  message);
+    // Checked as it streams: the elements of the blocks before the damage were delivered, and
+    // none from the damaged block.
+    // (Element i is data bytes 14 + 80,009 i to 14 + 80,009 (i + 1): a mark, a length, its text.)
+    CHECK(pass.delivered.size() == (index == 0 ? 0 : std::min<std::size_t>(40, (index * (1 << 20) - 14) / 80009)));
+    for (std::size_t i = 0; i < pass.delivered.size(); ++i) CHECK(pass.delivered[i] == texts[i]);
+  }
+}
+
+TEST_CASE("every flipped byte of a cache file is refused as data loss, naming where it is") {
+  const scratch s;
+  const auto path = (s.dir / "small.cache").string();
+  {
+    detail::cache_file_writer out(path, "string", 16);
+    for (const std::string text : {"abc", "de", "fghij"}) {
+      out.begin_element();
+      detail::cache_codec<std::string>::write(out, text);
+    }
+    out.commit();
+  }
+  const std::string good = whole_file(path);
+  REQUIRE(read_string_cache(path).delivered == std::vector<std::string>{"abc", "de", "fghij"});
+  for (std::size_t at = 0; at < good.size(); ++at) {
+    CAPTURE(at);
+    std::string bad = good;
+    bad[at] = static_cast<char>(bad[at] ^ 0x01);
+    const auto bad_path = s.write("flipped.cache", bad);
+    const auto pass = read_string_cache(bad_path);
+    REQUIRE(pass.failure);
+    CHECK(testing::code_of(pass.failure) == errc::data_loss);
+    const auto message = testing::message_of(pass.failure);
+    if (at < 8) {
+      CHECK_MESSAGE(contains(message, bad_path + ": not a pscoro dataset cache (bad magic at byte 0)"), message);
+    } else if (at < 16) {
+      CHECK_MESSAGE(contains(message, bad_path + ": its header is corrupt"), message);
+    } else {
+      const std::size_t index = (at - 16) / 20;
+      CHECK_MESSAGE(contains(message, fmt::format("{}: block {} (bytes {} to {}) is corrupt", bad_path, index,
+                                                  16 + index * 20, std::min(good.size(), 16 + (index + 1) * 20))),
+                    message);
+    }
+  }
+}
+
+TEST_CASE("a cache file that is cut short, or holds what no writer writes, is data loss naming the byte") {
+  const scratch s;
+  // The data of {"abc", "de"}: length 8 at 0 | "string" at 8 | mark at 14 | length at 15 | "abc" at
+  // 23 | mark at 26 | length at 27 | "de" at 35 | end mark at 37 | count at 38 | 46 bytes. In one
+  // block, byte d of the data is byte 16 + d of the file.
+  const std::string data =
+      u64_bytes(6) + "string" + "\x01" + u64_bytes(3) + "abc" + "\x01" + u64_bytes(2) + "de" + std::string(1, '\0') +
+      u64_bytes(2);
+  REQUIRE(data.size() == 46);
   auto expect = [&](const std::string& name, const std::string& bytes, const std::string& part) {
     const auto path = s.write(name, bytes);
     const auto e = error_thrown_by([&] { (void)collect(from_values<std::string>({}).cache(path)); });
     CHECK(e.code() == errc::data_loss);
     CHECK_MESSAGE(contains(e.what(), path + ": " + part), e.what());
   };
-  expect("magic.cache", "X" + good.substr(1), "not a pscoro dataset cache (bad magic at byte 0)");
-  expect("cut.cache", good.substr(0, 27), "truncated at byte 23: a string's length (8 bytes) is incomplete");
-  expect("short.cache", good.substr(0, 33), "a string's length 3 at byte 23 runs past the end of the file (2 bytes left)");
-  expect("nomark.cache", good.substr(0, 34), "truncated at byte 34: an element mark (1 bytes) is incomplete");
-  expect("long.cache", good + "x", "1 bytes after the end, at byte 54");
-  expect("count.cache", good.substr(0, 46) + u64(3), "its end says 3 elements, 2 were read");
-  expect("mark.cache", good.substr(0, 22) + "\x07" + good.substr(23), "bad element mark 7 at byte 22");
-  expect("huge.cache", good.substr(0, 23) + u64(~std::uint64_t{0}) + good.substr(31),
-         "a string's length 18446744073709551615 at byte 23 runs past the end of the file (23 bytes left)");
-  expect("signature.cache", good.substr(0, 8) + u64(std::uint64_t{1} << 40) + good.substr(16),
-         "an element type 1099511627776 bytes long at byte 8");
-  // An array whose dimensions overflow, or need more bytes than are left, allocates nothing.
-  const auto array_path = (s.dir / "array.cache").string();
-  (void)collect(from_values<xt::xarray<float>>({xt::xarray<float>{1.0f, 2.0f}}).cache(array_path));
-  std::string array;
-  {
-    std::ifstream in(array_path, std::ios::binary);
-    array.assign(std::istreambuf_iterator<char>(in), {});
+  const std::string file = framed_cache(data);
+  // The file cut: in its header, after it, in the checksum of its last block, in a block.
+  expect("magic.cache", "X" + file.substr(1), "not a pscoro dataset cache (bad magic at byte 0)");
+  expect("tiny.cache", file.substr(0, 5), "not a pscoro dataset cache (5 bytes)");
+  expect("header.cache", file.substr(0, 12), "truncated in its header (12 bytes of 16)");
+  expect("nothing.cache", file.substr(0, 16), "truncated: no data after the header at byte 16");
+  expect("crc-cut.cache", file.substr(0, 19), "truncated: its last block, at byte 16, has 3 bytes, too few for");
+  expect("block-cut.cache", file.substr(0, 40), "block 0 (bytes 16 to 40) is corrupt");
+  for (const std::uint32_t block_size : {0u, 1u << 30}) {
+    std::string header = "PSCACHE2" + std::string(reinterpret_cast<const char*>(&block_size), 4);
+    const std::uint32_t crc = common::crc32c(header.data(), header.size());
+    header.append(reinterpret_cast<const char*>(&crc), 4);
+    expect(fmt::format("block-size-{}.cache", block_size), header + file.substr(16),
+           fmt::format("a block size of {} bytes", block_size));
   }
-  // magic 8 | length 8 | "array<f32>" 10 | mark at 26 | rank at 27 | dims at 35 | ...
+  // Valid blocks around data no writer writes: every size is checked against the bytes left.
+  expect("cut.cache", framed_cache(data.substr(0, 19)),
+         "truncated at byte 31: a string's length (8 bytes) is incomplete");
+  expect("short.cache", framed_cache(data.substr(0, 25)),
+         "a string's length 3 at byte 31 runs past the end of the data (2 bytes left)");
+  expect("nomark.cache", framed_cache(data.substr(0, 26)),
+         "truncated at byte 42: an element mark (1 bytes) is incomplete");
+  expect("long.cache", framed_cache(data + "x"), "1 bytes of data after the end, at byte 62");
+  expect("count.cache", framed_cache(data.substr(0, 38) + u64_bytes(3)), "its end says 3 elements, 2 were read");
+  expect("mark.cache", framed_cache(data.substr(0, 14) + "\x07" + data.substr(15)), "bad element mark 7 at byte 30");
+  expect("huge.cache", framed_cache(data.substr(0, 15) + u64_bytes(~std::uint64_t{0}) + data.substr(23)),
+         "a string's length 18446744073709551615 at byte 31 runs past the end of the data (23 bytes left)");
+  expect("signature.cache", framed_cache(u64_bytes(std::uint64_t{1} << 40) + data.substr(8)),
+         "an element type 1099511627776 bytes long at byte 16");
+  // Offsets are the file's, blocks and checksums counted: in blocks of 8 bytes, data byte 15 is
+  // byte 7 of block 1 (at 16 + 12), data byte 26 byte 2 of block 3 (at 16 + 3 x 12).
+  expect("small-blocks-cut.cache", framed_cache(data.substr(0, 19), 8),
+         "truncated at byte 35: a string's length (8 bytes) is incomplete");
+  expect("small-blocks-mark.cache", framed_cache(data.substr(0, 26) + "\x07" + data.substr(27), 8),
+         "bad element mark 7 at byte 54");
+  // An array whose dimensions overflow, or need more bytes than are left, allocates nothing.
+  // length at 0 | "array<f32>" at 8 | mark at 18 | rank at 19 | dimensions at 27 | ...
+  const std::string array = u64_bytes(10) + "array<f32>" + "\x01" + u64_bytes(1) + u64_bytes(2) +
+                            std::string(8, '\0') + std::string(1, '\0') + u64_bytes(1);
+  REQUIRE(array.size() == 52);
   auto expect_array = [&](const std::string& name, const std::string& bytes, const std::string& part) {
-    const auto path = s.write(name, bytes);
+    const auto path = s.write(name, framed_cache(bytes));
     const auto e = error_thrown_by([&] { (void)collect(from_values<xt::xarray<float>>({}).cache(path)); });
     CHECK(e.code() == errc::data_loss);
     CHECK_MESSAGE(contains(e.what(), path + ": " + part), e.what());
   };
-  expect_array("rank.cache", array.substr(0, 27) + u64(1000) + array.substr(35), "an array of 1000 dimensions at byte 27");
-  expect_array("overflow.cache", array.substr(0, 27) + u64(2) + u64(0) + u64(std::uint64_t{1} << 62),
-               "the dimensions of the array at byte 27 overflow a 64-bit byte count");
-  expect_array("big.cache", array.substr(0, 27) + u64(1) + u64(std::uint64_t{1} << 30) + array.substr(43),
-               "the array at byte 27 needs 4294967296 bytes, 17 are left");
+  CHECK(collect(from_values<xt::xarray<float>>({}).cache(s.write("array.cache", framed_cache(array)))) ==
+        std::vector<xt::xarray<float>>{xt::xarray<float>{0.0f, 0.0f}});
+  expect_array("rank.cache", array.substr(0, 19) + u64_bytes(1000) + array.substr(27),
+               "an array of 1000 dimensions at byte 35");
+  expect_array("overflow.cache", array.substr(0, 19) + u64_bytes(2) + u64_bytes(0) + u64_bytes(std::uint64_t{1} << 62),
+               "the dimensions of the array at byte 35 overflow a 64-bit byte count");
+  expect_array("big.cache", array.substr(0, 19) + u64_bytes(1) + u64_bytes(std::uint64_t{1} << 30) + array.substr(35),
+               "the array at byte 35 needs 4294967296 bytes, 17 are left");
+}
+
+TEST_CASE("a cache file an older pscoro wrote, without checksums, is rebuilt from upstream, never read") {
+  const scratch s;
+  // The format before checksums: magic, then the data as it is now, with no blocks.
+  const std::string old_data = u64_bytes(6) + "string" + "\x01" + u64_bytes(3) + "old" + std::string(1, '\0') +
+                               u64_bytes(1);
+  const auto path = s.write("old.cache", "PSCACHE1" + old_data);
+  auto reads = std::make_shared<int>(0);
+  const auto upstream = from_values<std::string>({"new", "ones"}).map([reads](std::string x) {
+    ++*reads;
+    return x;
+  });
+  testing::captured_log log;
+  CHECK(collect(upstream.cache(path)) == std::vector<std::string>{"new", "ones"});
+  CHECK(*reads == 2);
+  CHECK_MESSAGE(contains(log.text(), "cache: " + path + " was written by an older pscoro, without checksums: it is "
+                                     "not read, this pass reads upstream and writes it again"),
+                log.text());
+  // Rewritten in the current format, and read from then on.
+  CHECK(whole_file(path).substr(0, 8) == "PSCACHE2");
+  CHECK(collect(upstream.cache(path)) == std::vector<std::string>{"new", "ones"});
+  CHECK(*reads == 2);
+}
+
+TEST_CASE("a FIFO or a directory given as a cache file is refused at once, naming it and the setting") {
+  const scratch s;
+  const testing::scoped_fifo fifo((s.dir / "fifo.cache").string());
+  const auto thrown = testing::thrown_without_blocking_on(fifo.path(), [&] {
+    (void)collect(from_values<std::string>({"a"}).cache(fifo.path()));
+  });
+  REQUIRE(thrown);
+  CHECK(testing::code_of(thrown) == errc::invalid_argument);
+  CHECK_MESSAGE(testing::message_of(thrown) == "cache: " + fifo.path() + " is a FIFO, not a regular file (the file of "
+                                     "dataset::cache(filename) must name a regular file)",
+                testing::message_of(thrown));
+  const auto directory = (s.dir / "directory.cache").string();
+  std::filesystem::create_directories(directory);
+  const auto e = error_thrown_by([&] { (void)collect(from_values<std::string>({"a"}).cache(directory)); });
+  CHECK(e.code() == errc::invalid_argument);
+  CHECK_MESSAGE(contains(e.what(), "cache: " + directory + " is a directory, not a regular file"), e.what());
 }
 
 TEST_CASE("text_lines reads files in order and drops line ends") {

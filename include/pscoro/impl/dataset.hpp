@@ -12,6 +12,7 @@
 #include <atomic>
 #include <condition_variable>
 #include <cstddef>
+#include <cstdint>
 #include <deque>
 #include <exception>
 #include <mutex>
@@ -19,6 +20,7 @@
 #include <string>
 #include <thread>
 #include <type_traits>
+#include <vector>
 
 namespace pscoro {
 
@@ -169,11 +171,17 @@ struct memory_cache {
   std::shared_ptr<const std::vector<T>> elements;
 };
 
+/// The payload bytes per block of a cache file: each block is checked on its own as a pass reads
+/// it, so a long file is verified as it streams, with one block in memory.
+inline constexpr std::size_t cache_block_size = std::size_t{1} << 20;
+
 /// Writes a cache file: `path`.tmp-<pid>-<n> until commit() renames it to `path`; destroyed
-/// before that, it removes what it wrote. Throws errc::unavailable when it cannot write.
+/// before that, it removes what it wrote. The bytes written go in blocks of `block_size` (the
+/// last one shorter), each followed by its CRC-32C (docs/design.md, "Datasets"). Throws
+/// errc::unavailable when it cannot write.
 class PSCORO_API cache_file_writer {
  public:
-  cache_file_writer(std::string path, const std::string& signature);
+  cache_file_writer(std::string path, const std::string& signature, std::size_t block_size = cache_block_size);
   ~cache_file_writer();
   cache_file_writer(const cache_file_writer&) = delete;
   cache_file_writer& operator=(const cache_file_writer&) = delete;
@@ -186,19 +194,29 @@ class PSCORO_API cache_file_writer {
   void commit();
 
  private:
+  void write_block(const char* payload, std::size_t size);  // a block and its checksum
+  void write_fully(const void* data, std::size_t size);
+  [[noreturn]] void fail(const char* doing);
   std::string path_;
   std::string temporary_;
-  void* file_ = nullptr;  // FILE*
+  int fd_ = -1;
+  std::vector<char> block_;  // the block being filled: block_[0, filled_)
+  std::size_t filled_ = 0;
+  std::uint64_t blocks_ = 0;  // written so far
   std::uint64_t elements_ = 0;
   bool broken_ = false;
 };
 
-/// Whether `path` exists (a finished cache: unfinished ones have other names).
-PSCORO_API bool cache_file_exists(const std::string& path);
+/// Whether a finished cache of the current format is at `path`, to be read. False when there is
+/// no file, and when there is one of an older format (without checksums): it is logged and
+/// rebuilt by the pass that writes the new one. Throws errc::invalid_argument when `path` is not a
+/// regular file (a FIFO, a directory).
+PSCORO_API bool cache_file_ready(const std::string& path);
 
-/// Reads a cache file written by cache_file_writer. Every size is checked against the bytes left
-/// before anything is allocated: a corrupt or cut file is errc::data_loss naming the file and the
-/// byte offset, a file for other element types errc::invalid_argument.
+/// Reads a cache file written by cache_file_writer, block by block, each checked against its
+/// CRC-32C before any of its bytes is used. Every size is checked against the bytes left before
+/// anything is allocated: a corrupt or cut file is errc::data_loss naming the file and the byte
+/// offset, a file for other element types errc::invalid_argument.
 class PSCORO_API cache_file_reader {
  public:
   cache_file_reader(std::string path, const std::string& signature);
@@ -219,10 +237,20 @@ class PSCORO_API cache_file_reader {
 
  private:
   [[noreturn]] void corrupt(const std::string& what) const;
+  std::uint64_t left() const noexcept { return data_size_ - offset_; }
+  std::uint64_t file_offset(std::uint64_t data_offset) const noexcept;  // where a byte of the data is
+  void load_block(char* into, std::size_t payload);                    // the next block, checked
+  void read_at(void* into, std::size_t size, std::uint64_t offset) const;
   std::string path_;
-  void* file_ = nullptr;  // FILE*
-  std::uint64_t size_ = 0;
-  std::uint64_t offset_ = 0;
+  int fd_ = -1;
+  std::uint64_t size_ = 0;        // of the file
+  std::uint64_t block_size_ = 0;  // payload bytes per block
+  std::uint64_t data_size_ = 0;   // payload bytes of all blocks: the data
+  std::uint64_t offset_ = 0;      // bytes of the data read
+  std::uint64_t next_block_ = 0;  // the block load_block reads next
+  std::vector<char> block_;       // the last block read into it: block_[position_, end_) not read yet
+  std::size_t position_ = 0;
+  std::size_t end_ = 0;
   std::uint64_t elements_ = 0;
 };
 
@@ -503,7 +531,7 @@ template <class T>
 dataset<T> dataset<T>::cache(std::string filename) const {
   using codec = detail::cache_codec<T>;
   return dataset([make = make_, filename = std::move(filename)]() -> std::unique_ptr<detail::dataset_source<T>> {
-    if (detail::cache_file_exists(filename)) {
+    if (detail::cache_file_ready(filename)) {
       return detail::make_source<T>(
           [in = std::make_shared<detail::cache_file_reader>(filename, codec::signature())]() -> std::optional<T> {
             if (!in->next_element()) return std::nullopt;
