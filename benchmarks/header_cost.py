@@ -7,11 +7,14 @@ a loaded machine distorts it less). Prints one Markdown table row per header, he
 
 HEADER_DIR is a tree of public headers (`include/` of a checkout); every `pscoro/*.hpp` directly in
 it is measured (not `detail/` or `impl/`: users do not include those). --include adds a directory
-to search (a build's `include/`, which holds the generated <pscoro/config.hpp>). To compare with an
-older commit, check it out with `git worktree add` and measure its `include/` the same way.
+to search (a build's `include/`, which holds the generated <pscoro/config.hpp>). A header that needs
+a library not found there (<pscoro/torch.hpp> without libtorch's API include directory,
+/usr/include/torch/csrc/api/include) is listed as not measured. To compare with an older commit,
+check it out with `git worktree add` and measure its `include/` the same way.
 """
 import argparse
 import os
+import re
 import resource
 import statistics
 import subprocess
@@ -47,13 +50,21 @@ def main():
     headers = sorted(name for name in os.listdir(public) if name.endswith(".hpp"))
     includes = [f"-I{d}" for d in args.include + [args.header_dir]]
     rows = []
+    skipped = []
     with tempfile.TemporaryDirectory() as scratch:
         for name in headers:
             source = os.path.join(scratch, "include_" + name.replace(".", "_") + ".cpp")
             with open(source, "w") as out:
                 out.write(f"#include <pscoro/{name}>\n")
             base = [args.compiler] + FLAGS + includes
-            _, preprocessed = compile_once(base + ["-E", "-P", source])
+            try:
+                _, preprocessed = compile_once(base + ["-E", "-P", source])
+            except RuntimeError as failure:
+                missing = re.search(r"fatal error: (\S+): No such file or directory", str(failure))
+                if not missing or missing.group(1).startswith("pscoro/"):
+                    raise
+                skipped.append((name, missing.group(1)))  # <pscoro/torch.hpp> without libtorch
+                continue
             lines = preprocessed.count("\n")
             times = [compile_once(base + ["-fsyntax-only", source])[0] for _ in range(args.repeat)]
             rows.append((statistics.median(times), lines, name))
@@ -62,6 +73,8 @@ def main():
     print("|---|---:|---:|")
     for seconds, lines, name in rows:
         print(f"| `<pscoro/{name}>` | {lines:,} | {seconds:.2f} |")
+    for name, missing in skipped:
+        print(f"| `<pscoro/{name}>` | not measured: needs `<{missing}>` | |")
     return 0
 
 

@@ -33,11 +33,7 @@
 namespace pscoro {
 
 // Defined in <pscoro/per_worker.hpp>, which whoever binds a dataset or resource function has
-// included (it declares the function); a server that binds none does not parse datasets and xtensor.
-template <class T>
-class dataset_function;
-template <class T>
-class resource_function;
+// included (it makes the dataset); a server that binds none does not parse datasets and xtensor.
 namespace detail {
 struct erased_dataset_function;
 template <class T, class F>

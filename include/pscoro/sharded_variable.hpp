@@ -7,6 +7,10 @@
 //   auto rows = co_await table.embedding_lookup(ids);                 // ids.shape + [16], input order
 //   co_await table.apply_sparse_gradient(pscoro::optimizers::adagrad{.learning_rate = 0.1}, ids, grads);
 //
+// The row and optimizer operations (sparse_read, embedding_lookup, embedding_lookup_sparse,
+// safe_embedding_lookup_sparse, read_rows, scatter_*, apply_gradient, apply_sparse_gradient) and
+// their contract are in <pscoro/row_operations.hpp>, shared with variable<T> (one shard).
+//
 // Rows are laid out as TF's "div" partition (div_offsets): shard i holds rows [offsets[i],
 // offsets[i+1]). Handles are cheap to copy and can be worker-function arguments. Ids are checked
 // against the row count before anything is sent: a bad id reads and writes nothing. Row operations
@@ -17,6 +21,7 @@
 #include <pscoro/config.hpp>
 
 #include <pscoro/detail/sharded_io.hpp>
+#include <pscoro/row_operations.hpp>
 #include <pscoro/variable.hpp>
 
 namespace pscoro {
@@ -25,7 +30,7 @@ class checkpoint;
 
 template <class T>
   requires is_element_type_v<T>
-class sharded_variable : public detail::row_operations<sharded_variable<T>, T> {
+class sharded_variable : public row_operations<sharded_variable<T>, T> {
  public:
   using value_type = T;
 
@@ -99,7 +104,7 @@ class sharded_variable : public detail::row_operations<sharded_variable<T>, T> {
     return ref;
   }
 
-  friend class detail::row_operations<sharded_variable, T>;
+  friend class row_operations<sharded_variable, T>;
   friend class pscoro::checkpoint;
   const std::shared_ptr<const detail::sharded_layout>& row_layout() const noexcept { return layout_; }
   const std::shared_ptr<detail::variable_io>& row_io() const noexcept { return io_; }

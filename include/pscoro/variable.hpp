@@ -4,14 +4,15 @@
 // to its own connections to the parameter servers. Every operation is one round trip to the ps
 // that holds the variable, which checks dtype, shape and ids before it changes anything. The row
 // and optimizer operations (sparse_read, embedding_lookup, scatter_*, apply_gradient,
-// apply_sparse_gradient) are those of sharded_variable<T>: a dense variable is one shard.
+// apply_sparse_gradient) are those of sharded_variable<T>, a dense variable being one shard: see
+// <pscoro/row_operations.hpp>.
 #pragma once
 
 #include <pscoro/config.hpp>
 
-#include <pscoro/detail/sharded_io.hpp>
 #include <pscoro/detail/variable_io.hpp>
 #include <pscoro/detail/xtensor.hpp>
+#include <pscoro/row_operations.hpp>
 #include <pscoro/value.hpp>
 #include <pscoro/xtensor.hpp>
 
@@ -27,7 +28,7 @@ class checkpoint;
 
 template <class T>
   requires is_element_type_v<T>
-class variable : public detail::row_operations<variable<T>, T> {
+class variable : public row_operations<variable<T>, T> {
  public:
   using value_type = T;
 
@@ -97,7 +98,7 @@ class variable : public detail::row_operations<variable<T>, T> {
     co_await bound(io, ref).update(std::move(ref), op, std::move(operand));
   }
 
-  friend class detail::row_operations<variable, T>;
+  friend class row_operations<variable, T>;
   friend class pscoro::checkpoint;
   const std::shared_ptr<const detail::sharded_layout>& row_layout() const noexcept { return layout_; }
   const std::shared_ptr<detail::variable_io>& row_io() const noexcept { return io_; }

@@ -8,6 +8,8 @@
 // the worker binds it to a coroutine (server::bind) and the coordinator schedules it with
 // arguments (cluster_coordinator::schedule). Arguments and results travel as pscoro::value through
 // codec<T>; the signature travels too, so two binaries that disagree about it fail clearly.
+// dataset_function<T> and resource_function<T> name, likewise, the functions that build a worker's
+// datasets and per-worker resources (<pscoro/per_worker.hpp> makes and uses what they build).
 #pragma once
 
 #include <pscoro/config.hpp>
@@ -20,6 +22,7 @@
 #include <asio/this_coro.hpp>
 #include <asio/use_awaitable.hpp>
 
+#include <cstdint>
 #include <functional>
 #include <string>
 #include <string_view>
@@ -28,6 +31,40 @@
 #include <vector>
 
 namespace pscoro {
+
+/// What a worker's dataset function knows about its place among the workers (TF's InputContext:
+/// input_pipeline_id, num_input_pipelines).
+struct input_context {
+  std::int64_t worker_index = 0;
+  std::int64_t num_workers = 1;
+};
+
+/// A named handle to a function that builds a worker's dataset of T; bound on workers with
+/// server::bind, used on the chief with cluster_coordinator::create_per_worker_dataset.
+template <class T>
+class dataset_function {
+ public:
+  using element_type = T;
+  explicit dataset_function(std::string name) : name_(std::move(name)) {}
+  const std::string& name() const noexcept { return name_; }
+
+ private:
+  std::string name_;
+};
+
+/// A named handle to a function that builds a worker's per-worker resource of type T (a lookup
+/// table, a cache, a client): bound on workers with server::bind, used on the chief with
+/// cluster_coordinator::create_per_worker_resource. T needs no codec: it never leaves its worker.
+template <class T>
+class resource_function {
+ public:
+  using resource_type = T;
+  explicit resource_function(std::string name) : name_(std::move(name)) {}
+  const std::string& name() const noexcept { return name_; }
+
+ private:
+  std::string name_;
+};
 
 template <class Signature>
 class worker_function;

@@ -5,7 +5,7 @@
 // closure still queued then cancelled. Used on one executor; tests drive it with fake workers.
 #pragma once
 
-#include <pscoro/coordinator.hpp>
+#include <pscoro/coordinator_options.hpp>
 #include <pscoro/detail/completion.hpp>
 #include <pscoro/metrics.hpp>
 #include <pscoro/remote_value.hpp>

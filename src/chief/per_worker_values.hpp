@@ -5,7 +5,7 @@
 // returns.
 #pragma once
 
-#include <pscoro/per_worker.hpp>
+#include <pscoro/detail/per_worker_values.hpp>
 #include <pscoro/value.hpp>
 
 #include "chief/cluster_connections.hpp"

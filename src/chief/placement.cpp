@@ -3,7 +3,7 @@
 #include "common/log.hpp"
 
 #include <pscoro/detail/parallel.hpp>
-#include <pscoro/detail/sharded_io.hpp>
+#include "client/sharded.hpp"
 #include <pscoro/error.hpp>
 
 #include <fmt/format.h>

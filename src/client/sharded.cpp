@@ -1,6 +1,7 @@
-#include <pscoro/detail/sharded_io.hpp>
+#include "client/sharded.hpp"
 
 #include <pscoro/detail/parallel.hpp>
+#include <pscoro/partitioners.hpp>
 
 #include <fmt/format.h>
 

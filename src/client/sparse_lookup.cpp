@@ -2,7 +2,7 @@
 // input checked and planned as a whole (ids made unique, as TF's array_ops.unique), one gather of
 // the distinct rows through sharded_ops<T>, then TF's combination, entry by entry in input order so
 // the sums are TF's and do not depend on which shard answered first.
-#include <pscoro/detail/sharded_io.hpp>
+#include "client/sharded.hpp"
 
 #include <fmt/format.h>
 

@@ -4,7 +4,7 @@
 // threads; prefetch gives a pipeline a thread of its own. The worker runs dataset and resource
 // functions on another of these, its build thread (worker_service::run_on_build_thread), so that a
 // slow build holds up no pipeline.
-#include <pscoro/per_worker.hpp>
+#include <pscoro/detail/per_worker_values.hpp>
 
 #include <asio/thread_pool.hpp>
 

@@ -3,7 +3,7 @@
 // cluster the chief sends in its Hello.
 #pragma once
 
-#include <pscoro/per_worker.hpp>
+#include <pscoro/detail/per_worker_values.hpp>
 #include <pscoro/transport_options.hpp>
 #include <pscoro/worker_function.hpp>
 

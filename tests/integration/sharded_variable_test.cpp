@@ -475,33 +475,6 @@ TEST_CASE("a sharded variable exists whole or not at all: when a shard fails, th
       {}, {}, [](std::span<const std::size_t>, dtype) -> std::size_t { return 2; });
 }
 
-TEST_CASE("slice_rows selects rows as Python's slices do, without overflow") {
-  using detail::slice_rows;
-  using rows = std::vector<std::int64_t>;
-  constexpr auto none = std::nullopt;
-  constexpr auto min = std::numeric_limits<std::int64_t>::min();
-  constexpr auto max = std::numeric_limits<std::int64_t>::max();
-  // Expected: Python's list(range(7))[begin:end:step].
-  CHECK(slice_rows(7, none, none, 1) == rows{0, 1, 2, 3, 4, 5, 6});
-  CHECK(slice_rows(7, none, none, -1) == rows{6, 5, 4, 3, 2, 1, 0});
-  CHECK(slice_rows(7, 2, 5, 1) == rows{2, 3, 4});
-  CHECK(slice_rows(7, -3, none, 1) == rows{4, 5, 6});
-  CHECK(slice_rows(7, none, -2, 1) == rows{0, 1, 2, 3, 4});
-  CHECK(slice_rows(7, 5, 1, -1) == rows{5, 4, 3, 2});
-  CHECK(slice_rows(7, -1, -8, -1) == rows{6, 5, 4, 3, 2, 1, 0});
-  CHECK(slice_rows(7, -100, 100, 2) == rows{0, 2, 4, 6});
-  CHECK(slice_rows(7, 100, -100, -3) == rows{6, 3, 0});
-  CHECK(slice_rows(7, 6, 0, -2) == rows{6, 4, 2});
-  CHECK(slice_rows(7, 3, 3, 1).empty());
-  CHECK(slice_rows(7, 1, 6, 4) == rows{1, 5});
-  CHECK(slice_rows(7, none, none, max) == rows{0});
-  CHECK(slice_rows(7, none, none, min) == rows{6});
-  CHECK(slice_rows(7, 0, min, -1) == rows{0});
-  CHECK(slice_rows(7, min, max, 3) == rows{0, 3, 6});
-  CHECK(slice_rows(0, none, none, -1).empty());
-  CHECK_THROWS_WITH_AS((void)slice_rows(7, none, none, 0), "slice step cannot be zero", error);
-}
-
 TEST_CASE("read_rows slices a sharded variable as Python slices the dense one") {
   local_cluster cluster(2, 1);
   cluster.run_chief(

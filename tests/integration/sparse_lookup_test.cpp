@@ -388,24 +388,6 @@ TEST_CASE("each distinct id's row is asked for once, from the shard that holds i
   CHECK(t.io->gathers["t/part_2"] == asked{{0, 2}});          // ids 7 and 9, in first-seen order
   const xt::xarray<float> expected{{9, 90}, {16, 160}, {2, 20}, {14, 140}};
   check_close(result, expected);
-
-  // The plan behind it, in TF's terms: unique ids, then per entry its row and its unique index.
-  const auto layout = detail::make_layout(t.handle.ref());
-  const auto plan = detail::plan_sparse_lookup(*layout, detail::to_sparse_batch(batch), {}, "test");
-  CHECK(plan.distinct_ids == std::vector<std::int64_t>{7, 2, 9});
-  CHECK(plan.distinct == std::vector<std::size_t>{0, 1, 0, 2, 1, 0, 0});
-
-  // The safe plan drops what TF prunes, and one default_id entry fills each row left empty.
-  const sparse_ids<std::int64_t> pruned{
-      .rows = {0, 0, 2, 2}, .ids = {-1, 5, 6, 8}, .weights = {1.0f, 0.0f, 2.0f, -1.0f}, .dense_rows = 4};
-  detail::sparse_request safe;
-  safe.safe = true;
-  safe.default_id = 3;
-  const auto safe_plan = detail::plan_sparse_lookup(*layout, detail::to_sparse_batch(pruned), safe, "test");
-  CHECK(safe_plan.distinct_ids == std::vector<std::int64_t>{3, 6});
-  CHECK(safe_plan.rows == std::vector<std::size_t>{0, 1, 2, 3});
-  CHECK(safe_plan.distinct == std::vector<std::size_t>{0, 0, 1, 0});
-  CHECK(safe_plan.weights == std::vector<double>{1.0, 1.0, 2.0, 1.0});
 }
 
 TEST_CASE("a lookup places each reply's rows as they arrive, repeats and rows cut anywhere included") {

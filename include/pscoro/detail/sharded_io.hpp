@@ -1,17 +1,15 @@
-// The row arithmetic and the per-shard fan-out behind sharded_variable<T> (and the row operations
-// of variable<T>, which is a sharded variable of one shard). The row arithmetic and the coroutines,
-// for each element type, are compiled (src/client/sharded.cpp); what depends on the caller's expression
-// types is here.
+// What the handles' templates (variable<T>, sharded_variable<T>, row_operations) instantiate: the
+// layout of a variable's shards, the caller's ids and rows as they travel, and the declarations of
+// the coroutines behind every operation. Those coroutines, the checks and the planning of lookups
+// and scatters are compiled once for each element type (src/client/sharded.cpp,
+// src/client/sparse_lookup.cpp; their internal declarations: src/client/sharded.hpp); what depends
+// on the caller's expression types is here.
 #pragma once
 
 #include <pscoro/config.hpp>
 
-// Not used here since sharded_ops moved to src/; src/chief/coordinator_core.cpp still finds
-// run_all through it. (To drop once that file includes <pscoro/detail/parallel.hpp> itself.)
-#include <pscoro/detail/parallel.hpp>
 #include <pscoro/detail/variable_io.hpp>
 #include <pscoro/detail/xtensor.hpp>
-#include <pscoro/partitioners.hpp>
 #include <pscoro/sparse_ids.hpp>
 #include <pscoro/xtensor.hpp>
 
@@ -172,27 +170,6 @@ inline constexpr bool is_expression_v = xt::is_xexpression<std::remove_cvref_t<E
 PSCORO_API std::vector<shard_rows> split_by_shard(const sharded_layout& layout, std::span<const std::int64_t> ids,
                                                   const shape_type& id_shape, row_source rows,
                                                   std::string_view operation);
-/// The rows that [begin:end:step] selects of `rows`, in order, as Python's slice.indices(rows)
-/// gives them: a negative bound counts from the end, a bound past either end is clamped, an absent
-/// one is the start or the end in the step's direction, and a negative step walks backwards.
-/// errc::invalid_argument for step 0 ("slice step cannot be zero", TF's message) and for more
-/// rows than int64 counts. No arithmetic overflows, whatever the values.
-PSCORO_API std::vector<std::int64_t> slice_rows(std::uint64_t rows, std::optional<std::int64_t> begin,
-                                                std::optional<std::int64_t> end, std::int64_t step);
-/// Splits a dense value of the whole variable's shape into per-shard views (no copy); throws
-/// errc::invalid_argument when its dtype or shape is not the variable's.
-PSCORO_API std::vector<tensor> split_dense(const sharded_layout& layout, const tensor& value,
-                                           std::string_view operation);
-/// Checks that `id` (at `position` of the caller's ids) names one of `rows` rows; errc::invalid_argument
-/// naming the operation, the variable, the id, its position and the row count otherwise.
-PSCORO_API void check_id(std::int64_t id, std::size_t position, std::size_t rows, const sharded_layout& layout,
-                         std::string_view operation);
-/// TF's check for sparse operations: ids (of `shape`) must be 1-D (errc::invalid_argument).
-PSCORO_API void check_one_dimensional(const shape_type& shape, std::string_view operation);
-/// Checks that a ps answered a read of `shard` with its dtype and shape (errc::protocol_error).
-PSCORO_API void check_reply(const variable_ref& shard, const tensor& reply);
-/// Checks `rows` against `ids` for a scatter: shape [n] + the row shape, the variable's dtype.
-PSCORO_API void check_rows(const sharded_layout& layout, std::size_t n, const tensor& rows, std::string_view operation);
 
 /// A sparse_ids as the compiled lookups take it: int64 ids, double weights (exact for float ones).
 struct sparse_batch {
@@ -222,24 +199,6 @@ struct sparse_request {
   std::optional<double> max_norm;
 };
 
-/// A sparse lookup planned: each distinct id once, in first-seen order (TF's unique), and for each
-/// entry kept (the dropped ones gone, a default_id entry of weight 1 in each row left empty) its
-/// output row (non-decreasing), the index of its id in distinct_ids, and its weight.
-struct sparse_plan {
-  std::vector<std::int64_t> distinct_ids;
-  std::vector<std::size_t> rows;
-  std::vector<std::size_t> distinct;
-  std::vector<double> weights;  // empty: every weight is 1
-  std::size_t dense_rows = 0;
-};
-
-/// Checks a sparse lookup of `layout` as a whole before anything is sent (errc::invalid_argument
-/// naming the operation, the variable and what is wrong: ids, row indices and weights that do not
-/// match in number, a row index out of [0, dense_rows) or below the one before it, an id out of
-/// range with its position, a default_id out of range, a max_norm that is not positive, a combiner
-/// that is not one, a result too large to address) and plans it.
-PSCORO_API sparse_plan plan_sparse_lookup(const sharded_layout& layout, const sparse_batch& batch,
-                                          const sparse_request& request, std::string_view operation);
 
 /// The coroutines behind the handles. Static and by value: an awaitable must not depend on the
 /// handle staying alive, and every failure (an unbound handle too) surfaces where it is awaited.
@@ -298,180 +257,5 @@ struct PSCORO_API sparse_ops {
 extern template struct sparse_ops<float>;
 extern template struct sparse_ops<double>;
 
-/// The row and optimizer operations of variable<T> and sharded_variable<T>, written once. Derived
-/// provides `row_layout()` and `row_io()`.
-template <class Derived, class T>
-class row_operations {
- public:
-  /// The rows `ids` (1-D) in input order, duplicates allowed: shape [ids.size()] + row shape.
-  template <class E>
-  asio::awaitable<xt::xarray<T>> sparse_read(const xt::xexpression<E>& ids) const {
-    return lookup(ids, true, "sparse_read");
-  }
-  /// The rows `ids` (any shape) in input order: shape ids.shape + row shape. Only those rows
-  /// travel, each once per request however often it is named.
-  template <class E>
-  asio::awaitable<xt::xarray<T>> embedding_lookup(const xt::xexpression<E>& ids) const {
-    return lookup(ids, false, "embedding_lookup");
-  }
-
-  /// TF's embedding_lookup_sparse: output row r combines the rows of the ids whose row index is r,
-  /// each times its weight (see pscoro::combiner; "mean" is TF's default), into shape
-  /// [ids.dense_rows] + row shape; a row no id names is zeros. Each distinct id's row is fetched
-  /// once, from its shard. With `max_norm`, a fetched row longer than that (l2) is scaled down to
-  /// it first. Ids out of range, row indices out of [0, dense_rows) or decreasing, and weights that
-  /// are not one per id are errc::invalid_argument, found before anything is sent.
-  template <class Id, class Weight>
-    requires std::is_floating_point_v<T>
-  asio::awaitable<xt::xarray<T>> embedding_lookup_sparse(const sparse_ids<Id, Weight>& ids,
-                                                         combiner how = combiner::mean,
-                                                         std::optional<double> max_norm = std::nullopt) const {
-    return sparse_lookup(ids, {how, false, std::nullopt, max_norm}, "embedding_lookup_sparse");
-  }
-  /// TF's safe_embedding_lookup_sparse: embedding_lookup_sparse after dropping the ids < 0 and, when
-  /// the combiner is not sum, the entries of weight <= 0 (TF's pruning); a row left with no entry
-  /// is `default_id`'s row when one is given, else zeros. An id >= the row count is still an error,
-  /// as is a default_id out of range (even when no row needs it).
-  template <class Id, class Weight>
-    requires std::is_floating_point_v<T>
-  asio::awaitable<xt::xarray<T>> safe_embedding_lookup_sparse(const sparse_ids<Id, Weight>& ids,
-                                                              combiner how = combiner::mean,
-                                                              std::optional<std::int64_t> default_id = std::nullopt,
-                                                              std::optional<double> max_norm = std::nullopt) const {
-    return sparse_lookup(ids, {how, true, default_id, max_norm}, "safe_embedding_lookup_sparse");
-  }
-
-  /// Rows [begin:end:step] of axis 0, as Python slices them (TF's `sharded[begin:end:step]`):
-  /// `read_rows(-3, std::nullopt)` is the last three rows, `read_rows(std::nullopt, std::nullopt,
-  /// -1)` all rows backwards. Shape [selected rows] + row shape. Only the shards that hold selected
-  /// rows are asked, each for those rows. errc::invalid_argument for step 0 or a scalar variable.
-  asio::awaitable<xt::xarray<T>> read_rows(std::optional<std::int64_t> begin, std::optional<std::int64_t> end,
-                                           std::int64_t step = 1) const {
-    return ops::slice(io(), layout(), begin, end, step);
-  }
-
-  /// Row ids[k] = rows[k], in order (TF's scatter_update; rows: [ids.size()] + row shape).
-  template <class I, class R>
-  asio::awaitable<void> scatter_update(const xt::xexpression<I>& ids, const xt::xexpression<R>& rows) const {
-    return scatter(update_op::assign, ids, rows, "scatter_update");
-  }
-  /// Row ids[k] += rows[k]; a repeated id receives every one of its rows.
-  template <class I, class R>
-  asio::awaitable<void> scatter_add(const xt::xexpression<I>& ids, const xt::xexpression<R>& rows) const {
-    return scatter(update_op::add, ids, rows, "scatter_add");
-  }
-  template <class I, class R>
-  asio::awaitable<void> scatter_sub(const xt::xexpression<I>& ids, const xt::xexpression<R>& rows) const {
-    return scatter(update_op::sub, ids, rows, "scatter_sub");
-  }
-  template <class I, class R>
-  asio::awaitable<void> scatter_mul(const xt::xexpression<I>& ids, const xt::xexpression<R>& rows) const {
-    return scatter(update_op::mul, ids, rows, "scatter_mul");
-  }
-  /// Integer division by zero is refused before anything changes.
-  template <class I, class R>
-  asio::awaitable<void> scatter_div(const xt::xexpression<I>& ids, const xt::xexpression<R>& rows) const {
-    return scatter(update_op::div, ids, rows, "scatter_div");
-  }
-  template <class I, class R>
-  asio::awaitable<void> scatter_min(const xt::xexpression<I>& ids, const xt::xexpression<R>& rows) const {
-    return scatter(update_op::min, ids, rows, "scatter_min");
-  }
-  template <class I, class R>
-  asio::awaitable<void> scatter_max(const xt::xexpression<I>& ids, const xt::xexpression<R>& rows) const {
-    return scatter(update_op::max, ids, rows, "scatter_max");
-  }
-
-  /// One optimizer step with a dense gradient of the variable's shape: one message per shard.
-  template <class E>
-    requires std::is_floating_point_v<T>
-  asio::awaitable<void> apply_gradient(const optimizer& opt, const xt::xexpression<E>& gradient) const {
-    return ops::apply_dense(io(), layout(), opt, to_tensor(gradient));
-  }
-  /// The same with a gradient already in wire form (from another framework: pscoro::from_torch),
-  /// sent as it is: each shard's message carries a view of its rows, no conversion and no copy.
-  /// Its dtype and shape must be the variable's (errc::invalid_argument, checked before sending).
-  asio::awaitable<void> apply_gradient(const optimizer& opt, tensor gradient) const
-    requires std::is_floating_point_v<T>
-  {
-    return ops::apply_dense(io(), layout(), opt, std::move(gradient));
-  }
-  /// One optimizer step on the rows `ids` (1-D; duplicates are summed on the ps): one message per
-  /// shard that holds any of them.
-  template <class I, class R>
-    requires std::is_floating_point_v<T>
-  asio::awaitable<void> apply_sparse_gradient(const optimizer& opt, const xt::xexpression<I>& ids,
-                                              const xt::xexpression<R>& rows) const {
-    const auto where = layout();
-    std::vector<shard_rows> parts;
-    try {
-      // Split now, while the caller's rows certainly exist; failures surface where awaited.
-      id_list converted;
-      const auto int64_ids = ids_of(ids, converted);
-      parts = split_by_shard(*where, int64_ids, converted.shape, rows_of(rows), "apply_sparse_gradient");
-    } catch (...) {
-      return ops::failed(std::current_exception());
-    }
-    return ops::apply_sparse(io(), where, opt, std::move(parts));
-  }
-
- private:
-  using ops = sharded_ops<T>;
-
-  // The ids of a row operation as int64, with their shape in `converted.shape`: an int64
-  // container's read where they are (no copy: a million ids are 8 MiB of fresh pages per call
-  // otherwise), others converted into `converted.ids`. Row operations plan or split at the call,
-  // so the span is used before this call's caller returns.
-  template <class E>
-  static std::span<const std::int64_t> ids_of(const xt::xexpression<E>& ids, id_list& converted) {
-    using C = std::remove_cvref_t<E>;
-    if constexpr (is_dense_container_v<C> && std::is_same_v<typename C::value_type, std::int64_t>) {
-      const C& container = ids.derived_cast();
-      converted.shape.assign(container.shape().begin(), container.shape().end());
-      return {container.data(), container.size()};
-    } else {
-      converted = to_id_list(ids);
-      return converted.ids;
-    }
-  }
-
-  template <class E>
-  asio::awaitable<xt::xarray<T>> lookup(const xt::xexpression<E>& ids, bool flat, const char* operation) const {
-    id_list converted;
-    const auto int64_ids = ids_of(ids, converted);
-    return ops::gather(io(), layout(), int64_ids, std::move(converted.shape), flat, operation);
-  }
-
-  std::shared_ptr<const sharded_layout> layout() const { return static_cast<const Derived&>(*this).row_layout(); }
-  const std::shared_ptr<variable_io>& io() const { return static_cast<const Derived&>(*this).row_io(); }
-
-  template <class Id, class Weight>
-  asio::awaitable<xt::xarray<T>> sparse_lookup(const sparse_ids<Id, Weight>& ids, sparse_request request,
-                                               const char* operation) const {
-    sparse_batch batch;
-    try {
-      batch = to_sparse_batch(ids);
-    } catch (...) {
-      return sparse_ops<T>::failed(std::current_exception());
-    }
-    return sparse_ops<T>::lookup(io(), layout(), std::move(batch), std::move(request), operation);
-  }
-
-  template <class I, class R>
-  asio::awaitable<void> scatter(update_op op, const xt::xexpression<I>& ids, const xt::xexpression<R>& rows,
-                                const char* operation) const {
-    const auto where = layout();
-    std::vector<shard_rows> parts;
-    try {
-      // Split now, while the caller's rows certainly exist; failures surface where awaited.
-      id_list converted;
-      const auto int64_ids = ids_of(ids, converted);
-      parts = split_by_shard(*where, int64_ids, converted.shape, rows_of(rows), operation);
-    } catch (...) {
-      return ops::failed(std::current_exception());
-    }
-    return ops::scatter(io(), where, op, std::move(parts));
-  }
-};
 
 }  // namespace pscoro::detail

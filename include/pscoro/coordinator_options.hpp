@@ -1,0 +1,36 @@
+// What a cluster_coordinator is told: closures in flight per worker, the queue's bound, how long
+// lost workers are waited for and probed, the watchdog, and TF's rule for transient ps failures.
+#pragma once
+
+#include <pscoro/config.hpp>
+
+#include <chrono>
+#include <cstddef>
+
+namespace pscoro {
+
+struct coordinator_options {
+  /// Closures sent to one worker before it answers (TF: 1). More hides the round trip.
+  std::size_t closures_per_worker = 4;
+  /// Closures queued (not yet sent) at most; 0 = no limit. TF's limit is 256 * 1024.
+  std::size_t max_queued_closures = 256 * 1024;
+  /// With no live worker, queued closures wait this long for one to come back, then fail with
+  /// errc::unavailable (TF waits an hour too, then carries on as if nothing happened).
+  std::chrono::milliseconds worker_recovery_timeout{std::chrono::hours(1)};
+  /// How often lost workers are probed (one connection attempt each) to see whether they are back;
+  /// also how often the watchdog looks.
+  std::chrono::milliseconds worker_probe_interval{std::chrono::seconds(1)};
+  /// When closures are queued or running and none has finished for this long, log a warning with a
+  /// line per worker naming what it runs and for how long; 0 = off (TF's default). Environment
+  /// variable TF_CLUSTER_COORDINATOR_WATCH_DOG_TIMEOUT (seconds), as in TF, overrides it.
+  std::chrono::milliseconds watchdog_timeout{0};
+  /// A closure whose worker could not reach a ps the chief still reaches (errc::unavailable from
+  /// that ps) runs again, unless that ps has been blamed this many times (the count never resets):
+  /// then it fails the run. 0 = every such failure is fatal. TF's rule and default; environment
+  /// variable TF_COORDINATOR_IGNORE_TRANSIENT_PS_FAILURES, as in TF, overrides it.
+  int transient_ps_failures = 3;
+
+  friend bool operator==(const coordinator_options&, const coordinator_options&) = default;
+};
+
+}  // namespace pscoro
