@@ -8,6 +8,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <limits>
 #include <numbers>
@@ -194,6 +195,22 @@ class step_math {
   /// slot: their rows random_row_prefetch_distance ids ahead are loaded while this one is stepped.
   void rows(T* var, std::span<T* const> slots, std::span<const std::int64_t> rows, const T* g, std::size_t n) const {
     step_rows(var, slots, rows, g, n, rows.size(), [](std::size_t u) { return u; });
+  }
+  /// Steps record j (its row at records[j], its slots' rows right after it, n elements each) with
+  /// gradient row g + j * n: a hash table's rows, each with its slots in one record.
+  void records(std::span<std::byte* const> records, std::size_t slots, const T* g, std::size_t n) const {
+    constexpr std::size_t ahead = common::random_row_prefetch_distance;
+    std::visit(
+        [&](const auto& o) {
+          std::array<T*, 2> slot_rows{};  // no optimizer keeps more than two slots
+          for (std::size_t j = 0; j < records.size(); ++j) {
+            if (j + ahead < records.size()) __builtin_prefetch(records[j + ahead], 1);
+            T* var = reinterpret_cast<T*>(records[j]);
+            for (std::size_t k = 0; k < slots; ++k) slot_rows[k] = var + (k + 1) * n;
+            step(o, var, slot_rows.data(), 0, g + j * n, n);
+          }
+        },
+        opt_);
   }
   /// As rows(), for the rows `rows[at[j]]` only, with gradient rows g + at[j] * n.
   void rows_at(T* var, std::span<T* const> slots, std::span<const std::int64_t> rows, const T* g, std::size_t n,
@@ -547,6 +564,20 @@ struct sparse_step_tables {
 };
 
 }  // namespace
+
+void apply_records(const optimizer& opt, dtype type, std::span<std::byte* const> records, std::int64_t step,
+                   const std::byte* gradients, std::size_t row_elements) {
+  const std::size_t slots = slots_of(opt).size();
+  if (slots > 2) throw error(errc::internal, "an optimizer keeps more slots than a record has room for");
+  visit_dtype(type, [&](auto zero) {
+    using T = decltype(zero);
+    if constexpr (std::is_floating_point_v<T>) {
+      step_math<T>(opt, step).records(records, slots, reinterpret_cast<const T*>(gradients), row_elements);
+    } else {
+      invalid(fmt::format("{} updates float32 or float64 tables, not {}", optimizer_name(opt), name_of(type)));
+    }
+  });
+}
 
 void apply_sparse(const optimizer& opt, dtype type, std::byte* variable, std::size_t variable_rows,
                   std::span<std::byte* const> slots, std::int64_t step, std::span<const std::int64_t> ids,

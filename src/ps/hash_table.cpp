@@ -1,0 +1,462 @@
+#include "ps/hash_table.hpp"
+
+#include "common/id_hash.hpp"
+#include "common/id_map.hpp"
+#include "ps/kernels.hpp"
+#include "ps/variable_store.hpp"
+
+#include <pscoro/error.hpp>
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <type_traits>
+
+namespace pscoro::ps {
+
+namespace {
+
+// A free record's "last named" field; its id field holds the next free record.
+constexpr std::uint64_t free_mark = ~std::uint64_t{0};
+
+[[noreturn]] void invalid(std::string message) { throw error(errc::invalid_argument, std::move(message)); }
+
+// The three counters of an id in a filter of `m`, from a second mix of its bits (independent of
+// the bits that chose its bucket and its place in the bucket's map).
+std::array<std::size_t, 3> filter_counters(std::uint64_t mixed, std::size_t m) noexcept {
+  const std::uint64_t a = common::mix_id(static_cast<std::int64_t>(mixed ^ 0x9e3779b97f4a7c15ULL));
+  const std::uint64_t b = common::mix_id(static_cast<std::int64_t>(a));
+  const auto scaled = [m](std::uint64_t bits32) { return static_cast<std::size_t>((bits32 * m) >> 32); };
+  return {scaled(a & 0xffffffffU), scaled(a >> 32), scaled(b & 0xffffffffU)};
+}
+
+std::uint8_t filter_estimate(const std::vector<std::uint8_t>& filter, std::uint64_t mixed) noexcept {
+  const auto at = filter_counters(mixed, filter.size());
+  return std::min({filter[at[0]], filter[at[1]], filter[at[2]]});
+}
+
+}  // namespace
+
+// ---- hash_bucket ------------------------------------------------------------------------------------
+
+std::int64_t hash_bucket::id_of(const std::byte* record) noexcept {
+  std::int64_t id;
+  std::memcpy(&id, record, sizeof id);
+  return id;
+}
+
+std::uint64_t hash_bucket::last_named(const std::byte* record) noexcept {
+  std::uint64_t clock;
+  std::memcpy(&clock, record + 8, sizeof clock);
+  return clock;
+}
+
+void hash_bucket::set_last_named(std::byte* record, std::uint64_t clock) noexcept {
+  std::memcpy(record + 8, &clock, sizeof clock);
+}
+
+bool hash_bucket::is_free(const std::byte* record) noexcept { return last_named(record) == free_mark; }
+
+void hash_bucket::copy_bytes(std::byte* to, const std::byte* from, std::size_t n) noexcept {
+  std::memcpy(to, from, n);
+}
+
+std::byte* hash_bucket::find(std::int64_t id, std::uint64_t mixed) const noexcept {
+  if (size_ == 0) return nullptr;
+  const auto tag = static_cast<std::uint32_t>(mixed);
+  for (std::size_t at = home(tag);; at = next(at)) {
+    const entry& e = map_[at];
+    if (e.record == empty_entry) return nullptr;
+    if (e.tag == tag) {
+      std::byte* r = record(e.record);
+      if (id_of(r) == id) return r;
+    }
+  }
+}
+
+std::uint32_t hash_bucket::allocate_record() {
+  if (free_ != empty_entry) {
+    const std::uint32_t i = free_;
+    free_ = static_cast<std::uint32_t>(id_of(record(i)));
+    return i;
+  }
+  if (records_ == std::numeric_limits<std::uint32_t>::max() - records_per_chunk) {
+    throw error(errc::resource_exhausted, "a hash table bucket cannot hold more than 4 billion rows");
+  }
+  if (records_ % records_per_chunk == 0) {
+    chunks_.push_back(std::make_unique<std::byte[]>(std::size_t{records_per_chunk} * record_bytes_));
+  }
+  return records_++;
+}
+
+void hash_bucket::grow() {
+  const std::size_t capacity = std::max<std::size_t>(8, map_.size() + map_.size() / 2);
+  std::vector<entry> old(capacity, entry{0, empty_entry});
+  old.swap(map_);
+  for (const entry& e : old) {
+    if (e.record == empty_entry) continue;
+    std::size_t at = home(e.tag);
+    while (map_[at].record != empty_entry) at = next(at);
+    map_[at] = e;
+  }
+}
+
+std::byte* hash_bucket::insert(std::int64_t id, std::uint64_t mixed) {
+  if ((std::size_t{size_} + 1) * 10 > map_.size() * 9) grow();
+  const std::uint32_t i = allocate_record();
+  std::byte* r = record(i);
+  std::memcpy(r, &id, sizeof id);
+  set_last_named(r, 0);
+  const auto tag = static_cast<std::uint32_t>(mixed);
+  std::size_t at = home(tag);
+  while (map_[at].record != empty_entry) at = next(at);
+  map_[at] = entry{tag, i};
+  ++size_;
+  return r;
+}
+
+void hash_bucket::erase(std::int64_t id, std::uint64_t mixed) noexcept {
+  if (size_ == 0) return;
+  const auto tag = static_cast<std::uint32_t>(mixed);
+  std::size_t at = home(tag);
+  while (true) {
+    const entry& e = map_[at];
+    if (e.record == empty_entry) return;
+    if (e.tag == tag && id_of(record(e.record)) == id) break;
+    at = next(at);
+  }
+  // Free the record: it names the next free one.
+  const std::uint32_t i = map_[at].record;
+  std::byte* r = record(i);
+  const auto next_free = static_cast<std::int64_t>(free_);
+  std::memcpy(r, &next_free, sizeof next_free);
+  set_last_named(r, free_mark);
+  free_ = i;
+  --size_;
+  // Backward shift: move each following entry of the run back into the hole when its home does not
+  // lie strictly between the hole and it (cyclically), so every entry stays reachable from its home.
+  const std::size_t n = map_.size();
+  std::size_t hole = at;
+  for (std::size_t j = next(hole);; j = next(j)) {
+    const entry e = map_[j];
+    if (e.record == empty_entry) break;
+    const std::size_t h = home(e.tag);
+    const std::size_t distance_to_j = (j + n - h) % n;
+    const std::size_t distance_to_hole = (hole + n - h) % n;
+    if (distance_to_hole <= distance_to_j) {
+      map_[hole] = e;
+      hole = j;
+    }
+  }
+  map_[hole] = entry{0, empty_entry};
+}
+
+std::byte* hash_bucket::sample(std::uint64_t random) const noexcept {
+  if (size_ == 0) return nullptr;
+  // Held records are at least a fraction size_ / records_ of the slab (at most one chunk is spare
+  // beyond what was once held): a few draws find one; the scan is the rare fallback.
+  for (int attempt = 0; attempt < 16; ++attempt) {
+    const auto i = static_cast<std::uint32_t>(((random & 0xffffffffU) * records_) >> 32);
+    random = common::mix_id(static_cast<std::int64_t>(random));
+    std::byte* r = record(i);
+    if (!is_free(r)) return r;
+  }
+  for (std::uint32_t i = 0; i < records_; ++i) {
+    if (!is_free(record(i))) return record(i);
+  }
+  return nullptr;
+}
+
+std::uint64_t hash_bucket::bytes_held() const noexcept {
+  constexpr std::uint64_t allocation_overhead = 16;  // glibc's per-allocation header, rounded
+  return map_.capacity() * sizeof(entry) + chunks_.capacity() * sizeof(chunks_[0]) +
+         chunks_.size() * (std::uint64_t{records_per_chunk} * record_bytes_ + allocation_overhead) + sizeof(*this);
+}
+
+// ---- hash_table_part --------------------------------------------------------------------------------
+
+hash_table_part::hash_table_part(std::string name, std::string task, dtype type, hash_table_options options,
+                                 std::span<const std::uint32_t> held)
+    : name_(std::move(name)), task_(std::move(task)), type_(type), options_(std::move(options)) {
+  const auto refuse = [&](std::string what) { invalid(fmt::format("hash table '{}': {}", name_, what)); };
+  if (type_ != dtype::float32 && type_ != dtype::float64) {
+    refuse(fmt::format("rows must be float32 or float64, not {}", name_of(type_)));
+  }
+  if (options_.dim == 0 || options_.dim > (std::size_t{1} << 20)) {
+    refuse(fmt::format("dim must be in [1, {}] (got {})", std::size_t{1} << 20, options_.dim));
+  }
+  if (options_.buckets == 0) refuse("buckets must be at least 1");
+  if (std::holds_alternative<initializers::glorot_uniform>(options_.initializer)) {
+    refuse("glorot_uniform takes its scale from a row count, which a hash table does not have");
+  }
+  if (!std::isfinite(options_.default_value)) {
+    refuse(fmt::format("default_value must be finite (got {})", options_.default_value));
+  }
+  if (options_.max_rows_per_ps == 0) refuse("max_rows_per_ps must be at least 1");
+  layout_.row_bytes = options_.dim * size_of(type_);
+  kernels::check_initializer({options_.initializer, {1, options_.dim}, 0}, type_, {1, options_.dim}, name_);
+  if (const auto* m = std::get_if<admission::min_count>(&options_.admission)) {
+    if (m->count == 0 || m->count > 255) refuse(fmt::format("admission::min_count: count must be in [1, 255] (got {})", m->count));
+    if (m->counters == 0 || m->counters > (std::size_t{1} << 32)) {
+      refuse(fmt::format("admission::min_count: counters must be in [1, 2^32] (got {})", m->counters));
+    }
+    filter_.assign(m->counters, 0);
+  } else if (const auto* p = std::get_if<admission::probability>(&options_.admission)) {
+    if (!(p->p >= 0 && p->p <= 1)) refuse(fmt::format("admission::probability: p must be in [0, 1] (got {})", p->p));
+    random_.seed(p->seed);
+  }
+  if (const auto* c = std::get_if<eviction::capacity>(&options_.eviction); c && c->rows_per_ps == 0) {
+    refuse("eviction::capacity: rows_per_ps must be at least 1");
+  }
+  buckets_.resize(options_.buckets);
+  for (const std::uint32_t b : held) {
+    if (b >= options_.buckets) refuse(fmt::format("bucket {} is not one of its {} buckets", b, options_.buckets));
+    if (buckets_[b]) refuse(fmt::format("bucket {} is held twice", b));
+    buckets_[b] = std::make_unique<hash_bucket>(layout_.bytes());
+    held_.push_back(b);
+  }
+}
+
+std::uint64_t hash_table_part::bytes_held() const noexcept {
+  std::uint64_t total = filter_.capacity() + buckets_.capacity() * sizeof(buckets_[0]) + sizeof(*this);
+  for (const std::uint32_t b : held_) total += buckets_[b]->bytes_held();
+  return total;
+}
+
+hash_bucket& hash_table_part::bucket_of(std::uint64_t mixed) const {
+  return *buckets_[common::bucket_of_mix(mixed, options_.buckets)];
+}
+
+void hash_table_part::check_held(std::span<const std::int64_t> ids) const {
+  for (std::size_t k = 0; k < ids.size(); ++k) {
+    const std::uint32_t b = common::bucket_of(ids[k], options_.buckets);
+    if (!holds(b)) {
+      invalid(fmt::format("hash table '{}' on {}: id {} (position {}) is in bucket {}, which this ps does not hold",
+                          name_, task_, ids[k], k, b));
+    }
+  }
+}
+
+void hash_table_part::initialize_row(std::int64_t id, std::byte* row) const {
+  // Row `id` of a variable of rows of dim values: the same values as a sharded variable's row
+  // `id`, whatever the ps count. A negative id wraps, as any id names a stream.
+  kernels::initialize({options_.initializer, {1, options_.dim}, static_cast<std::uint64_t>(id)}, type_,
+                      {1, options_.dim}, row);
+}
+
+void hash_table_part::initialize_slots(std::byte* slots) const {
+  visit_dtype(type_, [&](auto zero) {
+    using T = decltype(zero);
+    auto* values = reinterpret_cast<T*>(slots);
+    for (std::size_t k = 0; k < slot_initial_values_.size(); ++k) {
+      std::fill_n(values + k * options_.dim, options_.dim, static_cast<T>(slot_initial_values_[k]));
+    }
+  });
+}
+
+void hash_table_part::evict_one(std::uint32_t near) {
+  // Sampled LRU: the least recently named of 8 records of the new row's bucket (or, when that one
+  // is empty, of the next bucket this part holds that is not).
+  std::size_t start = 0;
+  while (start < held_.size() && held_[start] != near) ++start;
+  for (std::size_t k = 0; k < held_.size(); ++k) {
+    hash_bucket& b = *buckets_[held_[(start + k) % held_.size()]];
+    if (b.size() == 0) continue;
+    std::byte* oldest = nullptr;
+    for (int draw = 0; draw < 8; ++draw) {
+      std::byte* r = b.sample(random_());
+      if (r && (!oldest || hash_bucket::last_named(r) < hash_bucket::last_named(oldest))) oldest = r;
+    }
+    const std::int64_t id = hash_bucket::id_of(oldest);
+    b.erase(id, common::mix_id(id));
+    --rows_;
+    ++counts_.evicted;
+    return;
+  }
+}
+
+void hash_table_part::lookup(std::span<const std::int64_t> ids, bool insert, std::byte* out) {
+  check_held(ids);
+  const std::size_t row_bytes = layout_.row_bytes;
+  // Each distinct id once, in first-seen order: a request counts once per id for admission, and
+  // repeats copy the first one's row.
+  common::id_map seen(ids.size());
+  std::vector<std::uint32_t> index(ids.size());
+  std::vector<std::size_t> first;  // the first position of each distinct id
+  for (std::size_t k = 0; k < ids.size(); ++k) {
+    index[k] = seen.index_of(ids[k]);
+    if (index[k] == first.size()) first.push_back(k);
+  }
+  // Decide everything before the first write: which ids are held, which are admitted now.
+  std::vector<std::byte*> held(first.size(), nullptr);
+  std::vector<bool> admit(first.size(), false);
+  std::uint64_t admitted = 0;
+  // Draws come from a copy, committed only when the request goes through.
+  std::optional<std::mt19937_64> draws;
+  if (insert && std::holds_alternative<admission::probability>(options_.admission)) draws = random_;
+  for (std::size_t u = 0; u < first.size(); ++u) {
+    const std::int64_t id = ids[first[u]];
+    const std::uint64_t mixed = common::mix_id(id);
+    held[u] = bucket_of(mixed).find(id, mixed);
+    if (held[u] || !insert) continue;
+    if (const auto* m = std::get_if<admission::min_count>(&options_.admission)) {
+      admit[u] = filter_estimate(filter_, mixed) + 1u >= m->count;
+    } else if (const auto* p = std::get_if<admission::probability>(&options_.admission)) {
+      admit[u] = std::uniform_real_distribution<double>(0, 1)(*draws) < p->p;
+    } else {
+      admit[u] = true;
+    }
+    admitted += admit[u] ? 1 : 0;
+  }
+  const auto* capacity = std::get_if<eviction::capacity>(&options_.eviction);
+  if (!capacity && rows_ + admitted > options_.max_rows_per_ps) {
+    throw error(errc::resource_exhausted,
+                fmt::format("hash table '{}' on {} is full: it holds {} rows of its max_rows_per_ps {}, and this "
+                            "lookup would add {} (an eviction policy makes room: eviction::ttl or capacity)",
+                            name_, task_, rows_, options_.max_rows_per_ps, admitted));
+  }
+  if (draws) random_ = *draws;
+  // Rows already held first: an insert below may evict one of them, after its row is copied.
+  for (std::size_t u = 0; u < first.size(); ++u) {
+    if (!held[u]) continue;
+    hash_bucket::set_last_named(held[u], clock_);
+    std::memcpy(out + first[u] * row_bytes, held[u] + record_layout::header_bytes, row_bytes);
+  }
+  for (std::size_t u = 0; u < first.size(); ++u) {
+    if (held[u]) continue;
+    const std::int64_t id = ids[first[u]];
+    const std::uint64_t mixed = common::mix_id(id);
+    std::byte* row_out = out + first[u] * row_bytes;
+    if (insert && !filter_.empty()) {
+      for (const std::size_t at : filter_counters(mixed, filter_.size())) {
+        if (filter_[at] < 255) ++filter_[at];
+      }
+    }
+    if (!admit[u]) {
+      visit_dtype(type_, [&](auto zero) {
+        using T = decltype(zero);
+        std::fill_n(reinterpret_cast<T*>(row_out), options_.dim, static_cast<T>(options_.default_value));
+      });
+      ++counts_.not_admitted;
+      continue;
+    }
+    const std::uint32_t b = common::bucket_of_mix(mixed, options_.buckets);
+    if (capacity && rows_ >= capacity->rows_per_ps) evict_one(b);
+    std::byte* r = buckets_[b]->insert(id, mixed);
+    hash_bucket::set_last_named(r, clock_);
+    std::byte* row = r + record_layout::header_bytes;
+    initialize_row(id, row);
+    if (layout_.slots > 0) initialize_slots(row + row_bytes);
+    ++rows_;
+    ++counts_.admitted;
+    std::memcpy(row_out, row, row_bytes);
+  }
+  for (std::size_t k = 0; k < ids.size(); ++k) {
+    const std::size_t f = first[index[k]];
+    if (f != k) std::memcpy(out + k * row_bytes, out + f * row_bytes, row_bytes);
+  }
+}
+
+void hash_table_part::lay_out_slots(const optimizer& opt) {
+  const auto slots = kernels::slots_of(opt);
+  slot_initial_values_.clear();
+  for (const auto& slot : slots) slot_initial_values_.push_back(slot.initial_value);
+  layout_.slots = slots.size();
+  const std::size_t slot_offset = record_layout::header_bytes + layout_.row_bytes;
+  for (const std::uint32_t b : held_) {
+    buckets_[b]->widen(layout_.bytes(), [&](std::byte* record) { initialize_slots(record + slot_offset); });
+  }
+  slot_owner_ = opt;
+}
+
+void hash_table_part::apply_gradients(const optimizer& opt, std::span<const std::int64_t> ids,
+                                      const std::byte* gradients) {
+  check_held(ids);
+  kernels::check_optimizer(opt);
+  if (slot_owner_ && kernels::optimizer_name(*slot_owner_) != kernels::optimizer_name(opt)) {
+    throw error(errc::failed_precondition,
+                fmt::format("hash table '{}' on {}: its rows hold the slots of {}, so {} cannot step it (one "
+                            "optimizer per table)",
+                            name_, task_, kernels::optimizer_name(*slot_owner_), kernels::optimizer_name(opt)));
+  }
+  const std::size_t row_bytes = layout_.row_bytes;
+  // Repeated ids' gradients summed first, in input order, into one row per held id (the dense
+  // path's arithmetic: the first row copied, the others added in turn).
+  common::id_map seen(ids.size());
+  std::vector<std::int64_t> distinct;
+  std::vector<std::uint32_t> index(ids.size());
+  for (std::size_t k = 0; k < ids.size(); ++k) {
+    index[k] = seen.index_of(ids[k]);
+    if (index[k] == distinct.size()) distinct.push_back(ids[k]);
+  }
+  if (!slot_owner_ && !distinct.empty()) lay_out_slots(opt);
+  std::vector<std::byte*> records(distinct.size());
+  for (std::size_t u = 0; u < distinct.size(); ++u) {
+    const std::uint64_t mixed = common::mix_id(distinct[u]);
+    records[u] = bucket_of(mixed).find(distinct[u], mixed);
+  }
+  // Compact: held ids only, each with its summed gradient.
+  std::vector<std::uint32_t> compact(distinct.size(), ~std::uint32_t{0});
+  std::vector<std::byte*> stepped;
+  for (std::size_t u = 0; u < distinct.size(); ++u) {
+    if (records[u]) {
+      compact[u] = static_cast<std::uint32_t>(stepped.size());
+      hash_bucket::set_last_named(records[u], clock_);
+      stepped.push_back(records[u] + record_layout::header_bytes);
+    }
+  }
+  std::vector<std::byte> summed(stepped.size() * row_bytes);
+  std::vector<bool> started(stepped.size(), false);
+  visit_dtype(type_, [&](auto zero) {
+    using T = decltype(zero);
+    const std::size_t n = options_.dim;
+    for (std::size_t k = 0; k < ids.size(); ++k) {
+      const std::uint32_t c = compact[index[k]];
+      if (c == ~std::uint32_t{0}) {
+        ++counts_.gradients_dropped;
+        continue;
+      }
+      const T* from = reinterpret_cast<const T*>(gradients + k * row_bytes);
+      T* into = reinterpret_cast<T*>(summed.data() + std::size_t{c} * row_bytes);
+      if (!started[c]) {
+        started[c] = true;
+        std::copy(from, from + n, into);
+      } else {
+        for (std::size_t i = 0; i < n; ++i) into[i] += from[i];
+      }
+    }
+  });
+  if (stepped.empty()) return;
+  if (kernels::counts_steps(opt)) ++steps_;
+  kernels::apply_records(opt, type_, stepped, steps_, summed.data(), options_.dim);
+}
+
+std::uint64_t hash_table_part::advance_clock(std::uint64_t now) {
+  if (now > static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max())) {
+    invalid(fmt::format("hash table '{}': the clock must stay below 2^63 (got {})", name_, now));
+  }
+  if (now < clock_) {
+    invalid(fmt::format("hash table '{}': the clock cannot go back from {} to {}", name_, clock_, now));
+  }
+  clock_ = now;
+  const auto* ttl = std::get_if<eviction::ttl>(&options_.eviction);
+  if (!ttl) return 0;
+  std::uint64_t dropped = 0;
+  std::vector<std::int64_t> idle;
+  for (const std::uint32_t b : held_) {
+    idle.clear();
+    buckets_[b]->for_each([&](const std::byte* r) {
+      if (now - hash_bucket::last_named(r) > ttl->max_idle) idle.push_back(hash_bucket::id_of(r));
+    });
+    for (const std::int64_t id : idle) buckets_[b]->erase(id, common::mix_id(id));
+    dropped += idle.size();
+  }
+  rows_ -= dropped;
+  counts_.evicted += dropped;
+  return dropped;
+}
+
+}  // namespace pscoro::ps

@@ -1,0 +1,207 @@
+// A dynamic embedding table's part on one ps: the buckets it holds, each an open-addressing map
+// from id to a record in chunked slabs, where a record holds the id, when it was last named, the
+// row and the optimizer's slots together (no allocation per row). Admission, eviction and the
+// table's clock are decided here. Pure: no executor, no wire; ps_service decodes requests and
+// answers.
+//
+// What happens to the rows on each failure: a request refused (bad id, capacity, limits) changes
+// nothing, not even admission counts, because every check runs before the first write; a ps that
+// dies loses its part, which a restore brings back from the newest checkpoint.
+#pragma once
+
+#include <pscoro/hash_table_options.hpp>
+#include <pscoro/optimizers.hpp>
+#include <pscoro/tensor.hpp>
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <random>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace pscoro::ps {
+
+/// How a table's records are laid out: [int64 id][uint64 last named][row: dim values][slot rows...],
+/// padded to 8 bytes.
+struct record_layout {
+  static constexpr std::size_t header_bytes = 16;
+  std::size_t row_bytes = 0;
+  std::size_t slots = 0;
+
+  std::size_t bytes() const noexcept { return (header_bytes + (1 + slots) * row_bytes + 7) / 8 * 8; }
+};
+
+/// One bucket's rows. Linear probing over 8-byte entries (the low half of the id's mix as a tag,
+/// which also gives an entry's home, and the record's index), deleted by shifting back (no
+/// tombstones), grown by half at 9/10 full: the map costs 8.9-13.3 bytes per row. Records live in
+/// chunks of 32, so a growing bucket never copies them and wastes at most one chunk; an erased
+/// record is reused by the next insert.
+class hash_bucket {
+ public:
+  static constexpr std::uint32_t records_per_chunk = 32;
+
+  explicit hash_bucket(std::size_t record_bytes) : record_bytes_(record_bytes) {}
+
+  std::size_t size() const noexcept { return size_; }
+  /// The record of `id` (whose mix is `mixed`), or nullptr.
+  std::byte* find(std::int64_t id, std::uint64_t mixed) const noexcept;
+  /// A new record for `id`, which is not held: its header set (last named 0), the rest unset.
+  std::byte* insert(std::int64_t id, std::uint64_t mixed);
+  /// Drops `id`'s record, if held.
+  void erase(std::int64_t id, std::uint64_t mixed) noexcept;
+  /// A held record chosen by `random` (uniform over the slab's records, retried past free ones),
+  /// or nullptr when the bucket is empty.
+  std::byte* sample(std::uint64_t random) const noexcept;
+  /// Calls f(record) for every held record; f may not insert or erase.
+  template <class F>
+  void for_each(F&& f) const {
+    for (std::uint32_t i = 0; i < records_; ++i) {
+      std::byte* r = record(i);
+      if (!is_free(r)) f(r);
+    }
+  }
+  /// Gives every record `record_bytes` bytes (more: new slots), keeping its first bytes and
+  /// calling fill(record) for each to set the rest. One bucket's records are copied at a time.
+  template <class F>
+  void widen(std::size_t record_bytes, F&& fill) {
+    hash_bucket wider(record_bytes);
+    wider.map_ = map_;
+    wider.size_ = size_;
+    wider.records_ = records_;
+    wider.free_ = free_;
+    wider.chunks_.reserve(chunks_.size());
+    for (std::size_t c = 0; c < chunks_.size(); ++c) {
+      wider.chunks_.push_back(std::make_unique<std::byte[]>(records_per_chunk * record_bytes));
+    }
+    for (std::uint32_t i = 0; i < records_; ++i) {
+      std::byte* to = wider.record(i);
+      copy_bytes(to, record(i), record_bytes_);
+      if (!is_free(to)) fill(to);
+    }
+    *this = std::move(wider);
+  }
+  /// Memory the bucket takes: its map, its chunks (held records or not) and their pointers.
+  std::uint64_t bytes_held() const noexcept;
+
+  static std::int64_t id_of(const std::byte* record) noexcept;
+  static std::uint64_t last_named(const std::byte* record) noexcept;
+  static void set_last_named(std::byte* record, std::uint64_t clock) noexcept;
+
+ private:
+  struct entry {
+    std::uint32_t tag;
+    std::uint32_t record;  // empty_entry: no entry
+  };
+  static constexpr std::uint32_t empty_entry = ~std::uint32_t{0};
+
+  std::byte* record(std::uint32_t i) const noexcept {
+    return chunks_[i / records_per_chunk].get() + std::size_t{i % records_per_chunk} * record_bytes_;
+  }
+  static bool is_free(const std::byte* record) noexcept;
+  static void copy_bytes(std::byte* to, const std::byte* from, std::size_t n) noexcept;
+  std::size_t home(std::uint32_t tag) const noexcept {
+    return static_cast<std::size_t>((std::uint64_t{tag} * map_.size()) >> 32);
+  }
+  std::size_t next(std::size_t at) const noexcept { return at + 1 == map_.size() ? 0 : at + 1; }
+  void grow();
+  std::uint32_t allocate_record();
+
+  std::size_t record_bytes_;
+  std::vector<entry> map_;
+  std::vector<std::unique_ptr<std::byte[]>> chunks_;
+  std::uint32_t size_ = 0;
+  std::uint32_t records_ = 0;  // records ever allocated in the chunks (held or free)
+  std::uint32_t free_ = empty_entry;  // the first free record; each free record names the next
+};
+
+/// Counts of what a table's part did, for metrics and tests.
+struct hash_table_counts {
+  std::uint64_t admitted = 0;   // rows inserted
+  std::uint64_t evicted = 0;    // rows dropped by eviction
+  std::uint64_t not_admitted = 0;  // sightings of ids not admitted (a lookup returned the default)
+  std::uint64_t gradients_dropped = 0;  // gradient rows for ids not held
+};
+
+/// One table's part on one ps.
+class hash_table_part {
+ public:
+  /// The part of table `name` on `task` ("ps:0", named in refusals), of `type` (float32 or float64)
+  /// and `options` (the initializer's seed already mixed with the table's name, as the chief sends
+  /// it), holding the buckets `held` of options.buckets. Throws errc::invalid_argument for options
+  /// no table can have (dim 0, a bucket count of 0, a held bucket out of range, glorot_uniform, an
+  /// admission count of 0, a probability outside [0, 1], a filter of no counters).
+  hash_table_part(std::string name, std::string task, dtype type, hash_table_options options,
+                  std::span<const std::uint32_t> held);
+
+  const std::string& name() const noexcept { return name_; }
+  dtype type() const noexcept { return type_; }
+  const hash_table_options& options() const noexcept { return options_; }
+  std::size_t row_bytes() const noexcept { return layout_.row_bytes; }
+  /// The rows held.
+  std::uint64_t rows() const noexcept { return rows_; }
+  /// The memory the part takes: buckets, records, the admission filter.
+  std::uint64_t bytes_held() const noexcept;
+  const hash_table_counts& counts() const noexcept { return counts_; }
+  std::uint64_t clock() const noexcept { return clock_; }
+  /// The optimizer whose slots the records hold, once one has stepped the table.
+  const std::optional<optimizer>& slot_owner() const noexcept { return slot_owner_; }
+
+  /// Writes the rows of `ids` in input order into `out` (ids.size() rows of row_bytes()), marking
+  /// each held one named now. With `insert`, ids not held are admitted by the table's policy and
+  /// get their initial row; without, and for ids not admitted, the row is options.default_value.
+  /// Checks first, changing nothing when it throws: an id of a bucket this part does not hold is
+  /// errc::invalid_argument; rows that would not fit (eviction::none or ttl at max_rows_per_ps)
+  /// are errc::resource_exhausted naming the table, the ps and the capacity.
+  void lookup(std::span<const std::int64_t> ids, bool insert, std::byte* out);
+  /// One optimizer step on the rows of `ids` with `gradients` (ids.size() rows): repeated ids'
+  /// gradients summed first, in input order; gradients of ids not held are dropped (counted). The
+  /// first optimizer to step the table lays its slots out in every record (initial values as the
+  /// optimizer's); another one later is errc::failed_precondition naming both. Checks run first.
+  void apply_gradients(const optimizer& opt, std::span<const std::int64_t> ids, const std::byte* gradients);
+  /// Sets the table's clock to `now` (never backwards: errc::invalid_argument) and, with
+  /// eviction::ttl, drops the rows not named for more than max_idle ticks. Returns the rows
+  /// dropped.
+  std::uint64_t advance_clock(std::uint64_t now);
+
+  /// Whether this part holds bucket `b`.
+  bool holds(std::uint32_t b) const noexcept { return b < buckets_.size() && buckets_[b] != nullptr; }
+  /// Calls f(id, last named, row, slot rows) for every row of bucket `b` (held).
+  template <class F>
+  void for_each_row(std::uint32_t b, F&& f) const {
+    buckets_[b]->for_each([&](const std::byte* r) {
+      const std::byte* row = r + record_layout::header_bytes;
+      f(hash_bucket::id_of(r), hash_bucket::last_named(r), row, row + layout_.row_bytes);
+    });
+  }
+
+ private:
+  hash_bucket& bucket_of(std::uint64_t mixed) const;
+  void check_held(std::span<const std::int64_t> ids) const;
+  void initialize_row(std::int64_t id, std::byte* row) const;
+  void initialize_slots(std::byte* slots) const;
+  /// Makes room for one more row (capacity eviction), near bucket `near`.
+  void evict_one(std::uint32_t near);
+  void lay_out_slots(const optimizer& opt);
+
+  std::string name_;
+  std::string task_;
+  dtype type_;
+  hash_table_options options_;
+  record_layout layout_;
+  std::vector<std::unique_ptr<hash_bucket>> buckets_;  // by bucket number; nullptr: not held here
+  std::vector<std::uint32_t> held_;
+  std::uint64_t rows_ = 0;
+  std::uint64_t clock_ = 0;
+  std::int64_t steps_ = 0;  // optimizer steps, for adam
+  std::optional<optimizer> slot_owner_;
+  std::vector<double> slot_initial_values_;
+  std::vector<std::uint8_t> filter_;  // admission::min_count's counters
+  std::mt19937_64 random_;            // admission::probability's draws; the capacity sample
+  hash_table_counts counts_;
+};
+
+}  // namespace pscoro::ps

@@ -1,0 +1,317 @@
+// A dynamic embedding table's part on one ps, without a ps: the bucket map against a reference,
+// initial rows as a function of the id alone, admission, eviction, refusals that change nothing,
+// optimizer steps bitwise equal to a variable's, and the bytes a row costs beyond its values.
+#include "test_support.hpp"
+
+#include "common/id_hash.hpp"
+#include "ps/hash_table.hpp"
+#include "ps/kernels.hpp"
+
+#include <pscoro/error.hpp>
+
+#include <cstring>
+#include <limits>
+#include <numeric>
+#include <random>
+#include <unordered_map>
+#include <vector>
+
+using namespace pscoro;
+using ps::hash_bucket;
+using ps::hash_table_part;
+
+namespace {
+
+constexpr std::size_t table_dim = 4;
+
+std::vector<std::uint32_t> all_buckets(std::uint32_t n) {
+  std::vector<std::uint32_t> out(n);
+  std::iota(out.begin(), out.end(), 0u);
+  return out;
+}
+
+hash_table_options table_options(hash_table_options options = {}) {
+  if (options.dim == 0) options.dim = table_dim;
+  options.initializer = initializers::random_normal{.stddev = 0.5, .seed = 11};
+  return options;
+}
+
+hash_table_part table_part(hash_table_options options = {}, std::uint32_t buckets = 16) {
+  options = table_options(options);
+  options.buckets = buckets;
+  return hash_table_part("emb", "ps:0", dtype::float32, options, all_buckets(buckets));
+}
+
+std::vector<float> looked_up(hash_table_part& part, const std::vector<std::int64_t>& ids, bool insert = true) {
+  std::vector<float> out(ids.size() * part.options().dim, -1.0f);
+  part.lookup(ids, insert, reinterpret_cast<std::byte*>(out.data()));
+  return out;
+}
+
+// Row `id` of a float32 variable of rows of `dim` values with `init`: what a table's new row is.
+std::vector<float> variable_row(const initializer& init, std::int64_t id, std::size_t dim) {
+  std::vector<float> row(dim);
+  ps::kernels::initialize({init, {1, dim}, static_cast<std::uint64_t>(id)}, dtype::float32, {1, dim},
+                          reinterpret_cast<std::byte*>(row.data()));
+  return row;
+}
+
+std::vector<float> row_at(const std::vector<float>& rows, std::size_t k, std::size_t dim = table_dim) {
+  return {rows.begin() + static_cast<std::ptrdiff_t>(k * dim), rows.begin() + static_cast<std::ptrdiff_t>((k + 1) * dim)};
+}
+
+}  // namespace
+
+TEST_CASE("a bucket finds every id it holds and none it does not, through inserts and erasures") {
+  // A record of the id and 8 bytes; the reference is std::unordered_map.
+  hash_bucket bucket(ps::record_layout{.row_bytes = 8}.bytes());
+  std::unordered_map<std::int64_t, std::uint64_t> reference;
+  std::mt19937_64 random(5);
+  std::vector<std::int64_t> pool{0, -1, 1, std::numeric_limits<std::int64_t>::min(),
+                                 std::numeric_limits<std::int64_t>::max()};
+  for (int i = 0; i < 3000; ++i) pool.push_back(static_cast<std::int64_t>(random()));
+  for (int i = 0; i < 1000; ++i) pool.push_back(i * 4096);  // strided ids
+  for (int round = 0; round < 40'000; ++round) {
+    const std::int64_t id = pool[random() % pool.size()];
+    const std::uint64_t mixed = common::mix_id(id);
+    const bool held = reference.count(id) > 0;
+    REQUIRE((bucket.find(id, mixed) != nullptr) == held);
+    if (held && random() % 3 == 0) {
+      bucket.erase(id, mixed);
+      reference.erase(id);
+    } else if (!held) {
+      std::byte* r = bucket.insert(id, mixed);
+      const std::uint64_t value = random();
+      std::memcpy(r + ps::record_layout::header_bytes, &value, sizeof value);
+      reference[id] = value;
+    } else {
+      std::uint64_t value;
+      std::memcpy(&value, bucket.find(id, mixed) + ps::record_layout::header_bytes, sizeof value);
+      REQUIRE(value == reference[id]);
+    }
+  }
+  CHECK(bucket.size() == reference.size());
+  std::size_t visited = 0;
+  bucket.for_each([&](const std::byte* r) {
+    ++visited;
+    CHECK(reference.count(hash_bucket::id_of(r)) == 1);
+  });
+  CHECK(visited == reference.size());
+}
+
+TEST_CASE("a new row is a function of the table's seed and the id only: any id, any split of the buckets") {
+  const std::vector<std::int64_t> ids{0, -1, 7, std::numeric_limits<std::int64_t>::min(),
+                                      std::numeric_limits<std::int64_t>::max(), 123456789};
+  auto whole = table_part();
+  const auto rows = looked_up(whole, ids);
+  for (std::size_t k = 0; k < ids.size(); ++k) {
+    CHECK(row_at(rows, k) == variable_row(whole.options().initializer, ids[k], table_dim));
+  }
+  CHECK(whole.rows() == ids.size());
+  CHECK(looked_up(whole, ids) == rows);  // held now: the same rows again
+
+  // The same ids over two parts that split the buckets, asked in the opposite order.
+  std::vector<std::uint32_t> even, odd;
+  for (std::uint32_t b = 0; b < 16; ++b) (b % 2 ? odd : even).push_back(b);
+  auto options = table_options();
+  options.buckets = 16;
+  hash_table_part first("emb", "ps:0", dtype::float32, options, even);
+  hash_table_part second("emb", "ps:1", dtype::float32, options, odd);
+  for (std::size_t k = ids.size(); k-- > 0;) {
+    auto& part = common::bucket_of(ids[k], 16) % 2 ? second : first;
+    CHECK(looked_up(part, {ids[k]}) == row_at(rows, k));
+  }
+}
+
+TEST_CASE("an id of a bucket the part does not hold is refused, naming it, and nothing changes") {
+  auto options = table_options();
+  options.buckets = 16;
+  const std::uint32_t mine = common::bucket_of(1, 16);
+  const std::vector<std::uint32_t> held{mine};
+  hash_table_part part("emb", "ps:3", dtype::float32, options, held);
+  std::int64_t foreign = 2;
+  while (common::bucket_of(foreign, 16) == mine) ++foreign;
+  std::vector<float> out(2 * table_dim);
+  CHECK_THROWS_WITH_AS(part.lookup(std::vector<std::int64_t>{1, foreign}, true, reinterpret_cast<std::byte*>(out.data())),
+                       doctest::Contains("which this ps does not hold"), error);
+  CHECK(part.rows() == 0);
+}
+
+TEST_CASE("ids not admitted read the default row and are not stored; a request counts an id once") {
+  hash_table_options options;
+  options.admission = admission::min_count{.count = 2, .counters = 1 << 16};
+  options.default_value = 0.25;
+  auto part = table_part(options);
+  const std::vector<float> defaults(2 * table_dim, 0.25f);
+  CHECK(looked_up(part, {5, 5}) == defaults);  // twice in one request: one sighting
+  CHECK(part.rows() == 0);
+  CHECK(looked_up(part, {5}, false) == std::vector<float>(table_dim, 0.25f));  // a read that may not insert counts none
+  CHECK(part.rows() == 0);
+  const auto admitted = looked_up(part, {5});
+  CHECK(admitted == variable_row(part.options().initializer, 5, table_dim));
+  CHECK(part.rows() == 1);
+  CHECK(part.counts().admitted == 1);
+
+  // Gradients of ids not held are dropped, and counted.
+  const std::vector<float> gradient(table_dim, 1.0f);
+  part.apply_gradients(optimizers::sgd{.learning_rate = 0.5}, std::vector<std::int64_t>{9},
+                       reinterpret_cast<const std::byte*>(gradient.data()));
+  CHECK(part.counts().gradients_dropped == 1);
+  CHECK(part.rows() == 1);
+
+  hash_table_options never;
+  never.admission = admission::probability{.p = 0.0};
+  auto closed = table_part(never);
+  CHECK(looked_up(closed, {1, 2, 3}) == std::vector<float>(3 * table_dim, 0.0f));
+  CHECK(closed.rows() == 0);
+}
+
+TEST_CASE("a full table without eviction refuses a lookup that would insert, names it, and inserts nothing") {
+  hash_table_options options;
+  options.max_rows_per_ps = 3;
+  auto part = table_part(options);
+  looked_up(part, {1, 2});
+  std::vector<float> out(2 * table_dim);
+  CHECK_THROWS_WITH_AS(part.lookup(std::vector<std::int64_t>{3, 4}, true, reinterpret_cast<std::byte*>(out.data())),
+                       "hash table 'emb' on ps:0 is full: it holds 2 rows of its max_rows_per_ps 3, and this lookup "
+                       "would add 2 (an eviction policy makes room: eviction::ttl or capacity)",
+                       error);
+  CHECK(part.rows() == 2);
+  CHECK(looked_up(part, {3, 1}).size() == 2 * table_dim);  // one more fits
+  CHECK(part.rows() == 3);
+}
+
+TEST_CASE("idle rows go when the clock passes them; a row admitted again is fresh, slots and all") {
+  hash_table_options options;
+  options.eviction = eviction::ttl{.max_idle = 10};
+  auto part = table_part(options);
+  const auto initial = looked_up(part, {1, 2});
+  const std::vector<float> gradient(2 * table_dim, 1.0f);
+  part.apply_gradients(optimizers::adagrad{.learning_rate = 0.1}, std::vector<std::int64_t>{1, 2},
+                       reinterpret_cast<const std::byte*>(gradient.data()));
+  CHECK(part.advance_clock(5) == 0);
+  looked_up(part, {2});  // named at 5
+  CHECK(part.advance_clock(11) == 1);  // 1, named at 0, is 11 ticks idle
+  CHECK(part.rows() == 1);
+  CHECK(part.counts().evicted == 1);
+  CHECK(row_at(looked_up(part, {1}), 0) == row_at(initial, 0));  // fresh: its initial row again
+  bool checked_slot = false;
+  for (std::uint32_t b = 0; b < 16; ++b) {
+    if (!part.holds(b)) continue;
+    part.for_each_row(b, [&](std::int64_t id, std::uint64_t, const std::byte*, const std::byte* slots) {
+      if (id != 1) return;
+      float accumulator;
+      std::memcpy(&accumulator, slots, sizeof accumulator);
+      CHECK(accumulator == doctest::Approx(0.1));  // Adagrad's initial accumulator, not 0.1 + 1
+      checked_slot = true;
+    });
+  }
+  CHECK(checked_slot);
+  CHECK_THROWS_WITH_AS(part.advance_clock(4), "hash table 'emb': the clock cannot go back from 11 to 4", error);
+}
+
+TEST_CASE("at capacity each new row replaces a held one, and the table never holds more") {
+  hash_table_options options;
+  options.eviction = eviction::capacity{.rows_per_ps = 100};
+  auto part = table_part(options, 4);
+  for (std::int64_t id = 0; id < 1000; ++id) {
+    looked_up(part, {id});
+    part.advance_clock(static_cast<std::uint64_t>(id + 1));
+    REQUIRE(part.rows() <= 100);
+  }
+  CHECK(part.rows() == 100);
+  CHECK(part.counts().evicted == 900);
+  CHECK(part.counts().admitted == 1000);
+}
+
+TEST_CASE("optimizer steps on a table end bitwise equal to the same steps on a variable holding the same rows") {
+  constexpr std::size_t rows = 64;
+  const optimizer opt = optimizers::adagrad{.learning_rate = 0.1, .initial_accumulator_value = 0.2};
+  auto part = table_part({}, 8);
+  const initializer init = part.options().initializer;
+  // The variable: rows [0, 64) of the same initializer, and its Adagrad accumulator.
+  std::vector<float> variable(rows * table_dim);
+  ps::kernels::initialize({init, {rows, table_dim}, 0}, dtype::float32, {rows, table_dim},
+                          reinterpret_cast<std::byte*>(variable.data()));
+  std::vector<float> accumulator(rows * table_dim, 0.2f);
+  std::vector<std::int64_t> all(rows);
+  std::iota(all.begin(), all.end(), 0);
+  looked_up(part, all);
+
+  std::mt19937 random(3);
+  std::normal_distribution<float> normal;
+  for (int step = 0; step < 20; ++step) {
+    std::vector<std::int64_t> ids(40);
+    for (auto& id : ids) id = static_cast<std::int64_t>(random() % rows);  // repeats included
+    std::vector<float> gradient(ids.size() * table_dim);
+    for (auto& g : gradient) g = normal(random);
+    std::byte* slot = reinterpret_cast<std::byte*>(accumulator.data());
+    ps::kernels::apply_sparse(opt, dtype::float32, reinterpret_cast<std::byte*>(variable.data()), rows,
+                              std::span<std::byte* const>(&slot, 1), 0, ids,
+                              reinterpret_cast<const std::byte*>(gradient.data()), table_dim);
+    part.apply_gradients(opt, ids, reinterpret_cast<const std::byte*>(gradient.data()));
+  }
+  const auto table_rows = looked_up(part, all, false);
+  CHECK(std::memcmp(table_rows.data(), variable.data(), variable.size() * sizeof(float)) == 0);
+  std::size_t compared = 0;
+  for (std::uint32_t b = 0; b < 8; ++b) {
+    part.for_each_row(b, [&](std::int64_t id, std::uint64_t, const std::byte*, const std::byte* slots) {
+      CHECK(std::memcmp(slots, accumulator.data() + static_cast<std::size_t>(id) * table_dim,
+                        table_dim * sizeof(float)) == 0);
+      ++compared;
+    });
+  }
+  CHECK(compared == rows);
+
+  const std::vector<float> gradient(table_dim, 1.0f);
+  CHECK_THROWS_WITH_AS(part.apply_gradients(optimizers::sgd{}, std::vector<std::int64_t>{1},
+                                            reinterpret_cast<const std::byte*>(gradient.data())),
+                       doctest::Contains("its rows hold the slots of adagrad, so sgd cannot step it"), error);
+}
+
+TEST_CASE("a row costs at most 32 bytes beyond its values and its slots") {
+  // 64 buckets of ~3,100 rows each: the sizes whose map and last chunk settle as at 10M rows over
+  // 4,096 buckets (benchmarks/variable_bench measures that).
+  constexpr std::int64_t held = 200'000;
+  hash_table_options options;
+  options.dim = 16;
+  auto part = table_part(options, 64);
+  std::vector<std::int64_t> ids(1000);
+  std::mt19937_64 random(9);
+  for (std::int64_t done = 0; done < held; done += 1000) {
+    for (auto& id : ids) id = static_cast<std::int64_t>(random());
+    std::vector<float> out(ids.size() * 16);
+    part.lookup(ids, true, reinterpret_cast<std::byte*>(out.data()));
+  }
+  const std::vector<float> gradient(16, 0.0f);
+  part.apply_gradients(optimizers::adagrad{}, std::vector<std::int64_t>{ids[0]},
+                       reinterpret_cast<const std::byte*>(gradient.data()));  // one slot in every record
+  REQUIRE(part.rows() == static_cast<std::uint64_t>(held));
+  const std::uint64_t values = part.rows() * 2 * 16 * sizeof(float);
+  const double beyond = double(part.bytes_held() - values) / double(part.rows());
+  MESSAGE("bytes per row beyond the row and its slot: " << beyond);
+  CHECK(beyond <= 32.0);
+}
+
+TEST_CASE("options no table can have are refused, naming the table") {
+  const auto refused = [](hash_table_options options, dtype type = dtype::float32) {
+    return hash_table_part("bad", "ps:0", type, options, all_buckets(options.buckets == 0 ? 0 : 1));
+  };
+  hash_table_options options = table_options();
+  CHECK_THROWS_WITH_AS(refused(options, dtype::int32), "hash table 'bad': rows must be float32 or float64, not int32",
+                       error);
+  options.initializer = initializers::glorot_uniform{};
+  CHECK_THROWS_WITH_AS(refused(options), doctest::Contains("glorot_uniform"), error);
+  options = table_options();
+  options.dim = 0;
+  CHECK_THROWS_WITH_AS(refused(options), doctest::Contains("dim must be in"), error);
+  options = table_options();
+  options.admission = admission::min_count{.count = 0};
+  CHECK_THROWS_WITH_AS(refused(options), doctest::Contains("count must be in [1, 255]"), error);
+  options = table_options();
+  options.admission = admission::probability{.p = 1.5};
+  CHECK_THROWS_WITH_AS(refused(options), doctest::Contains("p must be in [0, 1]"), error);
+  options = table_options();
+  options.eviction = eviction::capacity{.rows_per_ps = 0};
+  CHECK_THROWS_WITH_AS(refused(options), doctest::Contains("rows_per_ps must be at least 1"), error);
+}
