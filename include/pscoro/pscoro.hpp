@@ -10,6 +10,8 @@
 #include <pscoro/dataset.hpp>
 #include <pscoro/dtype.hpp>
 #include <pscoro/error.hpp>
+#include <pscoro/hash_table.hpp>
+#include <pscoro/hash_table_options.hpp>
 #include <pscoro/initializers.hpp>
 #include <pscoro/log.hpp>
 #include <pscoro/optimizers.hpp>

@@ -17,6 +17,7 @@
 #include <pscoro/config.hpp>
 
 #include <pscoro/cluster_spec.hpp>
+#include <pscoro/hash_table.hpp>
 #include <pscoro/initializers.hpp>
 #include <pscoro/partitioners.hpp>
 #include <pscoro/sharded_variable.hpp>
@@ -151,6 +152,16 @@ class PSCORO_API parameter_server_strategy {
       return create_sharded<T>(core_, std::move(name), std::move(shape), erase_shard_initializer(std::move(init)));
     }
 
+    /// Creates a dynamic embedding table (<pscoro/hash_table.hpp>) of rows of T, its buckets round
+    /// robin over every ps. Throws errc::invalid_argument for options no table can have (dim 0,
+    /// fewer buckets than ps, glorot_uniform, ...) and errc::already_exists when a variable or a
+    /// table has the name; a table exists whole or not at all.
+    template <class T>
+      requires std::is_same_v<T, float> || std::is_same_v<T, double>
+    [[nodiscard]] asio::awaitable<hash_table<T>> create_hash_table(std::string name, hash_table_options options) const {
+      return create_table<T>(core_, std::move(name), std::move(options));
+    }
+
    private:
     template <class F>
     static shard_initializer erase_shard_initializer(F init) {
@@ -166,6 +177,15 @@ class PSCORO_API parameter_server_strategy {
 
     friend class parameter_server_strategy;
     explicit scope_type(std::shared_ptr<detail::coordinator_core> core) : core_(std::move(core)) {}
+
+    template <class T>
+    static asio::awaitable<hash_table<T>> create_table(std::shared_ptr<detail::coordinator_core> core, std::string name,
+                                                       hash_table_options options) {
+      auto [ref, io] = co_await create_table_erased(core, std::move(name), dtype_of<T>, std::move(options));
+      co_return hash_table<T>(std::move(ref), std::move(io));
+    }
+    static asio::awaitable<std::pair<hash_table_ref, std::shared_ptr<detail::variable_io>>> create_table_erased(
+        std::shared_ptr<detail::coordinator_core> core, std::string name, dtype type, hash_table_options options);
 
     template <class T>
     static asio::awaitable<variable<T>> create_dense(std::shared_ptr<detail::coordinator_core> core, std::string name,

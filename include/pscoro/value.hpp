@@ -56,6 +56,17 @@ struct PSCORO_API sharded_variable_ref {
   friend bool operator==(const sharded_variable_ref&, const sharded_variable_ref&) = default;
 };
 
+/// Where a dynamic embedding table lives: its name, row type and width, its virtual buckets, and
+/// the ps tasks that hold them (bucket b on ps_tasks[b % ps_tasks.size()]).
+struct PSCORO_API hash_table_ref {
+  std::string name;
+  dtype type = dtype::float32;
+  std::size_t dim = 0;
+  std::uint32_t buckets = 0;
+  std::vector<int> ps_tasks;
+  friend bool operator==(const hash_table_ref&, const hash_table_ref&) = default;
+};
+
 /// A value that exists on every worker (a per-worker iterator, variable or resource): its id and the
 /// dataset or resource function that made it (a variable's name).
 struct per_worker_ref {
@@ -80,7 +91,7 @@ struct value_list;
 
 /// A worker-function argument or result. monostate: a function that returns nothing.
 using value = std::variant<std::monostate, bool, std::int64_t, double, std::string, tensor, variable_ref,
-                           sharded_variable_ref, per_worker_ref, value_list>;
+                           sharded_variable_ref, per_worker_ref, value_list, hash_table_ref>;
 
 /// Values in order: what a tuple, pair, vector, map (key, value, key, value, ...), optional (none
 /// or one) or a codec built from members becomes.

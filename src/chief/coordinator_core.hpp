@@ -43,6 +43,9 @@ class coordinator_core : public std::enable_shared_from_this<coordinator_core> {
                                                         bool partition) {
     return placement_.create(std::move(name), type, std::move(shape), std::move(source), partition);
   }
+  asio::awaitable<hash_table_ref> create_hash_table(std::string name, dtype type, hash_table_options options) {
+    return placement_.create_table(std::move(name), type, std::move(options));
+  }
   void set_partitioner(variable_partitioner partitioner) { placement_.set_partitioner(std::move(partitioner)); }
   /// Variables created from now on ask `restorer` for a saved value (a checkpoint restored before
   /// they existed). On the executor.

@@ -1,6 +1,7 @@
 #include "chief/placement.hpp"
 
 #include "common/log.hpp"
+#include "wire/values.hpp"
 
 #include <pscoro/detail/parallel.hpp>
 #include "client/sharded.hpp"
@@ -133,6 +134,89 @@ asio::awaitable<sharded_variable_ref> variable_placement::create(std::string nam
   co_return ref;
 }
 
+namespace {
+
+wire::AdmissionPolicy encode_admission(const admission_policy& policy) {
+  wire::AdmissionPolicy out;
+  if (const auto* m = std::get_if<admission::min_count>(&policy)) {
+    out.set_kind(wire::AdmissionPolicy::MIN_COUNT);
+    out.set_count(m->count);
+    out.set_counters(m->counters);
+  } else if (const auto* p = std::get_if<admission::probability>(&policy)) {
+    out.set_kind(wire::AdmissionPolicy::PROBABILITY);
+    out.set_p(p->p);
+    out.set_seed(p->seed);
+  } else {
+    out.set_kind(wire::AdmissionPolicy::ALWAYS);
+  }
+  return out;
+}
+
+wire::EvictionPolicy encode_eviction(const eviction_policy& policy) {
+  wire::EvictionPolicy out;
+  if (const auto* t = std::get_if<eviction::ttl>(&policy)) {
+    out.set_kind(wire::EvictionPolicy::TTL);
+    out.set_max_idle(t->max_idle);
+  } else if (const auto* c = std::get_if<eviction::capacity>(&policy)) {
+    out.set_kind(wire::EvictionPolicy::CAPACITY);
+    out.set_rows_per_ps(c->rows_per_ps);
+  } else {
+    out.set_kind(wire::EvictionPolicy::NONE);
+  }
+  return out;
+}
+
+}  // namespace
+
+asio::awaitable<hash_table_ref> variable_placement::create_table(std::string name, dtype type,
+                                                                 hash_table_options options) {
+  const std::size_t num_ps = ps_->peers().size();
+  if (name.empty()) throw error(errc::invalid_argument, "a hash table needs a name");
+  if (num_ps == 0) throw error(errc::failed_precondition, fmt::format("hash table '{}': the cluster has no ps", name));
+  if (options.dim == 0) throw error(errc::invalid_argument, fmt::format("hash table '{}': dim must be at least 1", name));
+  if (options.buckets < num_ps) {
+    throw error(errc::invalid_argument, fmt::format("hash table '{}': {} buckets cannot spread over {} ps (buckets "
+                                                    "must be at least the ps count)",
+                                                    name, options.buckets, num_ps));
+  }
+  hash_table_ref ref{name, type, options.dim, options.buckets, {}};
+  for (std::size_t i = 0; i < num_ps; ++i) ref.ps_tasks.push_back(static_cast<int>(i));
+  std::vector<wire::CreateHashTable> parts(num_ps);
+  for (std::size_t i = 0; i < num_ps; ++i) {
+    auto& create = parts[i];
+    wire::encode_table_ref(*create.mutable_table(), ref);
+    // The seed mixed with the table's name as a variable's is: a table's row `id` is row `id` of a
+    // variable of the same name and initializer.
+    *create.mutable_initializer() = encode_initializer(options.initializer, name, {0, options.dim}, 0);
+    *create.mutable_admission() = encode_admission(options.admission);
+    *create.mutable_eviction() = encode_eviction(options.eviction);
+    create.set_default_value(options.default_value);
+    create.set_max_rows_per_ps(options.max_rows_per_ps);
+    for (std::uint32_t b = static_cast<std::uint32_t>(i); b < options.buckets; b += static_cast<std::uint32_t>(num_ps)) {
+      create.add_buckets(b);
+    }
+  }
+  std::vector<char> created(num_ps, no);
+  std::exception_ptr failure;
+  try {
+    co_await detail::run_all(num_ps, [&](std::size_t i) {
+      return recorded(ps_->create_table_part(static_cast<int>(i), std::move(parts[i])), created[i]);
+    });
+  } catch (...) {
+    failure = std::current_exception();
+  }
+  if (failure) {
+    if (std::ranges::any_of(created, [](char c) { return c != no; })) {
+      log::warning("creating hash table '{}' failed; removing the parts that were or may have been created", name);
+    }
+    co_await detail::run_all(num_ps, [&](std::size_t i) {
+      return removed_part(*ps_, static_cast<int>(i), name, created[i]);
+    });
+    std::rethrow_exception(failure);
+  }
+  co_return ref;
+}
+
 void variable_placement::add_restorer(const std::shared_ptr<restore_on_create>& restorer) {
   for (const auto& r : restorers_) {
     if (r.lock() == restorer) return;
@@ -199,6 +283,18 @@ asio::awaitable<void> variable_placement::removed(client::ps_client& ps, variabl
   } catch (const error& e) {
     if (!certain && e.code() == errc::not_found) co_return;  // it was never made
     log::warning("could not remove shard '{}' of a variable that failed to be created: {}", shard.name, e.what());
+  }
+}
+
+asio::awaitable<void> variable_placement::removed_part(client::ps_client& ps, int ps_task, std::string table,
+                                                      char outcome) {
+  if (outcome == no) co_return;
+  try {
+    co_await ps.remove_table_part(ps_task, table);
+  } catch (const error& e) {
+    if (outcome == maybe && e.code() == errc::not_found) co_return;  // it was never made
+    log::warning("could not remove the part on ps {} of hash table '{}' that failed to be created: {}", ps_task, table,
+                 e.what());
   }
 }
 

@@ -3,6 +3,7 @@
 // initializer that the ps runs itself.
 #pragma once
 
+#include <pscoro/hash_table_options.hpp>
 #include <pscoro/strategy.hpp>
 
 #include "chief/restore_on_create.hpp"
@@ -35,6 +36,9 @@ class variable_placement {
   /// the next is asked for. The placement must outlive the call.
   asio::awaitable<sharded_variable_ref> create(std::string name, dtype type, shape_type shape,
                                                parameter_server_strategy::variable_source source, bool partition);
+  /// Creates a hash table's parts: its buckets round robin over every ps (bucket b on ps
+  /// b % num_ps), concurrently; a table exists whole or not at all, as a variable.
+  asio::awaitable<hash_table_ref> create_table(std::string name, dtype type, hash_table_options options);
 
  private:
   // What became of a shard's creation.
@@ -45,6 +49,8 @@ class variable_placement {
   /// Removes `shard`, logging (not throwing) a failure, unless it is not_found and was not
   /// `certain` to exist: the caller reports the first error.
   static asio::awaitable<void> removed(client::ps_client& ps, variable_ref shard, bool certain);
+  /// The same for the part of hash table `table` on ps `ps_task` whose creation had `outcome`.
+  static asio::awaitable<void> removed_part(client::ps_client& ps, int ps_task, std::string table, char outcome);
 
   /// Creates every shard of `ref` from `source`; `created[i]` records what became of shard i.
   asio::awaitable<void> create_shards(const sharded_variable_ref& ref, const std::vector<std::size_t>& offsets,

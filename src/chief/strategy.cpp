@@ -33,6 +33,13 @@ parameter_server_strategy::scope_type::create_erased(std::shared_ptr<detail::coo
   co_return std::pair{std::move(ref), std::shared_ptr<detail::variable_io>(core->ps())};
 }
 
+asio::awaitable<std::pair<hash_table_ref, std::shared_ptr<detail::variable_io>>>
+parameter_server_strategy::scope_type::create_table_erased(std::shared_ptr<detail::coordinator_core> core,
+                                                           std::string name, dtype type, hash_table_options options) {
+  auto ref = co_await core->create_hash_table(std::move(name), type, std::move(options));
+  co_return std::pair{std::move(ref), std::shared_ptr<detail::variable_io>(core->ps())};
+}
+
 const cluster_spec& parameter_server_strategy::cluster() const noexcept { return core_->cluster(); }
 std::size_t parameter_server_strategy::num_ps() const noexcept { return core_->num_ps(); }
 std::size_t parameter_server_strategy::num_workers() const noexcept { return core_->num_workers(); }

@@ -213,4 +213,97 @@ asio::awaitable<void> ps_client::create_slot(variable_ref variable, variable_ref
   co_await ps.call(std::move(request));
 }
 
+net::peer& ps_client::ps_of(int ps_task, const std::string& table) const {
+  if (ps_task < 0 || static_cast<std::size_t>(ps_task) >= ps_.size()) {
+    throw error(errc::invalid_argument, fmt::format("hash table '{}' has buckets on ps task {} but the cluster has {} ps",
+                                                    table, ps_task, ps_.size()));
+  }
+  return *ps_[ps_task];
+}
+
+asio::awaitable<void> ps_client::create_table_part(int ps_task, wire::CreateHashTable create) {
+  net::peer& ps = ps_of(ps_task, create.table().name());
+  wire::frame request;
+  *request.message.mutable_request()->mutable_create_hash_table() = std::move(create);
+  co_await ps.call(std::move(request));
+}
+
+asio::awaitable<void> ps_client::remove_table_part(int ps_task, std::string name) {
+  net::peer& ps = ps_of(ps_task, name);
+  wire::frame request;
+  request.message.mutable_request()->mutable_delete_variable()->mutable_variable()->set_name(std::move(name));
+  co_await ps.call(std::move(request));
+}
+
+namespace {
+
+void put_table_parts(wire::frame& request, google::protobuf::RepeatedPtrField<wire::HashIds>& out,
+                     const std::vector<detail::variable_io::table_ids>& parts, bool gradients) {
+  for (const auto& part : parts) {
+    auto& ids = *out.Add();
+    encode_table_ref(*ids.mutable_table(), part.table);
+    wire::put_tensor(request, *ids.mutable_ids(), part.ids);
+    if (gradients) wire::put_tensor(request, *ids.mutable_gradients(), part.gradients);
+  }
+}
+
+}  // namespace
+
+asio::awaitable<std::vector<tensor>> ps_client::hash_lookup(int ps_task, std::vector<table_ids> parts, bool insert) {
+  if (parts.empty()) co_return std::vector<tensor>{};
+  net::peer& ps = ps_of(ps_task, parts.front().table.name);
+  wire::frame request;
+  auto* lookup = request.message.mutable_request()->mutable_hash_lookup();
+  lookup->set_insert(insert);
+  put_table_parts(request, *lookup->mutable_parts(), parts, false);
+  const auto response = co_await ps.call(std::move(request));
+  const auto& result = response.message.response().result();
+  if (!result.has_list() || static_cast<std::size_t>(result.list().items_size()) != parts.size()) {
+    throw error(errc::protocol_error, fmt::format("{} answered a lookup of {} tables without a tensor for each",
+                                                  ps.task(), parts.size()));
+  }
+  std::vector<tensor> out;
+  for (std::size_t k = 0; k < parts.size(); ++k) {
+    const auto& item = result.list().items(static_cast<int>(k));
+    const std::size_t n = parts[k].ids.size();
+    const auto& table = parts[k].table;
+    if (!item.has_tensor()) {
+      throw error(errc::protocol_error, fmt::format("{} answered a lookup of '{}' without a tensor", ps.task(), table.name));
+    }
+    tensor rows = wire::get_tensor(response, item.tensor());
+    if (rows.type() != table.type || rows.shape() != shape_type{n, table.dim}) {
+      throw error(errc::protocol_error,
+                  fmt::format("{} answered a lookup of {} ids of '{}' ({}, {} per row) with {} {}", ps.task(), n,
+                              table.name, name_of(table.type), table.dim, name_of(rows.type()), to_string(rows.shape())));
+    }
+    out.push_back(std::move(rows));
+  }
+  co_return out;
+}
+
+asio::awaitable<void> ps_client::hash_apply_gradients(int ps_task, std::vector<table_ids> parts, optimizer opt) {
+  if (parts.empty()) co_return;
+  net::peer& ps = ps_of(ps_task, parts.front().table.name);
+  wire::frame request;
+  auto* apply = request.message.mutable_request()->mutable_hash_apply_gradients();
+  *apply->mutable_optimizer() = encode_optimizer(opt);
+  put_table_parts(request, *apply->mutable_parts(), parts, true);
+  co_await ps.call(std::move(request));
+}
+
+asio::awaitable<std::uint64_t> ps_client::advance_clock(int ps_task, hash_table_ref table, std::uint64_t clock) {
+  net::peer& ps = ps_of(ps_task, table.name);
+  wire::frame request;
+  auto* advance = request.message.mutable_request()->mutable_advance_clock();
+  encode_table_ref(*advance->mutable_table(), table);
+  advance->set_clock(clock);
+  const auto response = co_await ps.call(std::move(request));
+  const auto& result = response.message.response().result();
+  if (!result.has_integer() || result.integer() < 0) {
+    throw error(errc::protocol_error, fmt::format("{} answered a clock of '{}' without a count of rows dropped",
+                                                  ps.task(), table.name));
+  }
+  co_return static_cast<std::uint64_t>(result.integer());
+}
+
 }  // namespace pscoro::client

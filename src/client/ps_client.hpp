@@ -6,7 +6,9 @@
 
 #include "net/peer.hpp"
 
+#include <cstdint>
 #include <memory>
+#include <string>
 #include <vector>
 
 namespace pscoro::client {
@@ -38,8 +40,17 @@ class ps_client final : public detail::variable_io {
   asio::awaitable<std::vector<slot_info>> list_slots(variable_ref variable) override;
   asio::awaitable<void> create_slot(variable_ref variable, variable_ref slot, double initial_value) override;
 
+  /// Creates the part of a table that ps `ps_task` holds (`create` names the buckets).
+  asio::awaitable<void> create_table_part(int ps_task, wire::CreateHashTable create);
+  /// Removes the part of table `name` on ps `ps_task` (the chief only).
+  asio::awaitable<void> remove_table_part(int ps_task, std::string name);
+  asio::awaitable<std::vector<tensor>> hash_lookup(int ps_task, std::vector<table_ids> parts, bool insert) override;
+  asio::awaitable<void> hash_apply_gradients(int ps_task, std::vector<table_ids> parts, optimizer opt) override;
+  asio::awaitable<std::uint64_t> advance_clock(int ps_task, hash_table_ref table, std::uint64_t clock) override;
+
  private:
   net::peer& ps_of(const variable_ref& variable) const;
+  net::peer& ps_of(int ps_task, const std::string& table) const;
   asio::awaitable<tensor> read_tensor(net::peer& ps, wire::frame request, const variable_ref& variable,
                                       byte_buffer into = {}, arrival_handler on_arrival = {});
   std::vector<std::shared_ptr<net::peer>> ps_;

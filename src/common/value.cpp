@@ -35,6 +35,10 @@ std::string describe(const value& v) {
                          r.shards.size());
     }
     std::string operator()(const value_list& l) const { return fmt::format("a list of {}", l.items.size()); }
+    std::string operator()(const hash_table_ref& r) const {
+      return fmt::format("hash table '{}' <{}>[{}] in {} buckets on {} ps", r.name, name_of(r.type), r.dim, r.buckets,
+                         r.ps_tasks.size());
+    }
   };
   return std::visit(visitor{}, v);
 }

@@ -278,7 +278,12 @@ void hash_table_part::evict_one(std::uint32_t near) {
   }
 }
 
-void hash_table_part::lookup(std::span<const std::int64_t> ids, bool insert, std::byte* out) {
+std::uint64_t hash_table_part::bytes_for_rows(std::uint64_t rows) const noexcept {
+  // A record, and up to 8 / 0.6 bytes of map (a bucket just grown is 3/5 full).
+  return rows * (layout_.bytes() + 14);
+}
+
+void hash_table_part::lookup(std::span<const std::int64_t> ids, bool insert, std::byte* out, std::uint64_t room) {
   check_held(ids);
   const std::size_t row_bytes = layout_.row_bytes;
   // Each distinct id once, in first-seen order: a request counts once per id for admission, and
@@ -317,6 +322,15 @@ void hash_table_part::lookup(std::span<const std::int64_t> ids, bool insert, std
                 fmt::format("hash table '{}' on {} is full: it holds {} rows of its max_rows_per_ps {}, and this "
                             "lookup would add {} (an eviction policy makes room: eviction::ttl or capacity)",
                             name_, task_, rows_, options_.max_rows_per_ps, admitted));
+  }
+  // At capacity a new row replaces one: only the rows below it take more memory.
+  const std::uint64_t growth =
+      capacity ? std::min(admitted, capacity->rows_per_ps - std::min(rows_, capacity->rows_per_ps)) : admitted;
+  if (bytes_for_rows(growth) > room) {
+    throw error(errc::resource_exhausted,
+                fmt::format("hash table '{}' on {}: this lookup would add {} rows, about {} bytes, and the ps may hold "
+                            "{} more (server_options::max_ps_bytes)",
+                            name_, task_, growth, bytes_for_rows(growth), room));
   }
   if (draws) random_ = *draws;
   // Rows already held first: an insert below may evict one of them, after its row is copied.

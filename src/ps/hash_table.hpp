@@ -15,6 +15,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <limits>
 #include <memory>
 #include <optional>
 #include <random>
@@ -154,9 +155,14 @@ class hash_table_part {
   /// each held one named now. With `insert`, ids not held are admitted by the table's policy and
   /// get their initial row; without, and for ids not admitted, the row is options.default_value.
   /// Checks first, changing nothing when it throws: an id of a bucket this part does not hold is
-  /// errc::invalid_argument; rows that would not fit (eviction::none or ttl at max_rows_per_ps)
-  /// are errc::resource_exhausted naming the table, the ps and the capacity.
-  void lookup(std::span<const std::int64_t> ids, bool insert, std::byte* out);
+  /// errc::invalid_argument; rows that would not fit (eviction::none or ttl at max_rows_per_ps, or
+  /// more new bytes than `room`, what the ps may still hold) are errc::resource_exhausted naming
+  /// the table, the ps and the limit.
+  void lookup(std::span<const std::int64_t> ids, bool insert, std::byte* out,
+              std::uint64_t room = std::numeric_limits<std::uint64_t>::max());
+  /// The most bytes `rows` new rows take (their records and map entries, a new chunk each at worst
+  /// amortized): what a lookup checks against its room.
+  std::uint64_t bytes_for_rows(std::uint64_t rows) const noexcept;
   /// One optimizer step on the rows of `ids` with `gradients` (ids.size() rows): repeated ids'
   /// gradients summed first, in input order; gradients of ids not held are dropped (counted). The
   /// first optimizer to step the table lays its slots out in every record (initial values as the

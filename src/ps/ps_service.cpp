@@ -179,17 +179,24 @@ std::string index_text(std::size_t flat, const shape_type& shape) {
 }  // namespace
 
 namespace {
-constexpr std::string_view operation_names[] = {"create", "read", "update", "apply_gradient", "list_slots", "delete", "other"};
+constexpr std::string_view operation_names[] = {"create",      "read",        "update",
+                                                "apply_gradient", "list_slots", "delete",
+                                                "hash_lookup", "hash_apply_gradients", "advance_clock",
+                                                "other"};
 
 std::size_t operation_index(wire::Request::BodyCase body) {
   switch (body) {
-    case wire::Request::kCreateVariable: return 0;
+    case wire::Request::kCreateVariable:
+    case wire::Request::kCreateHashTable: return 0;
     case wire::Request::kReadVariable: return 1;
     case wire::Request::kUpdateVariable: return 2;
     case wire::Request::kApplyGradient: return 3;
     case wire::Request::kListSlots: return 4;
     case wire::Request::kDeleteVariable: return 5;
-    default: return 6;
+    case wire::Request::kHashLookup: return 6;
+    case wire::Request::kHashApplyGradients: return 7;
+    case wire::Request::kAdvanceClock: return 8;
+    default: return 9;
   }
 }
 }  // namespace
@@ -304,6 +311,11 @@ std::vector<ps_service::value_scan> ps_service::values_to_scan(const wire::frame
 }
 
 void ps_service::remove(const wire::DeleteVariable& request) {
+  if (const auto table = tables_.find(request.variable().name()); table != tables_.end()) {
+    tables_.erase(table);
+    count_table_bytes();
+    return;
+  }
   find(request.variable(), "delete");  // exists, as the caller thinks it is
   store_.remove(request.variable().name());
 }
@@ -319,6 +331,8 @@ void ps_service::clear() noexcept {
   ++generation_;
   lanes_.fail_all(make_error_code(errc::aborted));
   store_.clear();
+  tables_.clear();
+  table_bytes_ = 0;
   buffers_->clear();
   reply_buffers_->clear();
   publish();
@@ -517,6 +531,10 @@ ps_service::decision ps_service::decide(const wire::frame& request, const servin
       case wire::Request::kApplyGradient: job = apply_gradient(request, body.apply_gradient(), how); break;
       case wire::Request::kListSlots: list_slots(body.list_slots(), response); break;
       case wire::Request::kDeleteVariable: remove(body.delete_variable()); break;
+      case wire::Request::kCreateHashTable: create_table(body.create_hash_table()); break;
+      case wire::Request::kHashLookup: lookup_tables(request, body.hash_lookup(), response); break;
+      case wire::Request::kHashApplyGradients: apply_to_tables(request, body.hash_apply_gradients(), how); break;
+      case wire::Request::kAdvanceClock: advance_clock(body.advance_clock(), response); break;
       default: throw wire::not_served(body, "parameter server", task_);  // the server refuses them first
     }
     // A big kernel is left for serve() to run on the pool; the rest runs now.
@@ -527,8 +545,8 @@ ps_service::decision ps_service::decide(const wire::frame& request, const servin
     // have less free than the limits assume: the caller learns how much the ps holds.
     failure = std::make_exception_ptr(
         error(errc::resource_exhausted, fmt::format("{} ran out of memory serving the request (it holds {} of "
-                                                    "variables and slots)",
-                                                    task_, bytes_text(store_.held_bytes()))));
+                                                    "variables, slots and tables)",
+                                                    task_, bytes_text(held_bytes()))));
   } catch (...) {
     failure = std::current_exception();
   }
@@ -564,6 +582,10 @@ ps_service::kernel_job ps_service::create(const wire::frame& request, const wire
                           to_string(ref.shape)));
     }
     check_finite(context, "initial value", initial, how);
+  }
+  if (tables_.contains(ref.name)) {
+    throw error(errc::already_exists, fmt::format("'{}' is a hash table on {}: a variable cannot have its name",
+                                                  ref.name, task_));
   }
   if (store_.contains(ref.name)) {
     throw error(errc::already_exists, fmt::format("variable '{}' already exists on {}", ref.name, task_));
@@ -855,6 +877,158 @@ void ps_service::list_slots(const wire::ListSlots& list, wire::frame& response) 
     encode_ref(*info.mutable_slot(), variable_ref{name, slot->type, slot->shape, 0});
     info.set_initial_value(slot->slot_initial_value);
   }
+}
+
+// ---- Hash tables --------------------------------------------------------------------------------
+
+namespace {
+
+admission_policy decode_admission(const wire::AdmissionPolicy& in, std::string_view table) {
+  switch (in.kind()) {
+    case wire::AdmissionPolicy::ALWAYS: return admission::always{};
+    case wire::AdmissionPolicy::MIN_COUNT: return admission::min_count{in.count(), static_cast<std::size_t>(in.counters())};
+    case wire::AdmissionPolicy::PROBABILITY: return admission::probability{in.p(), in.seed()};
+    default: break;
+  }
+  invalid(fmt::format("hash table '{}': unknown admission policy {}", table, static_cast<int>(in.kind())));
+}
+
+eviction_policy decode_eviction(const wire::EvictionPolicy& in, std::string_view table) {
+  switch (in.kind()) {
+    case wire::EvictionPolicy::NONE: return eviction::none{};
+    case wire::EvictionPolicy::TTL: return eviction::ttl{in.max_idle()};
+    case wire::EvictionPolicy::CAPACITY: return eviction::capacity{in.rows_per_ps()};
+    default: break;
+  }
+  invalid(fmt::format("hash table '{}': unknown eviction policy {}", table, static_cast<int>(in.kind())));
+}
+
+// The ids of a part: int64, 1-D.
+std::span<const std::int64_t> table_ids(const tensor& ids, std::string_view operation, std::string_view table) {
+  if (ids.type() != dtype::int64 || ids.shape().size() != 1) {
+    invalid(fmt::format("{} of '{}': ids must be a 1-D int64 tensor, not {} {}", operation, table, name_of(ids.type()),
+                        to_string(ids.shape())));
+  }
+  return {ids.data<std::int64_t>(), ids.size()};
+}
+
+}  // namespace
+
+std::uint64_t ps_service::room() const noexcept {
+  const std::uint64_t held = held_bytes();
+  return held >= store_.max_ps_bytes() ? 0 : store_.max_ps_bytes() - held;
+}
+
+void ps_service::count_table_bytes() noexcept {
+  table_bytes_ = 0;
+  for (const auto& [name, part] : tables_) table_bytes_ += part.bytes_held();
+  store_.set_table_bytes(table_bytes_);
+}
+
+hash_table_part& ps_service::table_of(const wire::HashTableRef& ref, std::string_view operation) {
+  const auto it = tables_.find(ref.name());
+  if (it == tables_.end()) {
+    throw error(errc::not_found, fmt::format("{} of '{}': {} holds no part of a hash table of that name", operation,
+                                             ref.name(), task_));
+  }
+  hash_table_part& part = it->second;
+  if (ref.dtype() != static_cast<std::uint32_t>(part.type()) || ref.dim() != part.options().dim) {
+    invalid(fmt::format("{} of '{}': the table is {} with rows of {}, not code {} with rows of {}", operation,
+                        ref.name(), name_of(part.type()), part.options().dim, ref.dtype(), ref.dim()));
+  }
+  return part;
+}
+
+void ps_service::create_table(const wire::CreateHashTable& create) {
+  const hash_table_ref ref = wire::decode_table_ref(create.table());
+  if (ref.name.empty()) invalid("a hash table needs a name");
+  if (store_.contains(ref.name)) {
+    throw error(errc::already_exists, fmt::format("'{}' is a variable on {}: a hash table cannot have its name",
+                                                  ref.name, task_));
+  }
+  if (tables_.contains(ref.name)) {
+    throw error(errc::already_exists, fmt::format("hash table '{}' already exists on {}", ref.name, task_));
+  }
+  hash_table_options options;
+  options.dim = ref.dim;
+  options.buckets = ref.buckets;
+  options.initializer = decode_initializer(create.initializer(), ref.name).init;
+  options.admission = decode_admission(create.admission(), ref.name);
+  options.eviction = decode_eviction(create.eviction(), ref.name);
+  options.default_value = create.default_value();
+  options.max_rows_per_ps = create.max_rows_per_ps();
+  const std::vector<std::uint32_t> held(create.buckets().begin(), create.buckets().end());
+  if (held.size() > ref.buckets) {
+    invalid(fmt::format("hash table '{}': {} buckets held of {}", ref.name, held.size(), ref.buckets));
+  }
+  // The filter and the bucket table are the part's fixed cost: checked before they are allocated.
+  const std::uint64_t fixed = ref.buckets * std::uint64_t{8} + held.size() * std::uint64_t{128} +
+                              (std::holds_alternative<admission::min_count>(options.admission)
+                                   ? std::get<admission::min_count>(options.admission).counters
+                                   : 0);
+  if (fixed > room()) {
+    throw error(errc::resource_exhausted,
+                fmt::format("hash table '{}' needs {} on {} to start, and it may hold {} more "
+                            "(server_options::max_ps_bytes raises it)",
+                            ref.name, bytes_text(fixed), task_, bytes_text(room())));
+  }
+  tables_.emplace(ref.name, hash_table_part(ref.name, task_, ref.type, std::move(options), held));
+  count_table_bytes();
+}
+
+void ps_service::lookup_tables(const wire::frame& request, const wire::HashLookup& lookup, wire::frame& response) {
+  // Every part checked before any is served: a bad one changes nothing anywhere.
+  std::vector<std::pair<hash_table_part*, tensor>> parts;
+  for (const auto& part : lookup.parts()) {
+    hash_table_part& table = table_of(part.table(), "lookup");
+    tensor ids = wire::get_tensor(request, part.ids());
+    table_ids(ids, "lookup", part.table().name());
+    parts.emplace_back(&table, std::move(ids));
+  }
+  auto& list = *response.message.mutable_response()->mutable_result()->mutable_list();
+  for (auto& [table, ids] : parts) {
+    tensor rows = tensor::uninitialized(table->type(), {ids.size(), table->options().dim});
+    table->lookup(table_ids(ids, "lookup", table->name()), lookup.insert(), rows.bytes().data(), room());
+    count_table_bytes();
+    wire::put_tensor(response, *list.add_items()->mutable_tensor(), rows);
+  }
+}
+
+void ps_service::apply_to_tables(const wire::frame& request, const wire::HashApplyGradients& apply,
+                                 const serving& how) {
+  const auto opt = decode_optimizer(apply.optimizer());
+  kernels::check_optimizer(opt);
+  const std::string operation = fmt::format("{} step", kernels::optimizer_name(opt));
+  struct checked_part {
+    hash_table_part* table;
+    tensor ids;
+    tensor gradients;
+  };
+  std::vector<checked_part> parts;
+  for (const auto& part : apply.parts()) {
+    hash_table_part& table = table_of(part.table(), operation);
+    tensor ids = wire::get_tensor(request, part.ids());
+    const auto n = table_ids(ids, operation, table.name()).size();
+    tensor gradients = wire::get_tensor(request, part.gradients());
+    if (gradients.type() != table.type() || gradients.shape() != shape_type{n, table.options().dim}) {
+      invalid(fmt::format("{} of '{}': {} ids need gradients {} [{}, {}], got {} {}", operation, table.name(), n,
+                          name_of(table.type()), n, table.options().dim, name_of(gradients.type()),
+                          to_string(gradients.shape())));
+    }
+    check_finite(fmt::format("{} of '{}'", operation, table.name()), "gradient", gradients, how);
+    parts.push_back({&table, std::move(ids), std::move(gradients)});
+  }
+  for (auto& part : parts) {
+    part.table->apply_gradients(opt, table_ids(part.ids, operation, part.table->name()), part.gradients.bytes().data());
+  }
+  count_table_bytes();
+}
+
+void ps_service::advance_clock(const wire::AdvanceClock& advance, wire::frame& response) {
+  hash_table_part& table = table_of(advance.table(), "advance_clock");
+  const std::uint64_t dropped = table.advance_clock(advance.clock());
+  count_table_bytes();
+  response.message.mutable_response()->mutable_result()->set_integer(static_cast<std::int64_t>(dropped));
 }
 
 }  // namespace pscoro::ps

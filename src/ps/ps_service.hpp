@@ -13,6 +13,7 @@
 // comes for it waits its turn there (docs/design.md, "ps kernels off the event loop").
 #pragma once
 
+#include "ps/hash_table.hpp"
 #include "ps/lanes.hpp"
 #include "ps/variable_store.hpp"
 #include "wire/buffer_pool.hpp"
@@ -29,6 +30,7 @@
 #include <cstdint>
 #include <exception>
 #include <functional>
+#include <map>
 #include <memory>
 #include <optional>
 #include <span>
@@ -59,9 +61,11 @@ class ps_service {
 
   /// The kinds of request a ps serves; the server refuses the rest (wire::not_served), as handle()
   /// does when called with one.
-  static constexpr std::array kinds_served{wire::Request::kCreateVariable, wire::Request::kReadVariable,
-                                           wire::Request::kUpdateVariable, wire::Request::kApplyGradient,
-                                           wire::Request::kListSlots,      wire::Request::kDeleteVariable};
+  static constexpr std::array kinds_served{
+      wire::Request::kCreateVariable,  wire::Request::kReadVariable,  wire::Request::kUpdateVariable,
+      wire::Request::kApplyGradient,   wire::Request::kListSlots,     wire::Request::kDeleteVariable,
+      wire::Request::kCreateHashTable, wire::Request::kHashLookup,    wire::Request::kHashApplyGradients,
+      wire::Request::kAdvanceClock};
 
   /// Serves one request frame on the calling thread, the math included; failures come back as an
   /// error status, never as an exception. For a ps nobody else reaches meanwhile (tests, tools).
@@ -122,9 +126,11 @@ class ps_service {
   }
 
   std::size_t num_variables() const noexcept { return store_.size(); }
-  /// Bytes held for variables and slots, as server_options::max_ps_bytes counts them.
-  std::uint64_t held_bytes() const noexcept { return store_.held_bytes(); }
-  /// Drops every variable and slot (the coordinator session that made them ended). A kernel still
+  /// The hash tables this ps holds a part of.
+  std::size_t num_hash_tables() const noexcept { return tables_.size(); }
+  /// Bytes held for variables, slots and hash tables, as server_options::max_ps_bytes counts them.
+  std::uint64_t held_bytes() const noexcept { return store_.held_bytes() + table_bytes_; }
+  /// Drops every variable, slot and hash table (the coordinator session that made them ended). A kernel still
   /// running keeps the storage it writes alive until it ends; its request and those waiting for
   /// their variable's turn get errc::aborted.
   void clear() noexcept;
@@ -182,6 +188,18 @@ class ps_service {
   kernel_job update(const wire::frame& request, const wire::UpdateVariable& update, const serving& how);
   kernel_job apply_gradient(const wire::frame& request, const wire::ApplyGradient& apply, const serving& how);
   void list_slots(const wire::ListSlots& list, wire::frame& response);
+  // Hash tables: served at once on the executor (a lookup or a step touches its ids' rows only).
+  void create_table(const wire::CreateHashTable& create);
+  void lookup_tables(const wire::frame& request, const wire::HashLookup& lookup, wire::frame& response);
+  void apply_to_tables(const wire::frame& request, const wire::HashApplyGradients& apply, const serving& how);
+  void advance_clock(const wire::AdvanceClock& advance, wire::frame& response);
+  /// The part of the table `ref` names, as the caller thinks it is: errc::not_found when this ps
+  /// holds none, errc::invalid_argument when its dtype or dim differ.
+  hash_table_part& table_of(const wire::HashTableRef& ref, std::string_view operation);
+  /// What the ps may still hold, as max_ps_bytes counts it.
+  std::uint64_t room() const noexcept;
+  /// Recounts the bytes the tables hold.
+  void count_table_bytes() noexcept;
   void remove(const wire::DeleteVariable& request);
   /// The variable `ref` names, as the caller thinks it is (variable_store::find).
   stored_variable& find(const wire::VariableRef& ref, std::string_view operation);
@@ -194,6 +212,8 @@ class ps_service {
 
   std::string task_;
   variable_store store_;
+  std::map<std::string, hash_table_part, std::less<>> tables_;
+  std::uint64_t table_bytes_ = 0;
   bool check_numerics_;
   std::shared_ptr<wire::buffer_pool> buffers_;
   std::shared_ptr<wire::buffer_pool> reply_buffers_;  // sparse reads' rows (reply_buffer)
@@ -209,12 +229,13 @@ class ps_service {
   // Last: destroyed (joined) first, before what its kernels' continuations would check.
   std::optional<asio::thread_pool> kernel_pool_;
 
-  // Metrics: per operation (create, read, update, apply_gradient, list_slots, delete, other) its
-  // latency and its errors; what the ps holds. Registered in the process's registry.
-  static constexpr std::size_t num_operations = 7;
+  // Metrics: per operation (create, read, update, apply_gradient, list_slots, delete, hash_lookup,
+  // hash_apply_gradients, advance_clock, other) its latency and its errors; what the ps holds.
+  // Registered in the process's registry.
+  static constexpr std::size_t num_operations = 10;
   void publish() noexcept {
     variables_gauge_.set(static_cast<std::int64_t>(store_.size()));
-    bytes_gauge_.set(static_cast<std::int64_t>(store_.held_bytes()));
+    bytes_gauge_.set(static_cast<std::int64_t>(held_bytes()));
     pooled_gauge_.set(static_cast<std::int64_t>(buffers_->bytes() + reply_buffers_->bytes()));
   }
   std::array<metrics::histogram, num_operations> operation_seconds_;

@@ -54,7 +54,7 @@ std::uint64_t variable_store::checked_bytes(std::string_view context, dtype type
 std::uint64_t variable_store::check_room(std::string_view context, std::string_view what, const std::string& name,
                                          dtype type, const shape_type& shape, std::uint64_t pending) const {
   const std::uint64_t bytes = checked_bytes(context, type, shape);
-  const auto held = add_saturating(held_bytes_, pending);
+  const auto held = add_saturating(add_saturating(held_bytes_, table_bytes_), pending);
   if (bytes > max_variable_bytes_) {
     throw error(errc::resource_exhausted, fmt::format("{}: {}{} {} takes {}, more than the {} {} allows per variable "
                                                       "(server_options::max_variable_bytes raises it; {} holds {})",
@@ -65,7 +65,7 @@ std::uint64_t variable_store::check_room(std::string_view context, std::string_v
   if (adds > max_ps_bytes_ || held > max_ps_bytes_ - adds) {
     throw error(
         errc::resource_exhausted,
-        fmt::format("{}: {}{} {} takes {} and {} already holds {} of variables and slots{}: that is past "
+        fmt::format("{}: {}{} {} takes {} and {} already holds {} of variables, slots and tables{}: that is past "
                     "its limit of {} (server_options::max_ps_bytes raises it)",
                     context, what, name_of(type), to_string(shape), bytes_text(bytes), task_, bytes_text(held),
                     pending ? " (counting the slots this step creates before it)" : "", bytes_text(max_ps_bytes_)));

@@ -77,6 +77,8 @@ class variable_store {
   /// Bytes held for variables and slots, as max_ps_bytes counts them (values and bookkeeping).
   std::uint64_t held_bytes() const noexcept { return held_bytes_; }
   std::uint64_t max_ps_bytes() const noexcept { return max_ps_bytes_; }
+  /// What the ps's hash tables hold besides (ps_service counts them): room checks count them too.
+  void set_table_bytes(std::uint64_t bytes) noexcept { table_bytes_ = bytes; }
   std::uint64_t max_variable_bytes() const noexcept { return max_variable_bytes_; }
   const std::string& task() const noexcept { return task_; }
 
@@ -87,6 +89,7 @@ class variable_store {
   std::uint64_t max_ps_bytes_;
   std::uint64_t max_variable_bytes_;
   std::uint64_t held_bytes_ = 0;
+  std::uint64_t table_bytes_ = 0;
   std::unordered_map<std::string, stored_variable> variables_;
 };
 

@@ -21,6 +21,10 @@ std::string_view request_name(Request::BodyCase kind) noexcept {
     case Request::kCreatePerWorkerVariable: return "CreatePerWorkerVariable";
     case Request::kReadPerWorkerVariable: return "ReadPerWorkerVariable";
     case Request::kCreateResource: return "CreateResource";
+    case Request::kCreateHashTable: return "CreateHashTable";
+    case Request::kHashLookup: return "HashLookup";
+    case Request::kHashApplyGradients: return "HashApplyGradients";
+    case Request::kAdvanceClock: return "AdvanceClock";
     case Request::BODY_NOT_SET: break;
   }
   return "an empty request";
@@ -44,6 +48,10 @@ error not_served(const Request& request, std::string_view role, std::string_view
     case Request::kApplyGradient:
     case Request::kListSlots:
     case Request::kDeleteVariable: what = "holds no variables"; break;
+    case Request::kCreateHashTable:
+    case Request::kHashLookup:
+    case Request::kHashApplyGradients:
+    case Request::kAdvanceClock: what = "holds no hash tables"; break;
     case Request::kRunFunction:
       what = fmt::format("runs no worker functions ('{}' was sent here)", request.run_function().name());
       break;

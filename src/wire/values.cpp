@@ -25,6 +25,24 @@ variable_ref decode_ref(const wire::VariableRef& in) {
           in.ps_task()};
 }
 
+void encode_table_ref(wire::HashTableRef& out, const hash_table_ref& ref) {
+  out.set_name(ref.name);
+  out.set_dtype(static_cast<std::uint32_t>(ref.type));
+  out.set_dim(ref.dim);
+  out.set_buckets(ref.buckets);
+  out.clear_ps_tasks();
+  for (const int task : ref.ps_tasks) out.add_ps_tasks(task);
+}
+
+hash_table_ref decode_table_ref(const wire::HashTableRef& in) {
+  if (in.dim() == 0 || in.buckets() == 0) {
+    throw error(errc::invalid_argument, fmt::format("hash table '{}' has dim {} and {} buckets: neither may be 0",
+                                                    in.name(), in.dim(), in.buckets()));
+  }
+  return {in.name(), decode_dtype(in.dtype(), in.name()), static_cast<std::size_t>(in.dim()), in.buckets(),
+          std::vector<int>(in.ps_tasks().begin(), in.ps_tasks().end())};
+}
+
 void encode_value(wire::frame& f, wire::Value& out, const value& v) {
   struct visitor {
     wire::frame& f;
@@ -51,6 +69,7 @@ void encode_value(wire::frame& f, wire::Value& out, const value& v) {
       for (const auto dim : r.shape) sharded.add_shape(dim);
       for (const auto& shard : r.shards) encode_ref(*sharded.add_shards(), shard);
     }
+    void operator()(const hash_table_ref& r) const { encode_table_ref(*out.mutable_hash_table(), r); }
   };
   std::visit(visitor{f, out}, v);
 }
@@ -99,6 +118,7 @@ value decode_at(const wire::frame& f, const wire::Value& in, std::size_t depth, 
       for (const auto& shard : sharded.shards()) ref.shards.push_back(decode_ref(shard));
       return ref;
     }
+    case wire::Value::kHashTable: return decode_table_ref(in.hash_table());
     case wire::Value::KIND_NOT_SET: break;
   }
   throw error(errc::invalid_argument, "a value with no kind");

@@ -14,6 +14,10 @@ void encode_ref(wire::VariableRef& out, const variable_ref& ref);
 /// Throws errc::invalid_argument for an unknown dtype.
 variable_ref decode_ref(const wire::VariableRef& in);
 
+void encode_table_ref(wire::HashTableRef& out, const hash_table_ref& ref);
+/// Throws errc::invalid_argument for an unknown dtype, or a dim or bucket count of 0.
+hash_table_ref decode_table_ref(const wire::HashTableRef& in);
+
 void encode_value(wire::frame& f, wire::Value& out, const value& v);
 /// Throws errc::invalid_argument when `in` does not describe a valid value of `f`.
 /// Decodes `in`. Every value made (the value itself, each list, each item) takes one from

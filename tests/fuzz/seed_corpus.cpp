@@ -24,6 +24,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <limits>
 
 using namespace pscoro;
 namespace fs = std::filesystem;
@@ -127,6 +128,63 @@ std::string ps_requests() {
   rr->mutable_rows()->set_begin(1);
   rr->mutable_rows()->set_end(3);
   out += fuzz::wire_bytes(std::move(rows));
+  return out;
+}
+
+// A session with a dynamic embedding table: create its part (every bucket), look up with and
+// without insert, step, advance the clock, and delete it.
+std::string ps_table_requests() {
+  std::string out;
+  const auto set_table = [](wire::HashTableRef& t) {
+    t.set_name("users");
+    t.set_dtype(static_cast<std::uint32_t>(dtype::float32));
+    t.set_dim(2);
+    t.set_buckets(4);
+    t.add_ps_tasks(0);
+  };
+  auto create = request(1);
+  auto* c = create.message.mutable_request()->mutable_create_hash_table();
+  set_table(*c->mutable_table());
+  c->mutable_initializer()->set_kind(wire::Initializer::RANDOM_NORMAL);
+  c->mutable_initializer()->set_b(0.1);
+  c->mutable_admission()->set_kind(wire::AdmissionPolicy::MIN_COUNT);
+  c->mutable_admission()->set_count(2);
+  c->mutable_admission()->set_counters(64);
+  c->mutable_eviction()->set_kind(wire::EvictionPolicy::TTL);
+  c->mutable_eviction()->set_max_idle(3);
+  c->set_max_rows_per_ps(100);
+  for (std::uint32_t b = 0; b < 4; ++b) c->add_buckets(b);
+  out += fuzz::wire_bytes(std::move(create));
+
+  for (std::uint64_t id = 2; id <= 3; ++id) {
+    auto lookup = request(id);
+    auto* l = lookup.message.mutable_request()->mutable_hash_lookup();
+    l->set_insert(true);
+    auto* part = l->add_parts();
+    set_table(*part->mutable_table());
+    wire::put_tensor(lookup, *part->mutable_ids(), int64s({-1, 0, std::numeric_limits<std::int64_t>::max(), 0}));
+    out += fuzz::wire_bytes(std::move(lookup));
+  }
+
+  auto step = request(4);
+  auto* a = step.message.mutable_request()->mutable_hash_apply_gradients();
+  a->mutable_optimizer()->set_kind(wire::Optimizer::ADAGRAD);
+  a->mutable_optimizer()->set_learning_rate(0.1);
+  auto* part = a->add_parts();
+  set_table(*part->mutable_table());
+  wire::put_tensor(step, *part->mutable_ids(), int64s({0, 5}));
+  wire::put_tensor(step, *part->mutable_gradients(), floats({1, 2, 3, 4}, {2, 2}));
+  out += fuzz::wire_bytes(std::move(step));
+
+  auto clock = request(5);
+  auto* t = clock.message.mutable_request()->mutable_advance_clock();
+  set_table(*t->mutable_table());
+  t->set_clock(9);
+  out += fuzz::wire_bytes(std::move(clock));
+
+  auto remove = request(6);
+  remove.message.mutable_request()->mutable_delete_variable()->mutable_variable()->set_name("users");
+  out += fuzz::wire_bytes(std::move(remove));
   return out;
 }
 
@@ -306,6 +364,7 @@ int main(int argc, char** argv) {
   // ps and worker: byte 0 bit 0 = a valid Hello of a new session goes first.
   put("ps", "requests", flag(1) + requests);
   put("ps", "kernel_pool", flag(1) + ps_kernel_requests());
+  put("ps", "hash_table", flag(1) + ps_table_requests());
   put("ps", "streamed_reply", flag(1) + ps_streamed_reply_requests(false));
   put("ps", "streamed_reply_cut", flag(1) + ps_streamed_reply_requests(true));
   put("ps", "own_hello", flag(0) + hello_ps + fuzz::wire_bytes(fuzz::heartbeat(1)));

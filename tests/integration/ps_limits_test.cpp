@@ -304,7 +304,7 @@ TEST_CASE("a variable over max_variable_bytes or past max_ps_bytes is refused; w
   const auto refused = call(cluster, create_by(c, c.shape));
   check_refused(refused, exhausted, "create of 'c': float32 [1024] takes 4.0 KiB (4096 bytes) and ps:0 already holds ");
   check_refused(refused, exhausted,
-                "of variables and slots: that is past its limit of 11.7 KiB (12000 bytes) "
+                "of variables, slots and tables: that is past its limit of 11.7 KiB (12000 bytes) "
                 "(server_options::max_ps_bytes raises it)");
   check_refused(call(cluster, read_of(c)), errc::not_found, "variable 'c' does not exist on ps:0");
 

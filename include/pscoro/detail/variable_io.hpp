@@ -64,6 +64,22 @@ class PSCORO_API variable_io {
   virtual asio::awaitable<std::vector<slot_info>> list_slots(variable_ref variable) = 0;
   /// Creates `slot` of `variable` beside it, every element `initial_value`.
   virtual asio::awaitable<void> create_slot(variable_ref variable, variable_ref slot, double initial_value) = 0;
+
+  // Dynamic embedding tables (hash_table<T>): each request goes to one ps, for the buckets it holds.
+
+  /// One table's ids on one ps (int64, 1-D) and, for a step, their gradient rows.
+  struct table_ids {
+    hash_table_ref table;
+    tensor ids;
+    tensor gradients;
+  };
+  /// The rows of each part's ids on ps `ps_task`, in their order: one tensor per part. With
+  /// `insert`, ids not held are admitted by their table's policy.
+  virtual asio::awaitable<std::vector<tensor>> hash_lookup(int ps_task, std::vector<table_ids> parts, bool insert) = 0;
+  /// One optimizer step on each part's rows on ps `ps_task`.
+  virtual asio::awaitable<void> hash_apply_gradients(int ps_task, std::vector<table_ids> parts, optimizer opt) = 0;
+  /// Moves `table`'s clock on ps `ps_task` to `clock`; returns the rows that dropped.
+  virtual asio::awaitable<std::uint64_t> advance_clock(int ps_task, hash_table_ref table, std::uint64_t clock) = 0;
 };
 
 }  // namespace detail

@@ -1,0 +1,158 @@
+// The operations behind hash_table<T>: ids grouped by the ps that holds their bucket (the same mix
+// as the ps checks them by, common/id_hash.hpp), one request per ps, all at once, and the rows
+// placed back in the caller's order.
+#include <pscoro/hash_table.hpp>
+
+#include <pscoro/detail/parallel.hpp>
+
+#include "common/id_hash.hpp"
+
+#include <fmt/format.h>
+
+#include <cstring>
+
+namespace pscoro::detail {
+
+namespace {
+
+variable_io& bound(const std::shared_ptr<variable_io>& io, const hash_table_ref& table) {
+  if (!io) throw error(errc::failed_precondition, fmt::format("hash table handle '{}' is not bound", table.name));
+  return *io;
+}
+
+// The index in table.ps_tasks of the ps that holds `id`'s bucket.
+std::size_t ps_index_of(std::int64_t id, const hash_table_ref& table) {
+  return common::bucket_of(id, table.buckets) % table.ps_tasks.size();
+}
+
+asio::awaitable<void> lookup_on(variable_io& io, const hash_table_ref& table, std::size_t p,
+                                const std::vector<std::int64_t>& ids, bool insert, tensor& reply) {
+  if (ids.empty()) co_return;
+  std::vector<variable_io::table_ids> parts;
+  parts.push_back({table, vector_tensor(ids), {}});
+  auto rows = co_await io.hash_lookup(table.ps_tasks[p], std::move(parts), insert);
+  reply = std::move(rows.front());
+}
+
+asio::awaitable<void> apply_on(variable_io& io, const optimizer& opt, table_part& part) {
+  std::vector<variable_io::table_ids> parts;
+  parts.push_back(std::move(part.ids));
+  co_await io.hash_apply_gradients(part.ps_task, std::move(parts), opt);
+}
+
+asio::awaitable<void> advance_on(variable_io& io, const hash_table_ref& table, int ps_task, std::uint64_t clock,
+                                 std::uint64_t& dropped) {
+  dropped = co_await io.advance_clock(ps_task, table, clock);
+}
+
+}  // namespace
+
+void check_table(const hash_table_ref& ref, dtype type) {
+  if (ref.type != type) {
+    throw error(errc::invalid_argument, fmt::format("hash table '{}' holds {} rows, not {}", ref.name,
+                                                    name_of(ref.type), name_of(type)));
+  }
+  if (ref.dim == 0 || ref.buckets == 0 || ref.ps_tasks.empty()) {
+    throw error(errc::invalid_argument, fmt::format("hash table '{}' has dim {}, {} buckets and {} ps: none may be 0",
+                                                    ref.name, ref.dim, ref.buckets, ref.ps_tasks.size()));
+  }
+}
+
+std::vector<table_part> split_table_gradients(const hash_table_ref& table, std::span<const std::int64_t> ids,
+                                              const shape_type& id_shape, const tensor& gradients) {
+  check_table(table, table.type);
+  if (id_shape.size() != 1) {
+    throw error(errc::invalid_argument, fmt::format("apply_gradients of '{}': ids must be 1-D, not {}", table.name,
+                                                    to_string(id_shape)));
+  }
+  if (gradients.type() != table.type || gradients.shape() != shape_type{ids.size(), table.dim}) {
+    throw error(errc::invalid_argument,
+                fmt::format("apply_gradients of '{}': {} ids need gradients {} [{}, {}], got {} {}", table.name,
+                            ids.size(), name_of(table.type), ids.size(), table.dim, name_of(gradients.type()),
+                            to_string(gradients.shape())));
+  }
+  const std::size_t n_ps = table.ps_tasks.size();
+  const std::size_t row_bytes = table.dim * size_of(table.type);
+  std::vector<std::size_t> count(n_ps, 0);
+  for (const std::int64_t id : ids) ++count[ps_index_of(id, table)];
+  std::vector<table_part> parts;
+  std::vector<std::size_t> part_of(n_ps, n_ps);
+  for (std::size_t p = 0; p < n_ps; ++p) {
+    if (count[p] == 0) continue;
+    part_of[p] = parts.size();
+    parts.push_back({table.ps_tasks[p],
+                     {table, tensor::uninitialized(dtype::int64, {count[p]}),
+                      tensor::uninitialized(table.type, {count[p], table.dim})}});
+  }
+  std::vector<std::size_t> filled(parts.size(), 0);
+  for (std::size_t k = 0; k < ids.size(); ++k) {
+    const std::size_t q = part_of[ps_index_of(ids[k], table)];
+    auto& part = parts[q].ids;
+    const std::size_t j = filled[q]++;
+    std::memcpy(part.ids.bytes().data() + j * sizeof(std::int64_t), &ids[k], sizeof(std::int64_t));
+    std::memcpy(part.gradients.bytes().data() + j * row_bytes, gradients.bytes().data() + k * row_bytes, row_bytes);
+  }
+  return parts;
+}
+
+asio::awaitable<void> apply_table_gradients(std::shared_ptr<variable_io> io, hash_table_ref table, optimizer opt,
+                                            std::vector<table_part> parts) {
+  variable_io& to = bound(io, table);
+  co_await run_all(parts.size(), [&](std::size_t i) { return apply_on(to, opt, parts[i]); });
+}
+
+asio::awaitable<std::uint64_t> advance_table_clock(std::shared_ptr<variable_io> io, hash_table_ref table,
+                                                   std::uint64_t clock) {
+  variable_io& to = bound(io, table);
+  std::vector<std::uint64_t> dropped(table.ps_tasks.size(), 0);
+  co_await run_all(table.ps_tasks.size(),
+                   [&](std::size_t p) { return advance_on(to, table, table.ps_tasks[p], clock, dropped[p]); });
+  std::uint64_t total = 0;
+  for (const auto d : dropped) total += d;
+  co_return total;
+}
+
+asio::awaitable<void> failed_table_call(std::exception_ptr e) {
+  std::rethrow_exception(e);
+  co_return;
+}
+
+template <class T>
+asio::awaitable<xt::xarray<T>> hash_table_ops<T>::lookup(std::shared_ptr<variable_io> io, hash_table_ref table,
+                                                         id_list ids, bool insert) {
+  variable_io& from = bound(io, table);
+  check_table(table, dtype_of<T>);
+  const std::size_t n_ps = table.ps_tasks.size();
+  std::vector<std::vector<std::int64_t>> ps_ids(n_ps);
+  std::vector<std::vector<std::size_t>> positions(n_ps);
+  for (std::size_t k = 0; k < ids.ids.size(); ++k) {
+    const std::size_t p = ps_index_of(ids.ids[k], table);
+    ps_ids[p].push_back(ids.ids[k]);
+    positions[p].push_back(k);
+  }
+  std::vector<tensor> replies(n_ps);
+  co_await run_all(n_ps, [&](std::size_t p) { return lookup_on(from, table, p, ps_ids[p], insert, replies[p]); });
+  shape_type shape = ids.shape;
+  shape.push_back(table.dim);
+  xt::xarray<T> out = xt::xarray<T>::from_shape(shape);
+  const std::size_t dim = table.dim;
+  for (std::size_t p = 0; p < n_ps; ++p) {
+    if (ps_ids[p].empty()) continue;
+    const T* rows = replies[p].template data<T>();
+    for (std::size_t j = 0; j < positions[p].size(); ++j) {
+      std::memcpy(out.data() + positions[p][j] * dim, rows + j * dim, dim * sizeof(T));
+    }
+  }
+  co_return out;
+}
+
+template <class T>
+asio::awaitable<xt::xarray<T>> hash_table_ops<T>::failed(std::exception_ptr e) {
+  std::rethrow_exception(e);
+  co_return xt::xarray<T>{};
+}
+
+template struct hash_table_ops<float>;
+template struct hash_table_ops<double>;
+
+}  // namespace pscoro::detail

@@ -1,0 +1,253 @@
+// Dynamic embedding tables on an in-process cluster of real servers: rows made on first sight for
+// any int64 id, the same rows from every ps count and from a sharded variable of the same name,
+// optimizer steps from the chief and from workers, the clock and idle rows, and refusals that
+// change nothing.
+#include "local_cluster.hpp"
+#include "test_support.hpp"
+
+#include <pscoro/coordinator.hpp>
+#include <pscoro/hash_table.hpp>
+#include <pscoro/strategy.hpp>
+
+#include <xtensor/xbuilder.hpp>
+#include <xtensor/xadapt.hpp>
+#include <xtensor/xmanipulation.hpp>
+#include <xtensor/xview.hpp>
+
+#include <cstring>
+#include <limits>
+#include <random>
+#include <vector>
+
+using namespace pscoro;
+using pscoro::testing::code_of;
+using pscoro::testing::failure_of;
+using pscoro::testing::local_cluster;
+using pscoro::testing::message_of;
+
+namespace {
+
+constexpr std::int64_t min_id = std::numeric_limits<std::int64_t>::min();
+constexpr std::int64_t max_id = std::numeric_limits<std::int64_t>::max();
+
+hash_table_options normal_rows(std::size_t dim) {
+  hash_table_options options;
+  options.dim = dim;
+  options.initializer = initializers::random_normal{.stddev = 0.1, .seed = 42};
+  options.buckets = 64;
+  return options;
+}
+
+constexpr hash_lookup_options inserting{.insert = true};
+
+xt::xarray<std::int64_t> id_array(std::vector<std::int64_t> ids) { return xt::adapt(ids, {ids.size()}); }
+
+// A step on a worker: looks up its ids (inserting), then steps them with gradients of 1.
+const worker_function<double(hash_table<float>, xt::xarray<std::int64_t>)> train_on_worker{"test.table_step"};
+
+void bind_table_functions(server& s) {
+  s.bind(train_on_worker, [](hash_table<float> table, xt::xarray<std::int64_t> ids) -> asio::awaitable<double> {
+    const auto rows = co_await table.lookup(ids, inserting);
+    const xt::xarray<float> ones = xt::ones<float>(std::vector<std::size_t>{ids.size(), table.dim()});
+    co_await table.apply_gradients(optimizers::sgd{.learning_rate = 0.5}, ids, ones);
+    co_return static_cast<double>(xt::sum(rows)());
+  });
+}
+
+bool bitwise_equal(const xt::xarray<float>& a, const xt::xarray<float>& b) {
+  return a.shape() == b.shape() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
+}  // namespace
+
+TEST_CASE("a table gives any int64 id a row on first sight, the same from every ps count and as a variable's row") {
+  const std::vector<std::int64_t> raw{0, -1, 1, min_id, max_id, 123456789012345, -987654321, 7, 7};
+  const xt::xarray<std::int64_t> ids = xt::adapt(raw, {raw.size()});
+  xt::xarray<float> on_two;
+  const xt::xarray<float> zeros = xt::zeros<float>(std::vector<std::size_t>{raw.size(), 4});
+  const xt::xarray<std::int64_t> grid = xt::reshape_view(id_array({0, 1, max_id, -1}), {2, 2});
+  const xt::xarray<std::int64_t> low = id_array({0, 1, 7});
+  const std::vector<int> both_ps{0, 1};
+  const std::vector<std::size_t> looked_up_shape{raw.size(), 4};
+  const std::vector<std::size_t> grid_shape{2, 2, 4};
+  const shape_type ten_rows{10, 4};
+  local_cluster two(2, 1);
+  two.run_chief([&](parameter_server_strategy& strategy, cluster_coordinator&) -> asio::awaitable<void> {
+    auto table = co_await strategy.scope().create_hash_table<float>("emb", normal_rows(4));
+    CHECK(table.ref().ps_tasks == both_ps);
+    const auto absent = co_await table.lookup(ids);  // no insert: the default row, nothing stored
+    CHECK(bitwise_equal(absent, zeros));
+    on_two = co_await table.lookup(ids, inserting);
+    CHECK(on_two.shape() == looked_up_shape);
+    CHECK(bitwise_equal(xt::view(on_two, 7), xt::view(on_two, 8)));  // a repeated id: one row
+    CHECK(bitwise_equal(co_await table.lookup(ids), on_two));         // held now
+    const auto shaped = co_await table.lookup(grid);
+    CHECK(shaped.shape() == grid_shape);
+    CHECK(bitwise_equal(xt::view(shaped, 1, 0), xt::view(on_two, 4)));
+  });
+
+  local_cluster three(3, 1);
+  three.run_chief([&](parameter_server_strategy& strategy, cluster_coordinator&) -> asio::awaitable<void> {
+    auto table = co_await strategy.scope().create_hash_table<float>("emb", normal_rows(4));
+    CHECK(bitwise_equal(co_await table.lookup(ids, inserting), on_two));
+  });
+  // Row `id` of a table is row `id` of a sharded variable of the same name and initializer.
+  local_cluster one(1, 1);
+  one.run_chief([&](parameter_server_strategy& strategy, cluster_coordinator&) -> asio::awaitable<void> {
+    auto variable = co_await strategy.scope().create_sharded_variable<float>("emb", ten_rows,
+                                                                             normal_rows(4).initializer);
+    const auto rows = co_await variable.embedding_lookup(low);
+    CHECK(bitwise_equal(xt::view(rows, 0), xt::view(on_two, 0)));
+    CHECK(bitwise_equal(xt::view(rows, 1), xt::view(on_two, 2)));
+    CHECK(bitwise_equal(xt::view(rows, 2), xt::view(on_two, 7)));
+  });
+}
+
+TEST_CASE("optimizer steps on a table end bitwise equal to the same steps on a sharded variable") {
+  const xt::xarray<std::int64_t> ids{3, 9, 3, 0, 42, 9};
+  std::mt19937 random(7);
+  std::normal_distribution<float> normal;
+  std::vector<xt::xarray<float>> gradients;
+  for (int step = 0; step < 5; ++step) {
+    xt::xarray<float> g = xt::xarray<float>::from_shape({ids.size(), 8});
+    for (auto& x : g) x = normal(random);
+    gradients.push_back(g);
+  }
+  const optimizer opt = optimizers::adagrad{.learning_rate = 0.1};
+  const shape_type rows_64{64, 8};
+  xt::xarray<float> from_table;
+  local_cluster tables(2, 1);
+  tables.run_chief([&](parameter_server_strategy& strategy, cluster_coordinator&) -> asio::awaitable<void> {
+    auto table = co_await strategy.scope().create_hash_table<float>("emb", normal_rows(8));
+    co_await table.lookup(ids, inserting);
+    for (const auto& g : gradients) co_await table.apply_gradients(opt, ids, g);
+    from_table = co_await table.lookup(ids);
+    const auto failure = co_await failure_of(table.apply_gradients(optimizers::sgd{}, ids, gradients[0]));
+    CHECK(code_of(failure) == errc::failed_precondition);
+    CHECK(contains(message_of(failure), "hold the slots of adagrad"));
+  });
+  local_cluster variables(2, 1);
+  variables.run_chief([&](parameter_server_strategy& strategy, cluster_coordinator&) -> asio::awaitable<void> {
+    auto variable = co_await strategy.scope().create_sharded_variable<float>("emb", rows_64,
+                                                                             normal_rows(8).initializer);
+    for (const auto& g : gradients) co_await variable.apply_sparse_gradient(opt, ids, g);
+    CHECK(bitwise_equal(co_await variable.embedding_lookup(ids), from_table));
+  });
+}
+
+TEST_CASE("workers look up and step a table through their own connections") {
+  std::vector<xt::xarray<std::int64_t>> batches;
+  for (std::int64_t k = 0; k < 8; ++k) batches.push_back(id_array({k, k + 100}));
+  const xt::xarray<std::int64_t> asked = id_array({0, 107});
+  xt::xarray<float> stepped = xt::xarray<float>::from_shape({2, 2});
+  stepped.fill(0.5f);
+  local_cluster cluster(2, 2, bind_table_functions);
+  cluster.run_chief([&](parameter_server_strategy& strategy, cluster_coordinator& coordinator) -> asio::awaitable<void> {
+    hash_table_options options = normal_rows(2);
+    options.initializer = initializers::constant{.value = 1.0};
+    auto table = co_await strategy.scope().create_hash_table<float>("clicks", options);
+    std::vector<remote_value<double>> sums;
+    for (const auto& batch : batches) sums.push_back(coordinator.schedule(train_on_worker, table, batch));
+    co_await coordinator.join();
+    for (auto& s : sums) {
+      const double sum = co_await s.get();
+      CHECK(sum == doctest::Approx(4.0));  // two new rows of 1s
+    }
+    // Each row stepped once by sgd with gradient 1 and rate 0.5.
+    const auto rows = co_await table.lookup(asked);
+    CHECK(bitwise_equal(rows, stepped));
+  });
+}
+
+TEST_CASE("rows idle past max_idle drop when the clock moves; a full table refuses, naming it, and keeps its rows") {
+  const auto one_two_three = id_array({1, 2, 3});
+  const auto three = id_array({3});
+  const auto one = id_array({1});
+  const xt::xarray<float> zero_row = xt::zeros<float>(std::vector<std::size_t>{1, 2});
+  local_cluster cluster(2, 1);
+  cluster.run_chief([&](parameter_server_strategy& strategy, cluster_coordinator&) -> asio::awaitable<void> {
+    hash_table_options options = normal_rows(2);
+    options.eviction = eviction::ttl{.max_idle = 5};
+    auto table = co_await strategy.scope().create_hash_table<float>("recent", options);
+    const auto first = co_await table.lookup(one_two_three, inserting);
+    CHECK(co_await table.advance_clock(4) == 0);
+    co_await table.lookup(three);  // named at 4
+    CHECK(co_await table.advance_clock(6) == 2);         // 1 and 2 were named at 0
+    const auto failure = co_await failure_of(table.advance_clock(5));
+    CHECK(code_of(failure) == errc::invalid_argument);
+    CHECK(contains(message_of(failure), "the clock cannot go back from 6 to 5"));
+    // 1 dropped: a lookup without insert reads the default row; one with insert makes it afresh.
+    CHECK(bitwise_equal(co_await table.lookup(one), zero_row));
+    const xt::xarray<float> first_row = xt::view(first, xt::range(0, 1));
+    CHECK(bitwise_equal(co_await table.lookup(one, inserting), first_row));
+
+  });
+}
+
+TEST_CASE("a full table refuses a lookup that would insert, naming it, and the ps keeps what it held") {
+  const auto one_two = id_array({1, 2});
+  const auto three_one_four = id_array({3, 1, 4});
+  const auto three_four = id_array({3, 4});
+  const xt::xarray<float> zero_rows = xt::zeros<float>(std::vector<std::size_t>{2, 2});
+  local_cluster cluster(1, 1);
+  cluster.run_chief([&](parameter_server_strategy& strategy, cluster_coordinator&) -> asio::awaitable<void> {
+    hash_table_options small = normal_rows(2);
+    small.max_rows_per_ps = 2;
+    auto table = co_await strategy.scope().create_hash_table<float>("small", small);
+    const auto held = co_await table.lookup(one_two, inserting);
+    const auto failure = co_await failure_of(table.lookup(three_one_four, inserting));
+    CHECK(code_of(failure) == errc::resource_exhausted);
+    CHECK(contains(message_of(failure), "hash table 'small' on ps:0 is full: it holds 2 rows of its max_rows_per_ps 2, "
+                                   "and this lookup would add 2"));
+    CHECK(bitwise_equal(co_await table.lookup(three_four), zero_rows));
+    CHECK(bitwise_equal(co_await table.lookup(one_two), held));
+  });
+}
+
+TEST_CASE("bad table operations are refused with what was wrong, and change nothing") {
+  const auto one_two = id_array({1, 2});
+  const xt::xarray<float> w_value = xt::ones<float>(std::vector<std::size_t>{2});
+  const xt::xarray<float> wrong_width = xt::ones<float>(std::vector<std::size_t>{2, 3});
+  const xt::xarray<float> short_gradients = xt::ones<float>(std::vector<std::size_t>{1, 4});
+  const xt::xarray<float> gradients = xt::ones<float>(std::vector<std::size_t>{2, 4});
+  const xt::xarray<std::int64_t> matrix = xt::reshape_view(id_array({1, 2}), {1, 2});
+  xt::xarray<std::uint64_t> too_big = xt::xarray<std::uint64_t>::from_shape({1});
+  too_big.fill(std::uint64_t{1} << 63);
+  local_cluster cluster(2, 1);
+  cluster.run_chief([&](parameter_server_strategy& strategy, cluster_coordinator&) -> asio::awaitable<void> {
+    auto table = co_await strategy.scope().create_hash_table<float>("emb", normal_rows(4));
+    co_await table.lookup(one_two, inserting);
+
+    auto failure = co_await failure_of(strategy.scope().create_hash_table<float>("emb", normal_rows(4)));
+    CHECK(code_of(failure) == errc::already_exists);
+    auto variable = co_await strategy.scope().create_variable("w", w_value);
+    (void)variable;
+    failure = co_await failure_of(strategy.scope().create_hash_table<float>("w", normal_rows(4)));
+    CHECK(code_of(failure) == errc::already_exists);
+    CHECK(contains(message_of(failure), "'w' is a variable"));
+    hash_table_options glorot = normal_rows(4);
+    glorot.initializer = initializers::glorot_uniform{};
+    failure = co_await failure_of(strategy.scope().create_hash_table<float>("g", glorot));
+    CHECK(code_of(failure) == errc::invalid_argument);
+    CHECK(contains(message_of(failure), "glorot_uniform"));
+    hash_table_options few = normal_rows(4);
+    few.buckets = 1;
+    failure = co_await failure_of(strategy.scope().create_hash_table<float>("few", few));
+    CHECK(code_of(failure) == errc::invalid_argument);
+    CHECK(contains(message_of(failure), "1 buckets cannot spread over 2 ps"));
+
+    const auto before = co_await table.lookup(one_two);
+    failure = co_await failure_of(table.apply_gradients(optimizers::sgd{}, one_two, wrong_width));
+    CHECK(code_of(failure) == errc::invalid_argument);
+    CHECK(message_of(failure) == "apply_gradients of 'emb': 2 ids need gradients float32 [2, 4], got float32 [2, 3]");
+    failure = co_await failure_of(table.apply_gradients(optimizers::sgd{}, one_two, short_gradients));
+    CHECK(code_of(failure) == errc::invalid_argument);
+    failure = co_await failure_of(table.apply_gradients(optimizers::sgd{}, matrix, gradients));
+    CHECK(code_of(failure) == errc::invalid_argument);
+    CHECK(contains(message_of(failure), "ids must be 1-D"));
+    failure = co_await failure_of(table.lookup(too_big));
+    CHECK(code_of(failure) == errc::invalid_argument);
+    CHECK(contains(message_of(failure), "does not fit in int64"));
+    CHECK(bitwise_equal(co_await table.lookup(one_two), before));
+  });
+}
