@@ -15,6 +15,11 @@
 // each read was due (one every 2 ms per kind), so reads held up behind a step count as long as it
 // held them (no coordinated omission). --kernel-threads 0 runs every kernel on the ps's executor,
 // as before the kernel pool.
+//
+// --mode hash: a dynamic embedding table against a sharded variable, ps as processes: a lookup
+// with insert of 100,000 ids x 16 floats over 2 ps, 90% of them held already and 10% new each
+// time, against embedding_lookup of 100,000 uniform ids of a 1M x 16 variable, in the same
+// rounds; then sparse Adagrad steps of the same ids on each.
 #include "command_line.hpp"
 #include "local_cluster.hpp"
 #include "process_cluster.hpp"
@@ -648,6 +653,106 @@ int run_kernel_bench(int kernel_threads, int millis, const std::string& load) {
 
 }  // namespace
 
+// ---- --mode hash -------------------------------------------------------------------------------
+
+struct hash_figures {
+  double table_lookup_us;    // hash_table::lookup with insert, 90% held
+  double variable_lookup_us; // sharded_variable::embedding_lookup of as many ids
+  double table_adagrad_us;   // hash_table::apply_gradients, Adagrad
+  double variable_adagrad_us;  // sharded_variable::apply_sparse_gradient, Adagrad
+};
+
+hash_figures measure_hash(bench::process_cluster& cluster, int scale) {
+  hash_figures out{};
+  cluster.run_chief(2, [&](pscoro::parameter_server_strategy& strategy,
+                           pscoro::cluster_coordinator&) -> asio::awaitable<void> {
+    constexpr std::size_t rows = 1000000, batch = 100000, dim = 16;
+    const pscoro::shape_type shape{rows, dim};
+    auto variable = co_await strategy.scope().create_sharded_variable<float>("dense", shape,
+                                                                             pscoro::initializers::random_uniform{});
+    pscoro::hash_table_options options;
+    options.dim = dim;
+    options.max_rows_per_ps = std::uint64_t{1} << 24;
+    auto table = co_await strategy.scope().create_hash_table<float>("table", options);
+    const int n = 10 * scale;
+    // Held ids: 900,000 raw 64-bit ids, inserted first; each batch takes 90% of its ids from them
+    // and 10% never seen.
+    std::mt19937_64 random(17);
+    std::vector<std::int64_t> held(900000);
+    for (auto& id : held) id = static_cast<std::int64_t>(random());
+    const pscoro::hash_lookup_options inserting{.insert = true};
+    for (std::size_t k = 0; k < held.size(); k += batch) {
+      const auto part = xt::adapt(held.data() + k, std::min(batch, held.size() - k), xt::no_ownership(),
+                                  std::vector<std::size_t>{std::min(batch, held.size() - k)});
+      const xt::xarray<std::int64_t> ids = part;
+      co_await table.lookup(ids, inserting);
+    }
+    std::vector<xt::xarray<std::int64_t>> table_ids, variable_ids;
+    std::uniform_int_distribution<std::size_t> pick_held(0, held.size() - 1);
+    std::uniform_int_distribution<std::int64_t> pick_row(0, rows - 1);
+    for (int i = 0; i < 2 * n; ++i) {
+      xt::xarray<std::int64_t> t = xt::xarray<std::int64_t>::from_shape({batch});
+      xt::xarray<std::int64_t> v = xt::xarray<std::int64_t>::from_shape({batch});
+      for (std::size_t k = 0; k < batch; ++k) {
+        t(k) = k % 10 == 0 ? static_cast<std::int64_t>(random()) : held[pick_held(random)];
+        v(k) = pick_row(random);
+      }
+      table_ids.push_back(std::move(t));
+      variable_ids.push_back(std::move(v));
+    }
+    xt::xarray<float> gradients = xt::xarray<float>::from_shape({batch, dim});
+    gradients.fill(0.01f);
+    const pscoro::optimizer adagrad = pscoro::optimizers::adagrad{.learning_rate = 0.01};
+    std::size_t next = 0;
+    out.table_lookup_us = co_await median_us(n, [&] { return table.lookup(table_ids[next++], inserting); });
+    next = 0;
+    out.variable_lookup_us = co_await median_us(n, [&] { return variable.embedding_lookup(variable_ids[next++]); });
+    next = 0;
+    out.table_adagrad_us =
+        co_await median_us(n, [&] { return table.apply_gradients(adagrad, table_ids[next++], gradients); });
+    next = 0;
+    out.variable_adagrad_us = co_await median_us(
+        n, [&] { return variable.apply_sparse_gradient(adagrad, variable_ids[next++], gradients); });
+  }, pscoro::fixed_shards_partitioner{2});
+  return out;
+}
+
+int run_hash_bench(int scale, int rounds) {
+  bench::process_cluster cluster(2, 1);
+  std::vector<hash_figures> figures;
+  for (int r = 0; r < rounds; ++r) figures.push_back(measure_hash(cluster, scale));
+  const auto median_of = [&](auto member) {
+    std::vector<double> values;
+    for (const auto& f : figures) values.push_back(f.*member);
+    std::sort(values.begin(), values.end());
+    return values[values.size() / 2];
+  };
+  const auto ratios = [&](auto table, auto variable) {
+    std::vector<double> values;
+    for (const auto& f : figures) values.push_back(f.*table / f.*variable);
+    std::sort(values.begin(), values.end());
+    return std::pair{values.front(), values.back()};
+  };
+  fmt::print("pscoro hash table benchmark, {:%Y-%m-%d}, {} hardware threads; chief and 2 ps as processes;\n"
+             "medians of {} rounds (each round: the median of 10 x scale operations of each kind, in turn)\n\n",
+             fmt::localtime(std::time(nullptr)), std::thread::hardware_concurrency(), rounds);
+  const auto [lookup_low, lookup_high] = ratios(&hash_figures::table_lookup_us, &hash_figures::variable_lookup_us);
+  const auto [adagrad_low, adagrad_high] =
+      ratios(&hash_figures::table_adagrad_us, &hash_figures::variable_adagrad_us);
+  fmt::print("| 100k ids x 16 floats, 2 ps | hash table us | sharded variable us | table / variable (range) |\n");
+  fmt::print("|---|---:|---:|---|\n");
+  fmt::print("| lookup (table: insert, 90% held) | {:.0f} | {:.0f} | {:.2f} ({:.2f}-{:.2f}) |\n",
+             median_of(&hash_figures::table_lookup_us), median_of(&hash_figures::variable_lookup_us),
+             median_of(&hash_figures::table_lookup_us) / median_of(&hash_figures::variable_lookup_us), lookup_low,
+             lookup_high);
+  fmt::print("| Adagrad step | {:.0f} | {:.0f} | {:.2f} ({:.2f}-{:.2f}) |\n",
+             median_of(&hash_figures::table_adagrad_us), median_of(&hash_figures::variable_adagrad_us),
+             median_of(&hash_figures::table_adagrad_us) / median_of(&hash_figures::variable_adagrad_us), adagrad_low,
+             adagrad_high);
+  fmt::print("\nTarget: a table's lookup with insert and its Adagrad step <= 1.3x the sharded variable's.\n");
+  return 0;
+}
+
 int main(int argc, char** argv) {
   CLI::App app{"pscoro variable benchmark: dense and sparse variable operations against raw loopback TCP."};
   int scale = 1;
@@ -657,8 +762,9 @@ int main(int argc, char** argv) {
       ->check(CLI::PositiveNumber);
   std::string mode = "both";
   app.add_option("--mode", mode,
-                 "dense operations with the ps as threads of this process, as processes of their own, or both")
-      ->check(CLI::IsMember({"threads", "processes", "both", "kernels"}));
+                 "dense operations with the ps as threads of this process, as processes of their own, or both; "
+                 "kernels or hash: the benchmarks described at the top of this file")
+      ->check(CLI::IsMember({"threads", "processes", "both", "kernels", "hash"}));
   int kernel_threads = 1;
   app.add_option("--kernel-threads", kernel_threads,
                  "--mode kernels: the ps's kernel threads (0: every kernel on its executor, as before the pool)")
@@ -688,6 +794,7 @@ int main(int argc, char** argv) {
   if (const auto stop = pscoro::tools::parse_command_line(app, argc, argv)) return *stop;
   ::setenv("PSCORO_LOG_LEVEL", "warning", 0);
   if (mode == "kernels") return run_kernel_bench(kernel_threads, millis, kernel_load);
+  if (mode == "hash") return run_hash_bench(scale, rounds);
 
   // The processes are forked first, while this program has one thread.
   std::optional<bench::process_cluster> processes;

@@ -312,6 +312,7 @@ std::vector<ps_service::value_scan> ps_service::values_to_scan(const wire::frame
 
 void ps_service::remove(const wire::DeleteVariable& request) {
   if (const auto table = tables_.find(request.variable().name()); table != tables_.end()) {
+    table_metrics_.erase(table->first);
     tables_.erase(table);
     count_table_bytes();
     return;
@@ -332,7 +333,9 @@ void ps_service::clear() noexcept {
   lanes_.fail_all(make_error_code(errc::aborted));
   store_.clear();
   tables_.clear();
+  table_metrics_.clear();
   table_bytes_ = 0;
+  store_.set_table_bytes(0);
   buffers_->clear();
   reply_buffers_->clear();
   publish();
@@ -972,8 +975,50 @@ void ps_service::create_table(const wire::CreateHashTable& create) {
                             "(server_options::max_ps_bytes raises it)",
                             ref.name, bytes_text(fixed), task_, bytes_text(room())));
   }
-  tables_.emplace(ref.name, hash_table_part(ref.name, task_, ref.type, std::move(options), held));
+  const auto& part = tables_.emplace(ref.name, hash_table_part(ref.name, task_, ref.type, std::move(options), held))
+                         .first->second;
   count_table_bytes();
+  watch_table(ref.name);
+  publish_table(part);
+}
+
+void ps_service::watch_table(const std::string& name) {
+  auto& m = table_metrics_[name];
+  auto& r = metrics::process_registry();
+  const metrics::labels table{{"table", name}};
+  m.registered.push_back(r.add("pscoro_ps_hash_table_rows", "Rows a parameter server holds of a hash table.", table, m.rows));
+  m.registered.push_back(r.add("pscoro_ps_hash_table_bytes",
+                               "Bytes a parameter server's part of a hash table takes (records, maps, filter).", table,
+                               m.bytes));
+  m.registered.push_back(r.add("pscoro_ps_hash_table_admitted_total", "Rows a hash table made (ids admitted).", table,
+                               m.admitted));
+  m.registered.push_back(r.add("pscoro_ps_hash_table_evicted_total",
+                               "Rows a hash table dropped (idle past its ttl, or replaced at its capacity).", table,
+                               m.evicted));
+  m.registered.push_back(r.add("pscoro_ps_hash_table_not_admitted_total",
+                               "Ids a hash table lookup read as the default row (not held, not admitted).", table,
+                               m.not_admitted));
+  m.registered.push_back(r.add("pscoro_ps_hash_table_gradients_dropped_total",
+                               "Gradient rows a hash table dropped (their ids are not held).", table,
+                               m.gradients_dropped));
+  m.registered.push_back(r.add("pscoro_ps_hash_table_refused_total",
+                               "Lookups a hash table refused because the rows would not fit (max_rows_per_ps, "
+                               "max_ps_bytes).",
+                               table, m.refused));
+}
+
+void ps_service::publish_table(const hash_table_part& part) noexcept {
+  const auto it = table_metrics_.find(part.name());
+  if (it == table_metrics_.end()) return;
+  auto& m = it->second;
+  const auto& now = part.counts();
+  m.rows.set(static_cast<std::int64_t>(part.rows()));
+  m.bytes.set(static_cast<std::int64_t>(part.bytes_held()));
+  m.admitted.inc(now.admitted - m.published.admitted);
+  m.evicted.inc(now.evicted - m.published.evicted);
+  m.not_admitted.inc(now.not_admitted - m.published.not_admitted);
+  m.gradients_dropped.inc(now.gradients_dropped - m.published.gradients_dropped);
+  m.published = now;
 }
 
 void ps_service::lookup_tables(const wire::frame& request, const wire::HashLookup& lookup, wire::frame& response) {
@@ -988,8 +1033,16 @@ void ps_service::lookup_tables(const wire::frame& request, const wire::HashLooku
   auto& list = *response.message.mutable_response()->mutable_result()->mutable_list();
   for (auto& [table, ids] : parts) {
     tensor rows = tensor::uninitialized(table->type(), {ids.size(), table->options().dim});
-    table->lookup(table_ids(ids, "lookup", table->name()), lookup.insert(), rows.bytes().data(), room());
+    try {
+      table->lookup(table_ids(ids, "lookup", table->name()), lookup.insert(), rows.bytes().data(), room());
+    } catch (const error& e) {
+      if (e.code() == errc::resource_exhausted) {
+        if (const auto m = table_metrics_.find(table->name()); m != table_metrics_.end()) m->second.refused.inc();
+      }
+      throw;
+    }
     count_table_bytes();
+    publish_table(*table);
     wire::put_tensor(response, *list.add_items()->mutable_tensor(), rows);
   }
 }
@@ -1020,6 +1073,7 @@ void ps_service::apply_to_tables(const wire::frame& request, const wire::HashApp
   }
   for (auto& part : parts) {
     part.table->apply_gradients(opt, table_ids(part.ids, operation, part.table->name()), part.gradients.bytes().data());
+    publish_table(*part.table);
   }
   count_table_bytes();
 }
@@ -1028,6 +1082,7 @@ void ps_service::advance_clock(const wire::AdvanceClock& advance, wire::frame& r
   hash_table_part& table = table_of(advance.table(), "advance_clock");
   const std::uint64_t dropped = table.advance_clock(advance.clock());
   count_table_bytes();
+  publish_table(table);
   response.message.mutable_response()->mutable_result()->set_integer(static_cast<std::int64_t>(dropped));
 }
 

@@ -214,6 +214,23 @@ class ps_service {
   variable_store store_;
   std::map<std::string, hash_table_part, std::less<>> tables_;
   std::uint64_t table_bytes_ = 0;
+  /// A table's series, labelled with its name: what its part holds and has done on this ps.
+  struct table_metrics {
+    metrics::gauge rows;
+    metrics::gauge bytes;
+    metrics::counter admitted;
+    metrics::counter evicted;
+    metrics::counter not_admitted;
+    metrics::counter gradients_dropped;
+    metrics::counter refused;
+    hash_table_counts published;  // the part's counts when last published
+    std::vector<metrics::registry::registration> registered;
+  };
+  std::map<std::string, table_metrics, std::less<>> table_metrics_;  // nodes stay put: registered by address
+  /// Registers `name`'s series.
+  void watch_table(const std::string& name);
+  /// Publishes what `part` holds and the counts it gained since last time.
+  void publish_table(const hash_table_part& part) noexcept;
   bool check_numerics_;
   std::shared_ptr<wire::buffer_pool> buffers_;
   std::shared_ptr<wire::buffer_pool> reply_buffers_;  // sparse reads' rows (reply_buffer)

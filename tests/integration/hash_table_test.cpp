@@ -7,6 +7,7 @@
 
 #include <pscoro/coordinator.hpp>
 #include <pscoro/hash_table.hpp>
+#include <pscoro/metrics.hpp>
 #include <pscoro/strategy.hpp>
 
 #include <xtensor/xbuilder.hpp>
@@ -201,6 +202,14 @@ TEST_CASE("a full table refuses a lookup that would insert, naming it, and the p
                                    "and this lookup would add 2"));
     CHECK(bitwise_equal(co_await table.lookup(three_four), zero_rows));
     CHECK(bitwise_equal(co_await table.lookup(one_two), held));
+    // What the ps holds of the table and did with it, in the process registry.
+    const auto& r = metrics::process_registry();
+    const metrics::labels small_table{{"table", "small"}};
+    CHECK(r.value("pscoro_ps_hash_table_rows", small_table) == 2.0);
+    CHECK(r.value("pscoro_ps_hash_table_bytes", small_table) > 2.0 * 2 * sizeof(float));
+    CHECK(r.value("pscoro_ps_hash_table_admitted_total", small_table) == 2.0);
+    CHECK(r.value("pscoro_ps_hash_table_refused_total", small_table) == 1.0);
+    CHECK(r.value("pscoro_ps_hash_table_not_admitted_total", small_table) == 2.0);  // 3 and 4, read without insert
   });
 }
 
