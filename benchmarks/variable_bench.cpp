@@ -656,6 +656,7 @@ int run_kernel_bench(int kernel_threads, int millis, const std::string& load) {
 // ---- --mode hash -------------------------------------------------------------------------------
 
 struct hash_figures {
+  double table_read_us;      // hash_table::lookup without insert, every id held
   double table_lookup_us;    // hash_table::lookup with insert, 90% held
   double variable_lookup_us; // sharded_variable::embedding_lookup of as many ids
   double table_adagrad_us;   // hash_table::apply_gradients, Adagrad
@@ -687,16 +688,19 @@ hash_figures measure_hash(bench::process_cluster& cluster, int scale) {
       const xt::xarray<std::int64_t> ids = part;
       co_await table.lookup(ids, inserting);
     }
-    std::vector<xt::xarray<std::int64_t>> table_ids, variable_ids;
+    std::vector<xt::xarray<std::int64_t>> table_ids, variable_ids, held_ids;
     std::uniform_int_distribution<std::size_t> pick_held(0, held.size() - 1);
     std::uniform_int_distribution<std::int64_t> pick_row(0, rows - 1);
     for (int i = 0; i < 2 * n; ++i) {
       xt::xarray<std::int64_t> t = xt::xarray<std::int64_t>::from_shape({batch});
       xt::xarray<std::int64_t> v = xt::xarray<std::int64_t>::from_shape({batch});
+      xt::xarray<std::int64_t> h = xt::xarray<std::int64_t>::from_shape({batch});
       for (std::size_t k = 0; k < batch; ++k) {
         t(k) = k % 10 == 0 ? static_cast<std::int64_t>(random()) : held[pick_held(random)];
         v(k) = pick_row(random);
+        h(k) = held[pick_held(random)];
       }
+      held_ids.push_back(std::move(h));
       table_ids.push_back(std::move(t));
       variable_ids.push_back(std::move(v));
     }
@@ -704,6 +708,8 @@ hash_figures measure_hash(bench::process_cluster& cluster, int scale) {
     gradients.fill(0.01f);
     const pscoro::optimizer adagrad = pscoro::optimizers::adagrad{.learning_rate = 0.01};
     std::size_t next = 0;
+    out.table_read_us = co_await median_us(n, [&] { return table.lookup(held_ids[next++]); });
+    next = 0;
     out.table_lookup_us = co_await median_us(n, [&] { return table.lookup(table_ids[next++], inserting); });
     next = 0;
     out.variable_lookup_us = co_await median_us(n, [&] { return variable.embedding_lookup(variable_ids[next++]); });
@@ -741,6 +747,11 @@ int run_hash_bench(int scale, int rounds) {
       ratios(&hash_figures::table_adagrad_us, &hash_figures::variable_adagrad_us);
   fmt::print("| 100k ids x 16 floats, 2 ps | hash table us | sharded variable us | table / variable (range) |\n");
   fmt::print("|---|---:|---:|---|\n");
+  const auto [read_low, read_high] = ratios(&hash_figures::table_read_us, &hash_figures::variable_lookup_us);
+  fmt::print("| lookup (table: all held, no insert) | {:.0f} | {:.0f} | {:.2f} ({:.2f}-{:.2f}) |\n",
+             median_of(&hash_figures::table_read_us), median_of(&hash_figures::variable_lookup_us),
+             median_of(&hash_figures::table_read_us) / median_of(&hash_figures::variable_lookup_us), read_low,
+             read_high);
   fmt::print("| lookup (table: insert, 90% held) | {:.0f} | {:.0f} | {:.2f} ({:.2f}-{:.2f}) |\n",
              median_of(&hash_figures::table_lookup_us), median_of(&hash_figures::variable_lookup_us),
              median_of(&hash_figures::table_lookup_us) / median_of(&hash_figures::variable_lookup_us), lookup_low,

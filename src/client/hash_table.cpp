@@ -125,6 +125,11 @@ asio::awaitable<xt::xarray<T>> hash_table_ops<T>::lookup(std::shared_ptr<variabl
   const std::size_t n_ps = table.ps_tasks.size();
   std::vector<std::vector<std::int64_t>> ps_ids(n_ps);
   std::vector<std::vector<std::size_t>> positions(n_ps);
+  for (std::size_t p = 0; p < n_ps; ++p) {
+    // Room for an even share and some: ids spread evenly over the buckets.
+    ps_ids[p].reserve(ids.ids.size() / n_ps + ids.ids.size() / (8 * n_ps) + 16);
+    positions[p].reserve(ps_ids[p].capacity());
+  }
   for (std::size_t k = 0; k < ids.ids.size(); ++k) {
     const std::size_t p = ps_index_of(ids.ids[k], table);
     ps_ids[p].push_back(ids.ids[k]);

@@ -286,35 +286,64 @@ std::uint64_t hash_table_part::bytes_for_rows(std::uint64_t rows) const noexcept
 void hash_table_part::lookup(std::span<const std::int64_t> ids, bool insert, std::byte* out, std::uint64_t room) {
   check_held(ids);
   const std::size_t row_bytes = layout_.row_bytes;
-  // Each distinct id once, in first-seen order: a request counts once per id for admission, and
-  // repeats copy the first one's row.
-  common::id_map seen(ids.size());
-  std::vector<std::uint32_t> index(ids.size());
-  std::vector<std::size_t> first;  // the first position of each distinct id
-  for (std::size_t k = 0; k < ids.size(); ++k) {
-    index[k] = seen.index_of(ids[k]);
-    if (index[k] == first.size()) first.push_back(k);
+  // This thread's tables, kept between requests (a steady stream of lookups allocates nothing).
+  thread_local std::vector<std::byte*> found;
+  thread_local std::vector<std::uint64_t> mixes;
+  thread_local std::vector<std::size_t> missing;  // positions of ids not held
+  found.resize(ids.size());
+  mixes.resize(ids.size());
+  missing.clear();
+  // Held ids first, the usual case: each one's map entry is loaded a few ids ahead of its turn,
+  // its row copied out at once (only `out` is written until every check has passed).
+  // Two stages: an id's map entry is loaded `ahead` ids before its turn, its record half as many.
+  constexpr std::size_t ahead = 16;
+  for (std::size_t k = 0; k < std::min(ahead, ids.size()); ++k) {
+    mixes[k] = common::mix_id(ids[k]);
+    bucket_of(mixes[k]).prefetch(mixes[k]);
   }
-  // Decide everything before the first write: which ids are held, which are admitted now.
-  std::vector<std::byte*> held(first.size(), nullptr);
-  std::vector<bool> admit(first.size(), false);
+  for (std::size_t k = 0; k < ids.size(); ++k) {
+    if (k + ahead < ids.size()) {
+      mixes[k + ahead] = common::mix_id(ids[k + ahead]);
+      bucket_of(mixes[k + ahead]).prefetch(mixes[k + ahead]);
+    }
+    if (k + ahead / 2 < ids.size()) bucket_of(mixes[k + ahead / 2]).prefetch_record(mixes[k + ahead / 2]);
+    found[k] = bucket_of(mixes[k]).find(ids[k], mixes[k]);
+    if (found[k]) {
+      std::memcpy(out + k * row_bytes, found[k] + record_layout::header_bytes, row_bytes);
+    } else {
+      missing.push_back(k);
+    }
+  }
+  // The ids not held, each once in first-seen order: a request counts once per id for
+  // admission, and repeats copy the first one's row. Everything is decided before the first write.
+  thread_local common::id_map seen(0);
+  thread_local std::vector<std::uint32_t> index;
+  thread_local std::vector<std::size_t> first;  // the first position of each distinct missing id
+  thread_local std::vector<char> admit;
+  seen.reset(missing.size());
+  index.resize(missing.size());
+  first.clear();
+  for (std::size_t j = 0; j < missing.size(); ++j) {
+    index[j] = seen.index_of(ids[missing[j]]);
+    if (index[j] == first.size()) first.push_back(missing[j]);
+  }
+  admit.assign(first.size(), 0);
   std::uint64_t admitted = 0;
   // Draws come from a copy, committed only when the request goes through.
   std::optional<std::mt19937_64> draws;
   if (insert && std::holds_alternative<admission::probability>(options_.admission)) draws = random_;
-  for (std::size_t u = 0; u < first.size(); ++u) {
-    const std::int64_t id = ids[first[u]];
-    const std::uint64_t mixed = common::mix_id(id);
-    held[u] = bucket_of(mixed).find(id, mixed);
-    if (held[u] || !insert) continue;
-    if (const auto* m = std::get_if<admission::min_count>(&options_.admission)) {
-      admit[u] = filter_estimate(filter_, mixed) + 1u >= m->count;
-    } else if (const auto* p = std::get_if<admission::probability>(&options_.admission)) {
-      admit[u] = std::uniform_real_distribution<double>(0, 1)(*draws) < p->p;
-    } else {
-      admit[u] = true;
+  if (insert) {
+    for (std::size_t u = 0; u < first.size(); ++u) {
+      const std::uint64_t mixed = mixes[first[u]];
+      if (const auto* m = std::get_if<admission::min_count>(&options_.admission)) {
+        admit[u] = filter_estimate(filter_, mixed) + 1u >= m->count;
+      } else if (const auto* p = std::get_if<admission::probability>(&options_.admission)) {
+        admit[u] = std::uniform_real_distribution<double>(0, 1)(*draws) < p->p;
+      } else {
+        admit[u] = 1;
+      }
+      admitted += admit[u] ? 1 : 0;
     }
-    admitted += admit[u] ? 1 : 0;
   }
   const auto* capacity = std::get_if<eviction::capacity>(&options_.eviction);
   if (!capacity && rows_ + admitted > options_.max_rows_per_ps) {
@@ -333,16 +362,13 @@ void hash_table_part::lookup(std::span<const std::int64_t> ids, bool insert, std
                             name_, task_, growth, bytes_for_rows(growth), room));
   }
   if (draws) random_ = *draws;
-  // Rows already held first: an insert below may evict one of them, after its row is copied.
-  for (std::size_t u = 0; u < first.size(); ++u) {
-    if (!held[u]) continue;
-    hash_bucket::set_last_named(held[u], clock_);
-    std::memcpy(out + first[u] * row_bytes, held[u] + record_layout::header_bytes, row_bytes);
+  // The held rows are named now, before an insert below may evict one of them (its row is out).
+  for (std::size_t k = 0; k < ids.size(); ++k) {
+    if (found[k]) hash_bucket::set_last_named(found[k], clock_);
   }
   for (std::size_t u = 0; u < first.size(); ++u) {
-    if (held[u]) continue;
     const std::int64_t id = ids[first[u]];
-    const std::uint64_t mixed = common::mix_id(id);
+    const std::uint64_t mixed = mixes[first[u]];
     std::byte* row_out = out + first[u] * row_bytes;
     if (insert && !filter_.empty()) {
       for (const std::size_t at : filter_counters(mixed, filter_.size())) {
@@ -368,9 +394,9 @@ void hash_table_part::lookup(std::span<const std::int64_t> ids, bool insert, std
     ++counts_.admitted;
     std::memcpy(row_out, row, row_bytes);
   }
-  for (std::size_t k = 0; k < ids.size(); ++k) {
-    const std::size_t f = first[index[k]];
-    if (f != k) std::memcpy(out + k * row_bytes, out + f * row_bytes, row_bytes);
+  for (std::size_t j = 0; j < missing.size(); ++j) {
+    const std::size_t f = first[index[j]];
+    if (f != missing[j]) std::memcpy(out + missing[j] * row_bytes, out + f * row_bytes, row_bytes);
   }
 }
 
@@ -399,22 +425,37 @@ void hash_table_part::apply_gradients(const optimizer& opt, std::span<const std:
   const std::size_t row_bytes = layout_.row_bytes;
   // Repeated ids' gradients summed first, in input order, into one row per held id (the dense
   // path's arithmetic: the first row copied, the others added in turn).
-  common::id_map seen(ids.size());
-  std::vector<std::int64_t> distinct;
-  std::vector<std::uint32_t> index(ids.size());
+  // This thread's tables, kept between requests.
+  thread_local common::id_map seen(0);
+  thread_local std::vector<std::int64_t> distinct;
+  thread_local std::vector<std::uint32_t> index;
+  thread_local std::vector<std::byte*> records;
+  thread_local std::vector<std::uint32_t> compact;
+  thread_local std::vector<std::byte*> stepped;
+  thread_local std::vector<std::byte> summed;
+  thread_local std::vector<char> started;
+  seen.reset(ids.size());
+  distinct.clear();
+  index.resize(ids.size());
+  constexpr std::size_t ahead = 16;
   for (std::size_t k = 0; k < ids.size(); ++k) {
+    if (k + ahead < ids.size()) seen.prefetch(ids[k + ahead]);
     index[k] = seen.index_of(ids[k]);
     if (index[k] == distinct.size()) distinct.push_back(ids[k]);
   }
   if (!slot_owner_ && !distinct.empty()) lay_out_slots(opt);
-  std::vector<std::byte*> records(distinct.size());
+  records.resize(distinct.size());
   for (std::size_t u = 0; u < distinct.size(); ++u) {
+    if (u + ahead < distinct.size()) {
+      const std::uint64_t next = common::mix_id(distinct[u + ahead]);
+      bucket_of(next).prefetch(next);
+    }
     const std::uint64_t mixed = common::mix_id(distinct[u]);
     records[u] = bucket_of(mixed).find(distinct[u], mixed);
   }
   // Compact: held ids only, each with its summed gradient.
-  std::vector<std::uint32_t> compact(distinct.size(), ~std::uint32_t{0});
-  std::vector<std::byte*> stepped;
+  compact.assign(distinct.size(), ~std::uint32_t{0});
+  stepped.clear();
   for (std::size_t u = 0; u < distinct.size(); ++u) {
     if (records[u]) {
       compact[u] = static_cast<std::uint32_t>(stepped.size());
@@ -422,8 +463,8 @@ void hash_table_part::apply_gradients(const optimizer& opt, std::span<const std:
       stepped.push_back(records[u] + record_layout::header_bytes);
     }
   }
-  std::vector<std::byte> summed(stepped.size() * row_bytes);
-  std::vector<bool> started(stepped.size(), false);
+  summed.resize(stepped.size() * row_bytes);
+  started.assign(stepped.size(), 0);
   visit_dtype(type_, [&](auto zero) {
     using T = decltype(zero);
     const std::size_t n = options_.dim;
@@ -436,7 +477,7 @@ void hash_table_part::apply_gradients(const optimizer& opt, std::span<const std:
       const T* from = reinterpret_cast<const T*>(gradients + k * row_bytes);
       T* into = reinterpret_cast<T*>(summed.data() + std::size_t{c} * row_bytes);
       if (!started[c]) {
-        started[c] = true;
+        started[c] = 1;
         std::copy(from, from + n, into);
       } else {
         for (std::size_t i = 0; i < n; ++i) into[i] += from[i];
