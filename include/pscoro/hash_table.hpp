@@ -76,6 +76,11 @@ struct PSCORO_API hash_table_ops {
   static asio::awaitable<xt::xarray<T>> lookup(std::shared_ptr<variable_io> io, hash_table_ref table, id_list ids,
                                                bool insert);
   static asio::awaitable<xt::xarray<T>> failed(std::exception_ptr e);
+  /// The rows of `ids[i]` of `tables[i]`, every table's ids on one ps in one request.
+  static asio::awaitable<std::vector<xt::xarray<T>>> lookup_many(std::shared_ptr<variable_io> io,
+                                                                 std::vector<hash_table_ref> tables,
+                                                                 std::vector<id_list> ids, bool insert);
+  static asio::awaitable<std::vector<xt::xarray<T>>> failed_many(std::exception_ptr e);
 };
 
 extern template struct hash_table_ops<float>;
@@ -100,6 +105,8 @@ class hash_table {
   std::size_t dim() const noexcept { return ref_.dim; }
   static constexpr pscoro::dtype dtype() noexcept { return dtype_of<T>; }
   const hash_table_ref& ref() const noexcept { return ref_; }
+  /// The connections it uses (those of the strategy or worker that made or received it).
+  const std::shared_ptr<detail::variable_io>& io() const noexcept { return io_; }
 
   /// The rows of `ids` (any shape, any integer type) in input order: ids.shape + [dim]. Marks the
   /// rows held as named now (eviction::ttl and capacity go by it).
@@ -143,6 +150,36 @@ class hash_table {
   hash_table_ref ref_;
   std::shared_ptr<detail::variable_io> io_;
 };
+
+/// The rows of `ids[i]` in `tables[i]` for every i (each as hash_table::lookup gives them), in one
+/// request per ps for all the tables: a model with 26 tables pays one round trip per ps per step,
+/// not 26. The tables must come from one strategy; errc::invalid_argument when the counts differ.
+template <class T, class E>
+asio::awaitable<std::vector<xt::xarray<T>>> lookup_tables(const std::vector<hash_table<T>>& tables,
+                                                          const std::vector<E>& ids,
+                                                          hash_lookup_options options = {}) {
+  std::vector<hash_table_ref> refs;
+  std::vector<detail::id_list> converted;
+  std::shared_ptr<detail::variable_io> io;
+  try {
+    if (tables.size() != ids.size()) {
+      throw error(errc::invalid_argument, "lookup_tables: " + std::to_string(tables.size()) + " tables but " +
+                                              std::to_string(ids.size()) + " lists of ids");
+    }
+    for (std::size_t i = 0; i < tables.size(); ++i) {
+      refs.push_back(tables[i].ref());
+      converted.push_back(detail::to_id_list(ids[i]));
+      if (i == 0) io = tables[i].io();
+      if (tables[i].io() != io) {
+        throw error(errc::invalid_argument, "lookup_tables: table '" + tables[i].name() + "' comes from another " +
+                                                "strategy or worker than '" + tables[0].name() + "'");
+      }
+    }
+  } catch (...) {
+    return detail::hash_table_ops<T>::failed_many(std::current_exception());
+  }
+  return detail::hash_table_ops<T>::lookup_many(std::move(io), std::move(refs), std::move(converted), options.insert);
+}
 
 template <class T>
 struct codec<hash_table<T>> {

@@ -151,6 +151,85 @@ asio::awaitable<xt::xarray<T>> hash_table_ops<T>::lookup(std::shared_ptr<variabl
   co_return out;
 }
 
+namespace {
+
+// One ps's share of a multi-table lookup: the parts it is sent (one per table with ids there), for
+// each the table's index and the positions of its ids, and the replies.
+struct ps_share {
+  int ps_task;
+  std::vector<variable_io::table_ids> parts;
+  std::vector<std::size_t> table;
+  std::vector<std::vector<std::size_t>> positions;
+  std::vector<tensor> replies;
+};
+
+asio::awaitable<void> lookup_share(variable_io& io, ps_share& share, bool insert) {
+  auto parts = std::move(share.parts);
+  share.replies = co_await io.hash_lookup(share.ps_task, std::move(parts), insert);
+}
+
+}  // namespace
+
+template <class T>
+asio::awaitable<std::vector<xt::xarray<T>>> hash_table_ops<T>::lookup_many(std::shared_ptr<variable_io> io,
+                                                                            std::vector<hash_table_ref> tables,
+                                                                            std::vector<id_list> ids, bool insert) {
+  if (tables.empty()) co_return std::vector<xt::xarray<T>>{};
+  std::vector<ps_share> shares;  // in order of first use
+  const auto share_of = [&](int ps_task) -> ps_share& {
+    for (auto& s : shares) {
+      if (s.ps_task == ps_task) return s;
+    }
+    return shares.emplace_back(ps_share{ps_task, {}, {}, {}, {}});
+  };
+  for (std::size_t t = 0; t < tables.size(); ++t) {
+    const auto& table = tables[t];
+    bound(io, table);
+    check_table(table, dtype_of<T>);
+    const std::size_t n_ps = table.ps_tasks.size();
+    std::vector<std::vector<std::int64_t>> ps_ids(n_ps);
+    std::vector<std::vector<std::size_t>> positions(n_ps);
+    for (std::size_t k = 0; k < ids[t].ids.size(); ++k) {
+      const std::size_t p = ps_index_of(ids[t].ids[k], table);
+      ps_ids[p].push_back(ids[t].ids[k]);
+      positions[p].push_back(k);
+    }
+    for (std::size_t p = 0; p < n_ps; ++p) {
+      if (ps_ids[p].empty()) continue;
+      auto& share = share_of(table.ps_tasks[p]);
+      share.parts.push_back({table, vector_tensor(ps_ids[p]), {}});
+      share.table.push_back(t);
+      share.positions.push_back(std::move(positions[p]));
+    }
+  }
+  variable_io& from = *io;
+  co_await run_all(shares.size(), [&](std::size_t i) { return lookup_share(from, shares[i], insert); });
+  std::vector<xt::xarray<T>> out;
+  for (std::size_t t = 0; t < tables.size(); ++t) {
+    shape_type shape = ids[t].shape;
+    shape.push_back(tables[t].dim);
+    out.push_back(xt::xarray<T>::from_shape(shape));
+  }
+  for (const auto& share : shares) {
+    for (std::size_t j = 0; j < share.table.size(); ++j) {
+      const std::size_t t = share.table[j];
+      const std::size_t dim = tables[t].dim;
+      const T* rows = share.replies[j].template data<T>();
+      const auto& positions = share.positions[j];
+      for (std::size_t r = 0; r < positions.size(); ++r) {
+        std::memcpy(out[t].data() + positions[r] * dim, rows + r * dim, dim * sizeof(T));
+      }
+    }
+  }
+  co_return out;
+}
+
+template <class T>
+asio::awaitable<std::vector<xt::xarray<T>>> hash_table_ops<T>::failed_many(std::exception_ptr e) {
+  std::rethrow_exception(e);
+  co_return std::vector<xt::xarray<T>>{};
+}
+
 template <class T>
 asio::awaitable<xt::xarray<T>> hash_table_ops<T>::failed(std::exception_ptr e) {
   std::rethrow_exception(e);

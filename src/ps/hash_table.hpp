@@ -5,8 +5,9 @@
 // answers.
 //
 // What happens to the rows on each failure: a request refused (bad id, capacity, limits) changes
-// nothing, not even admission counts, because every check runs before the first write; a ps that
-// dies loses its part, which a restore brings back from the newest checkpoint.
+// nothing, not even admission counts, because every check runs before the first write; the end of
+// the chief's session drops the part with the ps's variables; a ps that dies loses its part and the
+// run fails, as for variables (checkpoints do not hold tables yet).
 #pragma once
 
 #include <pscoro/hash_table_options.hpp>
@@ -63,7 +64,10 @@ class hash_bucket {
       const entry& e = map_[at];
       if (e.record == empty_entry) return;
       if (e.tag == tag) {
-        __builtin_prefetch(record(e.record));
+        // The header and a 64-byte row take two cache lines at most records' offsets.
+        const std::byte* r = record(e.record);
+        __builtin_prefetch(r);
+        __builtin_prefetch(r + 64);
         return;
       }
     }

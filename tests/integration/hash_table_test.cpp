@@ -136,6 +136,34 @@ TEST_CASE("optimizer steps on a table end bitwise equal to the same steps on a s
   });
 }
 
+TEST_CASE("a lookup over many tables sends one request per ps, and gives each table's rows as its own lookup") {
+  std::vector<xt::xarray<std::int64_t>> ids;
+  for (std::int64_t t = 0; t < 26; ++t) ids.push_back(id_array({t, t * 1000 + 7, -t, t}));
+  local_cluster cluster(2, 1);
+  cluster.run_chief([&](parameter_server_strategy& strategy, cluster_coordinator&) -> asio::awaitable<void> {
+    std::vector<hash_table<float>> tables;
+    for (int t = 0; t < 26; ++t) {
+      tables.push_back(co_await strategy.scope().create_hash_table<float>("field" + std::to_string(t), normal_rows(4)));
+    }
+    const auto& r = metrics::process_registry();
+    const metrics::labels lookups{{"operation", "hash_lookup"}};
+    const auto before = r.histogram_value("pscoro_ps_operation_seconds", lookups);
+    const auto all = co_await lookup_tables(tables, ids, inserting);
+    const auto after = r.histogram_value("pscoro_ps_operation_seconds", lookups);
+    REQUIRE(after.has_value());
+    CHECK(after->count - (before ? before->count : 0) == 2);  // one request to each of the 2 ps
+    REQUIRE(all.size() == 26);
+    for (std::size_t t = 0; t < 26; ++t) {
+      const auto alone = co_await tables[t].lookup(ids[t]);
+      CHECK(bitwise_equal(all[t], alone));
+    }
+    const std::vector<xt::xarray<std::int64_t>> too_few(3);
+    const auto failure = co_await failure_of(lookup_tables(tables, too_few));
+    CHECK(code_of(failure) == errc::invalid_argument);
+    CHECK(contains(message_of(failure), "26 tables but 3 lists of ids"));
+  });
+}
+
 TEST_CASE("workers look up and step a table through their own connections") {
   std::vector<xt::xarray<std::int64_t>> batches;
   for (std::int64_t k = 0; k < 8; ++k) batches.push_back(id_array({k, k + 100}));
