@@ -60,8 +60,9 @@ PSCORO_API void check_table(const hash_table_ref& ref, dtype type);
 /// the ids are not 1-D or the gradients not [ids] x dim of the table's dtype.
 PSCORO_API std::vector<table_part> split_table_gradients(const hash_table_ref& table, std::span<const std::int64_t> ids,
                                                          const shape_type& id_shape, const tensor& gradients);
-/// Sends every part's step to its ps, concurrently.
-PSCORO_API asio::awaitable<void> apply_table_gradients(std::shared_ptr<variable_io> io, hash_table_ref table,
+/// Sends the parts' steps, one request per ps for all the parts it holds, every ps at once.
+/// `table` names the (first) table in a failure.
+PSCORO_API asio::awaitable<void> apply_table_gradients(std::shared_ptr<variable_io> io, std::string table,
                                                        optimizer opt, std::vector<table_part> parts);
 /// Moves the table's clock on every ps that holds a part; the rows they dropped in all.
 PSCORO_API asio::awaitable<std::uint64_t> advance_table_clock(std::shared_ptr<variable_io> io, hash_table_ref table,
@@ -135,7 +136,7 @@ class hash_table {
     } catch (...) {
       return detail::failed_table_call(std::current_exception());
     }
-    return detail::apply_table_gradients(io_, ref_, opt, std::move(parts));
+    return detail::apply_table_gradients(io_, ref_.name, opt, std::move(parts));
   }
 
   /// Moves the table's clock to `clock` (steps or event time: never backwards) on every ps; with
@@ -179,6 +180,38 @@ asio::awaitable<std::vector<xt::xarray<T>>> lookup_tables(const std::vector<hash
     return detail::hash_table_ops<T>::failed_many(std::current_exception());
   }
   return detail::hash_table_ops<T>::lookup_many(std::move(io), std::move(refs), std::move(converted), options.insert);
+}
+
+/// One optimizer step on the rows of `ids[i]` of `tables[i]` with `gradients[i]` for every i (each
+/// as hash_table::apply_gradients takes them), in one request per ps for all the tables. Checked
+/// whole before anything is sent.
+template <class T, class I, class G>
+asio::awaitable<void> apply_gradients_to_tables(const optimizer& opt, const std::vector<hash_table<T>>& tables,
+                                                const std::vector<I>& ids, const std::vector<G>& gradients) {
+  std::vector<detail::table_part> parts;
+  std::shared_ptr<detail::variable_io> io;
+  try {
+    if (tables.size() != ids.size() || tables.size() != gradients.size()) {
+      throw error(errc::invalid_argument, "apply_gradients_to_tables: " + std::to_string(tables.size()) +
+                                              " tables, " + std::to_string(ids.size()) + " lists of ids and " +
+                                              std::to_string(gradients.size()) + " of gradients");
+    }
+    for (std::size_t i = 0; i < tables.size(); ++i) {
+      if (i == 0) io = tables[i].io();
+      if (tables[i].io() != io) {
+        throw error(errc::invalid_argument, "apply_gradients_to_tables: table '" + tables[i].name() +
+                                                "' comes from another strategy or worker than '" + tables[0].name() + "'");
+      }
+      const detail::id_list converted = detail::to_id_list(ids[i]);
+      auto table_parts = detail::split_table_gradients(tables[i].ref(), converted.ids, converted.shape,
+                                                       detail::rows_of(gradients[i]).rows);
+      for (auto& part : table_parts) parts.push_back(std::move(part));
+    }
+  } catch (...) {
+    return detail::failed_table_call(std::current_exception());
+  }
+  return detail::apply_table_gradients(std::move(io), tables.empty() ? std::string() : tables[0].name(), opt,
+                                       std::move(parts));
 }
 
 template <class T>

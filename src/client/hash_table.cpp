@@ -9,6 +9,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cstring>
 
 namespace pscoro::detail {
@@ -34,10 +35,15 @@ asio::awaitable<void> lookup_on(variable_io& io, const hash_table_ref& table, st
   reply = std::move(rows.front());
 }
 
-asio::awaitable<void> apply_on(variable_io& io, const optimizer& opt, table_part& part) {
+// One ps's share of a step: the parts of every table it holds ids of.
+struct step_share {
+  int ps_task;
   std::vector<variable_io::table_ids> parts;
-  parts.push_back(std::move(part.ids));
-  co_await io.hash_apply_gradients(part.ps_task, std::move(parts), opt);
+};
+
+asio::awaitable<void> apply_on(variable_io& io, const optimizer& opt, step_share& share) {
+  auto parts = std::move(share.parts);
+  co_await io.hash_apply_gradients(share.ps_task, std::move(parts), opt);
 }
 
 asio::awaitable<void> advance_on(variable_io& io, const hash_table_ref& table, int ps_task, std::uint64_t clock,
@@ -95,10 +101,17 @@ std::vector<table_part> split_table_gradients(const hash_table_ref& table, std::
   return parts;
 }
 
-asio::awaitable<void> apply_table_gradients(std::shared_ptr<variable_io> io, hash_table_ref table, optimizer opt,
+asio::awaitable<void> apply_table_gradients(std::shared_ptr<variable_io> io, std::string table, optimizer opt,
                                             std::vector<table_part> parts) {
-  variable_io& to = bound(io, table);
-  co_await run_all(parts.size(), [&](std::size_t i) { return apply_on(to, opt, parts[i]); });
+  if (!io) throw error(errc::failed_precondition, fmt::format("hash table handle '{}' is not bound", table));
+  std::vector<step_share> shares;
+  for (auto& part : parts) {
+    auto share = std::find_if(shares.begin(), shares.end(), [&](const step_share& s) { return s.ps_task == part.ps_task; });
+    if (share == shares.end()) share = shares.insert(shares.end(), step_share{part.ps_task, {}});
+    share->parts.push_back(std::move(part.ids));
+  }
+  variable_io& to = *io;
+  co_await run_all(shares.size(), [&](std::size_t i) { return apply_on(to, opt, shares[i]); });
 }
 
 asio::awaitable<std::uint64_t> advance_table_clock(std::shared_ptr<variable_io> io, hash_table_ref table,

@@ -157,6 +157,19 @@ TEST_CASE("a lookup over many tables sends one request per ps, and gives each ta
       const auto alone = co_await tables[t].lookup(ids[t]);
       CHECK(bitwise_equal(all[t], alone));
     }
+    // One step over every table: one request per ps again, and each table's rows stepped.
+    std::vector<xt::xarray<float>> gradients;
+    for (std::size_t t = 0; t < 26; ++t) gradients.push_back(xt::ones<float>(std::vector<std::size_t>{4, 4}));
+    const metrics::labels steps{{"operation", "hash_apply_gradients"}};
+    const auto steps_before = r.histogram_value("pscoro_ps_operation_seconds", steps);
+    co_await apply_gradients_to_tables(optimizers::sgd{.learning_rate = 0.5}, tables, ids, gradients);
+    const auto steps_after = r.histogram_value("pscoro_ps_operation_seconds", steps);
+    REQUIRE(steps_after.has_value());
+    CHECK(steps_after->count - (steps_before ? steps_before->count : 0) == 2);
+    const auto stepped = co_await lookup_tables(tables, ids);
+    // Ids 0 and -0 of table 0 are one id, asked 3 times: its gradients summed (3) times 0.5.
+    CHECK(stepped[0](0, 0) == doctest::Approx(all[0](0, 0) - 1.5f));
+    CHECK(stepped[5](1, 0) == doctest::Approx(all[5](1, 0) - 0.5f));
     const std::vector<xt::xarray<std::int64_t>> too_few(3);
     const auto failure = co_await failure_of(lookup_tables(tables, too_few));
     CHECK(code_of(failure) == errc::invalid_argument);
