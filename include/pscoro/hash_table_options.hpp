@@ -78,7 +78,7 @@ struct hash_table_options {
   double default_value = 0;
   /// Rows one ps may hold at most (with eviction::none or ttl; eviction::capacity sets its own).
   std::uint64_t max_rows_per_ps = std::uint64_t{1} << 26;
-  /// Virtual buckets: more than there will ever be ps, and a bucket moves whole.
+  /// Virtual buckets, at most 2^20: more than there will ever be ps, and a bucket moves whole.
   std::uint32_t buckets = 4096;
 };
 

@@ -188,7 +188,9 @@ hash_table_part::hash_table_part(std::string name, std::string task, dtype type,
   if (options_.dim == 0 || options_.dim > (std::size_t{1} << 20)) {
     refuse(fmt::format("dim must be in [1, {}] (got {})", std::size_t{1} << 20, options_.dim));
   }
-  if (options_.buckets == 0) refuse("buckets must be at least 1");
+  if (options_.buckets == 0 || options_.buckets > max_hash_table_buckets) {
+    refuse(fmt::format("buckets must be in [1, {}] (got {})", max_hash_table_buckets, options_.buckets));
+  }
   if (std::holds_alternative<initializers::glorot_uniform>(options_.initializer)) {
     refuse("glorot_uniform takes its scale from a row count, which a hash table does not have");
   }

@@ -27,6 +27,9 @@
 
 namespace pscoro::ps {
 
+/// The most virtual buckets a table may have: a part keeps a pointer per bucket of the table.
+inline constexpr std::uint32_t max_hash_table_buckets = std::uint32_t{1} << 20;
+
 /// How a table's records are laid out: [int64 id][uint64 last named][row: dim values][slot rows...],
 /// padded to 8 bytes.
 struct record_layout {

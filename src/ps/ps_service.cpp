@@ -1030,6 +1030,19 @@ void ps_service::lookup_tables(const wire::frame& request, const wire::HashLooku
     table_ids(ids, "lookup", part.table().name());
     parts.emplace_back(&table, std::move(ids));
   }
+  // The reply's size is the caller's choice (ids may repeat): bounded as a sparse read's is.
+  std::uint64_t reply_bytes = 0;
+  for (const auto& [table, ids] : parts) {
+    const auto bytes = checked_size_bytes(table->type(), shape_type{ids.size(), table->options().dim});
+    if (!bytes || *bytes > store_.max_variable_bytes() - std::min(reply_bytes, store_.max_variable_bytes())) {
+      throw error(errc::resource_exhausted,
+                  fmt::format("lookup of '{}': {} ids of {} values make a reply past the {} {} allows per request "
+                              "(server_options::max_variable_bytes raises it)",
+                              table->name(), ids.size(), table->options().dim, bytes_text(store_.max_variable_bytes()),
+                              task_));
+    }
+    reply_bytes += *bytes;
+  }
   auto& list = *response.message.mutable_response()->mutable_result()->mutable_list();
   for (auto& [table, ids] : parts) {
     tensor rows = tensor::uninitialized(table->type(), {ids.size(), table->options().dim});

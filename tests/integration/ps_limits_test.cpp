@@ -758,3 +758,60 @@ TEST_CASE("an assign of the wrong shape, dtype or size changes neither the varia
                 "assign: the handle says 'v' is float32 [128, 512] but ps:0 holds it as float32 [256, 256]");
   unchanged();
 }
+
+namespace {
+
+// A hash table's ref as a request names it: float32 rows of `dim`, `buckets` buckets, all on ps:0.
+void set_table_ref(wire::HashTableRef& ref, const std::string& name, std::uint64_t dim, std::uint32_t buckets) {
+  ref.set_name(name);
+  ref.set_dtype(static_cast<std::uint32_t>(dtype::float32));
+  ref.set_dim(dim);
+  ref.set_buckets(buckets);
+  ref.add_ps_tasks(0);
+}
+
+wire::frame create_table(const std::string& name, std::uint64_t dim, std::uint32_t buckets,
+                         std::uint32_t held_buckets) {
+  wire::frame f;
+  auto* body = f.message.mutable_request()->mutable_create_hash_table();
+  set_table_ref(*body->mutable_table(), name, dim, buckets);
+  body->mutable_initializer()->set_kind(wire::Initializer::ONES);
+  body->set_max_rows_per_ps(1000);
+  for (std::uint32_t b = 0; b < held_buckets; ++b) body->add_buckets(b);
+  return f;
+}
+
+wire::frame lookup_in(const std::string& name, std::uint64_t dim, std::uint32_t buckets, const tensor& asked) {
+  wire::frame f;
+  auto* body = f.message.mutable_request()->mutable_hash_lookup();
+  body->set_insert(true);
+  auto* part = body->add_parts();
+  set_table_ref(*part->mutable_table(), name, dim, buckets);
+  wire::put_tensor(f, *part->mutable_ids(), asked);
+  return f;
+}
+
+}  // namespace
+
+TEST_CASE("hash table requests from the wire are bounded: buckets, replies, ids and shapes, before anything changes") {
+  server_options options;
+  options.max_variable_bytes = 4096;
+  local_cluster cluster(1, 0, {}, options);
+  check_refused(call(cluster, create_table("many", 4, std::uint32_t{1} << 30, 1)), invalid,
+                "hash table 'many': buckets must be in [1, 1048576] (got 1073741824)");
+  check_refused(call(cluster, create_table("zero", 0, 4, 4)), invalid, "hash table 'zero' has dim 0 and 4 buckets");
+  REQUIRE(call(cluster, create_table("t", 4, 4, 4)).status.code() == 0);
+  check_refused(call(cluster, create_table("t", 4, 4, 4)), errc::already_exists, "hash table 't' already exists");
+
+  // 300 ids of 4 floats make 4800 bytes, past the 4096 a reply may take: refused, nothing inserted.
+  check_refused(call(cluster, lookup_in("t", 4, 4, ids(std::vector<std::int64_t>(300, 7)))), exhausted,
+                "lookup of 't': 300 ids of 4 values make a reply past the 4.0 KiB (4096 bytes) ps:0 allows");
+  // The caller's idea of the table must be the ps's; ids must be a 1-D int64 tensor.
+  check_refused(call(cluster, lookup_in("t", 8, 4, ids({1}))), invalid, "the table is float32 with rows of 4");
+  check_refused(call(cluster, lookup_in("t", 4, 4, values<float>({1}, {1.0f}))), invalid,
+                "ids must be a 1-D int64 tensor, not float32 [1]");
+  check_refused(call(cluster, lookup_in("absent", 4, 4, ids({1}))), errc::not_found,
+                "ps:0 holds no part of a hash table of that name");
+  const auto held = call(cluster, lookup_in("t", 4, 4, ids({i64_min, i64_max, -1, 0})));
+  REQUIRE(held.status.code() == 0);
+}
