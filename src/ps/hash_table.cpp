@@ -491,6 +491,75 @@ void hash_table_part::apply_gradients(const optimizer& opt, std::span<const std:
   kernels::apply_records(opt, type_, stepped, steps_, summed.data(), options_.dim);
 }
 
+part_rows hash_table_part::rows_of(std::uint32_t b) const {
+  part_rows out;
+  const std::size_t value_bytes = (1 + layout_.slots) * layout_.row_bytes;
+  out.ids.reserve(buckets_[b]->size());
+  out.last_named.reserve(buckets_[b]->size());
+  out.values.reserve(buckets_[b]->size() * value_bytes);
+  buckets_[b]->for_each([&](const std::byte* r) {
+    out.ids.push_back(hash_bucket::id_of(r));
+    out.last_named.push_back(hash_bucket::last_named(r));
+    const std::byte* values = r + record_layout::header_bytes;
+    out.values.insert(out.values.end(), values, values + value_bytes);
+  });
+  return out;
+}
+
+void hash_table_part::restore(std::uint64_t clock, const std::optional<optimizer>& owner,
+                              std::span<const std::uint8_t> filter, const part_rows& rows) {
+  const auto refuse = [&](std::string what) {
+    invalid(fmt::format("restore of hash table '{}' on {}: {}", name_, task_, what));
+  };
+  if (!owner && layout_.slots != 0) refuse("the part holds optimizer slots and the rows restored carry none");
+  if (owner && slot_owner_ && kernels::optimizer_name(*owner) != kernels::optimizer_name(*slot_owner_)) {
+    refuse(fmt::format("the rows carry the slots of {}, the part holds those of {}", kernels::optimizer_name(*owner),
+                       kernels::optimizer_name(*slot_owner_)));
+  }
+  if (clock < clock_) refuse(fmt::format("the clock {} is before the part's {}", clock, clock_));
+  const std::size_t slots = owner ? kernels::slots_of(*owner).size() : 0;
+  if (owner) kernels::check_optimizer(*owner);
+  const std::size_t value_bytes = (1 + slots) * layout_.row_bytes;
+  const std::size_t n = rows.ids.size();
+  if (rows.last_named.size() != n || rows.values.size() / value_bytes != n || rows.values.size() % value_bytes != 0) {
+    refuse(fmt::format("{} ids, {} last-named times and {} bytes of values ({} per row with {} slots) do not match", n,
+                       rows.last_named.size(), rows.values.size(), value_bytes, slots));
+  }
+  if (!filter.empty() && filter.size() != filter_.size()) {
+    refuse(fmt::format("an admission filter of {} counters, the part's has {}", filter.size(), filter_.size()));
+  }
+  if (n > options_.max_rows_per_ps - std::min(rows_, options_.max_rows_per_ps)) {
+    refuse(fmt::format("{} rows beside the {} held pass max_rows_per_ps {}", n, rows_, options_.max_rows_per_ps));
+  }
+  if (clock > static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max())) {
+    refuse(fmt::format("the clock {} is not below 2^63", clock));
+  }
+  common::id_map seen(n);
+  for (std::size_t k = 0; k < n; ++k) {
+    const std::uint32_t b = common::bucket_of(rows.ids[k], options_.buckets);
+    if (!holds(b)) refuse(fmt::format("id {} is in bucket {}, which this ps does not hold", rows.ids[k], b));
+    const std::size_t before = seen.size();
+    seen.index_of(rows.ids[k]);
+    if (seen.size() == before) refuse(fmt::format("id {} is there twice", rows.ids[k]));
+    const std::uint64_t mixed = common::mix_id(rows.ids[k]);
+    if (bucket_of(mixed).find(rows.ids[k], mixed)) refuse(fmt::format("id {} is held already", rows.ids[k]));
+    if (rows.last_named[k] > clock) {
+      refuse(fmt::format("id {} was last named at {}, after the clock {}", rows.ids[k], rows.last_named[k], clock));
+    }
+  }
+  // Checked: now the part takes it all.
+  if (owner && !slot_owner_) lay_out_slots(*owner);
+  clock_ = clock;
+  if (!filter.empty()) std::copy(filter.begin(), filter.end(), filter_.begin());
+  for (std::size_t k = 0; k < n; ++k) {
+    const std::uint64_t mixed = common::mix_id(rows.ids[k]);
+    std::byte* r = bucket_of(mixed).insert(rows.ids[k], mixed);
+    hash_bucket::set_last_named(r, rows.last_named[k]);
+    std::memcpy(r + record_layout::header_bytes, rows.values.data() + k * value_bytes, value_bytes);
+  }
+  rows_ += n;
+}
+
 std::uint64_t hash_table_part::advance_clock(std::uint64_t now) {
   if (now > static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max())) {
     invalid(fmt::format("hash table '{}': the clock must stay below 2^63 (got {})", name_, now));

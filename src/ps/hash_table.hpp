@@ -144,6 +144,14 @@ class hash_bucket {
   std::uint32_t free_ = empty_entry;  // the first free record; each free record names the next
 };
 
+/// Rows of a table's part as a checkpoint holds them: the ids, when each was last named, and each
+/// row's values followed by its slots' (as many slot rows as the part lays out), row after row.
+struct part_rows {
+  std::vector<std::int64_t> ids;
+  std::vector<std::uint64_t> last_named;
+  std::vector<std::byte> values;
+};
+
 /// Counts of what a table's part did, for metrics and tests.
 struct hash_table_counts {
   std::uint64_t admitted = 0;   // rows inserted
@@ -197,6 +205,21 @@ class hash_table_part {
   /// eviction::ttl, drops the rows not named for more than max_idle ticks. Returns the rows
   /// dropped.
   std::uint64_t advance_clock(std::uint64_t now);
+
+  /// The slot rows each record holds (those of slot_owner(); 0 before any step).
+  std::size_t slots() const noexcept { return layout_.slots; }
+  /// The rows of bucket `b` (held), its admission filter aside: what a checkpoint saves of it.
+  part_rows rows_of(std::uint32_t b) const;
+  /// The admission filter's counters (empty unless admission::min_count), saved with the rows.
+  std::span<const std::uint8_t> filter() const noexcept { return filter_; }
+  /// Restores a piece of a checkpoint into this part (a bucket or several at a time): the clock
+  /// (never back), the optimizer whose slots `rows` carry (none: no slots; another than the part's
+  /// is refused), the admission filter (empty, or of the part's size) and the rows. Checks
+  /// everything first (errc::invalid_argument naming the table, changing nothing): sizes that do
+  /// not match, an id twice or held already, an id of a bucket this part does not hold, a
+  /// last-named time past the clock, more rows than max_rows_per_ps.
+  void restore(std::uint64_t clock, const std::optional<optimizer>& owner, std::span<const std::uint8_t> filter,
+               const part_rows& rows);
 
   /// Whether this part holds bucket `b`.
   bool holds(std::uint32_t b) const noexcept { return b < buckets_.size() && buckets_[b] != nullptr; }

@@ -315,3 +315,75 @@ TEST_CASE("options no table can have are refused, naming the table") {
   options.eviction = eviction::capacity{.rows_per_ps = 0};
   CHECK_THROWS_WITH_AS(refused(options), doctest::Contains("rows_per_ps must be at least 1"), error);
 }
+
+TEST_CASE("a part's rows restore into fresh parts over any split of its buckets, slots, clock and filter included") {
+  hash_table_options options;
+  options.admission = admission::min_count{.count = 1, .counters = 256};
+  auto saved = table_part(options, 8);
+  std::vector<std::int64_t> ids;
+  for (std::int64_t id = -50; id < 50; ++id) ids.push_back(id * 7919);
+  looked_up(saved, ids);
+  const std::vector<float> gradient(ids.size() * table_dim, 0.5f);
+  const optimizer opt = optimizers::adagrad{.learning_rate = 0.1};
+  saved.apply_gradients(opt, ids, reinterpret_cast<const std::byte*>(gradient.data()));
+  saved.advance_clock(9);
+  const auto expected = looked_up(saved, ids, false);
+
+  // One part holding every bucket, and two holding the even and the odd ones.
+  auto whole_options = table_options(options);
+  whole_options.buckets = 8;
+  hash_table_part whole("emb", "ps:0", dtype::float32, whole_options, all_buckets(8));
+  const std::vector<std::uint32_t> even{0, 2, 4, 6}, odd{1, 3, 5, 7};
+  hash_table_part first("emb", "ps:0", dtype::float32, whole_options, even);
+  hash_table_part second("emb", "ps:1", dtype::float32, whole_options, odd);
+  ps::part_rows all_rows;
+  for (std::uint32_t b = 0; b < 8; ++b) {
+    const auto rows = saved.rows_of(b);
+    all_rows.ids.insert(all_rows.ids.end(), rows.ids.begin(), rows.ids.end());
+    all_rows.last_named.insert(all_rows.last_named.end(), rows.last_named.begin(), rows.last_named.end());
+    all_rows.values.insert(all_rows.values.end(), rows.values.begin(), rows.values.end());
+    (b % 2 ? second : first).restore(saved.clock(), saved.slot_owner(), saved.filter(), rows);
+  }
+  whole.restore(saved.clock(), saved.slot_owner(), saved.filter(), all_rows);
+  CHECK(whole.rows() == ids.size());
+  CHECK(whole.clock() == 9);
+  CHECK(looked_up(whole, ids, false) == expected);
+  for (std::size_t k = 0; k < ids.size(); ++k) {
+    auto& part = common::bucket_of(ids[k], 8) % 2 ? second : first;
+    CHECK(looked_up(part, {ids[k]}, false) == row_at(expected, k));
+  }
+  // The slots came along: one more step on each gives the same rows.
+  saved.apply_gradients(opt, ids, reinterpret_cast<const std::byte*>(gradient.data()));
+  whole.apply_gradients(opt, ids, reinterpret_cast<const std::byte*>(gradient.data()));
+  CHECK(looked_up(whole, ids, false) == looked_up(saved, ids, false));
+  CHECK_THROWS_WITH_AS(whole.apply_gradients(optimizers::sgd{}, ids, reinterpret_cast<const std::byte*>(gradient.data())),
+                       doctest::Contains("hold the slots of adagrad"), error);
+}
+
+TEST_CASE("a restore that does not fit the part is refused, naming what is wrong, and the part stays empty") {
+  auto part = table_part({}, 4);
+  const std::vector<std::uint32_t> two{0, 1};
+  hash_table_part half("emb", "ps:1", dtype::float32, [] {
+    auto o = table_options();
+    o.buckets = 4;
+    return o;
+  }(), two);
+  ps::part_rows rows;
+  rows.ids = {1, 1};
+  rows.last_named = {0, 0};
+  rows.values.resize(2 * table_dim * sizeof(float));
+  CHECK_THROWS_WITH_AS(part.restore(0, std::nullopt, {}, rows), doctest::Contains("id 1 is there twice"), error);
+  rows.ids = {1, 2};
+  rows.last_named = {0, 5};
+  CHECK_THROWS_WITH_AS(part.restore(3, std::nullopt, {}, rows),
+                       doctest::Contains("id 2 was last named at 5, after the clock 3"), error);
+  rows.values.resize(3);
+  CHECK_THROWS_WITH_AS(part.restore(9, std::nullopt, {}, rows), doctest::Contains("do not match"), error);
+  rows.values.resize(2 * table_dim * sizeof(float));
+  std::int64_t foreign = 0;
+  while (common::bucket_of(foreign, 4) < 2) ++foreign;
+  rows.ids = {foreign, 1000};
+  CHECK_THROWS_WITH_AS(half.restore(9, std::nullopt, {}, rows), doctest::Contains("which this ps does not hold"), error);
+  CHECK(part.rows() == 0);
+  CHECK(half.rows() == 0);
+}
