@@ -48,13 +48,13 @@ class certificates {
   }
   void make_ca(const std::string& name) const {
     run("openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -keyout " + name + ".key -out " +
-        name + ".crt -subj /CN=" + name + " -days 2");
+        name + ".crt -subj /CN=" + name + " -days 30");
   }
   void make_certificate(const std::string& name, const std::string& ca) const {
     run("openssl req -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -keyout " + name + ".key -out " + name +
         ".csr -subj /CN=" + name);
     run("openssl x509 -req -in " + name + ".csr -CA " + ca + ".crt -CAkey " + ca + ".key -CAcreateserial -out " +
-        name + ".crt -days 2");
+        name + ".crt -days 30");
   }
 
   std::filesystem::path dir_ =

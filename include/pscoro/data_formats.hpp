@@ -152,6 +152,7 @@ void decode_idx_elements(std::uint8_t type, const std::byte* row, std::size_t co
 /// what a pass reads (after shard, so a worker keeps only its share), or read_idx the whole file.
 template <class T>
 dataset<xt::xarray<T>> idx(std::string path) {
+  auto description = "IDX file '" + path + "'";
   return dataset<xt::xarray<T>>([path]() {
     // Opened, and its header checked, by make_iterator(): a bad file fails before the first step.
     auto reader = std::make_shared<detail::idx_reader>(path);
@@ -163,7 +164,7 @@ dataset<xt::xarray<T>> idx(std::string path) {
           detail::decode_idx_elements(reader->type_code(), row.data(), out.size(), out.data());
           return out;
         });
-  });
+  }, std::move(description));
 }
 
 /// The whole IDX file `path` (gzipped or not) as one array of T, its shape the file's: one pass

@@ -72,11 +72,19 @@ class dataset {
   using element_type = T;
   using factory = std::function<std::unique_ptr<detail::dataset_source<T>>()>;
 
-  /// A dataset whose passes `make` starts.
-  explicit dataset(factory make) : make_(std::move(make)) {}
+  /// A dataset whose passes `make` starts; `description` says where its elements come from.
+  explicit dataset(factory make, std::string description = {})
+      : make_(std::move(make)), description_(std::move(description)) {}
 
   /// A fresh pass over the data.
   dataset_iterator<T> make_iterator() const { return dataset_iterator<T>(make_()); }
+
+  /// Where the elements come from, for messages about this dataset ("IDX file 'labels.idx'"; empty
+  /// when unknown): the file readers set it, and transformations that take their elements from this
+  /// dataset alone keep it (all but flat_map).
+  const std::string& description() const noexcept { return description_; }
+  /// The same data, described as `description` (for a dataset from_generator or from_values makes).
+  dataset described_as(std::string description) const { return dataset(make_, std::move(description)); }
 
   /// Elements `f(x)`: a dataset of what `f` returns.
   template <class F>
@@ -147,12 +155,13 @@ class dataset {
 
  private:
   factory make_;
+  std::string description_;
 };
 
 /// Pairs of elements of two datasets of the same length. Unlike TF's zip, which silently stops at
 /// the shorter, a dataset ending before the other is an error: errc::invalid_argument from next()
-/// naming which ended and after how many elements (Python's zip(strict=True)). Use zip_shortest to
-/// pair with a longer or endless stream on purpose.
+/// naming which ended (with its description(), the file it reads) and after how many elements
+/// (Python's zip(strict=True)). Use zip_shortest to pair with a longer or endless stream on purpose.
 template <class A, class B>
 dataset<std::tuple<A, B>> zip(const dataset<A>& a, const dataset<B>& b);
 

@@ -9,6 +9,7 @@
 #include <charconv>
 #include <cstdint>
 #include <cstdlib>
+#include <limits>
 
 namespace pscoro {
 namespace {
@@ -42,6 +43,33 @@ std::optional<int> parse_int(std::string_view text) {
   auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), value);
   if (ec != std::errc() || end != text.data() + text.size() || text.empty()) return std::nullopt;
   return value;
+}
+
+// TF_CONFIG's task.index, a number or its decimal text (TF casts with int()), between 0 and
+// max_task_index: anything else is refused as written, never wrapped into an int.
+int task_index_of(const json& index, std::string_view source) {
+  std::optional<std::int64_t> value;  // none: too large even for 64 bits
+  if (index.is_number_unsigned()) {
+    const auto u = index.get<std::uint64_t>();
+    if (u <= static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max())) value = static_cast<std::int64_t>(u);
+  } else if (index.is_number_integer()) {
+    value = index.get<std::int64_t>();
+  } else if (index.is_string()) {
+    const auto& text = index.get_ref<const std::string&>();
+    std::int64_t parsed = 0;
+    auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), parsed);
+    if (text.empty() || end != text.data() + text.size() || (ec != std::errc() && ec != std::errc::result_out_of_range)) {
+      invalid(fmt::format("{}: task index {} is not an integer", source, index.dump()));
+    }
+    if (ec == std::errc()) value = parsed;
+  } else {
+    invalid(fmt::format("{}: task index {} is not an integer", source, index.dump()));
+  }
+  if (!value || *value < 0 || *value > cluster_spec::max_task_index) {
+    invalid(fmt::format("{}: task index {} is out of range: a task index is 0 to {}", source, index.dump(),
+                        cluster_spec::max_task_index));
+  }
+  return static_cast<int>(*value);
 }
 
 cluster_spec cluster_from_json(const json& cluster, std::string_view source) {
@@ -225,15 +253,7 @@ tf_config_cluster_resolver tf_config_cluster_resolver::from_json(std::string_vie
       // TF casts with str(): a number becomes its decimal text.
       task_type = type->is_string() ? type->get<std::string>() : type->dump();
     }
-    if (auto index = task->find("index"); index != task->end()) {
-      if (index->is_number_integer()) {
-        task_id = index->get<int>();
-      } else if (auto parsed = index->is_string() ? parse_int(index->get<std::string>()) : std::nullopt) {
-        task_id = *parsed;
-      } else {
-        invalid(fmt::format("{}: task index {} is not an integer", source, index->dump()));
-      }
-    }
+    if (auto index = task->find("index"); index != task->end()) task_id = task_index_of(*index, source);
   }
   std::string rpc_layer;
   if (auto it = config.find("rpc_layer"); it != config.end() && it->is_string()) rpc_layer = *it;

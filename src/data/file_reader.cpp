@@ -166,4 +166,12 @@ void file_reader::corrupt(const std::string& why) {
       error(errc::data_loss, fmt::format("{}: corrupt gzip data at byte {}: {}", path_, at, why)));
 }
 
+std::string describe_files(std::string_view format, const std::vector<std::string>& paths) {
+  constexpr std::size_t named = 3;  // a long list of shards is named by its first few
+  std::string out = fmt::format("{} file{}", format, paths.size() == 1 ? "" : "s");
+  for (std::size_t i = 0; i < paths.size() && i < named; ++i) out += fmt::format("{} '{}'", i ? "," : "", paths[i]);
+  if (paths.size() > named) out += fmt::format(" and {} more", paths.size() - named);
+  return out;
+}
+
 }  // namespace pscoro::data

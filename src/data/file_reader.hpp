@@ -11,6 +11,7 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 struct inflate_state;
@@ -60,5 +61,9 @@ class file_reader {
   bool at_end_ = false;               // nothing follows
   std::exception_ptr failure_;        // the damage inflating stopped at
 };
+
+/// What a dataset of `format` files reads, for its description(): "CSV file 'a.csv'", "TFRecord
+/// files 'a', 'b', 'c' and 5 more".
+std::string describe_files(std::string_view format, const std::vector<std::string>& paths);
 
 }  // namespace pscoro::data

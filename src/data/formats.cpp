@@ -62,8 +62,10 @@ class line_reader {
   std::ifstream stream_;
 };
 
+// The elements `parse` makes of the lines of `paths`, files of `format` ("CSV").
 template <class T, class Parse>
-dataset<T> line_dataset(std::vector<std::string> paths, Parse parse) {
+dataset<T> line_dataset(std::string_view format, std::vector<std::string> paths, Parse parse) {
+  auto description = data::describe_files(format, paths);
   auto shared = std::make_shared<const std::vector<std::string>>(std::move(paths));
   return dataset<T>([shared, parse]() {
     return detail::make_source<T>([reader = std::make_shared<line_reader>(shared), parse,
@@ -73,7 +75,7 @@ dataset<T> line_dataset(std::vector<std::string> paths, Parse parse) {
       }
       return std::nullopt;
     });
-  });
+  }, std::move(description));
 }
 
 std::string_view trim(std::string_view s) {
@@ -92,7 +94,7 @@ bool parse_number(std::string_view text, V& out) {
 }  // namespace
 
 dataset<std::string> text_lines(std::vector<std::string> paths) {
-  return line_dataset<std::string>(std::move(paths), [](line_reader&, std::string& line) {
+  return line_dataset<std::string>("text", std::move(paths), [](line_reader&, std::string& line) {
     return std::optional<std::string>(line);
   });
 }
@@ -100,7 +102,7 @@ dataset<std::string> text_lines(std::vector<std::string> paths) {
 namespace detail {
 
 dataset<csv_row> csv_rows(std::vector<std::string> paths, csv_options options) {
-  return line_dataset<csv_row>(std::move(paths), [options, columns = std::size_t{0}](
+  return line_dataset<csv_row>("CSV", std::move(paths), [options, columns = std::size_t{0}](
                                                      line_reader& reader, std::string& line) mutable
                                    -> std::optional<csv_row> {
     if (options.header && reader.first_line_of_file()) return std::nullopt;
@@ -168,7 +170,7 @@ double csv_number(const csv_row& row, std::size_t column, const csv_options& opt
 }  // namespace detail
 
 dataset<libsvm_example> libsvm(std::vector<std::string> paths) {
-  return line_dataset<libsvm_example>(std::move(paths), [](line_reader& reader, std::string& line)
+  return line_dataset<libsvm_example>("libsvm", std::move(paths), [](line_reader& reader, std::string& line)
                                                             -> std::optional<libsvm_example> {
     std::string_view rest(line);
     if (const auto hash = rest.find('#'); hash != std::string_view::npos) rest = rest.substr(0, hash);
@@ -249,7 +251,7 @@ criteo_example parse_criteo_line(std::string_view line) {
 }
 
 dataset<criteo_example> criteo_tsv(std::vector<std::string> paths) {
-  return line_dataset<criteo_example>(std::move(paths), [](line_reader& reader, std::string& line)
+  return line_dataset<criteo_example>("Criteo TSV", std::move(paths), [](line_reader& reader, std::string& line)
                                                             -> std::optional<criteo_example> {
     if (line.empty()) return std::nullopt;
     try {

@@ -118,11 +118,14 @@ const V& feature_as(const tf_example& example, std::string_view name, std::strin
 }  // namespace
 
 dataset<std::string> tfrecord(std::vector<std::string> paths) {
+  auto description = data::describe_files("TFRecord", paths);
   auto shared = std::make_shared<const std::vector<std::string>>(std::move(paths));
-  return dataset<std::string>([shared]() {
-    return detail::make_source<std::string>(
-        [reader = std::make_shared<record_reader>(shared)]() { return reader->next(); });
-  });
+  return dataset<std::string>(
+      [shared]() {
+        return detail::make_source<std::string>(
+            [reader = std::make_shared<record_reader>(shared)]() { return reader->next(); });
+      },
+      std::move(description));
 }
 
 tfrecord_writer::tfrecord_writer(std::string path, tfrecord_compression compression) : path_(std::move(path)) {

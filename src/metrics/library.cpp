@@ -94,6 +94,18 @@ peer_traffic& traffic_of(std::string_view task) {
   lib.registrations.push_back(r.add("pscoro_peer_received_bytes_total", "Bytes received from a peer task, frame headers included.", peer, t.bytes_received));
   lib.registrations.push_back(r.add("pscoro_peer_sent_frames_total", "Frames sent to a peer task.", peer, t.frames_sent));
   lib.registrations.push_back(r.add("pscoro_peer_received_frames_total", "Frames received from a peer task.", peer, t.frames_received));
+  // Computed when read: a peer that has gone silent shows a growing age with no update from us.
+  lib.registrations.push_back(r.add_collector([&t, peer]() -> std::vector<sample> {
+    const auto last = t.last_heard.load(std::memory_order_relaxed);
+    if (last == 0) return {};
+    const auto now = std::chrono::steady_clock::now().time_since_epoch().count();
+    const std::chrono::steady_clock::duration age(now > last ? now - last : 0);
+    return {{"pscoro_peer_heartbeat_age_seconds",
+             "Seconds since a frame (a heartbeat, its reply or any other) last arrived from a peer task; a "
+             "connection that opened heartbeats closes when this passes heartbeat_timeout with a heartbeat "
+             "unanswered.",
+             metric_type::gauge, peer, std::chrono::duration<double>(age).count()}};
+  }));
   return t;
 }
 

@@ -5,6 +5,8 @@
 
 #include <pscoro/metrics.hpp>
 
+#include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -12,18 +14,28 @@
 
 namespace pscoro::metrics {
 
-/// Bytes and frames exchanged with one peer task, over all its connections in this process.
+/// Bytes and frames exchanged with one peer task, over all its connections in this process, and
+/// when it was last heard from.
 struct peer_traffic {
   counter bytes_sent;
   counter bytes_received;
   counter frames_sent;
   counter frames_received;
+
+  /// Notes that a frame (a Heartbeat, its reply, or anything else) arrived from the peer at `when`.
+  void heard(std::chrono::steady_clock::time_point when) noexcept {
+    last_heard.store(when.time_since_epoch().count(), std::memory_order_relaxed);
+  }
+  /// steady_clock ticks of the last heard(); 0 before the first.
+  std::atomic<std::chrono::steady_clock::rep> last_heard{0};
 };
 
 /// The traffic counters of peer `task` ("ps:0"), made and registered on first use and kept for the
-/// process's life (a counter must not go back when a connection closes). At most 256 peers get
-/// their own; the next ones share peer="other", so no peer can grow the registry without bound.
-/// Thread-safe; call it when a connection's peer is known, not per frame.
+/// process's life (a counter must not go back when a connection closes), with the gauge
+/// pscoro_peer_heartbeat_age_seconds: the seconds since the peer was last heard from, computed
+/// when read. At most 256 peers get their own; the next ones share peer="other", so no peer can
+/// grow the registry without bound. Thread-safe; call it when a connection's peer is known, not
+/// per frame.
 peer_traffic& traffic_of(std::string_view task);
 
 /// Dataset input: elements taken from per-worker iterators and bytes read from files.

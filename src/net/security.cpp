@@ -3,9 +3,12 @@
 #include "common/address.hpp"
 #include "common/environment.hpp"
 #include "common/log.hpp"
+#include "common/regular_file.hpp"
+#include "metrics/library.hpp"
 
 #include <pscoro/error.hpp>
 
+#include <fmt/chrono.h>
 #include <fmt/format.h>
 
 #include <openssl/crypto.h>
@@ -13,13 +16,21 @@
 #include <openssl/evp.h>
 #include <openssl/hmac.h>
 #include <openssl/rand.h>
+#include <openssl/ssl.h>
+#include <openssl/x509.h>
+
+#include <fcntl.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <ctime>
 #include <cstdlib>
-#include <fstream>
-#include <iterator>
 #include <map>
+#include <memory>
 #include <mutex>
+#include <optional>
 #include <string_view>
 #include <tuple>
 
@@ -51,13 +62,36 @@ std::string_view label_of(handshake_side side) {
 
 }  // namespace
 
-std::string read_secret_file(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) {
-    throw error(errc::invalid_argument, fmt::format("cannot read the cluster secret file '{}' (PSCORO_AUTH_SECRET_FILE)",
-                                                    path));
+std::string read_secret_file(const std::string& path, std::string_view setting) {
+  const auto unreadable = [&](int why) {
+    throw error(errc::invalid_argument,
+                fmt::format("cannot read the cluster secret file '{}' ({}): {}", path, setting, std::strerror(why)));
+  };
+  // A FIFO would block the open until a writer came, a device (/dev/zero) never end: refused,
+  // like a directory, before a byte is read.
+  const int fd = common::open_regular_file("the cluster secret file", path, O_RDONLY, 0, setting);
+  if (fd < 0) unreadable(errno);
+  std::string secret(max_secret_file_bytes + 1, '\0');
+  std::size_t size = 0;
+  while (size < secret.size()) {
+    const auto got = ::read(fd, secret.data() + size, secret.size() - size);
+    if (got < 0 && errno == EINTR) continue;
+    if (got < 0) {
+      const int why = errno;
+      ::close(fd);
+      unreadable(why);
+    }
+    if (got == 0) break;
+    size += static_cast<std::size_t>(got);
   }
-  std::string secret((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  ::close(fd);
+  if (size > max_secret_file_bytes) {
+    throw error(errc::invalid_argument,
+                fmt::format("the cluster secret file '{}' ({}) holds more than {} KiB, the most a secret file may: "
+                            "is it the right file? (e.g. `openssl rand -hex 32 > {}`)",
+                            path, setting, max_secret_file_bytes >> 10, path));
+  }
+  secret.resize(size);
   while (!secret.empty() && (secret.back() == '\n' || secret.back() == '\r')) secret.pop_back();
   if (secret.size() < min_secret_bytes) {
     throw error(errc::invalid_argument,
@@ -112,6 +146,69 @@ std::string openssl_reason(const std::system_error& e) {
   return reason;
 }
 
+// An ASN.1 time (a certificate's notBefore or notAfter) in seconds since the Unix epoch.
+std::optional<std::int64_t> epoch_seconds(const ASN1_TIME* time) {
+  std::tm parts{};
+  if (!time || ASN1_TIME_to_tm(time, &parts) != 1) return std::nullopt;
+  return static_cast<std::int64_t>(::timegm(&parts));
+}
+
+std::string utc_text(std::int64_t seconds) {
+  const auto t = static_cast<std::time_t>(seconds);
+  std::tm parts{};
+  ::gmtime_r(&t, &parts);
+  return fmt::format("{:%Y-%m-%d %H:%M:%S} UTC", parts);
+}
+
+// When each certificate file this process presents expires, as a metric users alert on: one
+// series per file, kept for the process's life.
+void export_expiry(const std::string& file, std::int64_t not_after) {
+  struct expiry {
+    metrics::gauge not_after;
+    metrics::registry::registration registered;
+  };
+  static auto* expiries = new std::map<std::string, std::unique_ptr<expiry>>;  // under tls_context_for's lock
+  auto& e = (*expiries)[file];
+  if (!e) {
+    e = std::make_unique<expiry>();
+    e->registered = metrics::process_registry().add(
+        "pscoro_tls_certificate_not_after_seconds",
+        "When this task's own TLS certificate (tls_cert_file) expires, in seconds since the Unix epoch.",
+        {{"file", file}}, e->not_after);
+  }
+  e->not_after.set(not_after);
+}
+
+// A task's own certificate outside its validity would fail every handshake, and its peers would
+// report it without naming the file: it is refused at start. One that expires within
+// certificate_warning_days is logged, so it is renewed before the job stops.
+void check_own_certificate(asio::ssl::context& context, const std::string& file) {
+  X509* certificate = SSL_CTX_get0_certificate(context.native_handle());
+  if (!certificate) return;
+  const auto not_before = epoch_seconds(X509_get0_notBefore(certificate));
+  const auto not_after = epoch_seconds(X509_get0_notAfter(certificate));
+  const auto now = static_cast<std::int64_t>(std::time(nullptr));
+  if (not_before && now < *not_before) {
+    throw error(errc::invalid_argument,
+                fmt::format("cannot use the certificate (tls_cert_file) '{}' for TLS: it is not valid before {} (now "
+                            "{}; is this machine's clock right?)",
+                            file, utc_text(*not_before), utc_text(now)));
+  }
+  if (!not_after) return;
+  if (now > *not_after) {
+    throw error(errc::invalid_argument,
+                fmt::format("cannot use the certificate (tls_cert_file) '{}' for TLS: it expired on {} (now {}); renew it",
+                            file, utc_text(*not_after), utc_text(now)));
+  }
+  export_expiry(file, *not_after);
+  constexpr std::int64_t day = 24 * 60 * 60;
+  if (*not_after - now < certificate_warning_days * day) {
+    log::warning("the TLS certificate (tls_cert_file) '{}' expires on {}, in {:.1f} days: renew it before then (a "
+                 "task refuses to start with an expired certificate, and its peers refuse it once it has expired)",
+                 file, utc_text(*not_after), static_cast<double>(*not_after - now) / static_cast<double>(day));
+  }
+}
+
 }  // namespace
 
 std::shared_ptr<asio::ssl::context> tls_context_for(const transport_options& options) {
@@ -122,7 +219,9 @@ std::shared_ptr<asio::ssl::context> tls_context_for(const transport_options& opt
   if (auto it = made.find(key); it != made.end()) return it->second;
   auto context = std::make_shared<asio::ssl::context>(asio::ssl::context::tls);
   SSL_CTX_set_min_proto_version(context->native_handle(), TLS1_3_VERSION);
-  const auto load = [&](const char* what, const std::string& file, auto&& step) {
+  const auto load = [&](const char* what, const std::string& file, std::string_view setting, auto&& step) {
+    // OpenSSL's fopen of a FIFO would wait for a writer for ever: refused first, as a directory.
+    (void)common::regular_file_exists(what, file, setting);
     try {
       step();
     } catch (const std::system_error& e) {
@@ -130,12 +229,13 @@ std::shared_ptr<asio::ssl::context> tls_context_for(const transport_options& opt
                   fmt::format("cannot use {} '{}' for TLS: {}", what, file, openssl_reason(e)));
     }
   };
-  load("the certificate (tls_cert_file)", options.tls_cert_file,
+  load("the certificate (tls_cert_file)", options.tls_cert_file, "tls_cert_file or PSCORO_TLS_CERT_FILE",
        [&] { context->use_certificate_chain_file(options.tls_cert_file); });
+  check_own_certificate(*context, options.tls_cert_file);
   // OpenSSL also checks here that the key belongs to the certificate.
-  load("the private key (tls_key_file)", options.tls_key_file,
+  load("the private key (tls_key_file)", options.tls_key_file, "tls_key_file or PSCORO_TLS_KEY_FILE",
        [&] { context->use_private_key_file(options.tls_key_file, asio::ssl::context::pem); });
-  load("the cluster CA (tls_ca_file)", options.tls_ca_file, [&] { context->load_verify_file(options.tls_ca_file); });
+  load("the cluster CA (tls_ca_file)", options.tls_ca_file, "tls_ca_file or PSCORO_TLS_CA_FILE", [&] { context->load_verify_file(options.tls_ca_file); });
   // Both ends verify the other against the cluster CA; a peer without a certificate is refused.
   context->set_verify_mode(asio::ssl::verify_peer | asio::ssl::verify_fail_if_no_peer_cert);
   made.emplace(key, context);

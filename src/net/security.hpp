@@ -15,6 +15,7 @@
 #include <cstddef>
 #include <memory>
 #include <string>
+#include <string_view>
 
 namespace pscoro::net {
 
@@ -29,9 +30,14 @@ inline constexpr std::size_t nonce_bytes = 32;
 /// than min_secret_bytes, or only some of the TLS files are given.
 transport_options with_environment(transport_options options);
 
-/// The secret in `path`: its bytes, less trailing line breaks. Throws errc::invalid_argument naming
-/// the file when it cannot be read or is too short.
-std::string read_secret_file(const std::string& path);
+/// The most a cluster secret file may hold: a secret is tens of bytes; a larger file is not one.
+inline constexpr std::size_t max_secret_file_bytes = std::size_t{64} << 10;
+
+/// The secret in `path`, which `setting` names: its bytes, less trailing line breaks. Throws
+/// errc::invalid_argument naming the file and the setting when it cannot be read, is not a
+/// regular file (a FIFO, a directory, a device: refused without an open that could block), holds
+/// more than max_secret_file_bytes, or is too short.
+std::string read_secret_file(const std::string& path, std::string_view setting = "PSCORO_AUTH_SECRET_FILE");
 
 /// Refuses (errc::invalid_argument) to let `task` listen on a non-loopback `endpoint` without a
 /// cluster secret or TLS unless options.allow_insecure, which logs a warning naming the address.
@@ -41,9 +47,15 @@ void check_exposure(const asio::ip::tcp::endpoint& endpoint, const transport_opt
 /// Whether `options` ask for TLS (all three files set; with_environment checked that).
 inline bool uses_tls(const transport_options& options) noexcept { return !options.tls_cert_file.empty(); }
 
+/// A task's own certificate that expires within this many days is logged as a warning at start.
+inline constexpr int certificate_warning_days = 7;
+
 /// The TLS context for `options` (mutual: both sides present and verify certificates of the cluster
 /// CA; TLS 1.3), made once per process for each set of files. Throws errc::invalid_argument naming
-/// the file OpenSSL could not use and why.
+/// the file OpenSSL could not use and why, or the certificate file when this task's certificate is
+/// not valid now (expired, or not yet valid); exports its expiry time
+/// (pscoro_tls_certificate_not_after_seconds) and warns when that is within
+/// certificate_warning_days.
 std::shared_ptr<asio::ssl::context> tls_context_for(const transport_options& options);
 
 /// Fresh random bytes for a Hello or a Challenge.

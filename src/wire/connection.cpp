@@ -123,6 +123,7 @@ asio::awaitable<void> connection::read_loop(std::shared_ptr<connection> self) {
       if (!f) break;
       self->last_received_ = std::chrono::steady_clock::now();
       if (auto* traffic = self->traffic_) {
+        traffic->heard(self->last_received_);
         traffic->frames_received.inc();
         traffic->bytes_received.inc(f->wire_bytes);
       }

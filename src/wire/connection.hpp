@@ -67,8 +67,12 @@ class connection : public std::enable_shared_from_this<connection> {
     return reader_.read(socket_);
   }
   /// Counts the frames and bytes of this connection from now on in `traffic` (its peer task's
-  /// counters, which live as long as the process): set once the peer is known.
-  void count_traffic(metrics::peer_traffic* traffic) noexcept { traffic_ = traffic; }
+  /// counters, which live as long as the process), and notes when the peer was heard from: set
+  /// once the peer is known (its handshake has just arrived).
+  void count_traffic(metrics::peer_traffic* traffic) noexcept {
+    traffic_ = traffic;
+    if (traffic_) traffic_->heard(std::chrono::steady_clock::now());
+  }
 
   /// Receives the large segments of requests into buffers of `pool` when it has one of the right
   /// size (a ps's: see buffer_pool), instead of fresh ones. Set before start().

@@ -17,6 +17,8 @@
 #include <fstream>
 #include <thread>
 
+#include <sys/stat.h>
+
 using namespace pscoro;
 using pscoro::testing::hello_of;
 using pscoro::testing::local_cluster;
@@ -296,7 +298,7 @@ TEST_CASE("the secret comes from the file PSCORO_AUTH_SECRET_FILE names") {
     environment_variable file("PSCORO_AUTH_SECRET_FILE", (dir / "missing").string());
     CHECK_THROWS_WITH_AS(server(io.get_executor(), simple_cluster_resolver(spec, "ps", 0)),
                          ("cannot read the cluster secret file '" + (dir / "missing").string() +
-                          "' (PSCORO_AUTH_SECRET_FILE)")
+                          "' (PSCORO_AUTH_SECRET_FILE): No such file or directory")
                              .c_str(),
                          error);
   }
@@ -314,6 +316,44 @@ TEST_CASE("the secret comes from the file PSCORO_AUTH_SECRET_FILE names") {
   short_in_code.transport.auth_secret = "hunter2";
   CHECK_THROWS_WITH_AS(server(io.get_executor(), simple_cluster_resolver(spec, "ps", 0), short_in_code),
                        "transport_options::auth_secret has 7 bytes; at least 16 are needed", error);
+  std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("a secret file that is a FIFO, a directory, a device or too large is refused, naming it and the variable") {
+  const auto dir = std::filesystem::temp_directory_path() / ("pscoro-secret-kinds-" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  asio::io_context io;
+  const cluster_spec spec{{"ps", {"127.0.0.1:0"}}, {"worker", {"127.0.0.1:0"}}};
+  const auto refusal = [&](const std::string& path) {
+    environment_variable file("PSCORO_AUTH_SECRET_FILE", path);
+    try {
+      server ps(io.get_executor(), simple_cluster_resolver(spec, "ps", 0));
+      FAIL("the secret file '" << path << "' was accepted");
+    } catch (const error& e) {
+      CHECK(e.code() == errc::invalid_argument);
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  const auto not_regular = [](const std::string& path, const std::string& kind) {
+    return "the cluster secret file: " + path + " is " + kind +
+           ", not a regular file (PSCORO_AUTH_SECRET_FILE must name a regular file)";
+  };
+  // A directory once failed with "basic_filebuf::underflow", /dev/zero read until std::bad_alloc.
+  CHECK(refusal(dir.string()) == not_regular(dir.string(), "a directory"));
+  CHECK(refusal("/dev/zero") == not_regular("/dev/zero", "a character device"));
+  // A secret is tens of bytes: a file past 64 KiB is not one.
+  const auto big = (dir / "big").string();
+  std::ofstream(big, std::ios::binary) << std::string((64 << 10) + 1, 'x');
+  CHECK(refusal(big) == "the cluster secret file '" + big + "' (PSCORO_AUTH_SECRET_FILE) holds more than 64 KiB, the "
+                        "most a secret file may: is it the right file? (e.g. `openssl rand -hex 32 > " + big + "`)");
+  std::ofstream(big, std::ios::binary) << std::string(64 << 10, 'x');  // at the cap: a secret
+  environment_variable at_cap("PSCORO_AUTH_SECRET_FILE", big);
+  CHECK(net::with_environment({}).auth_secret.size() == (64 << 10));
+  // A FIFO with no writer once blocked the open for ever.
+  const auto fifo = (dir / "fifo").string();
+  REQUIRE(::mkfifo(fifo.c_str(), 0600) == 0);
+  CHECK(refusal(fifo) == not_regular(fifo, "a FIFO"));
   std::filesystem::remove_all(dir);
 }
 

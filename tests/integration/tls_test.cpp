@@ -1,16 +1,68 @@
 // Mutual TLS: a cluster whose tasks hold certificates of one CA trains over encrypted connections;
 // a peer without TLS, or with a certificate of another CA, is refused on both sides and changes
-// nothing. Certificates are made at test time with the `openssl` command.
+// nothing. A task whose own certificate is not valid now, or whose TLS files are not regular files,
+// refuses to start. Certificates are made at test time with the `openssl` command (and OpenSSL's
+// API for validity dates it cannot set).
+#include "file_faults.hpp"
 #include "local_cluster.hpp"
 #include "net/peer.hpp"
 #include "raw_client.hpp"
 #include "test_certificates.hpp"
+
+#include <openssl/evp.h>
+#include <openssl/pem.h>
+#include <openssl/x509.h>
+
+#include <cmath>
+#include <cstdio>
+#include <memory>
+
+#include <sys/stat.h>
 
 using namespace pscoro;
 using pscoro::testing::certificates;
 using pscoro::testing::hello_of;
 using pscoro::testing::local_cluster;
 using pscoro::testing::refusal_of;
+
+namespace {
+
+// Writes `name`.crt and `name`.key beside the cluster CA of `certs`: a certificate of that CA valid
+// from now + `from` to now + `to` (the `openssl` command of Debian 12 cannot date one ahead).
+void write_certificate_valid_between(const certificates& certs, const std::string& name, std::chrono::seconds from,
+                                     std::chrono::seconds to) {
+  const auto read_pem = [](const std::string& path, auto read) {
+    std::unique_ptr<FILE, int (*)(FILE*)> file(std::fopen(path.c_str(), "r"), &std::fclose);
+    REQUIRE(file);
+    return read(file.get(), nullptr, nullptr, nullptr);
+  };
+  std::unique_ptr<X509, void (*)(X509*)> ca(read_pem(certs.file("cluster-ca.crt"), PEM_read_X509), &X509_free);
+  std::unique_ptr<EVP_PKEY, void (*)(EVP_PKEY*)> ca_key(read_pem(certs.file("cluster-ca.key"), PEM_read_PrivateKey),
+                                                        &EVP_PKEY_free);
+  std::unique_ptr<EVP_PKEY, void (*)(EVP_PKEY*)> key(EVP_EC_gen("P-256"), &EVP_PKEY_free);
+  std::unique_ptr<X509, void (*)(X509*)> certificate(X509_new(), &X509_free);
+  REQUIRE((ca && ca_key && key && certificate));
+  X509* c = certificate.get();
+  X509_set_version(c, 2);
+  ASN1_INTEGER_set(X509_get_serialNumber(c), 7);
+  X509_NAME_add_entry_by_txt(X509_get_subject_name(c), "CN", MBSTRING_ASC,
+                             reinterpret_cast<const unsigned char*>(name.c_str()), -1, -1, 0);
+  X509_set_issuer_name(c, X509_get_subject_name(ca.get()));
+  X509_gmtime_adj(X509_getm_notBefore(c), static_cast<long>(from.count()));
+  X509_gmtime_adj(X509_getm_notAfter(c), static_cast<long>(to.count()));
+  X509_set_pubkey(c, key.get());
+  REQUIRE(X509_sign(c, ca_key.get(), EVP_sha256()) > 0);
+  const auto write = [](const std::string& path, auto write_pem) {
+    std::unique_ptr<FILE, int (*)(FILE*)> file(std::fopen(path.c_str(), "w"), &std::fclose);
+    REQUIRE(file);
+    REQUIRE(write_pem(file.get()) == 1);
+  };
+  write(certs.file(name + ".crt"), [&](FILE* f) { return PEM_write_X509(f, c); });
+  write(certs.file(name + ".key"),
+        [&](FILE* f) { return PEM_write_PrivateKey(f, key.get(), nullptr, nullptr, 0, nullptr, nullptr); });
+}
+
+}  // namespace
 
 TEST_CASE("a cluster whose tasks hold certificates of one CA trains over TLS, with and without a secret") {
   const certificates certs;
@@ -108,6 +160,20 @@ TEST_CASE("TLS files that cannot be used are refused at start, naming the file")
   options.transport.tls_key_file = certs.file("stranger.key");
   CHECK_THROWS_WITH_AS(server(io.get_executor(), simple_cluster_resolver(spec, "ps", 0), options),
                        doctest::Contains("cannot use the private key (tls_key_file)"), error);  // another's key
+  // A FIFO once blocked OpenSSL's open for ever; a directory is refused alike.
+  const auto fifo = certs.file("fifo.crt");
+  REQUIRE(::mkfifo(fifo.c_str(), 0600) == 0);
+  options.transport = certs.transport();
+  options.transport.tls_cert_file = fifo;
+  const std::string not_regular = "the certificate (tls_cert_file): " + fifo +
+                                  " is a FIFO, not a regular file (tls_cert_file or PSCORO_TLS_CERT_FILE must name a "
+                                  "regular file)";
+  CHECK_THROWS_WITH_AS(server(io.get_executor(), simple_cluster_resolver(spec, "ps", 0), options),
+                       not_regular.c_str(), error);
+  options.transport = certs.transport();
+  options.transport.tls_ca_file = certs.file("");
+  CHECK_THROWS_WITH_AS(server(io.get_executor(), simple_cluster_resolver(spec, "ps", 0), options),
+                       doctest::Contains("is a directory, not a regular file (tls_ca_file or PSCORO_TLS_CA_FILE"), error);
 }
 
 TEST_CASE("with TLS a server may listen beyond loopback without a secret") {
@@ -119,4 +185,66 @@ TEST_CASE("with TLS a server may listen beyond loopback without a secret") {
   server ps(io.get_executor(), simple_cluster_resolver(service, "ps", 0), options);
   ps.start();
   CHECK(starts_with(ps.address(), "0.0.0.0:"));
+}
+
+TEST_CASE("a task whose own certificate has expired or is not yet valid refuses to start, naming the file") {
+  using namespace std::chrono_literals;
+  const certificates certs;
+  const cluster_spec spec{{"ps", {"127.0.0.1:0"}}, {"worker", {"127.0.0.1:0"}}};
+  asio::io_context io;
+  const auto refusal = [&](const std::string& name) {
+    server_options options;
+    options.transport = certs.transport(name);
+    try {
+      server ps(io.get_executor(), simple_cluster_resolver(spec, "ps", 0), options);
+      FAIL("the certificate " << name << " was accepted");
+    } catch (const error& e) {
+      CHECK(e.code() == errc::invalid_argument);
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  // Once such a task started and served, and every peer's handshake with it failed.
+  write_certificate_valid_between(certs, "expired", -48h, -24h);
+  const auto expired = refusal("expired");
+  CHECK_MESSAGE(contains(expired, "cannot use the certificate (tls_cert_file) '" + certs.file("expired.crt") +
+                                      "' for TLS: it expired on "),
+                expired);
+  CHECK_MESSAGE(contains(expired, "; renew it"), expired);
+  write_certificate_valid_between(certs, "early", 24h, 48h);
+  const auto early = refusal("early");
+  CHECK_MESSAGE(contains(early, "cannot use the certificate (tls_cert_file) '" + certs.file("early.crt") +
+                                    "' for TLS: it is not valid before "),
+                early);
+  // The chief checks its own certificate too.
+  strategy_options chief;
+  chief.transport = certs.transport("expired");
+  CHECK_THROWS_WITH_AS(parameter_server_strategy(io.get_executor(), simple_cluster_resolver(spec), chief),
+                       doctest::Contains("it expired on"), error);
+}
+
+TEST_CASE("a task's own certificate's expiry is a metric, and one that expires within a week is a warning") {
+  using namespace std::chrono_literals;
+  const certificates certs;
+  write_certificate_valid_between(certs, "soon", -1h, 72h);
+  const auto soon = certs.file("soon.crt");
+  const cluster_spec spec{{"ps", {"127.0.0.1:0"}}, {"worker", {"127.0.0.1:0"}}};
+  asio::io_context io;
+  server_options options;
+  options.transport = certs.transport("soon");
+  const pscoro::testing::captured_log log;
+  const auto before = std::chrono::system_clock::now();
+  server ps(io.get_executor(), simple_cluster_resolver(spec, "ps", 0), options);
+  CHECK_MESSAGE(contains(log.text(), "the TLS certificate (tls_cert_file) '" + soon + "' expires on "), log.text());
+  const auto not_after =
+      metrics::process_registry().value("pscoro_tls_certificate_not_after_seconds", {{"file", soon}});
+  REQUIRE(not_after.has_value());
+  const double expected = std::chrono::duration<double>((before + 72h).time_since_epoch()).count();
+  CHECK(std::abs(*not_after - expected) < 120);  // the certificate's seconds, against this test's clock
+  // A certificate valid for 30 days (the test CA's) is exported without a warning.
+  server_options fresh;
+  fresh.transport = certs.transport();
+  server other(io.get_executor(), simple_cluster_resolver(spec, "ps", 0), fresh);
+  CHECK_FALSE(contains(log.text(), "'" + certs.file("node.crt") + "' expires on"));
+  CHECK(metrics::process_registry().value("pscoro_tls_certificate_not_after_seconds", {{"file", certs.file("node.crt")}}));
 }

@@ -190,6 +190,24 @@ TEST_CASE("a task index past a million is refused, so a sparse spec cannot make 
   CHECK(spec.task_indices("worker") == std::vector<int>{cluster_spec::max_task_index});
 }
 
+TEST_CASE("a TF_CONFIG task index out of range is refused as written, never wrapped") {
+  // 2^31 once became "No task with index -2147483648".
+  const auto refused = [](const std::string& index) {
+    return invalid_argument_message([&] {
+      (void)tf_config_cluster_resolver::from_json(R"({"cluster": {"worker": ["w:1"]}, "task": {"type": "worker", "index": )" +
+                                                  index + "}}");
+    });
+  };
+  for (const std::string index : {"2147483648", "4294967296", "18446744073709551615", "-1", "-2147483649",
+                                  "1048576", "\"2147483648\"", "\"99999999999999999999\"", "\"-1\""}) {
+    CHECK(refused(index) == "TF_CONFIG: task index " + index + " is out of range: a task index is 0 to 1048575");
+  }
+  CHECK(refused("1.5") == "TF_CONFIG: task index 1.5 is not an integer");
+  CHECK(refused("\"1x\"") == "TF_CONFIG: task index \"1x\" is not an integer");
+  const auto largest = tf_config_cluster_resolver::from_json(R"({"task": {"type": "worker", "index": 1048575}})");
+  CHECK(largest.task_id() == cluster_spec::max_task_index);
+}
+
 TEST_CASE("parameter-server validation applies TF's rules with TF's messages") {
   const cluster_spec good{{"chief", {"c:1"}}, {"ps", {"p:1"}}, {"worker", {"w:1", "w:2"}}};
   pscoro::validate_parameter_server_cluster(good, "chief", 0);

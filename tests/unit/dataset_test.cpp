@@ -125,11 +125,11 @@ TEST_CASE("zip of datasets of different lengths says which ended first and after
   auto e = error_thrown_by([] { (void)collect(zip(counting(3), counting(5))); });
   CHECK(e.code() == errc::invalid_argument);
   std::string m = e.what();
-  CHECK(contains(m, "zip: the first dataset ended after 3 elements but the second has more"));
+  CHECK(contains(m, "zip: the first dataset ended after 3 elements but the second dataset has more"));
   e = error_thrown_by([] { (void)collect(zip(counting(5), counting(2))); });
   CHECK(e.code() == errc::invalid_argument);
   m = e.what();
-  CHECK(contains(m, "zip: the second dataset ended after 2 elements but the first has more"));
+  CHECK(contains(m, "zip: the second dataset ended after 2 elements but the first dataset has more"));
   // The elements before the mismatch are still delivered.
   auto it = zip(counting(2), counting(1)).make_iterator();
   CHECK(it.next().has_value());
@@ -786,6 +786,28 @@ TEST_CASE("idx reads rows of every element type, gzipped or not, and reports cor
   const auto trailing = s.write_gz("long.idx.gz", bytes + "xx");
   CHECK(contains(error_thrown_by([&] { (void)collect(idx<float>(trailing)); }).what(), "bytes after the last of its 3 rows, at byte 28"));
   CHECK(error_thrown_by([&] { (void)collect(idx<float>((s.dir / "none.idx").string())); }).code() == errc::not_found);
+}
+
+TEST_CASE("zip of an images file and a shorter labels file names the file that ended") {
+  scratch s;
+  // 5 images of 2x2 bytes, and labels for 3 of them: the files of two different splits, say.
+  std::string images = std::string("\0\0\x08\x03", 4) + be32(5) + be32(2) + be32(2) + std::string(20, '\x07');
+  std::string labels = std::string("\0\0\x08\x01", 4) + be32(3) + std::string(3, '\x01');
+  const auto images_file = s.write("images.idx", images), labels_file = s.write_gz("labels.idx.gz", labels);
+  CHECK(idx<float>(labels_file).description() == "IDX file '" + labels_file + "'");
+  // Transformations that take the elements of one dataset keep what it reads.
+  const auto labelled = zip(idx<float>(images_file).map([](xt::xarray<float> x) { return x / 255.0f; }),
+                            idx<std::int64_t>(labels_file).shard(1, 0).cache());
+  const auto e = error_thrown_by([&] { (void)collect(labelled); });
+  CHECK(e.code() == errc::invalid_argument);
+  CHECK_MESSAGE(contains(e.what(), "zip: the second dataset (IDX file '" + labels_file + "') ended after 3 elements "
+                                   "but the first dataset (IDX file '" + images_file + "') has more"),
+                e.what());
+  // The text formats and TFRecord say what they read too, naming the first few of many files.
+  CHECK(csv<float>({"a.csv"}).description() == "CSV file 'a.csv'");
+  CHECK(tfrecord({"a", "b", "c", "d", "e"}).description() == "TFRecord files 'a', 'b', 'c' and 2 more");
+  CHECK(text_lines({"a", "b"}).batch(2).description() == "text files 'a', 'b'");
+  CHECK(counting(3).described_as("the counter").take(1).description() == "the counter");
 }
 
 TEST_CASE("read_idx reads a whole IDX file as one array, the rows idx() reads, with the same errors") {

@@ -242,6 +242,25 @@ TEST_CASE("PSCORO_METRICS_PORT takes a port number or 0, and refuses anything el
   }
 }
 
+TEST_CASE("the seconds since each peer was last heard from are a gauge, growing while it is silent") {
+  using namespace std::chrono_literals;
+  // Before the next test gives 300 peers their series: past 256 they share peer="other".
+  auto& peer = metrics::traffic_of("heartbeat_test:0");
+  const metrics::labels heard_peer{{"peer", "heartbeat_test:0"}};
+  const auto& r = metrics::process_registry();
+  CHECK_FALSE(r.value("pscoro_peer_heartbeat_age_seconds", heard_peer).has_value());  // never heard
+  // A peer last heard 30 s ago (a stopped worker, say) shows 30 s and more, computed at the read.
+  peer.heard(std::chrono::steady_clock::now() - 30s);
+  const auto silent = r.value("pscoro_peer_heartbeat_age_seconds", heard_peer);
+  REQUIRE(silent.has_value());
+  CHECK(*silent >= 30);
+  peer.heard(std::chrono::steady_clock::now());
+  const auto live = r.value("pscoro_peer_heartbeat_age_seconds", heard_peer);
+  REQUIRE(live.has_value());
+  CHECK(*live < *silent);
+  CHECK(contains(r.expose(), "# TYPE pscoro_peer_heartbeat_age_seconds gauge\n"));
+}
+
 TEST_CASE("peer traffic counters are shared per task, and peers past the cap share one series") {
   auto& a = metrics::traffic_of("metrics_test:0");
   auto& again = metrics::traffic_of("metrics_test:0");

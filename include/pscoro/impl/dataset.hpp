@@ -341,7 +341,7 @@ auto dataset<T>::map(F f) const {
       if (!item) return std::nullopt;
       return f(std::move(*item));
     });
-  });
+  }, description_);
 }
 
 template <class T>
@@ -354,7 +354,7 @@ dataset<T> dataset<T>::filter(Predicate keep) const {
       }
       return std::nullopt;
     });
-  });
+  }, description_);
 }
 
 template <class T>
@@ -394,7 +394,7 @@ dataset<T> dataset<T>::shard(std::int64_t num_shards, std::int64_t index) const 
       }
       return std::optional<T>();
     });
-  });
+  }, description_);
 }
 
 template <class T>
@@ -434,7 +434,7 @@ dataset<T> dataset<T>::shuffle(std::size_t buffer_size, std::uint64_t seed) cons
       }
       return out;
     });
-  });
+  }, description_);
 }
 
 template <class T>
@@ -459,7 +459,7 @@ dataset<T> dataset<T>::repeat(std::int64_t count) const {
       }
       return std::nullopt;
     });
-  });
+  }, description_);
 }
 
 template <class T>
@@ -479,7 +479,7 @@ auto dataset<T>::batch(std::size_t size, bool drop_remainder) const {
       if (items.empty() || (drop_remainder && items.size() < size)) return std::nullopt;
       return traits::make(std::move(items));
     });
-  });
+  }, description_);
 }
 
 template <class T>
@@ -490,7 +490,7 @@ dataset<T> dataset<T>::take(std::int64_t count) const {
       --left;
       return upstream->next();
     });
-  });
+  }, description_);
 }
 
 template <class T>
@@ -524,7 +524,7 @@ dataset<T> dataset<T>::cache() const {
       kept.push_back(*item);
       return item;
     });
-  });
+  }, description_);
 }
 
 template <class T>
@@ -552,7 +552,7 @@ dataset<T> dataset<T>::cache(std::string filename) const {
           codec::write(*out, *item);
           return item;
         });
-  });
+  }, description_);
 }
 
 template <class T>
@@ -560,23 +560,27 @@ dataset<T> dataset<T>::prefetch(std::size_t buffer_size) const {
   if (buffer_size == 0) throw error(errc::invalid_argument, "prefetch: buffer_size must be >= 1");
   return dataset([make = make_, buffer_size]() -> std::unique_ptr<detail::dataset_source<T>> {
     return std::make_unique<detail::prefetch_source<T>>(make(), buffer_size);
-  });
+  }, description_);
 }
 
 template <class A, class B>
 dataset<std::tuple<A, B>> zip(const dataset<A>& a, const dataset<B>& b) {
   return dataset<std::tuple<A, B>>([a, b]() {
+    // "the first dataset (IDX file 'images.idx')": which one, and what it reads when that is known.
+    const auto name = [](const char* which, const std::string& description) {
+      return "the " + std::string(which) + " dataset" + (description.empty() ? "" : " (" + description + ")");
+    };
     return detail::make_source<std::tuple<A, B>>(
-        [left = a.make_iterator(), right = b.make_iterator(),
-         count = std::uint64_t{0}]() mutable -> std::optional<std::tuple<A, B>> {
+        [left = a.make_iterator(), right = b.make_iterator(), first = name("first", a.description()),
+         second = name("second", b.description()), count = std::uint64_t{0}]() mutable
+        -> std::optional<std::tuple<A, B>> {
           auto x = left.next();
           auto y = right.next();  // also when x is missing: both must end together
           if (!x && !y) return std::nullopt;
           if (!x || !y) {
-            throw error(errc::invalid_argument,
-                        "zip: the " + std::string(x ? "second" : "first") + " dataset ended after " +
-                            std::to_string(count) + " elements but the " + (x ? "first" : "second") +
-                            " has more (zip_shortest stops at the shorter)");
+            throw error(errc::invalid_argument, "zip: " + (x ? second : first) + " ended after " +
+                                                    std::to_string(count) + " elements but " + (x ? first : second) +
+                                                    " has more (zip_shortest stops at the shorter)");
           }
           ++count;
           return std::tuple<A, B>(std::move(*x), std::move(*y));
