@@ -126,6 +126,11 @@ void with_cluster(int ps, std::size_t shards, Body body) {
       {}, {}, fixed_shards_partitioner{static_cast<std::int64_t>(shards)});
 }
 
+std::string bytes_of_file(const fs::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  return {std::istreambuf_iterator<char>(in), {}};
+}
+
 }  // namespace
 
 TEST_CASE("a checkpoint round-trips variables, optimizer slots, the step and scalars") {
@@ -257,10 +262,7 @@ TEST_CASE("a bad checkpoint is refused before anything changes") {
     co_await ckpt.save(good);
     co_await m.train(1);  // the cluster now differs from the file
     const auto current = co_await m.read();
-    const auto bytes = [&] {
-      std::ifstream in(good, std::ios::binary);
-      return std::string(std::istreambuf_iterator<char>(in), {});
-    }();
+    const std::string bytes = bytes_of_file(good);
     const auto write = [&](const std::string& name, const std::string& content) {
       std::ofstream(s.dir / name, std::ios::binary) << content;
       return s.dir / name;
@@ -514,11 +516,6 @@ TEST_CASE("a checkpoint whose slot records are malformed, or a save into a missi
 }
 
 namespace {
-
-std::string bytes_of_file(const fs::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  return {std::istreambuf_iterator<char>(in), {}};
-}
 
 // `text` as a JSON string holds it (pscoro's names and hex digits need no other escape).
 std::string json_escaped(const std::string& text) {
