@@ -26,13 +26,19 @@ std::size_t ps_index_of(std::int64_t id, const hash_table_ref& table) {
   return common::bucket_of(id, table.buckets) % table.ps_tasks.size();
 }
 
-asio::awaitable<void> lookup_on(variable_io& io, const hash_table_ref& table, std::size_t p,
-                                const std::vector<std::int64_t>& ids, bool insert, tensor& reply) {
-  if (ids.empty()) co_return;
+// One ps's share of a lookup: the parts it is sent (one per table with ids there), for each the
+// table's index and the positions of its ids, and the replies.
+struct ps_share {
+  int ps_task;
   std::vector<variable_io::table_ids> parts;
-  parts.push_back({table, vector_tensor(ids), {}});
-  auto rows = co_await io.hash_lookup(table.ps_tasks[p], std::move(parts), insert);
-  reply = std::move(rows.front());
+  std::vector<std::size_t> table;
+  std::vector<std::vector<std::size_t>> positions;
+  std::vector<tensor> replies;
+};
+
+asio::awaitable<void> lookup_share(variable_io& io, ps_share& share, bool insert) {
+  auto parts = std::move(share.parts);
+  share.replies = co_await io.hash_lookup(share.ps_task, std::move(parts), insert);
 }
 
 // One ps's share of a step: the parts of every table it holds ids of.
@@ -133,55 +139,12 @@ asio::awaitable<void> failed_table_call(std::exception_ptr e) {
 template <class T>
 asio::awaitable<xt::xarray<T>> hash_table_ops<T>::lookup(std::shared_ptr<variable_io> io, hash_table_ref table,
                                                          id_list ids, bool insert) {
-  variable_io& from = bound(io, table);
-  check_table(table, dtype_of<T>);
-  const std::size_t n_ps = table.ps_tasks.size();
-  std::vector<std::vector<std::int64_t>> ps_ids(n_ps);
-  std::vector<std::vector<std::size_t>> positions(n_ps);
-  for (std::size_t p = 0; p < n_ps; ++p) {
-    // Room for an even share and some: ids spread evenly over the buckets.
-    ps_ids[p].reserve(ids.ids.size() / n_ps + ids.ids.size() / (8 * n_ps) + 16);
-    positions[p].reserve(ps_ids[p].capacity());
-  }
-  for (std::size_t k = 0; k < ids.ids.size(); ++k) {
-    const std::size_t p = ps_index_of(ids.ids[k], table);
-    ps_ids[p].push_back(ids.ids[k]);
-    positions[p].push_back(k);
-  }
-  std::vector<tensor> replies(n_ps);
-  co_await run_all(n_ps, [&](std::size_t p) { return lookup_on(from, table, p, ps_ids[p], insert, replies[p]); });
-  shape_type shape = ids.shape;
-  shape.push_back(table.dim);
-  xt::xarray<T> out = xt::xarray<T>::from_shape(shape);
-  const std::size_t dim = table.dim;
-  for (std::size_t p = 0; p < n_ps; ++p) {
-    if (ps_ids[p].empty()) continue;
-    const T* rows = replies[p].template data<T>();
-    for (std::size_t j = 0; j < positions[p].size(); ++j) {
-      std::memcpy(out.data() + positions[p][j] * dim, rows + j * dim, dim * sizeof(T));
-    }
-  }
-  co_return out;
+  std::vector<hash_table_ref> tables{std::move(table)};
+  std::vector<id_list> lists;
+  lists.push_back(std::move(ids));
+  auto rows = co_await lookup_many(std::move(io), std::move(tables), std::move(lists), insert);
+  co_return std::move(rows.front());
 }
-
-namespace {
-
-// One ps's share of a multi-table lookup: the parts it is sent (one per table with ids there), for
-// each the table's index and the positions of its ids, and the replies.
-struct ps_share {
-  int ps_task;
-  std::vector<variable_io::table_ids> parts;
-  std::vector<std::size_t> table;
-  std::vector<std::vector<std::size_t>> positions;
-  std::vector<tensor> replies;
-};
-
-asio::awaitable<void> lookup_share(variable_io& io, ps_share& share, bool insert) {
-  auto parts = std::move(share.parts);
-  share.replies = co_await io.hash_lookup(share.ps_task, std::move(parts), insert);
-}
-
-}  // namespace
 
 template <class T>
 asio::awaitable<std::vector<xt::xarray<T>>> hash_table_ops<T>::lookup_many(std::shared_ptr<variable_io> io,
@@ -202,6 +165,11 @@ asio::awaitable<std::vector<xt::xarray<T>>> hash_table_ops<T>::lookup_many(std::
     const std::size_t n_ps = table.ps_tasks.size();
     std::vector<std::vector<std::int64_t>> ps_ids(n_ps);
     std::vector<std::vector<std::size_t>> positions(n_ps);
+    for (std::size_t p = 0; p < n_ps; ++p) {
+      // Room for an even share and some: ids spread evenly over the buckets.
+      ps_ids[p].reserve(ids[t].ids.size() / n_ps + ids[t].ids.size() / (8 * n_ps) + 16);
+      positions[p].reserve(ps_ids[p].capacity());
+    }
     for (std::size_t k = 0; k < ids[t].ids.size(); ++k) {
       const std::size_t p = ps_index_of(ids[t].ids[k], table);
       ps_ids[p].push_back(ids[t].ids[k]);

@@ -3,7 +3,6 @@
 #include "common/id_hash.hpp"
 #include "common/id_map.hpp"
 #include "ps/kernels.hpp"
-#include "ps/variable_store.hpp"
 
 #include <pscoro/error.hpp>
 
@@ -220,12 +219,25 @@ hash_table_part::hash_table_part(std::string name, std::string task, dtype type,
     buckets_[b] = std::make_unique<hash_bucket>(layout_.bytes());
     held_.push_back(b);
   }
+  count_bucket_bytes();
 }
 
 std::uint64_t hash_table_part::bytes_held() const noexcept {
-  std::uint64_t total = filter_.capacity() + buckets_.capacity() * sizeof(buckets_[0]) + sizeof(*this);
-  for (const std::uint32_t b : held_) total += buckets_[b]->bytes_held();
-  return total;
+  return filter_.capacity() + buckets_.capacity() * sizeof(buckets_[0]) + held_.capacity() * sizeof(held_[0]) +
+         sizeof(*this) + bucket_bytes_;
+}
+
+void hash_table_part::count_bucket_bytes() noexcept {
+  bucket_bytes_ = 0;
+  for (const std::uint32_t b : held_) bucket_bytes_ += buckets_[b]->bytes_held();
+}
+
+std::byte* hash_table_part::insert_record(std::uint32_t b, std::int64_t id, std::uint64_t mixed) {
+  hash_bucket& bucket = *buckets_[b];
+  const std::uint64_t before = bucket.bytes_held();
+  std::byte* r = bucket.insert(id, mixed);
+  bucket_bytes_ += bucket.bytes_held() - before;  // a map or chunk list only grows
+  return r;
 }
 
 hash_bucket& hash_table_part::bucket_of(std::uint64_t mixed) const {
@@ -387,7 +399,7 @@ void hash_table_part::lookup(std::span<const std::int64_t> ids, bool insert, std
     }
     const std::uint32_t b = common::bucket_of_mix(mixed, options_.buckets);
     if (capacity && rows_ >= capacity->rows_per_ps) evict_one(b);
-    std::byte* r = buckets_[b]->insert(id, mixed);
+    std::byte* r = insert_record(b, id, mixed);
     hash_bucket::set_last_named(r, clock_);
     std::byte* row = r + record_layout::header_bytes;
     initialize_row(id, row);
@@ -411,6 +423,7 @@ void hash_table_part::lay_out_slots(const optimizer& opt) {
   for (const std::uint32_t b : held_) {
     buckets_[b]->widen(layout_.bytes(), [&](std::byte* record) { initialize_slots(record + slot_offset); });
   }
+  count_bucket_bytes();
   slot_owner_ = opt;
 }
 
@@ -553,7 +566,7 @@ void hash_table_part::restore(std::uint64_t clock, const std::optional<optimizer
   if (!filter.empty()) std::copy(filter.begin(), filter.end(), filter_.begin());
   for (std::size_t k = 0; k < n; ++k) {
     const std::uint64_t mixed = common::mix_id(rows.ids[k]);
-    std::byte* r = bucket_of(mixed).insert(rows.ids[k], mixed);
+    std::byte* r = insert_record(common::bucket_of_mix(mixed, options_.buckets), rows.ids[k], mixed);
     hash_bucket::set_last_named(r, rows.last_named[k]);
     std::memcpy(r + record_layout::header_bytes, rows.values.data() + k * value_bytes, value_bytes);
   }

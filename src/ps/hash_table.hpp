@@ -177,7 +177,8 @@ class hash_table_part {
   std::size_t row_bytes() const noexcept { return layout_.row_bytes; }
   /// The rows held.
   std::uint64_t rows() const noexcept { return rows_; }
-  /// The memory the part takes: buckets, records, the admission filter.
+  /// The memory the part takes: buckets, records, the admission filter (kept as it grows: no walk
+  /// over the buckets, so the ps can count it after every request).
   std::uint64_t bytes_held() const noexcept;
   const hash_table_counts& counts() const noexcept { return counts_; }
   std::uint64_t clock() const noexcept { return clock_; }
@@ -240,6 +241,10 @@ class hash_table_part {
   /// Makes room for one more row (capacity eviction), near bucket `near`.
   void evict_one(std::uint32_t near);
   void lay_out_slots(const optimizer& opt);
+  /// Inserts `id` into bucket `b`, counting what the bucket grew by.
+  std::byte* insert_record(std::uint32_t b, std::int64_t id, std::uint64_t mixed);
+  /// Sums the held buckets' bytes again (after every record was rewritten).
+  void count_bucket_bytes() noexcept;
 
   std::string name_;
   std::string task_;
@@ -249,6 +254,7 @@ class hash_table_part {
   std::vector<std::unique_ptr<hash_bucket>> buckets_;  // by bucket number; nullptr: not held here
   std::vector<std::uint32_t> held_;
   std::uint64_t rows_ = 0;
+  std::uint64_t bucket_bytes_ = 0;  // the held buckets' bytes_held(), kept as they grow
   std::uint64_t clock_ = 0;
   std::int64_t steps_ = 0;  // optimizer steps, for adam
   std::optional<optimizer> slot_owner_;
