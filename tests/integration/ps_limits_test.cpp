@@ -815,3 +815,39 @@ TEST_CASE("hash table requests from the wire are bounded: buckets, replies, ids 
   const auto held = call(cluster, lookup_in("t", 4, 4, ids({i64_min, i64_max, -1, 0})));
   REQUIRE(held.status.code() == 0);
 }
+
+TEST_CASE("a hash table that would pass max_ps_bytes is refused, at its creation and at a lookup; what it holds stays") {
+  server_options options;
+  options.max_ps_bytes = 200000;
+  local_cluster cluster(1, 0, {}, options);
+  auto filtered = create_table("filtered", 4, 4, 4);
+  auto* admission = filtered.message.mutable_request()->mutable_create_hash_table()->mutable_admission();
+  admission->set_kind(wire::AdmissionPolicy::MIN_COUNT);
+  admission->set_count(2);
+  admission->set_counters(1 << 20);  // a filter of 1 MiB
+  check_refused(call(cluster, std::move(filtered)), exhausted,
+                "hash table 'filtered' needs 1.0 MiB (1049120 bytes) on ps:0 to start");
+  auto unknown = create_table("unknown", 4, 4, 4);
+  unknown.message.mutable_request()->mutable_create_hash_table()->mutable_admission()->set_kind(
+      static_cast<wire::AdmissionPolicy::Kind>(99));
+  check_refused(call(cluster, std::move(unknown)), invalid, "hash table 'unknown': unknown admission policy 99");
+
+  auto roomy = create_table("t", 4, 4, 4);
+  roomy.message.mutable_request()->mutable_create_hash_table()->set_max_rows_per_ps(1 << 20);  // memory, not rows
+  REQUIRE(call(cluster, std::move(roomy)).status.code() == 0);
+  REQUIRE(call(cluster, lookup_in("t", 4, 4, ids({1, 2, 3}))).status.code() == 0);
+  std::vector<std::int64_t> many(5000);
+  for (std::size_t k = 0; k < many.size(); ++k) many[k] = static_cast<std::int64_t>(k) + 100;
+  check_refused(call(cluster, lookup_in("t", 4, 4, ids(many))), exhausted,
+                "hash table 't' on ps:0: this lookup would add 5000 rows");
+  // The three rows held are still there, the 5000 are not: a read without insert counts none.
+  wire::frame read = lookup_in("t", 4, 4, ids({1, 100}));
+  read.message.mutable_request()->mutable_hash_lookup()->set_insert(false);
+  const auto answer = testing::call_task("ps:0", cluster.spec.task_address("ps", 0), std::move(read),
+                                         net::make_hello({"chief", 0, 0}, 1));
+  REQUIRE(answer.message.response().status().code() == 0);
+  const auto& rows = answer.message.response().result().list().items(0).tensor();
+  const tensor values_read = wire::get_tensor(answer, rows);
+  CHECK(values_read.data<float>()[0] == 1.0f);  // id 1: its initial row of ones
+  CHECK(values_read.data<float>()[4] == 0.0f);  // id 100: not held, the default row
+}

@@ -208,6 +208,9 @@ TEST_CASE("idle rows go when the clock passes them; a row admitted again is fres
   }
   CHECK(checked_slot);
   CHECK_THROWS_WITH_AS(part.advance_clock(4), "hash table 'emb': the clock cannot go back from 11 to 4", error);
+  CHECK_THROWS_WITH_AS(part.advance_clock(std::uint64_t{1} << 63), doctest::Contains("the clock must stay below 2^63"),
+                       error);
+  CHECK(part.clock() == 11);
 }
 
 TEST_CASE("at capacity each new row replaces a held one, and the table never holds more") {
@@ -384,6 +387,16 @@ TEST_CASE("a restore that does not fit the part is refused, naming what is wrong
   while (common::bucket_of(foreign, 4) < 2) ++foreign;
   rows.ids = {foreign, 1000};
   CHECK_THROWS_WITH_AS(half.restore(9, std::nullopt, {}, rows), doctest::Contains("which this ps does not hold"), error);
-  CHECK(part.rows() == 0);
+  // Slots of another optimizer than the part's, or a clock behind the part's.
+  const std::vector<float> gradient(table_dim, 1.0f);
+  looked_up(part, {1000});
+  part.apply_gradients(optimizers::sgd{}, std::vector<std::int64_t>{1000}, reinterpret_cast<const std::byte*>(gradient.data()));
+  part.advance_clock(20);
+  rows.ids = {1, 2};
+  CHECK_THROWS_WITH_AS(part.restore(30, optimizer{optimizers::adagrad{}}, {}, rows),
+                       doctest::Contains("the rows carry the slots of adagrad, the part holds those of sgd"), error);
+  CHECK_THROWS_WITH_AS(part.restore(10, optimizer{optimizers::sgd{}}, {}, rows),
+                       doctest::Contains("the clock 10 is before the part's 20"), error);
+  CHECK(part.rows() == 1);
   CHECK(half.rows() == 0);
 }
