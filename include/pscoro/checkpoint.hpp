@@ -1,5 +1,6 @@
-// Checkpoints: variables (dense and sharded), their optimizer slots, a step counter and user scalars,
-// saved to one safetensors file and restored into any number of shards on any number of ps.
+// Checkpoints: variables (dense and sharded), hash tables, their optimizer slots, a step counter and
+// user scalars, saved to one safetensors file and restored into any number of shards on any number
+// of ps.
 //
 //   pscoro::checkpoint ckpt;
 //   ckpt.track(weights).track(embedding);                  // slots come along by themselves
@@ -11,18 +12,24 @@
 //
 // The file is safetensors (https://github.com/huggingface/safetensors): every variable and slot is
 // ONE tensor of its full shape, whatever its sharding, streamed shard by shard in row chunks so that
-// no process holds a whole table. `__metadata__` names the format, its version, the pscoro version,
-// the step, the user scalars, the slots, a CRC-32C per tensor and one of the header itself. A save
-// writes a temporary file, fsyncs it and renames it into place: a crash leaves the previous
-// checkpoint as it was. A restore checks the whole file (header, sizes, every tracked variable's
-// dtype and shape, checksums) before it changes anything; a pscoro checkpoint without its checksums
-// is refused as damaged, and a safetensors file another tool wrote is read only when the caller
-// says so (checkpoint_read_options). docs/design.md ("Checkpoints") has the details.
+// no process holds a whole table. A hash table is the tensors `<name>` (its rows, [rows, dim]),
+// `<name>/ids`, `<name>/last_named` and `<name>/<optimizer>/<slot>` (row k of each for the same id)
+// and `<name>/admission_counters`, whatever its ps count; its rows are spooled to an unnamed file
+// beside the checkpoint as they arrive (their count is known only at the end). `__metadata__` names
+// the format, its version, the pscoro version, the step, the user scalars, the slots, the tables'
+// clocks and optimizers, a CRC-32C per tensor and one of the header itself. A save writes a
+// temporary file, fsyncs it and renames it into place: a crash leaves the previous checkpoint as it
+// was. A restore checks the whole file (header, sizes, every tracked variable's dtype and shape,
+// checksums) before it changes anything; a pscoro checkpoint without its checksums is refused as
+// damaged, and a safetensors file another tool wrote is read only when the caller says so
+// (checkpoint_read_options). docs/design.md ("Checkpoints", "Dynamic embedding tables") has the
+// details.
 //
-// A checkpoint made with the strategy also restores variables that do not exist yet (TF's delayed
-// restoration): restore() keeps the saved values no tracked variable took, and each variable the
-// strategy creates later under one of those names takes its value, and its optimizer slots, at
-// creation, into whatever number of shards it gets; the checkpoint tracks it from then on.
+// A checkpoint made with the strategy also restores variables and hash tables that do not exist yet
+// (TF's delayed restoration): restore() keeps the saved values nothing tracked took, and each
+// variable or table the strategy creates later under one of those names takes its value, and its
+// optimizer slots, at creation, into whatever number of shards or ps it gets; the checkpoint
+// tracks it from then on.
 //
 //   pscoro::checkpoint ckpt(strategy);
 //   co_await ckpt.restore(path);                           // nothing exists yet: all pending
@@ -33,6 +40,7 @@
 #include <pscoro/config.hpp>
 
 #include <pscoro/detail/variable_io.hpp>
+#include <pscoro/hash_table.hpp>
 #include <pscoro/sharded_variable.hpp>
 #include <pscoro/value.hpp>
 #include <pscoro/variable.hpp>
@@ -65,6 +73,12 @@ namespace detail {
 /// connections that reach them.
 struct checkpoint_variable {
   sharded_variable_ref ref;
+  std::shared_ptr<variable_io> io;
+};
+
+/// A hash table a checkpoint saves and restores: its parts and the connections that reach them.
+struct checkpoint_table {
+  hash_table_ref ref;
   std::shared_ptr<variable_io> io;
 };
 
@@ -108,6 +122,15 @@ class PSCORO_API checkpoint {
   template <class T>
   checkpoint& track(const sharded_variable<T>& v) {
     return track_ref(v.ref(), v.row_io());
+  }
+
+  /// Saves and restores hash table `t`: every row it holds with its optimizer slots, when each was
+  /// last named, the table's clock and its admission counters. A restore replaces the rows every
+  /// part holds with the file's, onto any number of ps (each row goes to the ps that holds its
+  /// bucket now). Throws errc::already_exists when something else of that name is tracked.
+  template <class T>
+  checkpoint& track(const hash_table<T>& t) {
+    return track_table(t.ref(), t.io());
   }
 
   std::int64_t step() const noexcept { return step_; }
@@ -160,6 +183,7 @@ class PSCORO_API checkpoint {
 
  private:
   checkpoint& track_ref(sharded_variable_ref ref, std::shared_ptr<detail::variable_io> io);
+  checkpoint& track_table(hash_table_ref ref, std::shared_ptr<detail::variable_io> io);
 
   std::shared_ptr<detail::checkpoint_state> state_;  // the tracked variables, the pending values
   std::int64_t step_ = 0;

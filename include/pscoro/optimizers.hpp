@@ -14,7 +14,10 @@
 
 #include <pscoro/config.hpp>
 
+#include <string>
+#include <string_view>
 #include <variant>
+#include <vector>
 
 namespace pscoro {
 namespace optimizers {
@@ -56,5 +59,40 @@ struct ftrl {
 
 using optimizer = std::variant<optimizers::sgd, optimizers::momentum, optimizers::adagrad, optimizers::adam,
                                optimizers::ftrl>;
+
+/// "adagrad": the optimizer's name in its slots' names and in messages.
+inline std::string_view optimizer_name(const optimizer& opt) {
+  struct namer {
+    std::string_view operator()(const optimizers::sgd&) const { return "sgd"; }
+    std::string_view operator()(const optimizers::momentum&) const { return "momentum"; }
+    std::string_view operator()(const optimizers::adagrad&) const { return "adagrad"; }
+    std::string_view operator()(const optimizers::adam&) const { return "adam"; }
+    std::string_view operator()(const optimizers::ftrl&) const { return "ftrl"; }
+  };
+  return std::visit(namer{}, opt);
+}
+
+/// A slot an optimizer keeps beside each variable (and each hash table row): "accumulator", stored
+/// as "<variable>/<optimizer>/<name>", and the value it starts from.
+struct optimizer_slot {
+  std::string name;
+  double initial_value;
+};
+
+/// The slots `opt` keeps, of the variable's dtype and shape, in the order its step takes them.
+inline std::vector<optimizer_slot> slots_of(const optimizer& opt) {
+  struct visitor {
+    std::vector<optimizer_slot> operator()(const optimizers::sgd&) const { return {}; }
+    std::vector<optimizer_slot> operator()(const optimizers::momentum&) const { return {{"momentum", 0}}; }
+    std::vector<optimizer_slot> operator()(const optimizers::adagrad& o) const {
+      return {{"accumulator", o.initial_accumulator_value}};
+    }
+    std::vector<optimizer_slot> operator()(const optimizers::adam&) const { return {{"m", 0}, {"v", 0}}; }
+    std::vector<optimizer_slot> operator()(const optimizers::ftrl& o) const {
+      return {{"accumulator", o.initial_accumulator_value}, {"linear", 0}};
+    }
+  };
+  return std::visit(visitor{}, opt);
+}
 
 }  // namespace pscoro

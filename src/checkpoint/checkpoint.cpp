@@ -9,13 +9,16 @@
 #include "chief/coordinator_core.hpp"
 #include "chief/restore_on_create.hpp"
 #include "common/crc32c.hpp"
+#include "common/id_hash.hpp"
 #include "common/log.hpp"
 #include "common/regular_file.hpp"
+#include "wire/values.hpp"
 
 #include <asio/co_spawn.hpp>
 #include <asio/thread_pool.hpp>
 #include <asio/use_awaitable.hpp>
 #include <fmt/format.h>
+#include <google/protobuf/util/json_util.h>
 #include <nlohmann/json.hpp>
 
 #include <fcntl.h>
@@ -540,6 +543,244 @@ asio::awaitable<void> send_pieces(asio::thread_pool& io_thread, const posix_file
   }
 }
 
+// ---------------------------------------------------------------------------------------------
+// Hash tables. A table's row count is known only once every part has sent its rows (training may
+// insert meanwhile), so its rows are spooled to an unnamed file beside the checkpoint as they
+// arrive, then copied into place once the header can be written.
+
+// An unnamed temporary file in `directory` (O_TMPFILE; else a named one, unlinked at once): gone
+// with its descriptor, whatever happens to the save.
+class spool_file {
+ public:
+  explicit spool_file(const fs::path& directory) {
+    const std::string dir = directory.empty() ? std::string(".") : directory.string();
+    fd_ = ::open(dir.c_str(), O_TMPFILE | O_RDWR | O_CLOEXEC, 0600);
+    if (fd_ < 0) {
+      std::string name = dir + "/.pscoro-spool-XXXXXX";
+      fd_ = ::mkostemp(name.data(), O_CLOEXEC);
+      if (fd_ >= 0) ::unlink(name.c_str());
+    }
+    if (fd_ < 0) {
+      throw error(errc::unavailable, fmt::format("checkpoint: cannot make a temporary file in {} for the hash "
+                                                 "tables' rows: {}",
+                                                 dir, std::strerror(errno)));
+    }
+  }
+  ~spool_file() { ::close(fd_); }
+  spool_file(const spool_file&) = delete;
+  spool_file& operator=(const spool_file&) = delete;
+
+  // Appends `size` bytes; returns where they went.
+  std::uint64_t append(const void* data, std::size_t size) {
+    const std::uint64_t at = size_;
+    const auto* p = static_cast<const char*>(data);
+    for (std::size_t done = 0; done < size;) {
+      const ssize_t n = ::pwrite(fd_, p + done, size - done, static_cast<off_t>(at + done));
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) fail("write");
+      done += static_cast<std::size_t>(n);
+    }
+    size_ += size;
+    return at;
+  }
+  void read_at(void* data, std::size_t size, std::uint64_t offset) const {
+    auto* p = static_cast<char*>(data);
+    for (std::size_t done = 0; done < size;) {
+      const ssize_t n = ::pread(fd_, p + done, size - done, static_cast<off_t>(offset + done));
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) fail("read");
+      done += static_cast<std::size_t>(n);
+    }
+  }
+
+ private:
+  [[noreturn]] void fail(std::string_view what) const {
+    throw error(errc::unavailable, fmt::format("checkpoint: {} of the hash tables' temporary file failed: {}", what,
+                                               std::strerror(errno)));
+  }
+  int fd_ = -1;
+  std::uint64_t size_ = 0;
+};
+
+// A run of a table tensor's bytes: spooled, or `bytes` of `fill` (slots of rows a part sent
+// without them: it had no optimizer step yet).
+struct table_run {
+  std::uint64_t spooled_at = 0;
+  std::uint64_t bytes = 0;
+  std::optional<double> fill;
+};
+
+struct table_tensor {
+  std::string name;
+  dtype type = dtype::float32;
+  std::size_t row_bytes = 0;  // bytes per row of the tensor
+  std::vector<table_run> runs;
+};
+
+// What a save holds of a table before the file is planned.
+struct spooled_table {
+  std::string name;
+  json record;                       // its __metadata__["tables"] entry
+  std::uint64_t rows = 0;
+  std::vector<table_tensor> tensors;  // rows, ids, last_named, slots..., [admission counters]
+};
+
+// The table's record: what a restore needs besides its tensors.
+json table_record(const hash_table_ref& ref, const detail::table_state& state, std::uint64_t counters) {
+  json record = {{"dim", ref.dim},
+                 {"dtype", std::string(name_of(ref.type))},
+                 {"buckets", ref.buckets},
+                 {"clock", state.clock},
+                 {"steps", state.steps},
+                 {"admission_counters", counters},
+                 {"optimizer", nullptr},
+                 {"slots", json::array()}};
+  if (state.owner) {
+    std::string text;
+    (void)google::protobuf::util::MessageToJsonString(wire::encode_optimizer(*state.owner), &text);
+    record["optimizer"] = json::parse(text);
+    for (const auto& slot : slots_of(*state.owner)) {
+      record["slots"].push_back(fmt::format("{}/{}", optimizer_name(*state.owner), slot.name));
+    }
+  }
+  return record;
+}
+
+// Reads every part of `table` in pieces of about `chunk_bytes` into `spool`: rows, ids, last-named
+// times and slots each as runs of their tensor, the parts' states merged (the largest clock and
+// step count; the counters' largest values, which never undercount an id, as the filter itself).
+asio::awaitable<spooled_table> spool_table(const detail::checkpoint_table& t, std::size_t chunk_bytes,
+                                           spool_file& spool) {
+  const auto& ref = t.ref;
+  const std::size_t row_bytes = ref.dim * size_of(ref.type);
+  spooled_table out;
+  out.name = ref.name;
+  detail::table_state merged;
+  struct piece_runs {
+    std::uint64_t rows;
+    std::vector<table_run> runs;  // rows, ids, last_named, then each slot's (none: no slots)
+  };
+  std::vector<piece_runs> pieces;
+  std::vector<int> parts = ref.ps_tasks;
+  std::sort(parts.begin(), parts.end());
+  parts.erase(std::unique(parts.begin(), parts.end()), parts.end());
+  std::vector<std::byte> column;
+  for (const int ps : parts) {
+    for (std::uint32_t first = 0; first < ref.buckets;) {
+      const auto piece = co_await t.io->hash_export(ps, ref, first, chunk_bytes);
+      const auto& state = piece.state;
+      merged.clock = std::max(merged.clock, state.clock);
+      merged.steps = std::max(merged.steps, state.steps);
+      if (state.owner && merged.owner && optimizer_name(*state.owner) != optimizer_name(*merged.owner)) {
+        throw error(errc::failed_precondition,
+                    fmt::format("checkpoint: hash table '{}' holds the slots of {} on one ps and of {} on another",
+                                ref.name, optimizer_name(*merged.owner), optimizer_name(*state.owner)));
+      }
+      if (state.owner && !merged.owner) merged.owner = state.owner;
+      if (!state.filter.empty()) {
+        if (merged.filter.empty()) merged.filter.assign(state.filter.size(), 0);
+        if (merged.filter.size() != state.filter.size()) {
+          throw error(errc::failed_precondition,
+                      fmt::format("checkpoint: hash table '{}' has admission filters of {} and {} counters on two ps",
+                                  ref.name, merged.filter.size(), state.filter.size()));
+        }
+        for (std::size_t i = 0; i < state.filter.size(); ++i) {
+          merged.filter[i] = std::max(merged.filter[i], state.filter[i]);
+        }
+      }
+      const std::uint64_t n = piece.rows.ids.size();
+      piece_runs runs{.rows = n, .runs = {}};
+      if (n > 0) {
+        const std::size_t columns = piece.rows.values.size_bytes() / (n * row_bytes);  // the row, then slots
+        const auto* values = piece.rows.values.bytes().data();
+        // The rows first, then ids and times, then each slot: every tensor's runs in one order.
+        for (std::size_t c = 0; c < columns; ++c) {
+          column.resize(n * row_bytes);
+          for (std::uint64_t k = 0; k < n; ++k) {
+            std::memcpy(column.data() + k * row_bytes, values + (k * columns + c) * row_bytes, row_bytes);
+          }
+          runs.runs.push_back({.spooled_at = spool.append(column.data(), column.size()), .bytes = column.size(), .fill = std::nullopt});
+          if (c == 0) {
+            runs.runs.push_back({.spooled_at = spool.append(piece.rows.ids.bytes().data(), n * 8), .bytes = n * 8, .fill = std::nullopt});
+            runs.runs.push_back(
+                {.spooled_at = spool.append(piece.rows.last_named.bytes().data(), n * 8), .bytes = n * 8, .fill = std::nullopt});
+          }
+        }
+      }
+      pieces.push_back(std::move(runs));
+      first = piece.next_bucket;
+    }
+  }
+  const auto slots = merged.owner ? slots_of(*merged.owner) : std::vector<optimizer_slot>{};
+  out.record = table_record(ref, merged, merged.filter.size());
+  out.tensors.push_back({.name = ref.name, .type = ref.type, .row_bytes = row_bytes, .runs = {}});
+  out.tensors.push_back({.name = ref.name + "/ids", .type = dtype::int64, .row_bytes = 8, .runs = {}});
+  out.tensors.push_back({.name = ref.name + "/last_named", .type = dtype::int64, .row_bytes = 8, .runs = {}});
+  for (const auto& slot : slots) {
+    out.tensors.push_back({.name = fmt::format("{}/{}/{}", ref.name, optimizer_name(*merged.owner), slot.name),
+                           .type = ref.type,
+                           .row_bytes = row_bytes,
+                           .runs = {}});
+  }
+  for (const auto& piece : pieces) {
+    if (piece.rows == 0) continue;
+    out.rows += piece.rows;
+    for (std::size_t k = 0; k < 3; ++k) out.tensors[k].runs.push_back(piece.runs[k]);
+    for (std::size_t s = 0; s < slots.size(); ++s) {
+      out.tensors[3 + s].runs.push_back(piece.runs.size() > 3 + s
+                                            ? piece.runs[3 + s]
+                                            : table_run{.spooled_at = 0, .bytes = piece.rows * row_bytes, .fill = slots[s].initial_value});
+    }
+  }
+  if (!merged.filter.empty()) {
+    std::vector<std::byte> packed((merged.filter.size() + 7) / 8 * 8);
+    std::memcpy(packed.data(), merged.filter.data(), merged.filter.size());
+    out.tensors.push_back({.name = ref.name + "/admission_counters",
+                           .type = dtype::int64,
+                           .row_bytes = 8,
+                           .runs = {{.spooled_at = spool.append(packed.data(), packed.size()), .bytes = packed.size(), .fill = std::nullopt}}});
+  }
+  co_return out;
+}
+
+// The file's entry of each of `table`'s tensors.
+void plan_table(std::vector<safetensors::entry>& entries, const spooled_table& table) {
+  for (const auto& t : table.tensors) {
+    std::uint64_t bytes = 0;
+    for (const auto& run : t.runs) bytes += run.bytes;
+    shape_type shape{bytes / t.row_bytes};
+    if (t.type != dtype::int64 || t.row_bytes != 8) shape.push_back(t.row_bytes / size_of(t.type));
+    entries.push_back({.name = t.name, .type = t.type, .shape = std::move(shape)});
+  }
+}
+
+// Blocking, on the I/O thread: copies every run of `t` from the spool (or its fill) to `file`
+// from `offset`, and returns the tensor's CRC-32C.
+asio::awaitable<void> write_table_tensor(const posix_file& file, const spool_file& spool, const table_tensor& t,
+                                         std::uint64_t offset, std::uint32_t& crc) {
+  constexpr std::size_t block = 4 << 20;
+  std::vector<std::byte> buffer;
+  std::uint32_t c = 0;
+  for (const auto& run : t.runs) {
+    for (std::uint64_t done = 0; done < run.bytes;) {
+      const auto n = static_cast<std::size_t>(std::min<std::uint64_t>(block, run.bytes - done));
+      if (run.fill) {
+        const byte_buffer filled_bytes = filled(t.type, n, *run.fill);
+        buffer.assign(filled_bytes.data(), filled_bytes.data() + n);
+      } else {
+        buffer.resize(n);
+        spool.read_at(buffer.data(), n, run.spooled_at + done);
+      }
+      c = common::crc32c_extend(c, buffer.data(), n);
+      file.write_at(buffer.data(), n, offset);
+      offset += n;
+      done += n;
+    }
+  }
+  crc = c;
+  co_return;
+}
+
 }  // namespace
 
 // ---------------------------------------------------------------------------------------------
@@ -898,6 +1139,180 @@ asio::awaitable<void> apply_restore(asio::thread_pool& io_thread, const checkpoi
   co_await send_pieces(io_thread, *state.file, pieces, chunk_bytes);
 }
 
+// A tracked table's tensors in the file, checked against its record.
+struct table_target {
+  const detail::checkpoint_table* table;
+  detail::table_state state;  // its filter read in apply_table_restore
+  std::uint64_t rows = 0;
+  std::vector<const safetensors::entry*> columns;  // rows, then each slot: [rows, dim] each
+  const safetensors::entry* ids = nullptr;
+  const safetensors::entry* last_named = nullptr;
+  const safetensors::entry* counters = nullptr;    // none without an admission filter
+  std::uint64_t counter_count = 0;
+};
+
+// The file's tables: __metadata__["tables"], checked as pscoro writes it.
+json tables_of(const checkpoint_reader::state& state, const std::string& where) {
+  return metadata_json(state.header.metadata, "tables", where);
+}
+
+// The file's tensors of every tracked table; throws when one is missing or does not fit.
+std::vector<table_target> match_tables(const checkpoint_reader::state& state,
+                                       const std::vector<detail::checkpoint_table>& tables, const std::string& where) {
+  const json records = tables_of(state, where);
+  std::vector<table_target> targets;
+  for (const auto& t : tables) {
+    const auto& ref = t.ref;
+    if (!records.contains(ref.name)) {
+      throw error(errc::not_found, fmt::format("checkpoint {}: no hash table '{}'", where, ref.name));
+    }
+    const json& r = records[ref.name];
+    const auto malformed = [&](std::string_view what) {
+      return error(errc::data_loss, fmt::format("checkpoint {}: the record of hash table '{}' {}", where, ref.name, what));
+    };
+    if (!r.is_object() || !r.contains("dim") || !r["dim"].is_number_unsigned() || !r.contains("dtype") ||
+        !r["dtype"].is_string() || !r.contains("clock") || !r["clock"].is_number_unsigned() || !r.contains("steps") ||
+        !r["steps"].is_number_integer() || !r.contains("admission_counters") ||
+        !r["admission_counters"].is_number_unsigned() || !r.contains("slots") || !r["slots"].is_array() ||
+        !r.contains("optimizer")) {
+      throw malformed("is malformed");
+    }
+    const auto dim = r["dim"].get<std::uint64_t>();
+    if (r["dtype"].get<std::string>() != name_of(ref.type) || dim != ref.dim) {
+      throw error(errc::invalid_argument,
+                  fmt::format("checkpoint {}: hash table '{}' has rows of {} {} in the file but of {} {} here", where,
+                              ref.name, dim, r["dtype"].get<std::string>(), ref.dim, name_of(ref.type)));
+    }
+    table_target target{.table = &t, .state = {}, .rows = 0, .columns = {}};
+    target.state.clock = r["clock"].get<std::uint64_t>();
+    target.state.steps = r["steps"].get<std::int64_t>();
+    std::vector<std::string> slot_names;
+    if (!r["optimizer"].is_null()) {
+      wire::Optimizer opt;
+      if (!google::protobuf::util::JsonStringToMessage(r["optimizer"].dump(), &opt).ok()) {
+        throw malformed("has an optimizer pscoro does not read");
+      }
+      target.state.owner = wire::decode_optimizer(opt);
+      for (const auto& slot : slots_of(*target.state.owner)) {
+        slot_names.push_back(fmt::format("{}/{}", optimizer_name(*target.state.owner), slot.name));
+      }
+    }
+    if (r["slots"] != json(slot_names)) throw malformed("lists other slots than its optimizer keeps");
+    const auto tensor_of = [&](const std::string& name, dtype type, shape_type shape) {
+      if (!state.index.contains(name)) throw malformed(fmt::format("names tensor \"{}\", which the file lacks", name));
+      const auto& e = state.find(name);
+      if (e.type != type || e.shape != shape) {
+        throw malformed(fmt::format("needs \"{}\" as {} {}, the file holds {} {}", name, name_of(type),
+                                    to_string(shape), name_of(e.type), to_string(e.shape)));
+      }
+      return &e;
+    };
+    if (!state.index.contains(ref.name + "/ids") || state.find(ref.name + "/ids").shape.size() != 1) {
+      throw malformed(fmt::format("needs \"{}/ids\" as int64 [rows]", ref.name));
+    }
+    target.rows = state.find(ref.name + "/ids").shape[0];
+    target.ids = tensor_of(ref.name + "/ids", dtype::int64, {target.rows});
+    target.last_named = tensor_of(ref.name + "/last_named", dtype::int64, {target.rows});
+    target.columns.push_back(tensor_of(ref.name, ref.type, {target.rows, ref.dim}));
+    for (const auto& slot : slot_names) {
+      target.columns.push_back(tensor_of(ref.name + "/" + slot, ref.type, {target.rows, ref.dim}));
+    }
+    target.counter_count = r["admission_counters"].get<std::uint64_t>();
+    if (target.counter_count > (std::uint64_t{1} << 32)) throw malformed("has more than 2^32 admission counters");
+    if (target.counter_count > 0) {
+      target.counters = tensor_of(ref.name + "/admission_counters", dtype::int64, {(target.counter_count + 7) / 8});
+    }
+    targets.push_back(std::move(target));
+  }
+  return targets;
+}
+
+// Every tensor of `tables` matches its checksum.
+asio::awaitable<void> verify_table_checksums(asio::thread_pool& io_thread, const checkpoint_reader::state& state,
+                                             const std::vector<table_target>& tables, const std::string& where) {
+  std::vector<restore_target> targets;
+  for (const auto& t : tables) {
+    for (const auto* e : t.columns) targets.push_back({.entry = e, .variable = nullptr, .slot = nullptr});
+    targets.push_back({.entry = t.ids, .variable = nullptr, .slot = nullptr});
+    targets.push_back({.entry = t.last_named, .variable = nullptr, .slot = nullptr});
+    if (t.counters) targets.push_back({.entry = t.counters, .variable = nullptr, .slot = nullptr});
+  }
+  co_await verify_checksums(io_thread, state, targets, where);
+}
+
+// Rows [begin, end) of tensor `e` (of `row_bytes` per row) from the file, on the I/O thread.
+asio::awaitable<byte_buffer> read_table_rows(asio::thread_pool& io_thread, const checkpoint_reader::state& state,
+                                             const safetensors::entry& e, std::size_t row_bytes, std::uint64_t begin,
+                                             std::uint64_t end) {
+  byte_buffer out((end - begin) * row_bytes);
+  co_await asio::co_spawn(io_thread, read_piece(*state.file, state.header.data_start + e.begin + begin * row_bytes, out),
+                          asio::use_awaitable);
+  co_return out;
+}
+
+// Rows for the ps at `index` in ref.ps_tasks, if there are any.
+asio::awaitable<void> import_rows(detail::variable_io& io, const hash_table_ref& ref, std::size_t index,
+                                  detail::variable_io::table_rows rows) {
+  if (rows.ids.size() > 0) co_await io.hash_import(ref.ps_tasks[index], ref, std::nullopt, std::move(rows));
+}
+
+// Replaces the rows of table `t`'s parts with the file's: each part reset to the saved state, then
+// the rows in pieces of about `chunk_bytes`, each row to the ps that holds its bucket now.
+asio::awaitable<void> apply_table_restore(asio::thread_pool& io_thread, const checkpoint_reader::state& state,
+                                          table_target& t, std::size_t chunk_bytes) {
+  const auto& ref = t.table->ref;
+  const auto& io = t.table->io;
+  const std::size_t row_bytes = ref.dim * size_of(ref.type);
+  const std::size_t columns = t.columns.size();
+  if (t.counters) {
+    const auto packed = co_await read_table_rows(io_thread, state, *t.counters, t.counters->size(), 0, 1);
+    const auto* bytes = reinterpret_cast<const std::uint8_t*>(packed.data());
+    t.state.filter.assign(bytes, bytes + t.counter_count);
+  }
+  std::vector<int> parts = ref.ps_tasks;
+  std::sort(parts.begin(), parts.end());
+  parts.erase(std::unique(parts.begin(), parts.end()), parts.end());
+  const auto rows_of = [&](std::size_t n) {
+    return detail::variable_io::table_rows{tensor::uninitialized(dtype::int64, {n}),
+                                           tensor::uninitialized(dtype::int64, {n}),
+                                           tensor::uninitialized(ref.type, {n, columns * ref.dim})};
+  };
+  const std::optional<detail::table_state> reset = t.state;
+  co_await detail::run_all(parts.size(), [&](std::size_t p) { return io->hash_import(parts[p], ref, reset, rows_of(0)); });
+  const std::uint64_t per_piece = rows_per_piece(chunk_bytes, columns * row_bytes + 16);
+  const std::size_t n_ps = ref.ps_tasks.size();
+  for (std::uint64_t begin = 0; begin < t.rows; begin += per_piece) {
+    const std::uint64_t end = std::min(t.rows, begin + per_piece);
+    const std::size_t n = end - begin;
+    const auto ids_bytes = co_await read_table_rows(io_thread, state, *t.ids, 8, begin, end);
+    const auto named_bytes = co_await read_table_rows(io_thread, state, *t.last_named, 8, begin, end);
+    std::vector<byte_buffer> column_bytes;
+    for (const auto* e : t.columns) {
+      auto column = co_await read_table_rows(io_thread, state, *e, row_bytes, begin, end);
+      column_bytes.push_back(std::move(column));
+    }
+    std::vector<std::int64_t> ids(n);
+    std::memcpy(ids.data(), ids_bytes.data(), n * 8);
+    // Each row to the ps of its bucket, in file order.
+    std::vector<std::size_t> count(n_ps, 0);
+    for (const std::int64_t id : ids) ++count[common::ps_index_of(id, ref)];
+    std::vector<detail::variable_io::table_rows> out;
+    for (std::size_t p = 0; p < n_ps; ++p) out.push_back(rows_of(count[p]));
+    std::vector<std::size_t> filled_rows(n_ps, 0);
+    for (std::size_t k = 0; k < n; ++k) {
+      const std::size_t p = common::ps_index_of(ids[k], ref);
+      const std::size_t at = filled_rows[p]++;
+      std::memcpy(out[p].ids.bytes().data() + at * 8, ids_bytes.data() + k * 8, 8);
+      std::memcpy(out[p].last_named.bytes().data() + at * 8, named_bytes.data() + k * 8, 8);
+      for (std::size_t c = 0; c < columns; ++c) {
+        std::memcpy(out[p].values.bytes().data() + (at * columns + c) * row_bytes, column_bytes[c].data() + k * row_bytes,
+                    row_bytes);
+      }
+    }
+    co_await detail::run_all(n_ps, [&](std::size_t p) { return import_rows(*io, ref, p, std::move(out[p])); });
+  }
+}
+
 }  // namespace
 
 // ---------------------------------------------------------------------------------------------
@@ -913,9 +1328,11 @@ struct checkpoint_state final : chief::restore_on_create {
     std::shared_ptr<checkpoint_reader> reader;  // open: a pending value is read at its creation
     std::vector<checkpoint_slot_record> slots;
     std::set<std::string, std::less<>> names;
+    std::set<std::string, std::less<>> tables;  // the names of `names` that are hash tables
   };
 
   std::vector<checkpoint_variable> variables;
+  std::vector<checkpoint_table> tables;
   std::size_t chunk_bytes = 32 << 20;
   std::weak_ptr<coordinator_core> core;  // set when made with a strategy
   std::shared_ptr<pending_file> pending;
@@ -929,12 +1346,35 @@ struct checkpoint_state final : chief::restore_on_create {
       if (t.ref == ref) return;  // the same variable
       throw error(errc::already_exists, fmt::format("checkpoint: a variable named '{}' is tracked already", ref.name));
     }
+    refuse_table_named(ref.name);
     variables.push_back({std::move(ref), std::move(io)});
+  }
+
+  void track(hash_table_ref ref, std::shared_ptr<variable_io> io) {
+    for (auto& t : tables) {
+      if (t.ref.name != ref.name) continue;
+      if (t.ref == ref) return;  // the same table
+      throw error(errc::already_exists, fmt::format("checkpoint: a hash table named '{}' is tracked already", ref.name));
+    }
+    for (auto& v : variables) {
+      if (v.ref.name == ref.name) {
+        throw error(errc::already_exists, fmt::format("checkpoint: a variable named '{}' is tracked already", ref.name));
+      }
+    }
+    tables.push_back({std::move(ref), std::move(io)});
+  }
+
+  void refuse_table_named(const std::string& name) const {
+    for (auto& t : tables) {
+      if (t.ref.name == name) {
+        throw error(errc::already_exists, fmt::format("checkpoint: a hash table named '{}' is tracked already", name));
+      }
+    }
   }
 
   asio::awaitable<bool> claims(const std::string& name, dtype type, const shape_type& shape) override {
     const auto file = pending;  // held: a restore() while this awaits replaces `pending`
-    if (!file || !file->reader || !file->names.contains(name)) co_return false;
+    if (!file || !file->reader || !file->names.contains(name) || file->tables.contains(name)) co_return false;
     const auto& state = *file->reader->state_;
     const std::string where = state.path.string();
     const auto& e = state.find(name);
@@ -970,6 +1410,37 @@ struct checkpoint_state final : chief::restore_on_create {
     if (pending == file && file->names.empty()) pending.reset();  // nothing left to read: close it
     track(ref, std::move(io));
   }
+
+  asio::awaitable<bool> claims_table(const hash_table_ref& ref) override {
+    const auto file = pending;  // held: a restore() while this awaits replaces `pending`
+    if (!file || !file->reader || !file->tables.contains(ref.name)) co_return false;
+    const auto& state = *file->reader->state_;
+    const std::string where = state.path.string();
+    const std::vector<checkpoint_table> one{{ref, nullptr}};
+    const auto targets = match_tables(state, one, where);
+    asio::thread_pool io_thread(1);
+    co_await verify_table_checksums(io_thread, state, targets, where);
+    claimed[ref.name] = file;
+    co_return true;
+  }
+
+  asio::awaitable<void> restore_table(const hash_table_ref& ref, std::shared_ptr<variable_io> io) override {
+    const auto it = claimed.find(ref.name);
+    if (it == claimed.end()) {
+      throw error(errc::internal, fmt::format("checkpoint: hash table '{}' was not claimed before its restore", ref.name));
+    }
+    const auto file = std::move(it->second);
+    claimed.erase(it);
+    const auto& state = *file->reader->state_;
+    const std::vector<checkpoint_table> one{{ref, io}};
+    auto targets = match_tables(state, one, state.path.string());
+    asio::thread_pool io_thread(1);
+    co_await apply_table_restore(io_thread, state, targets.front(), chunk_bytes);
+    file->names.erase(ref.name);
+    file->tables.erase(ref.name);
+    if (pending == file && file->names.empty()) pending.reset();  // nothing left to read: close it
+    track(ref, std::move(io));
+  }
 };
 
 }  // namespace detail
@@ -989,6 +1460,12 @@ void checkpoint::set_chunk_bytes(std::size_t bytes) noexcept { state_->chunk_byt
 
 checkpoint& checkpoint::track_ref(sharded_variable_ref ref, std::shared_ptr<detail::variable_io> io) {
   if (!io) throw error(errc::failed_precondition, fmt::format("checkpoint: variable '{}' is not bound", ref.name));
+  state_->track(std::move(ref), std::move(io));
+  return *this;
+}
+
+checkpoint& checkpoint::track_table(hash_table_ref ref, std::shared_ptr<detail::variable_io> io) {
+  if (!io) throw error(errc::failed_precondition, fmt::format("checkpoint: hash table '{}' is not bound", ref.name));
   state_->track(std::move(ref), std::move(io));
   return *this;
 }
@@ -1024,16 +1501,43 @@ double checkpoint::scalar(std::string_view name) const {
 asio::awaitable<void> checkpoint::save(fs::path path) const {
   // A FIFO or a directory there is refused now, not found by the rename after the whole save.
   (void)common::regular_file_exists("checkpoint", path.string(), save_setting);
-  // Plan the file: every variable, then its slots (found on each shard's ps), as pieces in order.
-  save_plan plan;
+  // One I/O thread writes the file for the whole save: the executor never waits on the disk.
+  asio::thread_pool io_thread(1);
+  // The tables first, into the spool: their row counts decide the file's shape.
   const std::size_t chunk_bytes = state_->chunk_bytes;
+  std::optional<spool_file> spool;
+  std::vector<spooled_table> tables;
+  if (!state_->tables.empty()) spool.emplace(path.parent_path());
+  for (const auto& t : state_->tables) tables.push_back(co_await spool_table(t, chunk_bytes, *spool));
+  // Plan the file: every variable, then its slots (found on each shard's ps), as pieces in order;
+  // then every table's tensors.
+  save_plan plan;
   for (const auto& v : state_->variables) {
     plan_variable(plan, v, chunk_bytes);
     const auto found = co_await find_slots(v);
     for (const auto& [suffix, per_shard] : found) plan_slot(plan, v, suffix, per_shard, chunk_bytes);
   }
+  const std::size_t first_table_entry = plan.entries.size();
+  json table_records = json::object();
+  for (const auto& t : tables) {
+    plan_table(plan.entries, t);
+    table_records[t.name] = t.record;
+  }
+  std::set<std::string_view> names;
+  for (const auto& e : plan.entries) {
+    if (!names.insert(e.name).second) {
+      throw error(errc::already_exists,
+                  fmt::format("checkpoint: two tensors would be named \"{}\" (a variable, a slot or a hash table's)",
+                              e.name));
+    }
+  }
   std::vector<std::uint32_t> crcs(plan.entries.size(), 0);
-  const std::string placeholder = safetensors::encode_header(plan.entries, metadata_of(plan, step_, scalars_, crcs));
+  const auto metadata = [&] {
+    auto m = metadata_of(plan, step_, scalars_, crcs);
+    if (!tables.empty()) m["tables"] = table_records.dump();
+    return m;
+  };
+  const std::string placeholder = safetensors::encode_header(plan.entries, metadata());
 
   // Write a temporary file beside the target, then rename it into place.
   const fs::path temporary = path.string() + fmt::format(".tmp-{}", ::getpid());
@@ -1048,10 +1552,17 @@ asio::awaitable<void> checkpoint::save(fs::path path) const {
   posix_file file(temporary, O_WRONLY | O_CREAT | O_TRUNC, save_setting);
   file.write_at(placeholder.data(), placeholder.size(), 0);
   const std::uint64_t data_start = placeholder.size();
-  asio::thread_pool io_thread(1);
   co_await write_pieces(io_thread, file, plan.pieces, chunk_bytes, data_start, crcs);
-  const std::string header =
-      with_header_crc(safetensors::encode_header(plan.entries, metadata_of(plan, step_, scalars_, crcs)));
+  std::size_t entry = first_table_entry;
+  for (const auto& t : tables) {
+    for (const auto& tensor : t.tensors) {
+      co_await asio::co_spawn(io_thread,
+                              write_table_tensor(file, *spool, tensor, data_start + plan.entries[entry].begin, crcs[entry]),
+                              asio::use_awaitable);
+      ++entry;
+    }
+  }
+  const std::string header = with_header_crc(safetensors::encode_header(plan.entries, metadata()));
   if (header.size() != placeholder.size()) {
     throw error(errc::internal, "checkpoint: the header changed size when its checksums were filled in");
   }
@@ -1073,11 +1584,14 @@ asio::awaitable<void> checkpoint::restore(fs::path path, checkpoint_read_options
 
   // Check everything before anything changes.
   const auto targets = match_targets(state, self->variables, slots, where);
+  auto tables = match_tables(state, self->tables, where);
   const auto creations = co_await missing_slots(targets, where);
   // One I/O thread reads the file for the whole restore: the executor never waits on the disk.
   asio::thread_pool io_thread(1);
   co_await verify_checksums(io_thread, state, targets, where);
+  co_await verify_table_checksums(io_thread, state, tables, where);
   co_await apply_restore(io_thread, state, targets, creations, self->chunk_bytes);
+  for (auto& t : tables) co_await apply_table_restore(io_thread, state, t, self->chunk_bytes);
   step_ = reader->step();
   scalars_ = reader->scalars();
 
@@ -1086,8 +1600,29 @@ asio::awaitable<void> checkpoint::restore(fs::path path, checkpoint_read_options
   auto file = std::make_shared<detail::checkpoint_state::pending_file>();
   std::set<std::string, std::less<>> slot_tensors;
   for (const auto& s : slots) slot_tensors.insert(s.tensor);
+  // A table's tensors are its own: the table is pending, not each of them.
+  const json table_records = tables_of(state, where);
+  for (const auto& item : table_records.items()) {
+    const std::string name = item.key();  // named: clang's lambdas cannot capture a binding
+    const bool tracked = std::any_of(self->tables.begin(), self->tables.end(),
+                                     [&](const auto& t) { return t.ref.name == name; });
+    if (!tracked) {
+      file->names.insert(name);
+      file->tables.insert(name);
+    }
+  }
+  std::set<std::string, std::less<>> table_tensors;
+  for (const auto& [name, record] : table_records.items()) {
+    for (const char* suffix : {"", "/ids", "/last_named", "/admission_counters"}) table_tensors.insert(name + suffix);
+    if (record.is_object() && record.contains("slots") && record["slots"].is_array()) {
+      for (const auto& slot : record["slots"]) {
+        if (slot.is_string()) table_tensors.insert(name + "/" + slot.get<std::string>());
+      }
+    }
+  }
+  const auto of_a_table = [&](const std::string& tensor) { return table_tensors.contains(tensor); };
   for (const auto& e : state.header.entries) {
-    if (slot_tensors.contains(e.name)) continue;
+    if (slot_tensors.contains(e.name) || of_a_table(e.name)) continue;
     const bool tracked = std::any_of(self->variables.begin(), self->variables.end(),
                                      [&](const auto& v) { return v.ref.name == e.name; });
     if (!tracked) file->names.insert(e.name);

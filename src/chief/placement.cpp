@@ -196,12 +196,23 @@ asio::awaitable<hash_table_ref> variable_placement::create_table(std::string nam
       create.add_buckets(b);
     }
   }
+  // Checkpoints restored before this table existed: a mismatch is an error before anything is made.
+  std::vector<std::shared_ptr<restore_on_create>> restorers;
+  std::erase_if(restorers_, [](const auto& r) { return r.expired(); });
+  const auto candidates = restorers_;  // a copy: another creation may add to it while this awaits
+  for (const auto& weak : candidates) {
+    auto restorer = weak.lock();
+    if (!restorer) continue;
+    const bool claimed = co_await restorer->claims_table(ref);
+    if (claimed) restorers.push_back(std::move(restorer));
+  }
   std::vector<char> created(num_ps, no);
   std::exception_ptr failure;
   try {
     co_await detail::run_all(num_ps, [&](std::size_t i) {
       return recorded(ps_->create_table_part(static_cast<int>(i), std::move(parts[i])), created[i]);
     });
+    for (const auto& restorer : restorers) co_await restorer->restore_table(ref, ps_);
   } catch (...) {
     failure = std::current_exception();
   }

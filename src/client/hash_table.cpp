@@ -21,11 +21,6 @@ variable_io& bound(const std::shared_ptr<variable_io>& io, const hash_table_ref&
   return *io;
 }
 
-// The index in table.ps_tasks of the ps that holds `id`'s bucket.
-std::size_t ps_index_of(std::int64_t id, const hash_table_ref& table) {
-  return common::bucket_of(id, table.buckets) % table.ps_tasks.size();
-}
-
 // One ps's share of a lookup: the parts it is sent (one per table with ids there), for each the
 // table's index and the positions of its ids, and the replies.
 struct ps_share {
@@ -86,7 +81,7 @@ std::vector<table_part> split_table_gradients(const hash_table_ref& table, std::
   const std::size_t n_ps = table.ps_tasks.size();
   const std::size_t row_bytes = table.dim * size_of(table.type);
   std::vector<std::size_t> count(n_ps, 0);
-  for (const std::int64_t id : ids) ++count[ps_index_of(id, table)];
+  for (const std::int64_t id : ids) ++count[common::ps_index_of(id, table)];
   std::vector<table_part> parts;
   std::vector<std::size_t> part_of(n_ps, n_ps);
   for (std::size_t p = 0; p < n_ps; ++p) {
@@ -98,7 +93,7 @@ std::vector<table_part> split_table_gradients(const hash_table_ref& table, std::
   }
   std::vector<std::size_t> filled(parts.size(), 0);
   for (std::size_t k = 0; k < ids.size(); ++k) {
-    const std::size_t q = part_of[ps_index_of(ids[k], table)];
+    const std::size_t q = part_of[common::ps_index_of(ids[k], table)];
     auto& part = parts[q].ids;
     const std::size_t j = filled[q]++;
     std::memcpy(part.ids.bytes().data() + j * sizeof(std::int64_t), &ids[k], sizeof(std::int64_t));
@@ -171,7 +166,7 @@ asio::awaitable<std::vector<xt::xarray<T>>> hash_table_ops<T>::lookup_many(std::
       positions[p].reserve(ps_ids[p].capacity());
     }
     for (std::size_t k = 0; k < ids[t].ids.size(); ++k) {
-      const std::size_t p = ps_index_of(ids[t].ids[k], table);
+      const std::size_t p = common::ps_index_of(ids[t].ids[k], table);
       ps_ids[p].push_back(ids[t].ids[k]);
       positions[p].push_back(k);
     }

@@ -23,47 +23,6 @@ wire::UpdateVariable::Op encode_op(update_op op) {
 
 }  // namespace
 
-wire::Optimizer encode_optimizer(const optimizer& opt) {
-  wire::Optimizer out;
-  struct visitor {
-    wire::Optimizer& out;
-    void operator()(const optimizers::sgd& o) const {
-      out.set_kind(wire::Optimizer::SGD);
-      out.set_learning_rate(o.learning_rate);
-    }
-    void operator()(const optimizers::momentum& o) const {
-      out.set_kind(wire::Optimizer::MOMENTUM);
-      out.set_learning_rate(o.learning_rate);
-      out.set_momentum(o.momentum);
-      out.set_nesterov(o.nesterov);
-    }
-    void operator()(const optimizers::adagrad& o) const {
-      out.set_kind(wire::Optimizer::ADAGRAD);
-      out.set_learning_rate(o.learning_rate);
-      out.set_initial_accumulator_value(o.initial_accumulator_value);
-      out.set_epsilon(o.epsilon);
-    }
-    void operator()(const optimizers::adam& o) const {
-      out.set_kind(wire::Optimizer::ADAM);
-      out.set_learning_rate(o.learning_rate);
-      out.set_beta_1(o.beta_1);
-      out.set_beta_2(o.beta_2);
-      out.set_epsilon(o.epsilon);
-    }
-    void operator()(const optimizers::ftrl& o) const {
-      out.set_kind(wire::Optimizer::FTRL);
-      out.set_learning_rate(o.learning_rate);
-      out.set_learning_rate_power(o.learning_rate_power);
-      out.set_initial_accumulator_value(o.initial_accumulator_value);
-      out.set_l1(o.l1);
-      out.set_l2(o.l2);
-      out.set_beta(o.beta);
-    }
-  };
-  std::visit(visitor{out}, opt);
-  return out;
-}
-
 net::peer& ps_client::ps_of(const variable_ref& variable) const {
   if (variable.ps_task < 0 || static_cast<std::size_t>(variable.ps_task) >= ps_.size()) {
     throw error(errc::invalid_argument, fmt::format("variable '{}' is placed on ps task {} but the cluster has {} ps",
@@ -153,7 +112,7 @@ asio::awaitable<void> ps_client::apply_gradient(variable_ref variable, optimizer
   wire::frame request;
   auto* apply = request.message.mutable_request()->mutable_apply_gradient();
   encode_ref(*apply->mutable_variable(), variable);
-  *apply->mutable_optimizer() = encode_optimizer(opt);
+  *apply->mutable_optimizer() = wire::encode_optimizer(opt);
   wire::put_tensor(request, *apply->mutable_gradient(), gradient);
   if (ids) wire::put_tensor(request, *apply->mutable_indices(), *ids);
   co_await ps.call(std::move(request));
@@ -286,7 +245,7 @@ asio::awaitable<void> ps_client::hash_apply_gradients(int ps_task, std::vector<t
   net::peer& ps = ps_of(ps_task, parts.front().table.name);
   wire::frame request;
   auto* apply = request.message.mutable_request()->mutable_hash_apply_gradients();
-  *apply->mutable_optimizer() = encode_optimizer(opt);
+  *apply->mutable_optimizer() = wire::encode_optimizer(opt);
   put_table_parts(request, *apply->mutable_parts(), parts, true);
   co_await ps.call(std::move(request));
 }
@@ -304,6 +263,60 @@ asio::awaitable<std::uint64_t> ps_client::advance_clock(int ps_task, hash_table_
                                                   ps.task(), table.name));
   }
   co_return static_cast<std::uint64_t>(result.integer());
+}
+
+asio::awaitable<detail::variable_io::table_export> ps_client::hash_export(int ps_task, hash_table_ref table,
+                                                                         std::uint32_t first_bucket,
+                                                                         std::uint64_t max_bytes) {
+  net::peer& ps = ps_of(ps_task, table.name);
+  wire::frame request;
+  auto* request_export = request.message.mutable_request()->mutable_hash_export();
+  encode_table_ref(*request_export->mutable_table(), table);
+  request_export->set_first_bucket(first_bucket);
+  request_export->set_max_bytes(max_bytes);
+  const auto response = co_await ps.call(std::move(request));
+  const auto& reply = response.message.response().hash_export();
+  const auto refuse = [&](std::string what) {
+    return error(errc::protocol_error, fmt::format("{} answered an export of '{}' from bucket {} with {}", ps.task(),
+                                                   table.name, first_bucket, what));
+  };
+  if (!response.message.response().has_hash_export()) throw refuse("no rows");
+  table_export out;
+  out.state = wire::decode_table_state(response, reply.state(), table.name);
+  out.next_bucket = reply.next_bucket();
+  if (out.next_bucket <= first_bucket || out.next_bucket > table.buckets) {
+    throw refuse(fmt::format("the next bucket {} (of {})", out.next_bucket, table.buckets));
+  }
+  out.rows.ids = wire::get_tensor(response, reply.ids());
+  out.rows.last_named = wire::get_tensor(response, reply.last_named());
+  out.rows.values = wire::get_tensor(response, reply.values());
+  const std::size_t n = out.rows.ids.size();
+  const std::size_t slots = out.state.owner ? slots_of(*out.state.owner).size() : 0;
+  if (out.rows.ids.type() != dtype::int64 || out.rows.ids.shape() != shape_type{n} ||
+      out.rows.last_named.type() != dtype::int64 || out.rows.last_named.shape() != shape_type{n} ||
+      out.rows.values.type() != table.type || out.rows.values.shape() != shape_type{n, (1 + slots) * table.dim}) {
+    throw refuse(fmt::format("ids {} {}, last-named times {} {} and values {} {} ({} slots of {} values per row)",
+                             name_of(out.rows.ids.type()), to_string(out.rows.ids.shape()),
+                             name_of(out.rows.last_named.type()), to_string(out.rows.last_named.shape()),
+                             name_of(out.rows.values.type()), to_string(out.rows.values.shape()), slots, table.dim));
+  }
+  co_return out;
+}
+
+asio::awaitable<void> ps_client::hash_import(int ps_task, hash_table_ref table, std::optional<detail::table_state> reset,
+                                             table_rows rows) {
+  net::peer& ps = ps_of(ps_task, table.name);
+  wire::frame request;
+  auto* import = request.message.mutable_request()->mutable_hash_import();
+  encode_table_ref(*import->mutable_table(), table);
+  if (reset) {
+    import->set_reset(true);
+    wire::encode_table_state(request, *import->mutable_state(), *reset, true);
+  }
+  wire::put_tensor(request, *import->mutable_ids(), rows.ids);
+  wire::put_tensor(request, *import->mutable_last_named(), rows.last_named);
+  wire::put_tensor(request, *import->mutable_values(), rows.values);
+  co_await ps.call(std::move(request));
 }
 
 }  // namespace pscoro::client

@@ -47,6 +47,10 @@ class ps_client final : public detail::variable_io {
   asio::awaitable<std::vector<tensor>> hash_lookup(int ps_task, std::vector<table_ids> parts, bool insert) override;
   asio::awaitable<void> hash_apply_gradients(int ps_task, std::vector<table_ids> parts, optimizer opt) override;
   asio::awaitable<std::uint64_t> advance_clock(int ps_task, hash_table_ref table, std::uint64_t clock) override;
+  asio::awaitable<table_export> hash_export(int ps_task, hash_table_ref table, std::uint32_t first_bucket,
+                                            std::uint64_t max_bytes) override;
+  asio::awaitable<void> hash_import(int ps_task, hash_table_ref table, std::optional<detail::table_state> reset,
+                                    table_rows rows) override;
 
  private:
   net::peer& ps_of(const variable_ref& variable) const;
@@ -55,8 +59,5 @@ class ps_client final : public detail::variable_io {
                                       byte_buffer into = {}, arrival_handler on_arrival = {});
   std::vector<std::shared_ptr<net::peer>> ps_;
 };
-
-/// The wire form of `opt`.
-wire::Optimizer encode_optimizer(const optimizer& opt);
 
 }  // namespace pscoro::client

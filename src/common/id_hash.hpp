@@ -4,6 +4,9 @@
 // low half. The client routes ids by it and the ps checks them by it: one function for both.
 #pragma once
 
+#include <pscoro/value.hpp>
+
+#include <cstddef>
 #include <cstdint>
 
 namespace pscoro::common {
@@ -25,6 +28,11 @@ constexpr std::uint32_t bucket_of_mix(std::uint64_t mixed, std::uint32_t buckets
 
 constexpr std::uint32_t bucket_of(std::int64_t id, std::uint32_t buckets) noexcept {
   return bucket_of_mix(mix_id(id), buckets);
+}
+
+/// The index in table.ps_tasks of the ps that holds `id`'s bucket: bucket b is on ps_tasks[b % size].
+inline std::size_t ps_index_of(std::int64_t id, const hash_table_ref& table) {
+  return bucket_of(id, table.buckets) % table.ps_tasks.size();
 }
 
 }  // namespace pscoro::common

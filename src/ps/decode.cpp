@@ -25,33 +25,6 @@ update_op decode_op(wire::UpdateVariable::Op op) {
   }
 }
 
-optimizer decode_optimizer(const wire::Optimizer& opt) {
-  switch (opt.kind()) {
-    case wire::Optimizer::SGD: return optimizers::sgd{.learning_rate = opt.learning_rate()};
-    case wire::Optimizer::MOMENTUM:
-      return optimizers::momentum{.learning_rate = opt.learning_rate(),
-                                  .momentum = opt.momentum(),
-                                  .nesterov = opt.nesterov()};
-    case wire::Optimizer::ADAGRAD:
-      return optimizers::adagrad{.learning_rate = opt.learning_rate(),
-                                 .initial_accumulator_value = opt.initial_accumulator_value(),
-                                 .epsilon = opt.epsilon()};
-    case wire::Optimizer::ADAM:
-      return optimizers::adam{.learning_rate = opt.learning_rate(),
-                              .beta_1 = opt.beta_1(),
-                              .beta_2 = opt.beta_2(),
-                              .epsilon = opt.epsilon()};
-    case wire::Optimizer::FTRL:
-      return optimizers::ftrl{.learning_rate = opt.learning_rate(),
-                              .learning_rate_power = opt.learning_rate_power(),
-                              .initial_accumulator_value = opt.initial_accumulator_value(),
-                              .l1 = opt.l1(),
-                              .l2 = opt.l2(),
-                              .beta = opt.beta()};
-    default: unknown(fmt::format("unknown optimizer {}", static_cast<int>(opt.kind())));
-  }
-}
-
 kernels::shard_initializer decode_initializer(const wire::Initializer& init, std::string_view variable) {
   kernels::shard_initializer out{.init = {},
                                  .full_shape = shape_type(init.full_shape().begin(), init.full_shape().end()),

@@ -415,7 +415,7 @@ void hash_table_part::lookup(std::span<const std::int64_t> ids, bool insert, std
 }
 
 void hash_table_part::lay_out_slots(const optimizer& opt) {
-  const auto slots = kernels::slots_of(opt);
+  const auto slots = slots_of(opt);
   slot_initial_values_.clear();
   for (const auto& slot : slots) slot_initial_values_.push_back(slot.initial_value);
   layout_.slots = slots.size();
@@ -431,11 +431,11 @@ void hash_table_part::apply_gradients(const optimizer& opt, std::span<const std:
                                       const std::byte* gradients) {
   check_held(ids);
   kernels::check_optimizer(opt);
-  if (slot_owner_ && kernels::optimizer_name(*slot_owner_) != kernels::optimizer_name(opt)) {
+  if (slot_owner_ && optimizer_name(*slot_owner_) != optimizer_name(opt)) {
     throw error(errc::failed_precondition,
                 fmt::format("hash table '{}' on {}: its rows hold the slots of {}, so {} cannot step it (one "
                             "optimizer per table)",
-                            name_, task_, kernels::optimizer_name(*slot_owner_), kernels::optimizer_name(opt)));
+                            name_, task_, optimizer_name(*slot_owner_), optimizer_name(opt)));
   }
   const std::size_t row_bytes = layout_.row_bytes;
   // Repeated ids' gradients summed first, in input order, into one row per held id (the dense
@@ -519,33 +519,87 @@ part_rows hash_table_part::rows_of(std::uint32_t b) const {
   return out;
 }
 
-void hash_table_part::restore(std::uint64_t clock, const std::optional<optimizer>& owner,
-                              std::span<const std::uint8_t> filter, const part_rows& rows) {
+detail::table_state hash_table_part::state() const {
+  return {.clock = clock_, .steps = steps_, .owner = slot_owner_, .filter = filter_};
+}
+
+exported_rows hash_table_part::export_rows(std::uint32_t first, std::uint64_t max_bytes) const {
+  exported_rows out;
+  const std::uint64_t value_bytes = (1 + layout_.slots) * layout_.row_bytes;
+  std::uint64_t rows = 0;
+  std::uint32_t b = first;
+  for (; b < options_.buckets; ++b) {
+    if (!holds(b)) continue;
+    const std::uint64_t more = buckets_[b]->size();
+    if (rows > 0 && (rows + more) * value_bytes > max_bytes) break;
+    rows += more;
+    auto bucket = rows_of(b);
+    out.rows.ids.insert(out.rows.ids.end(), bucket.ids.begin(), bucket.ids.end());
+    out.rows.last_named.insert(out.rows.last_named.end(), bucket.last_named.begin(), bucket.last_named.end());
+    out.rows.values.insert(out.rows.values.end(), bucket.values.begin(), bucket.values.end());
+    if (rows * value_bytes >= max_bytes) {
+      ++b;
+      break;
+    }
+  }
+  out.next_bucket = b;
+  return out;
+}
+
+void hash_table_part::reset(const detail::table_state& state) {
   const auto refuse = [&](std::string what) {
     invalid(fmt::format("restore of hash table '{}' on {}: {}", name_, task_, what));
   };
-  if (!owner && layout_.slots != 0) refuse("the part holds optimizer slots and the rows restored carry none");
-  if (owner && slot_owner_ && kernels::optimizer_name(*owner) != kernels::optimizer_name(*slot_owner_)) {
-    refuse(fmt::format("the rows carry the slots of {}, the part holds those of {}", kernels::optimizer_name(*owner),
-                       kernels::optimizer_name(*slot_owner_)));
+  if (state.owner) kernels::check_optimizer(*state.owner);
+  if (!state.filter.empty() && state.filter.size() != filter_.size()) {
+    refuse(fmt::format("an admission filter of {} counters, the part's has {}", state.filter.size(), filter_.size()));
   }
-  if (clock < clock_) refuse(fmt::format("the clock {} is before the part's {}", clock, clock_));
-  const std::size_t slots = owner ? kernels::slots_of(*owner).size() : 0;
-  if (owner) kernels::check_optimizer(*owner);
-  const std::size_t value_bytes = (1 + slots) * layout_.row_bytes;
+  if (state.clock > static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max())) {
+    refuse(fmt::format("the clock {} is not below 2^63", state.clock));
+  }
+  if (state.steps < 0) refuse(fmt::format("a step count of {}", state.steps));
+  // Checked: the part starts again, as made with this state (the counts for metrics go on).
+  slot_initial_values_.clear();
+  if (state.owner) {
+    for (const auto& slot : slots_of(*state.owner)) slot_initial_values_.push_back(slot.initial_value);
+  }
+  layout_.slots = slot_initial_values_.size();
+  slot_owner_ = state.owner;
+  for (const std::uint32_t b : held_) buckets_[b] = std::make_unique<hash_bucket>(layout_.bytes());
+  count_bucket_bytes();
+  rows_ = 0;
+  clock_ = state.clock;
+  steps_ = state.steps;
+  if (state.filter.empty()) {
+    std::fill(filter_.begin(), filter_.end(), std::uint8_t{0});
+  } else {
+    std::copy(state.filter.begin(), state.filter.end(), filter_.begin());
+  }
+}
+
+void hash_table_part::insert_rows(const part_rows& rows, std::uint64_t room) {
+  const auto refuse = [&](std::string what) {
+    invalid(fmt::format("restore of hash table '{}' on {}: {}", name_, task_, what));
+  };
+  const std::size_t value_bytes = (1 + layout_.slots) * layout_.row_bytes;
   const std::size_t n = rows.ids.size();
   if (rows.last_named.size() != n || rows.values.size() / value_bytes != n || rows.values.size() % value_bytes != 0) {
     refuse(fmt::format("{} ids, {} last-named times and {} bytes of values ({} per row with {} slots) do not match", n,
-                       rows.last_named.size(), rows.values.size(), value_bytes, slots));
+                       rows.last_named.size(), rows.values.size(), value_bytes, layout_.slots));
   }
-  if (!filter.empty() && filter.size() != filter_.size()) {
-    refuse(fmt::format("an admission filter of {} counters, the part's has {}", filter.size(), filter_.size()));
+  const auto* capacity = std::get_if<eviction::capacity>(&options_.eviction);
+  const std::uint64_t most = capacity ? capacity->rows_per_ps : options_.max_rows_per_ps;
+  if (n > most - std::min(rows_, most)) {
+    throw error(errc::resource_exhausted,
+                fmt::format("restore of hash table '{}' on {}: {} rows beside the {} held pass its {} of {} rows per "
+                            "ps (restore onto more ps, or raise it)",
+                            name_, task_, n, rows_, capacity ? "eviction::capacity" : "max_rows_per_ps", most));
   }
-  if (n > options_.max_rows_per_ps - std::min(rows_, options_.max_rows_per_ps)) {
-    refuse(fmt::format("{} rows beside the {} held pass max_rows_per_ps {}", n, rows_, options_.max_rows_per_ps));
-  }
-  if (clock > static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max())) {
-    refuse(fmt::format("the clock {} is not below 2^63", clock));
+  if (bytes_for_rows(n) > room) {
+    throw error(errc::resource_exhausted,
+                fmt::format("restore of hash table '{}' on {}: {} rows need up to {} bytes and the ps may hold {} more "
+                            "(server_options::max_ps_bytes)",
+                            name_, task_, n, bytes_for_rows(n), room));
   }
   common::id_map seen(n);
   for (std::size_t k = 0; k < n; ++k) {
@@ -556,14 +610,11 @@ void hash_table_part::restore(std::uint64_t clock, const std::optional<optimizer
     if (seen.size() == before) refuse(fmt::format("id {} is there twice", rows.ids[k]));
     const std::uint64_t mixed = common::mix_id(rows.ids[k]);
     if (bucket_of(mixed).find(rows.ids[k], mixed)) refuse(fmt::format("id {} is held already", rows.ids[k]));
-    if (rows.last_named[k] > clock) {
-      refuse(fmt::format("id {} was last named at {}, after the clock {}", rows.ids[k], rows.last_named[k], clock));
+    if (rows.last_named[k] > clock_) {
+      refuse(fmt::format("id {} was last named at {}, after the clock {}", rows.ids[k], rows.last_named[k], clock_));
     }
   }
   // Checked: now the part takes it all.
-  if (owner && !slot_owner_) lay_out_slots(*owner);
-  clock_ = clock;
-  if (!filter.empty()) std::copy(filter.begin(), filter.end(), filter_.begin());
   for (std::size_t k = 0; k < n; ++k) {
     const std::uint64_t mixed = common::mix_id(rows.ids[k]);
     std::byte* r = insert_record(common::bucket_of_mix(mixed, options_.buckets), rows.ids[k], mixed);

@@ -7,9 +7,11 @@
 // What happens to the rows on each failure: a request refused (bad id, capacity, limits) changes
 // nothing, not even admission counts, because every check runs before the first write; the end of
 // the chief's session drops the part with the ps's variables; a ps that dies loses its part and the
-// run fails, as for variables (checkpoints do not hold tables yet).
+// run fails, as for variables; a checkpoint holds the rows and the state beside them (state(),
+// export_rows(); reset() and insert_rows() restore them onto any split of the buckets).
 #pragma once
 
+#include <pscoro/detail/variable_io.hpp>
 #include <pscoro/hash_table_options.hpp>
 #include <pscoro/optimizers.hpp>
 #include <pscoro/tensor.hpp>
@@ -152,6 +154,12 @@ struct part_rows {
   std::vector<std::byte> values;
 };
 
+/// A piece of a part's export: whole buckets, and where the next piece starts.
+struct exported_rows {
+  part_rows rows;
+  std::uint32_t next_bucket = 0;  // options.buckets when the part is done
+};
+
 /// Counts of what a table's part did, for metrics and tests.
 struct hash_table_counts {
   std::uint64_t admitted = 0;   // rows inserted
@@ -209,18 +217,25 @@ class hash_table_part {
 
   /// The slot rows each record holds (those of slot_owner(); 0 before any step).
   std::size_t slots() const noexcept { return layout_.slots; }
-  /// The rows of bucket `b` (held), its admission filter aside: what a checkpoint saves of it.
+  /// The rows of bucket `b` (held).
   part_rows rows_of(std::uint32_t b) const;
-  /// The admission filter's counters (empty unless admission::min_count), saved with the rows.
+  /// The admission filter's counters (empty unless admission::min_count).
   std::span<const std::uint8_t> filter() const noexcept { return filter_; }
-  /// Restores a piece of a checkpoint into this part (a bucket or several at a time): the clock
-  /// (never back), the optimizer whose slots `rows` carry (none: no slots; another than the part's
-  /// is refused), the admission filter (empty, or of the part's size) and the rows. Checks
-  /// everything first (errc::invalid_argument naming the table, changing nothing): sizes that do
-  /// not match, an id twice or held already, an id of a bucket this part does not hold, a
-  /// last-named time past the clock, more rows than max_rows_per_ps.
-  void restore(std::uint64_t clock, const std::optional<optimizer>& owner, std::span<const std::uint8_t> filter,
-               const part_rows& rows);
+  /// The clock, step count, slot owner and filter: what a checkpoint saves beside the rows.
+  detail::table_state state() const;
+  /// The rows of the buckets held from `first` on, whole buckets, as many as fit in `max_bytes` of
+  /// values (one bucket at least, even past it): a checkpoint reads a part in pieces.
+  exported_rows export_rows(std::uint32_t first, std::uint64_t max_bytes) const;
+  /// Starts a restore: drops every row and takes `state`, as if made anew with it. Checks first
+  /// (errc::invalid_argument naming the table, changing nothing): an optimizer the ps does not
+  /// step, a filter not of the part's size, a clock at 2^63 or past.
+  void reset(const detail::table_state& state);
+  /// Inserts the rows of a checkpoint (after reset(), a bucket or several at a time). Checks
+  /// everything first (errc::invalid_argument naming the table, or errc::resource_exhausted for
+  /// more rows than max_rows_per_ps or more bytes than `room`; changing nothing): sizes that do
+  /// not match the part's slots, an id twice or held already, an id of a bucket this part does not
+  /// hold, a last-named time past the clock.
+  void insert_rows(const part_rows& rows, std::uint64_t room = std::numeric_limits<std::uint64_t>::max());
 
   /// Whether this part holds bucket `b`.
   bool holds(std::uint32_t b) const noexcept { return b < buckets_.size() && buckets_[b] != nullptr; }

@@ -492,32 +492,6 @@ std::size_t first_non_finite(dtype type, const std::byte* values, std::size_t n)
   });
 }
 
-std::string_view optimizer_name(const optimizer& opt) {
-  struct namer {
-    std::string_view operator()(const optimizers::sgd&) const { return "sgd"; }
-    std::string_view operator()(const optimizers::momentum&) const { return "momentum"; }
-    std::string_view operator()(const optimizers::adagrad&) const { return "adagrad"; }
-    std::string_view operator()(const optimizers::adam&) const { return "adam"; }
-    std::string_view operator()(const optimizers::ftrl&) const { return "ftrl"; }
-  };
-  return std::visit(namer{}, opt);
-}
-
-std::vector<slot_spec> slots_of(const optimizer& opt) {
-  struct visitor {
-    std::vector<slot_spec> operator()(const optimizers::sgd&) const { return {}; }
-    std::vector<slot_spec> operator()(const optimizers::momentum&) const { return {{"momentum", 0}}; }
-    std::vector<slot_spec> operator()(const optimizers::adagrad& o) const {
-      return {{"accumulator", o.initial_accumulator_value}};
-    }
-    std::vector<slot_spec> operator()(const optimizers::adam&) const { return {{"m", 0}, {"v", 0}}; }
-    std::vector<slot_spec> operator()(const optimizers::ftrl& o) const {
-      return {{"accumulator", o.initial_accumulator_value}, {"linear", 0}};
-    }
-  };
-  return std::visit(visitor{}, opt);
-}
-
 bool counts_steps(const optimizer& opt) { return std::holds_alternative<optimizers::adam>(opt); }
 
 void check_optimizer(const optimizer& opt) {

@@ -56,14 +56,7 @@ std::size_t first_non_finite(dtype type, const std::byte* values, std::size_t n)
 
 // Optimizers.
 
-struct slot_spec {
-  std::string name;        // "accumulator"; stored as "<variable>/<optimizer>/<name>"
-  double initial_value;
-};
-/// "adagrad".
-std::string_view optimizer_name(const optimizer& opt);
-/// The slots `opt` keeps per variable, of the variable's dtype and shape, in the order apply takes them.
-std::vector<slot_spec> slots_of(const optimizer& opt);
+// optimizer_name and slots_of are in <pscoro/optimizers.hpp>: the chief names slots by them too.
 /// True when `opt` keeps a step count ("<variable>/<optimizer>/iterations", an int64 scalar).
 bool counts_steps(const optimizer& opt);
 /// Throws errc::invalid_argument naming the bad hyper-parameter.

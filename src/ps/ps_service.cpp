@@ -182,7 +182,7 @@ namespace {
 constexpr std::string_view operation_names[] = {"create",      "read",        "update",
                                                 "apply_gradient", "list_slots", "delete",
                                                 "hash_lookup", "hash_apply_gradients", "advance_clock",
-                                                "other"};
+                                                "hash_export", "hash_import", "other"};
 
 std::size_t operation_index(wire::Request::BodyCase body) {
   switch (body) {
@@ -196,7 +196,9 @@ std::size_t operation_index(wire::Request::BodyCase body) {
     case wire::Request::kHashLookup: return 6;
     case wire::Request::kHashApplyGradients: return 7;
     case wire::Request::kAdvanceClock: return 8;
-    default: return 9;
+    case wire::Request::kHashExport: return 9;
+    case wire::Request::kHashImport: return 10;
+    default: return 11;
   }
 }
 }  // namespace
@@ -538,6 +540,8 @@ ps_service::decision ps_service::decide(const wire::frame& request, const servin
       case wire::Request::kHashLookup: lookup_tables(request, body.hash_lookup(), response); break;
       case wire::Request::kHashApplyGradients: apply_to_tables(request, body.hash_apply_gradients(), how); break;
       case wire::Request::kAdvanceClock: advance_clock(body.advance_clock(), response); break;
+      case wire::Request::kHashExport: export_table(body.hash_export(), response); break;
+      case wire::Request::kHashImport: import_table(request, body.hash_import()); break;
       default: throw wire::not_served(body, "parameter server", task_);  // the server refuses them first
     }
     // A big kernel is left for serve() to run on the pool; the rest runs now.
@@ -801,8 +805,8 @@ kernel_storage ps_service::slot(const std::string& variable, const slot_plan& pl
 
 ps_service::kernel_job ps_service::apply_gradient(const wire::frame& request, const wire::ApplyGradient& apply,
                                                   const serving& how) {
-  const auto opt = decode_optimizer(apply.optimizer());
-  const std::string optimizer(kernels::optimizer_name(opt));
+  const auto opt = wire::decode_optimizer(apply.optimizer());
+  const std::string optimizer(optimizer_name(opt));
   const bool sparse = apply.has_indices();
   const std::string operation = fmt::format("{} {}", optimizer, sparse ? "sparse update" : "update");
   auto& stored = find(apply.variable(), operation);
@@ -833,7 +837,7 @@ ps_service::kernel_job ps_service::apply_gradient(const wire::frame& request, co
   check_finite(context, "gradient", gradient, how);
   // The slots it keeps, created on first use: they must fit before anything changes.
   std::vector<slot_plan> plans;
-  const auto specs = kernels::slots_of(opt);
+  const auto specs = slots_of(opt);
   for (const auto& spec : specs) {
     plans.push_back({variable + "/" + optimizer + "/" + spec.name, stored.type, stored.shape, spec.initial_value});
   }
@@ -1062,9 +1066,9 @@ void ps_service::lookup_tables(const wire::frame& request, const wire::HashLooku
 
 void ps_service::apply_to_tables(const wire::frame& request, const wire::HashApplyGradients& apply,
                                  const serving& how) {
-  const auto opt = decode_optimizer(apply.optimizer());
+  const auto opt = wire::decode_optimizer(apply.optimizer());
   kernels::check_optimizer(opt);
-  const std::string operation = fmt::format("{} step", kernels::optimizer_name(opt));
+  const std::string operation = fmt::format("{} step", optimizer_name(opt));
   struct checked_part {
     hash_table_part* table;
     tensor ids;
@@ -1097,6 +1101,70 @@ void ps_service::advance_clock(const wire::AdvanceClock& advance, wire::frame& r
   count_table_bytes();
   publish_table(table);
   response.message.mutable_response()->mutable_result()->set_integer(static_cast<std::int64_t>(dropped));
+}
+
+void ps_service::export_table(const wire::HashExport& request, wire::frame& response) {
+  const hash_table_part& table = table_of(request.table(), "export");
+  if (request.first_bucket() >= table.options().buckets) {
+    invalid(fmt::format("export of '{}': bucket {} is not one of its {}", table.name(), request.first_bucket(),
+                        table.options().buckets));
+  }
+  // A piece is as large as asked, within what one reply may carry; a bucket goes whole.
+  const std::uint64_t most = std::min<std::uint64_t>(request.max_bytes(), store_.max_variable_bytes());
+  auto piece = table.export_rows(request.first_bucket(), most);
+  const std::size_t n = piece.rows.ids.size();
+  const std::size_t row_values = (1 + table.slots()) * table.options().dim;
+  if (piece.rows.values.size() > store_.max_variable_bytes()) {
+    throw error(errc::resource_exhausted,
+                fmt::format("export of '{}': bucket {} alone holds {} rows, {} of values, past the {} {} allows per "
+                            "reply (give the table more buckets, or raise server_options::max_variable_bytes)",
+                            table.name(), request.first_bucket(), n, bytes_text(piece.rows.values.size()),
+                            bytes_text(store_.max_variable_bytes()), task_));
+  }
+  auto& reply = *response.message.mutable_response()->mutable_hash_export();
+  wire::encode_table_state(response, *reply.mutable_state(), table.state(), request.first_bucket() == 0);
+  reply.set_next_bucket(piece.next_bucket);
+  tensor ids = tensor::uninitialized(dtype::int64, {n});
+  std::memcpy(ids.bytes().data(), piece.rows.ids.data(), n * sizeof(std::int64_t));
+  tensor last_named = tensor::uninitialized(dtype::int64, {n});
+  std::memcpy(last_named.bytes().data(), piece.rows.last_named.data(), n * sizeof(std::uint64_t));
+  tensor values = tensor::uninitialized(table.type(), {n, row_values});
+  std::memcpy(values.bytes().data(), piece.rows.values.data(), piece.rows.values.size());
+  wire::put_tensor(response, *reply.mutable_ids(), ids);
+  wire::put_tensor(response, *reply.mutable_last_named(), last_named);
+  wire::put_tensor(response, *reply.mutable_values(), values);
+}
+
+void ps_service::import_table(const wire::frame& request, const wire::HashImport& import) {
+  hash_table_part& table = table_of(import.table(), "restore");
+  const std::optional<detail::table_state> state =
+      import.reset() ? std::optional(wire::decode_table_state(request, import.state(), table.name())) : std::nullopt;
+  const tensor ids = wire::get_tensor(request, import.ids());
+  const tensor last_named = wire::get_tensor(request, import.last_named());
+  const tensor values = wire::get_tensor(request, import.values());
+  const std::size_t n = table_ids(ids, "restore", table.name()).size();
+  const std::size_t slots = state ? (state->owner ? slots_of(*state->owner).size() : 0) : table.slots();
+  if (last_named.type() != dtype::int64 || last_named.shape() != shape_type{n} || values.type() != table.type() ||
+      values.shape() != shape_type{n, (1 + slots) * table.options().dim}) {
+    invalid(fmt::format("restore of '{}': {} ids need last-named times int64 [{}] and values {} [{}, {}] ({} slots), "
+                        "got {} {} and {} {}",
+                        table.name(), n, n, name_of(table.type()), n, (1 + slots) * table.options().dim, slots,
+                        name_of(last_named.type()), to_string(last_named.shape()), name_of(values.type()),
+                        to_string(values.shape())));
+  }
+  part_rows rows;
+  const auto* id_data = ids.data<std::int64_t>();
+  rows.ids.assign(id_data, id_data + n);
+  const auto* named = last_named.data<std::int64_t>();
+  rows.last_named.assign(named, named + n);  // a negative time is past any clock: refused as such
+  const auto* value_bytes = values.bytes().data();
+  rows.values.assign(value_bytes, value_bytes + values.size_bytes());
+  // A reset comes first and alone (the chief sends the rows after it): its rows, if any, are
+  // checked against the state they join.
+  if (state) table.reset(*state);
+  table.insert_rows(rows, room());
+  count_table_bytes();
+  publish_table(table);
 }
 
 }  // namespace pscoro::ps

@@ -65,7 +65,7 @@ class ps_service {
       wire::Request::kCreateVariable,  wire::Request::kReadVariable,  wire::Request::kUpdateVariable,
       wire::Request::kApplyGradient,   wire::Request::kListSlots,     wire::Request::kDeleteVariable,
       wire::Request::kCreateHashTable, wire::Request::kHashLookup,    wire::Request::kHashApplyGradients,
-      wire::Request::kAdvanceClock};
+      wire::Request::kAdvanceClock,    wire::Request::kHashExport,     wire::Request::kHashImport};
 
   /// Serves one request frame on the calling thread, the math included; failures come back as an
   /// error status, never as an exception. For a ps nobody else reaches meanwhile (tests, tools).
@@ -193,6 +193,8 @@ class ps_service {
   void lookup_tables(const wire::frame& request, const wire::HashLookup& lookup, wire::frame& response);
   void apply_to_tables(const wire::frame& request, const wire::HashApplyGradients& apply, const serving& how);
   void advance_clock(const wire::AdvanceClock& advance, wire::frame& response);
+  void export_table(const wire::HashExport& request, wire::frame& response);
+  void import_table(const wire::frame& request, const wire::HashImport& import);
   /// The part of the table `ref` names, as the caller thinks it is: errc::not_found when this ps
   /// holds none, errc::invalid_argument when its dtype or dim differ.
   hash_table_part& table_of(const wire::HashTableRef& ref, std::string_view operation);
@@ -249,7 +251,7 @@ class ps_service {
   // Metrics: per operation (create, read, update, apply_gradient, list_slots, delete, hash_lookup,
   // hash_apply_gradients, advance_clock, other) its latency and its errors; what the ps holds.
   // Registered in the process's registry.
-  static constexpr std::size_t num_operations = 10;
+  static constexpr std::size_t num_operations = 12;
   void publish() noexcept {
     variables_gauge_.set(static_cast<std::int64_t>(store_.size()));
     bytes_gauge_.set(static_cast<std::int64_t>(held_bytes()));

@@ -25,6 +25,8 @@ std::string_view request_name(Request::BodyCase kind) noexcept {
     case Request::kHashLookup: return "HashLookup";
     case Request::kHashApplyGradients: return "HashApplyGradients";
     case Request::kAdvanceClock: return "AdvanceClock";
+    case Request::kHashExport: return "HashExport";
+    case Request::kHashImport: return "HashImport";
     case Request::BODY_NOT_SET: break;
   }
   return "an empty request";
@@ -34,6 +36,7 @@ std::string_view chief_only_action(Request::BodyCase kind) noexcept {
   switch (kind) {
     case Request::kShutdown: return "end the job";
     case Request::kDeleteVariable: return "delete variables";
+    case Request::kHashImport: return "restore hash tables";
     default: return {};
   }
 }
@@ -51,7 +54,9 @@ error not_served(const Request& request, std::string_view role, std::string_view
     case Request::kCreateHashTable:
     case Request::kHashLookup:
     case Request::kHashApplyGradients:
-    case Request::kAdvanceClock: what = "holds no hash tables"; break;
+    case Request::kAdvanceClock:
+    case Request::kHashExport:
+    case Request::kHashImport: what = "holds no hash tables"; break;
     case Request::kRunFunction:
       what = fmt::format("runs no worker functions ('{}' was sent here)", request.run_function().name());
       break;

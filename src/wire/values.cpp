@@ -2,6 +2,8 @@
 
 #include <fmt/format.h>
 
+#include <cstring>
+
 namespace pscoro::wire {
 
 void encode_ref(wire::VariableRef& out, const variable_ref& ref) {
@@ -23,6 +25,107 @@ dtype decode_dtype(std::uint32_t code, std::string_view variable) {
 variable_ref decode_ref(const wire::VariableRef& in) {
   return {in.name(), decode_dtype(in.dtype(), in.name()), shape_type(in.shape().begin(), in.shape().end()),
           in.ps_task()};
+}
+
+wire::Optimizer encode_optimizer(const optimizer& opt) {
+  wire::Optimizer out;
+  struct visitor {
+    wire::Optimizer& out;
+    void operator()(const optimizers::sgd& o) const {
+      out.set_kind(wire::Optimizer::SGD);
+      out.set_learning_rate(o.learning_rate);
+    }
+    void operator()(const optimizers::momentum& o) const {
+      out.set_kind(wire::Optimizer::MOMENTUM);
+      out.set_learning_rate(o.learning_rate);
+      out.set_momentum(o.momentum);
+      out.set_nesterov(o.nesterov);
+    }
+    void operator()(const optimizers::adagrad& o) const {
+      out.set_kind(wire::Optimizer::ADAGRAD);
+      out.set_learning_rate(o.learning_rate);
+      out.set_initial_accumulator_value(o.initial_accumulator_value);
+      out.set_epsilon(o.epsilon);
+    }
+    void operator()(const optimizers::adam& o) const {
+      out.set_kind(wire::Optimizer::ADAM);
+      out.set_learning_rate(o.learning_rate);
+      out.set_beta_1(o.beta_1);
+      out.set_beta_2(o.beta_2);
+      out.set_epsilon(o.epsilon);
+    }
+    void operator()(const optimizers::ftrl& o) const {
+      out.set_kind(wire::Optimizer::FTRL);
+      out.set_learning_rate(o.learning_rate);
+      out.set_learning_rate_power(o.learning_rate_power);
+      out.set_initial_accumulator_value(o.initial_accumulator_value);
+      out.set_l1(o.l1);
+      out.set_l2(o.l2);
+      out.set_beta(o.beta);
+    }
+  };
+  std::visit(visitor{out}, opt);
+  return out;
+}
+
+optimizer decode_optimizer(const wire::Optimizer& opt) {
+  switch (opt.kind()) {
+    case wire::Optimizer::SGD: return optimizers::sgd{.learning_rate = opt.learning_rate()};
+    case wire::Optimizer::MOMENTUM:
+      return optimizers::momentum{.learning_rate = opt.learning_rate(),
+                                  .momentum = opt.momentum(),
+                                  .nesterov = opt.nesterov()};
+    case wire::Optimizer::ADAGRAD:
+      return optimizers::adagrad{.learning_rate = opt.learning_rate(),
+                                 .initial_accumulator_value = opt.initial_accumulator_value(),
+                                 .epsilon = opt.epsilon()};
+    case wire::Optimizer::ADAM:
+      return optimizers::adam{.learning_rate = opt.learning_rate(),
+                              .beta_1 = opt.beta_1(),
+                              .beta_2 = opt.beta_2(),
+                              .epsilon = opt.epsilon()};
+    case wire::Optimizer::FTRL:
+      return optimizers::ftrl{.learning_rate = opt.learning_rate(),
+                              .learning_rate_power = opt.learning_rate_power(),
+                              .initial_accumulator_value = opt.initial_accumulator_value(),
+                              .l1 = opt.l1(),
+                              .l2 = opt.l2(),
+                              .beta = opt.beta()};
+    default: throw error(errc::invalid_argument, fmt::format("unknown optimizer {}", static_cast<int>(opt.kind())));
+  }
+}
+
+void encode_table_state(wire::frame& f, wire::HashTableState& out, const detail::table_state& state,
+                        bool with_filter) {
+  out.set_clock(state.clock);
+  out.set_steps(state.steps);
+  if (state.owner) *out.mutable_optimizer() = encode_optimizer(*state.owner);
+  if (!with_filter || state.filter.empty()) return;
+  out.set_admission_counters(state.filter.size());
+  tensor packed(dtype::int64, {(state.filter.size() + 7) / 8}, byte_buffer((state.filter.size() + 7) / 8 * 8));
+  std::memcpy(packed.bytes().data(), state.filter.data(), state.filter.size());
+  std::memset(packed.bytes().data() + state.filter.size(), 0, packed.size_bytes() - state.filter.size());
+  put_tensor(f, *out.mutable_counters(), packed);
+}
+
+detail::table_state decode_table_state(const wire::frame& f, const wire::HashTableState& in, std::string_view table) {
+  detail::table_state out{.clock = in.clock(), .steps = in.steps(), .owner = std::nullopt, .filter = {}};
+  if (in.has_optimizer()) out.owner = decode_optimizer(in.optimizer());
+  const std::uint64_t counters = in.admission_counters();
+  if (counters == 0) return out;
+  if (counters > (std::uint64_t{1} << 32)) {
+    throw error(errc::invalid_argument, fmt::format("hash table '{}': {} admission counters (at most 2^32)", table,
+                                                    counters));
+  }
+  const tensor packed = get_tensor(f, in.counters());
+  if (packed.type() != dtype::int64 || packed.shape() != shape_type{(counters + 7) / 8}) {
+    throw error(errc::invalid_argument,
+                fmt::format("hash table '{}': {} admission counters travel as int64 [{}], not {} {}", table, counters,
+                            (counters + 7) / 8, name_of(packed.type()), to_string(packed.shape())));
+  }
+  const auto* bytes = reinterpret_cast<const std::uint8_t*>(packed.bytes().data());
+  out.filter.assign(bytes, bytes + counters);
+  return out;
 }
 
 void encode_table_ref(wire::HashTableRef& out, const hash_table_ref& ref) {

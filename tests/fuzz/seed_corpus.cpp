@@ -182,7 +182,29 @@ std::string ps_table_requests() {
   t->set_clock(9);
   out += fuzz::wire_bytes(std::move(clock));
 
-  auto remove = request(6);
+  auto exported = request(6);
+  auto* e = exported.message.mutable_request()->mutable_hash_export();
+  set_table(*e->mutable_table());
+  e->set_first_bucket(0);
+  e->set_max_bytes(64);
+  out += fuzz::wire_bytes(std::move(exported));
+
+  auto restored = request(7);
+  auto* i = restored.message.mutable_request()->mutable_hash_import();
+  set_table(*i->mutable_table());
+  i->set_reset(true);
+  i->mutable_state()->set_clock(9);
+  i->mutable_state()->set_steps(1);
+  i->mutable_state()->mutable_optimizer()->set_kind(wire::Optimizer::ADAGRAD);
+  i->mutable_state()->mutable_optimizer()->set_learning_rate(0.1);
+  i->mutable_state()->set_admission_counters(64);
+  wire::put_tensor(restored, *i->mutable_state()->mutable_counters(), int64s(std::vector<std::int64_t>(8, 1)));
+  wire::put_tensor(restored, *i->mutable_ids(), int64s({0, 5}));
+  wire::put_tensor(restored, *i->mutable_last_named(), int64s({3, 9}));
+  wire::put_tensor(restored, *i->mutable_values(), floats({1, 2, 3, 4, 5, 6, 7, 8}, {2, 4}));
+  out += fuzz::wire_bytes(std::move(restored));
+
+  auto remove = request(8);
   remove.message.mutable_request()->mutable_delete_variable()->mutable_variable()->set_name("users");
   out += fuzz::wire_bytes(std::move(remove));
   return out;

@@ -5,6 +5,7 @@
 #include "local_cluster.hpp"
 #include "test_support.hpp"
 
+#include <pscoro/checkpoint.hpp>
 #include <pscoro/coordinator.hpp>
 #include <pscoro/hash_table.hpp>
 #include <pscoro/metrics.hpp>
@@ -15,7 +16,11 @@
 #include <xtensor/xmanipulation.hpp>
 #include <xtensor/xview.hpp>
 
+#include <unistd.h>
+
+#include <algorithm>
 #include <cstring>
+#include <filesystem>
 #include <limits>
 #include <random>
 #include <vector>
@@ -57,6 +62,29 @@ void bind_table_functions(server& s) {
 
 bool bitwise_equal(const xt::xarray<float>& a, const xt::xarray<float>& b) {
   return a.shape() == b.shape() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
+struct table_scratch {
+  std::filesystem::path dir =
+      std::filesystem::temp_directory_path() / ("pscoro-table-checkpoint-" + std::to_string(::getpid()));
+  table_scratch() {
+    std::filesystem::remove_all(dir);
+    std::filesystem::create_directories(dir);
+  }
+  ~table_scratch() { std::filesystem::remove_all(dir); }
+};
+
+bool row_is_zero(const xt::xarray<float>& rows, std::size_t k) {
+  const auto row = xt::view(rows, k, xt::all());
+  return std::all_of(row.begin(), row.end(), [](float x) { return x == 0.0f; });
+}
+
+// What the checkpoint tests save: a table with slots, a clock, idle rows and admission counters.
+hash_table_options saved_table_options() {
+  auto options = normal_rows(8);
+  options.admission = admission::min_count{.count = 2, .counters = 1000};
+  options.eviction = eviction::ttl{.max_idle = 5};
+  return options;
 }
 
 }  // namespace
@@ -299,5 +327,131 @@ TEST_CASE("bad table operations are refused with what was wrong, and change noth
     CHECK(code_of(failure) == errc::invalid_argument);
     CHECK(contains(message_of(failure), "does not fit in int64"));
     CHECK(bitwise_equal(co_await table.lookup(one_two), before));
+  });
+}
+
+TEST_CASE("a checkpoint saves a table from 2 ps and restores it onto 1 (tracked) and 3 (created after the restore)") {
+  table_scratch scratch;
+  const auto path = scratch.dir / "tables.safetensors";
+  std::vector<std::int64_t> raw;
+  for (std::int64_t id = -300; id < 300; ++id) raw.push_back(id * 1000003);
+  raw.push_back(min_id);
+  raw.push_back(max_id);
+  const xt::xarray<std::int64_t> ids = xt::adapt(raw, {raw.size()});
+  const xt::xarray<std::int64_t> seen_once{11, 12, 13};  // one sighting: counted, not admitted
+  const xt::xarray<std::int64_t> idle{21, 22};           // named at clock 0 only
+  xt::xarray<float> gradient = xt::xarray<float>::from_shape({raw.size(), 8});
+  for (std::size_t k = 0; k < gradient.size(); ++k) gradient.data()[k] = 0.001f * static_cast<float>(k % 97) - 0.04f;
+  const optimizer opt = optimizers::adam{.learning_rate = 0.05};
+  xt::xarray<float> saved_rows, stepped_rows;
+  local_cluster two(2, 1);
+  two.run_chief([&](parameter_server_strategy& strategy, cluster_coordinator&) -> asio::awaitable<void> {
+    auto table = co_await strategy.scope().create_hash_table<float>("emb", saved_table_options());
+    for (int sighting = 0; sighting < 2; ++sighting) {
+      co_await table.lookup(ids, inserting);
+      co_await table.lookup(idle, inserting);
+    }
+    co_await table.lookup(seen_once, inserting);
+    co_await table.advance_clock(4);
+    co_await table.apply_gradients(opt, ids, gradient);
+    co_await table.apply_gradients(opt, ids, gradient);
+    saved_rows = co_await table.lookup(ids);
+    checkpoint ckpt;
+    ckpt.track(table);
+    ckpt.set_chunk_bytes(4096);  // many pieces per part
+    co_await ckpt.save(path);
+    co_await table.apply_gradients(opt, ids, gradient);
+    stepped_rows = co_await table.lookup(ids);
+  });
+  {
+    checkpoint_reader reader(path);
+    CHECK(reader.shape("emb") == shape_type{raw.size() + 2, 8});
+    CHECK(reader.shape("emb/ids") == shape_type{raw.size() + 2});
+    CHECK(reader.contains("emb/adam/m"));
+    CHECK(reader.contains("emb/adam/v"));
+    CHECK(reader.contains("emb/admission_counters"));
+  }
+  const xt::xarray<std::int64_t> now_seen{11, 12, 13, 99};
+  const xt::xarray<std::int64_t> replaced = id_array({5, 6, 7});
+  const xt::xarray<float> zero_rows = xt::zeros<float>(std::vector<std::size_t>{3, 8});
+  const xt::xarray<float> zero_idle = xt::zeros<float>(std::vector<std::size_t>{2, 8});
+  const std::vector<std::string> emb_pending{"emb"};
+  for (const int ps : {1, 3}) {
+    CAPTURE(ps);
+    local_cluster restored(ps, 1);
+    restored.run_chief([&](parameter_server_strategy& strategy, cluster_coordinator&) -> asio::awaitable<void> {
+      checkpoint ckpt(strategy);
+      hash_table<float> table;
+      if (ps == 1) {  // a table that exists, tracked: its rows are replaced
+        table = co_await strategy.scope().create_hash_table<float>("emb", saved_table_options());
+        co_await table.lookup(replaced, inserting);
+        co_await table.lookup(replaced, inserting);
+        ckpt.track(table);
+        co_await ckpt.restore(path);
+      } else {  // restored before the table exists: it takes its rows when created
+        co_await ckpt.restore(path);
+        CHECK(ckpt.pending() == emb_pending);
+        table = co_await strategy.scope().create_hash_table<float>("emb", saved_table_options());
+        CHECK(ckpt.pending().empty());
+      }
+      CHECK(bitwise_equal(co_await table.lookup(ids), saved_rows));
+      CHECK(bitwise_equal(co_await table.lookup(replaced), zero_rows));  // not in the file: gone
+      // The slots and adam's step count came back: one more step gives the same rows as on 2 ps.
+      co_await table.apply_gradients(opt, ids, gradient);
+      CHECK(bitwise_equal(co_await table.lookup(ids), stepped_rows));
+      // The counters came back: 11, 12 and 13 were seen once, so a second sighting admits them; 99
+      // is new, so it is not.
+      co_await table.lookup(now_seen, inserting);
+      const auto admitted = co_await table.lookup(now_seen);
+      CHECK_FALSE(row_is_zero(admitted, 0));
+      CHECK(row_is_zero(admitted, 3));
+      // The clock and when each row was last named came back: the idle rows, named at 0, drop
+      // once it passes 5; the others, named at 4, do not.
+      CHECK(co_await table.advance_clock(6) == 2);
+      CHECK(bitwise_equal(co_await table.lookup(idle), zero_idle));
+    });
+  }
+}
+
+TEST_CASE("a table restore refuses a file that does not fit the table, naming it, and changes nothing") {
+  table_scratch scratch;
+  const auto path = scratch.dir / "tables.safetensors";
+  const xt::xarray<std::int64_t> ids{1, 2, 3};
+  const xt::xarray<std::int64_t> four = id_array({4});
+  const xt::xarray<float> zero_row = xt::zeros<float>(std::vector<std::size_t>{1, 8});
+  local_cluster cluster(2, 1);
+  cluster.run_chief([&](parameter_server_strategy& strategy, cluster_coordinator&) -> asio::awaitable<void> {
+    auto table = co_await strategy.scope().create_hash_table<float>("emb", normal_rows(8));
+    co_await table.lookup(ids, inserting);
+    const auto before = co_await table.lookup(ids);
+    checkpoint saved;
+    saved.track(table);
+    co_await saved.save(path);
+    // Another table's width, another name, and a variable under the table's name.
+    auto wide = co_await strategy.scope().create_hash_table<float>("wide", normal_rows(4));
+    checkpoint other;
+    other.track(wide);
+    const auto missing = co_await failure_of(other.restore(path));
+    CHECK(code_of(missing) == errc::not_found);
+    CHECK(contains(message_of(missing), "no hash table 'wide'"));
+    checkpoint twice;
+    twice.track(table);
+    CHECK_NOTHROW(twice.track(table));  // the same table again: nothing
+    co_await table.lookup(four, inserting);
+    co_await twice.restore(path);
+    CHECK(bitwise_equal(co_await table.lookup(ids), before));
+    CHECK(bitwise_equal(co_await table.lookup(four), zero_row));
+  });
+  local_cluster narrower(1, 1);
+  narrower.run_chief([&](parameter_server_strategy& strategy, cluster_coordinator&) -> asio::awaitable<void> {
+    auto table = co_await strategy.scope().create_hash_table<float>("emb", normal_rows(4));
+    co_await table.lookup(ids, inserting);
+    const auto before = co_await table.lookup(ids);
+    checkpoint ckpt;
+    ckpt.track(table);
+    const auto refused = co_await failure_of(ckpt.restore(path));
+    CHECK(code_of(refused) == errc::invalid_argument);
+    CHECK(contains(message_of(refused), "hash table 'emb' has rows of 8 float32 in the file but of 4 float32 here"));
+    CHECK(bitwise_equal(co_await table.lookup(ids), before));
   });
 }

@@ -851,3 +851,78 @@ TEST_CASE("a hash table that would pass max_ps_bytes is refused, at its creation
   CHECK(values_read.data<float>()[0] == 1.0f);  // id 1: its initial row of ones
   CHECK(values_read.data<float>()[4] == 0.0f);  // id 100: not held, the default row
 }
+
+namespace {
+
+wire::frame export_of(const std::string& name, std::uint32_t first_bucket, std::uint64_t max_bytes) {
+  wire::frame f;
+  auto* body = f.message.mutable_request()->mutable_hash_export();
+  set_table_ref(*body->mutable_table(), name, 4, 4);
+  body->set_first_bucket(first_bucket);
+  body->set_max_bytes(max_bytes);
+  return f;
+}
+
+// A restore of rows `id_list` (each a row of 4 floats of `value`, last named at 0) into table "t".
+wire::frame import_of(const std::vector<std::int64_t>& id_list, float value, bool reset = false) {
+  wire::frame f;
+  auto* body = f.message.mutable_request()->mutable_hash_import();
+  set_table_ref(*body->mutable_table(), "t", 4, 4);
+  body->set_reset(reset);
+  wire::put_tensor(f, *body->mutable_ids(), ids(id_list));
+  wire::put_tensor(f, *body->mutable_last_named(), ids(std::vector<std::int64_t>(id_list.size(), 0)));
+  wire::put_tensor(f, *body->mutable_values(),
+                   values<float>({id_list.size(), 4}, std::vector<float>(id_list.size() * 4, value)));
+  return f;
+}
+
+}  // namespace
+
+TEST_CASE("table exports and restores from the wire are checked whole; a worker may not restore; nothing changes") {
+  server_options options;
+  options.max_variable_bytes = 4096;
+  local_cluster cluster(1, 0, {}, options);
+  REQUIRE(call(cluster, create_table("t", 4, 4, 4)).status.code() == 0);
+  REQUIRE(call(cluster, lookup_in("t", 4, 4, ids({1, 2, 3}))).status.code() == 0);
+  const auto unchanged = [&] {
+    wire::frame read = lookup_in("t", 4, 4, ids({1, 2, 3, 50}));
+    read.message.mutable_request()->mutable_hash_lookup()->set_insert(false);
+    const auto answer = testing::call_task("ps:0", cluster.spec.task_address("ps", 0), std::move(read),
+                                           net::make_hello({"chief", 0, 0}, 1));
+    REQUIRE(answer.message.response().status().code() == 0);
+    const tensor rows = wire::get_tensor(answer, answer.message.response().result().list().items(0).tensor());
+    CHECK(rows.data<float>()[0] == 1.0f);   // id 1: its initial row of ones
+    CHECK(rows.data<float>()[12] == 0.0f);  // id 50: never held
+  };
+  check_refused(call(cluster, export_of("t", 4, 1 << 20)), invalid, "export of 't': bucket 4 is not one of its 4");
+  check_refused(call(cluster, export_of("absent", 0, 1 << 20)), errc::not_found, "holds no part of a hash table");
+  // Only the chief restores.
+  const auto from_worker = testing::call_task("ps:0", cluster.spec.task_address("ps", 0), import_of({50}, 9.0f, true),
+                                              net::make_hello({"worker", 0, 0}, 1));
+  CHECK(from_worker.message.response().status().code() == static_cast<int>(errc::permission_denied));
+  unchanged();
+  // Rows held already, twice in one piece, or values not of the part's shape.
+  check_refused(call(cluster, import_of({1}, 9.0f)), invalid, "id 1 is held already");
+  check_refused(call(cluster, import_of({50, 50}, 9.0f)), invalid, "id 50 is there twice");
+  auto narrow = import_of({50}, 9.0f);
+  wire::put_tensor(narrow, *narrow.message.mutable_request()->mutable_hash_import()->mutable_values(),
+                   values<float>({1, 3}, {9.0f, 9.0f, 9.0f}));
+  check_refused(call(cluster, std::move(narrow)), invalid, "values float32 [1, 4] (0 slots), got int64 [1] and float32 [1, 3]");
+  // A reset whose counters lie about their count, or name 2^40 of them.
+  auto lying = import_of({}, 9.0f, true);
+  auto* state = lying.message.mutable_request()->mutable_hash_import()->mutable_state();
+  state->set_admission_counters(100);
+  wire::put_tensor(lying, *state->mutable_counters(), ids({0}));
+  check_refused(call(cluster, std::move(lying)), invalid, "100 admission counters travel as int64 [13], not int64 [1]");
+  auto huge = import_of({}, 9.0f, true);
+  huge.message.mutable_request()->mutable_hash_import()->mutable_state()->set_admission_counters(std::uint64_t{1} << 40);
+  check_refused(call(cluster, std::move(huge)), invalid, "1099511627776 admission counters (at most 2^32)");
+  unchanged();
+  // An export gives every row, whole buckets at a time, and says where the next piece starts.
+  const auto answer = testing::call_task("ps:0", cluster.spec.task_address("ps", 0), export_of("t", 0, 1),
+                                         net::make_hello({"chief", 0, 0}, 1));
+  REQUIRE(answer.message.response().status().code() == 0);
+  const auto& piece = answer.message.response().hash_export();
+  CHECK(piece.next_bucket() >= 1);
+  CHECK(piece.next_bucket() <= 4);
+}

@@ -327,7 +327,7 @@ TEST_CASE("a part's rows restore into fresh parts over any split of its buckets,
   for (std::int64_t id = -50; id < 50; ++id) ids.push_back(id * 7919);
   looked_up(saved, ids);
   const std::vector<float> gradient(ids.size() * table_dim, 0.5f);
-  const optimizer opt = optimizers::adagrad{.learning_rate = 0.1};
+  const optimizer opt = optimizers::adam{.learning_rate = 0.1};
   saved.apply_gradients(opt, ids, reinterpret_cast<const std::byte*>(gradient.data()));
   saved.advance_clock(9);
   const auto expected = looked_up(saved, ids, false);
@@ -339,15 +339,26 @@ TEST_CASE("a part's rows restore into fresh parts over any split of its buckets,
   const std::vector<std::uint32_t> even{0, 2, 4, 6}, odd{1, 3, 5, 7};
   hash_table_part first("emb", "ps:0", dtype::float32, whole_options, even);
   hash_table_part second("emb", "ps:1", dtype::float32, whole_options, odd);
-  ps::part_rows all_rows;
-  for (std::uint32_t b = 0; b < 8; ++b) {
-    const auto rows = saved.rows_of(b);
-    all_rows.ids.insert(all_rows.ids.end(), rows.ids.begin(), rows.ids.end());
-    all_rows.last_named.insert(all_rows.last_named.end(), rows.last_named.begin(), rows.last_named.end());
-    all_rows.values.insert(all_rows.values.end(), rows.values.begin(), rows.values.end());
-    (b % 2 ? second : first).restore(saved.clock(), saved.slot_owner(), saved.filter(), rows);
+  const auto state = saved.state();
+  CHECK(state.clock == 9);
+  CHECK(state.steps == 1);
+  for (auto* part : {&whole, &first, &second}) part->reset(state);
+  // Exported in pieces of about 3 rows' values: whole buckets each, every row once.
+  const std::size_t value_bytes = 3 * table_dim * sizeof(float);  // the row, adam's m and v
+  std::size_t exported = 0;
+  for (std::uint32_t b = 0; b < 8;) {
+    const auto piece = saved.export_rows(b, 3 * value_bytes);
+    REQUIRE(piece.next_bucket > b);
+    CHECK(piece.rows.values.size() == piece.rows.ids.size() * value_bytes);
+    for (std::uint32_t c = b; c < piece.next_bucket; ++c) {
+      const auto bucket = saved.rows_of(c);
+      (c % 2 ? second : first).insert_rows(bucket);
+    }
+    whole.insert_rows(piece.rows);
+    exported += piece.rows.ids.size();
+    b = piece.next_bucket;
   }
-  whole.restore(saved.clock(), saved.slot_owner(), saved.filter(), all_rows);
+  CHECK(exported == ids.size());
   CHECK(whole.rows() == ids.size());
   CHECK(whole.clock() == 9);
   CHECK(looked_up(whole, ids, false) == expected);
@@ -355,48 +366,78 @@ TEST_CASE("a part's rows restore into fresh parts over any split of its buckets,
     auto& part = common::bucket_of(ids[k], 8) % 2 ? second : first;
     CHECK(looked_up(part, {ids[k]}, false) == row_at(expected, k));
   }
-  // The slots came along: one more step on each gives the same rows.
+  // The slots and the step count came along: one more step on each gives the same rows.
   saved.apply_gradients(opt, ids, reinterpret_cast<const std::byte*>(gradient.data()));
   whole.apply_gradients(opt, ids, reinterpret_cast<const std::byte*>(gradient.data()));
   CHECK(looked_up(whole, ids, false) == looked_up(saved, ids, false));
   CHECK_THROWS_WITH_AS(whole.apply_gradients(optimizers::sgd{}, ids, reinterpret_cast<const std::byte*>(gradient.data())),
-                       doctest::Contains("hold the slots of adagrad"), error);
+                       doctest::Contains("hold the slots of adam"), error);
+  // A reset drops every row and takes the state given, slots and all.
+  whole.reset({});
+  CHECK(whole.rows() == 0);
+  CHECK(whole.slots() == 0);
+  CHECK(whole.clock() == 0);
 }
 
-TEST_CASE("a restore that does not fit the part is refused, naming what is wrong, and the part stays empty") {
+detail::table_state state_at(std::uint64_t clock) {
+  detail::table_state state;
+  state.clock = clock;
+  return state;
+}
+
+TEST_CASE("a restore that does not fit the part is refused, naming what is wrong, and the part stays as it was") {
   auto part = table_part({}, 4);
   const std::vector<std::uint32_t> two{0, 1};
   hash_table_part half("emb", "ps:1", dtype::float32, [] {
     auto o = table_options();
     o.buckets = 4;
+    o.max_rows_per_ps = 3;
     return o;
   }(), two);
   ps::part_rows rows;
   rows.ids = {1, 1};
   rows.last_named = {0, 0};
   rows.values.resize(2 * table_dim * sizeof(float));
-  CHECK_THROWS_WITH_AS(part.restore(0, std::nullopt, {}, rows), doctest::Contains("id 1 is there twice"), error);
+  CHECK_THROWS_WITH_AS(part.insert_rows(rows), doctest::Contains("id 1 is there twice"), error);
+  part.reset(state_at(3));
   rows.ids = {1, 2};
   rows.last_named = {0, 5};
-  CHECK_THROWS_WITH_AS(part.restore(3, std::nullopt, {}, rows),
-                       doctest::Contains("id 2 was last named at 5, after the clock 3"), error);
+  CHECK_THROWS_WITH_AS(part.insert_rows(rows), doctest::Contains("id 2 was last named at 5, after the clock 3"), error);
+  part.reset(state_at(9));
   rows.values.resize(3);
-  CHECK_THROWS_WITH_AS(part.restore(9, std::nullopt, {}, rows), doctest::Contains("do not match"), error);
+  CHECK_THROWS_WITH_AS(part.insert_rows(rows), doctest::Contains("do not match"), error);
   rows.values.resize(2 * table_dim * sizeof(float));
+  CHECK_THROWS_WITH_AS(part.insert_rows(rows, 10), doctest::Contains("the ps may hold 10 more"), error);
   std::int64_t foreign = 0;
   while (common::bucket_of(foreign, 4) < 2) ++foreign;
   rows.ids = {foreign, 1000};
-  CHECK_THROWS_WITH_AS(half.restore(9, std::nullopt, {}, rows), doctest::Contains("which this ps does not hold"), error);
-  // Slots of another optimizer than the part's, or a clock behind the part's.
-  const std::vector<float> gradient(table_dim, 1.0f);
-  looked_up(part, {1000});
-  part.apply_gradients(optimizers::sgd{}, std::vector<std::int64_t>{1000}, reinterpret_cast<const std::byte*>(gradient.data()));
-  part.advance_clock(20);
+  CHECK_THROWS_WITH_AS(half.insert_rows(rows), doctest::Contains("which this ps does not hold"), error);
+  // Rows past the part's max_rows_per_ps.
+  std::vector<std::int64_t> own;
+  for (std::int64_t id = 0; own.size() < 4; ++id) {
+    if (common::bucket_of(id, 4) < 2) own.push_back(id);
+  }
+  rows.ids = own;
+  rows.last_named.assign(4, 0);
+  rows.values.resize(4 * table_dim * sizeof(float));
+  const auto full = error_thrown_by([&] { half.insert_rows(rows); });
+  CHECK(full.code() == errc::resource_exhausted);
+  CHECK(contains(full.what(), "4 rows beside the 0 held pass its max_rows_per_ps of 3 rows per ps"));
+  // A state the part cannot take: the filter's size, a clock at 2^63, an optimizer's bad setting.
+  auto seven_counters = state_at(9);
+  seven_counters.filter.resize(7);
+  CHECK_THROWS_WITH_AS(part.reset(seven_counters), doctest::Contains("an admission filter of 7 counters, the part's has 0"),
+                       error);
+  CHECK_THROWS_WITH_AS(part.reset(state_at(std::uint64_t{1} << 63)), doctest::Contains("is not below 2^63"), error);
+  auto bad_optimizer = state_at(9);
+  bad_optimizer.owner = optimizers::adagrad{.learning_rate = -1};
+  CHECK_THROWS_WITH_AS(part.reset(bad_optimizer), doctest::Contains("learning_rate must be positive"), error);
   rows.ids = {1, 2};
-  CHECK_THROWS_WITH_AS(part.restore(30, optimizer{optimizers::adagrad{}}, {}, rows),
-                       doctest::Contains("the rows carry the slots of adagrad, the part holds those of sgd"), error);
-  CHECK_THROWS_WITH_AS(part.restore(10, optimizer{optimizers::sgd{}}, {}, rows),
-                       doctest::Contains("the clock 10 is before the part's 20"), error);
-  CHECK(part.rows() == 1);
+  rows.last_named = {0, 9};
+  rows.values.resize(2 * table_dim * sizeof(float));
+  part.insert_rows(rows);
+  CHECK(part.rows() == 2);
   CHECK(half.rows() == 0);
+  CHECK(part.clock() == 9);
 }
+

@@ -4,6 +4,7 @@
 #include "test_support.hpp"
 
 #include "ps/decode.hpp"
+#include "wire/values.hpp"
 
 #include <pscoro/error.hpp>
 
@@ -30,7 +31,7 @@ TEST_CASE("a ps decodes an optimizer's fields as its kind uses them") {
   ftrl.set_l1(0.01);
   ftrl.set_beta(0.25);
   ftrl.set_momentum(0.9);  // not FTRL's: ignored
-  const auto decoded = ps::decode_optimizer(ftrl);
+  const auto decoded = wire::decode_optimizer(ftrl);
   const auto* f = std::get_if<optimizers::ftrl>(&decoded);
   REQUIRE(f);
   CHECK(f->learning_rate == 0.5);
@@ -42,13 +43,13 @@ TEST_CASE("a ps decodes an optimizer's fields as its kind uses them") {
   momentum.set_kind(wire::Optimizer::MOMENTUM);
   momentum.set_momentum(0.9);
   momentum.set_nesterov(true);
-  const auto m = std::get<optimizers::momentum>(ps::decode_optimizer(momentum));
+  const auto m = std::get<optimizers::momentum>(wire::decode_optimizer(momentum));
   CHECK(m.momentum == 0.9);
   CHECK(m.nesterov);
 
   wire::Optimizer unknown;
   unknown.set_kind(static_cast<wire::Optimizer::Kind>(42));
-  const auto refused = error_thrown_by([&] { (void)ps::decode_optimizer(unknown); });
+  const auto refused = error_thrown_by([&] { (void)wire::decode_optimizer(unknown); });
   CHECK(refused.code() == errc::invalid_argument);
   CHECK(std::string(refused.what()) == "unknown optimizer 42");
 }

@@ -24,6 +24,14 @@ enum class update_op { assign, add, sub, mul, div, min, max };
 
 namespace detail {
 
+/// What a table's part holds besides its rows (a checkpoint saves it with them).
+struct table_state {
+  std::uint64_t clock = 0;
+  std::int64_t steps = 0;            // optimizer steps taken (adam's bias correction)
+  std::optional<optimizer> owner;    // whose slots the rows carry; none before any step
+  std::vector<std::uint8_t> filter;  // admission::min_count's one-byte counters; empty otherwise
+};
+
 class PSCORO_API variable_io {
  public:
   virtual ~variable_io() = default;
@@ -80,6 +88,28 @@ class PSCORO_API variable_io {
   virtual asio::awaitable<void> hash_apply_gradients(int ps_task, std::vector<table_ids> parts, optimizer opt) = 0;
   /// Moves `table`'s clock on ps `ps_task` to `clock`; returns the rows that dropped.
   virtual asio::awaitable<std::uint64_t> advance_clock(int ps_task, hash_table_ref table, std::uint64_t clock) = 0;
+
+  /// Rows of a table's part: ids (int64 [n]), the table's clock when each was last named (int64
+  /// [n]) and values ([n, (1 + slots) * dim] of the table's dtype: each row, then its slot rows).
+  struct table_rows {
+    tensor ids;
+    tensor last_named;
+    tensor values;
+  };
+  /// A piece of a part's rows for a checkpoint: whole buckets, and the part's state.
+  struct table_export {
+    table_state state;  // its filter only in the piece from bucket 0
+    std::uint32_t next_bucket = 0;  // where the next piece starts: the bucket count when done
+    table_rows rows;
+  };
+  /// The rows of the buckets ps `ps_task` holds from `first_bucket` on, as many whole buckets as
+  /// fit in `max_bytes` of values (one at least).
+  virtual asio::awaitable<table_export> hash_export(int ps_task, hash_table_ref table, std::uint32_t first_bucket,
+                                                    std::uint64_t max_bytes) = 0;
+  /// Restores rows of a table's part on ps `ps_task`: with `reset`, the part first drops every row
+  /// and takes that state. The chief's only.
+  virtual asio::awaitable<void> hash_import(int ps_task, hash_table_ref table, std::optional<table_state> reset,
+                                            table_rows rows) = 0;
 };
 
 }  // namespace detail
