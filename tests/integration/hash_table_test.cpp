@@ -132,35 +132,57 @@ TEST_CASE("a table gives any int64 id a row on first sight, the same from every 
   });
 }
 
-TEST_CASE("optimizer steps on a table end bitwise equal to the same steps on a sharded variable") {
-  const xt::xarray<std::int64_t> ids{3, 9, 3, 0, 42, 9};
-  std::mt19937 random(7);
+TEST_CASE("every optimizer's steps on a table end bitwise equal to the same steps on a sharded variable") {
+  // Ids drawn from [0, 1e6), repeats included, over a variable of 1e6 rows.
+  constexpr std::size_t rows = 1'000'000, width = 2;
+  std::mt19937_64 random(7);
+  std::uniform_int_distribution<std::int64_t> row_of(0, rows - 1);
+  std::vector<std::int64_t> raw;
+  for (int k = 0; k < 3000; ++k) raw.push_back(row_of(random));
+  raw.push_back(raw[0]);
+  raw.push_back(0);
+  raw.push_back(rows - 1);
+  const xt::xarray<std::int64_t> ids = xt::adapt(raw, {raw.size()});
   std::normal_distribution<float> normal;
   std::vector<xt::xarray<float>> gradients;
-  for (int step = 0; step < 5; ++step) {
-    xt::xarray<float> g = xt::xarray<float>::from_shape({ids.size(), 8});
+  for (int step = 0; step < 3; ++step) {
+    xt::xarray<float> g = xt::xarray<float>::from_shape({ids.size(), width});
     for (auto& x : g) x = normal(random);
     gradients.push_back(g);
   }
-  const optimizer opt = optimizers::adagrad{.learning_rate = 0.1};
-  const shape_type rows_64{64, 8};
-  xt::xarray<float> from_table;
+  const std::vector<std::pair<std::string, optimizer>> optimizers{
+      {"emb_sgd", optimizers::sgd{.learning_rate = 0.1}},
+      {"emb_momentum", optimizers::momentum{.learning_rate = 0.1, .momentum = 0.9, .nesterov = true}},
+      {"emb_adagrad", optimizers::adagrad{.learning_rate = 0.1}},
+      {"emb_adam", optimizers::adam{.learning_rate = 0.01}},
+      {"emb_ftrl", optimizers::ftrl{.learning_rate = 0.1, .l1 = 0.01, .l2 = 0.01}}};
+  const shape_type variable_shape{rows, width};
+  std::vector<xt::xarray<float>> from_tables;
   local_cluster tables(2, 1);
   tables.run_chief([&](parameter_server_strategy& strategy, cluster_coordinator&) -> asio::awaitable<void> {
-    auto table = co_await strategy.scope().create_hash_table<float>("emb", normal_rows(8));
+    for (const auto& [name, opt] : optimizers) {
+      auto table = co_await strategy.scope().create_hash_table<float>(name, normal_rows(width));
+      co_await table.lookup(ids, inserting);
+      for (const auto& g : gradients) co_await table.apply_gradients(opt, ids, g);
+      from_tables.push_back(co_await table.lookup(ids));
+    }
+    const auto& adagrad_table = optimizers[2];
+    auto table = co_await strategy.scope().create_hash_table<float>("emb_other", normal_rows(width));
     co_await table.lookup(ids, inserting);
-    for (const auto& g : gradients) co_await table.apply_gradients(opt, ids, g);
-    from_table = co_await table.lookup(ids);
+    co_await table.apply_gradients(adagrad_table.second, ids, gradients[0]);
     const auto failure = co_await failure_of(table.apply_gradients(optimizers::sgd{}, ids, gradients[0]));
     CHECK(code_of(failure) == errc::failed_precondition);
     CHECK(contains(message_of(failure), "hold the slots of adagrad"));
   });
   local_cluster variables(2, 1);
   variables.run_chief([&](parameter_server_strategy& strategy, cluster_coordinator&) -> asio::awaitable<void> {
-    auto variable = co_await strategy.scope().create_sharded_variable<float>("emb", rows_64,
-                                                                             normal_rows(8).initializer);
-    for (const auto& g : gradients) co_await variable.apply_sparse_gradient(opt, ids, g);
-    CHECK(bitwise_equal(co_await variable.embedding_lookup(ids), from_table));
+    for (std::size_t k = 0; k < optimizers.size(); ++k) {
+      CAPTURE(optimizers[k].first);
+      auto variable = co_await strategy.scope().create_sharded_variable<float>(optimizers[k].first, variable_shape,
+                                                                               normal_rows(width).initializer);
+      for (const auto& g : gradients) co_await variable.apply_sparse_gradient(optimizers[k].second, ids, g);
+      CHECK(bitwise_equal(co_await variable.embedding_lookup(ids), from_tables[k]));
+    }
   });
 }
 
@@ -226,6 +248,29 @@ TEST_CASE("workers look up and step a table through their own connections") {
     // Each row stepped once by sgd with gradient 1 and rate 0.5.
     const auto rows = co_await table.lookup(asked);
     CHECK(bitwise_equal(rows, stepped));
+  });
+}
+
+TEST_CASE("4 workers racing to insert the same new ids insert each once, with one initial value") {
+  std::vector<std::int64_t> raw;
+  for (std::int64_t k = 0; k < 1000; ++k) raw.push_back(k * 0x9e3779b97f4a7c1 - 500);
+  const xt::xarray<std::int64_t> ids = xt::adapt(raw, {raw.size()});
+  xt::xarray<float> stepped_four_times = xt::xarray<float>::from_shape({raw.size(), 2});
+  stepped_four_times.fill(1.0f - 0.5f - 0.5f - 0.5f - 0.5f);
+  local_cluster cluster(2, 4, bind_table_functions);
+  cluster.run_chief([&](parameter_server_strategy& strategy, cluster_coordinator& coordinator) -> asio::awaitable<void> {
+    hash_table_options options = normal_rows(2);
+    options.initializer = initializers::constant{.value = 1.0};
+    auto table = co_await strategy.scope().create_hash_table<float>("race", options);
+    std::vector<remote_value<double>> sums;
+    for (int worker = 0; worker < 4; ++worker) sums.push_back(coordinator.schedule(train_on_worker, table, ids));
+    co_await coordinator.join();
+    // Every id was made once (one admission each, over both ps), and each of the 4 steps found it.
+    const auto& r = metrics::process_registry();
+    const metrics::labels race{{"table", "race"}};
+    CHECK(r.value("pscoro_ps_hash_table_admitted_total", race) == 1000.0);
+    CHECK(r.value("pscoro_ps_hash_table_rows", race) == 1000.0);
+    CHECK(bitwise_equal(co_await table.lookup(ids), stepped_four_times));
   });
 }
 
