@@ -2,11 +2,16 @@
 
 #include "common/id_hash.hpp"
 #include "common/id_map.hpp"
+#include "common/memory.hpp"
 #include "ps/kernels.hpp"
 
 #include <pscoro/error.hpp>
 
 #include <fmt/format.h>
+
+#include <sys/mman.h>
+
+#include <cerrno>
 
 #include <algorithm>
 #include <cmath>
@@ -17,9 +22,6 @@
 namespace pscoro::ps {
 
 namespace {
-
-// A free record's "last named" field; its id field holds the next free record.
-constexpr std::uint64_t free_mark = ~std::uint64_t{0};
 
 [[noreturn]] void invalid(std::string message) { throw error(errc::invalid_argument, std::move(message)); }
 
@@ -39,6 +41,71 @@ std::uint8_t filter_estimate(const std::vector<std::uint8_t>& filter, std::uint6
 
 }  // namespace
 
+// ---- record_slab ------------------------------------------------------------------------------------
+
+record_slab::record_slab(std::size_t record_bytes, std::uint64_t most)
+    : record_bytes_(record_bytes), most_(std::clamp<std::uint64_t>(most, 1, no_record - 1)) {
+  // Reserved, not committed (PROT_NONE costs no memory and no commit charge), with a huge page to
+  // spare so that the records start on one.
+  const std::size_t huge = std::max<std::size_t>(common::huge_page_bytes(), 4096);
+  if (most_ > (std::numeric_limits<std::size_t>::max() - 2 * huge) / record_bytes_) {
+    throw error(errc::resource_exhausted, fmt::format("a hash table part of {} rows of {} bytes cannot be addressed",
+                                                      most_, record_bytes_));
+  }
+  reserved_bytes_ = (most_ * record_bytes_ + huge - 1) / huge * huge + huge;
+  void* p = ::mmap(nullptr, reserved_bytes_, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  if (p == MAP_FAILED) {
+    throw error(errc::resource_exhausted,
+                fmt::format("a hash table part of up to {} rows needs {} bytes of address space, and mmap refused: {}",
+                            most_, reserved_bytes_, std::strerror(errno)));
+  }
+  reserved_ = static_cast<std::byte*>(p);
+  const auto address = reinterpret_cast<std::uintptr_t>(reserved_);
+  base_ = reserved_ + ((huge - address % huge) % huge);
+}
+
+record_slab::~record_slab() {
+  if (reserved_) ::munmap(reserved_, reserved_bytes_);
+}
+
+void record_slab::copy_bytes(std::byte* to, const std::byte* from, std::size_t n) noexcept { std::memcpy(to, from, n); }
+
+void record_slab::commit(std::uint64_t records) {
+  const std::uint64_t needed = records * record_bytes_;
+  if (needed <= committed_) return;
+  // 64 KiB at a time, then whole huge pages once past huge_page_threshold (advised: a large part's
+  // random rows miss the TLB far less), so that a small part wastes little.
+  const std::size_t huge = common::huge_page_bytes();
+  const bool large = huge && needed >= huge_records_from;
+  const std::uint64_t step = large ? huge : std::uint64_t{64} << 10;
+  std::uint64_t bytes = (needed + step - 1) / step * step;
+  bytes = std::min<std::uint64_t>(bytes, reserved_bytes_ - static_cast<std::uint64_t>(base_ - reserved_));
+  if (::mprotect(base_ + committed_, bytes - committed_, PROT_READ | PROT_WRITE) != 0) {
+    throw error(errc::resource_exhausted, fmt::format("a hash table part could not commit {} more bytes: {}",
+                                                      bytes - committed_, std::strerror(errno)));
+  }
+  if (large) ::madvise(base_ + committed_ / huge * huge, bytes - committed_ / huge * huge, MADV_HUGEPAGE);
+  committed_ = bytes;
+}
+
+std::uint32_t record_slab::allocate() {
+  if (free_ != no_record) {
+    const std::uint32_t i = free_;
+    std::memcpy(&free_, at(i), sizeof free_);
+    return i;
+  }
+  if (allocated_ >= most_) {
+    throw error(errc::resource_exhausted, fmt::format("a hash table part cannot hold more than {} rows", most_));
+  }
+  commit(std::uint64_t{allocated_} + 1);
+  return allocated_++;
+}
+
+void record_slab::release(std::uint32_t i) noexcept {
+  std::memcpy(at(i), &free_, sizeof free_);
+  free_ = i;
+}
+
 // ---- hash_bucket ------------------------------------------------------------------------------------
 
 std::int64_t hash_bucket::id_of(const std::byte* record) noexcept {
@@ -57,12 +124,6 @@ void hash_bucket::set_last_named(std::byte* record, std::uint64_t clock) noexcep
   std::memcpy(record + 8, &clock, sizeof clock);
 }
 
-bool hash_bucket::is_free(const std::byte* record) noexcept { return last_named(record) == free_mark; }
-
-void hash_bucket::copy_bytes(std::byte* to, const std::byte* from, std::size_t n) noexcept {
-  std::memcpy(to, from, n);
-}
-
 std::byte* hash_bucket::find(std::int64_t id, std::uint64_t mixed) const noexcept {
   if (size_ == 0) return nullptr;
   const auto tag = static_cast<std::uint32_t>(mixed);
@@ -70,25 +131,10 @@ std::byte* hash_bucket::find(std::int64_t id, std::uint64_t mixed) const noexcep
     const entry& e = map_[at];
     if (e.record == empty_entry) return nullptr;
     if (e.tag == tag) {
-      std::byte* r = record(e.record);
+      std::byte* r = slab_->at(e.record);
       if (id_of(r) == id) return r;
     }
   }
-}
-
-std::uint32_t hash_bucket::allocate_record() {
-  if (free_ != empty_entry) {
-    const std::uint32_t i = free_;
-    free_ = static_cast<std::uint32_t>(id_of(record(i)));
-    return i;
-  }
-  if (records_ == std::numeric_limits<std::uint32_t>::max() - records_per_chunk) {
-    throw error(errc::resource_exhausted, "a hash table bucket cannot hold more than 4 billion rows");
-  }
-  if (records_ % records_per_chunk == 0) {
-    chunks_.push_back(std::make_unique<std::byte[]>(std::size_t{records_per_chunk} * record_bytes_));
-  }
-  return records_++;
 }
 
 void hash_bucket::grow() {
@@ -105,8 +151,8 @@ void hash_bucket::grow() {
 
 std::byte* hash_bucket::insert(std::int64_t id, std::uint64_t mixed) {
   if ((std::size_t{size_} + 1) * 10 > map_.size() * 9) grow();
-  const std::uint32_t i = allocate_record();
-  std::byte* r = record(i);
+  const std::uint32_t i = slab_->allocate();
+  std::byte* r = slab_->at(i);
   std::memcpy(r, &id, sizeof id);
   set_last_named(r, 0);
   const auto tag = static_cast<std::uint32_t>(mixed);
@@ -124,16 +170,10 @@ void hash_bucket::erase(std::int64_t id, std::uint64_t mixed) noexcept {
   while (true) {
     const entry& e = map_[at];
     if (e.record == empty_entry) return;
-    if (e.tag == tag && id_of(record(e.record)) == id) break;
+    if (e.tag == tag && id_of(slab_->at(e.record)) == id) break;
     at = next(at);
   }
-  // Free the record: it names the next free one.
-  const std::uint32_t i = map_[at].record;
-  std::byte* r = record(i);
-  const auto next_free = static_cast<std::int64_t>(free_);
-  std::memcpy(r, &next_free, sizeof next_free);
-  set_last_named(r, free_mark);
-  free_ = i;
+  slab_->release(map_[at].record);
   --size_;
   // Backward shift: move each following entry of the run back into the hole when its home does not
   // lie strictly between the hole and it (cyclically), so every entry stays reachable from its home.
@@ -155,24 +195,17 @@ void hash_bucket::erase(std::int64_t id, std::uint64_t mixed) noexcept {
 
 std::byte* hash_bucket::sample(std::uint64_t random) const noexcept {
   if (size_ == 0) return nullptr;
-  // Held records are at least a fraction size_ / records_ of the slab (at most one chunk is spare
-  // beyond what was once held): a few draws find one; the scan is the rare fallback.
+  // The map is at least 3/5 full once grown (a bucket that lost rows may be emptier): a few draws
+  // find an entry; the scan is the rare fallback.
   for (int attempt = 0; attempt < 16; ++attempt) {
-    const auto i = static_cast<std::uint32_t>(((random & 0xffffffffU) * records_) >> 32);
+    const auto at = static_cast<std::size_t>(((random & 0xffffffffU) * map_.size()) >> 32);
     random = common::mix_id(static_cast<std::int64_t>(random));
-    std::byte* r = record(i);
-    if (!is_free(r)) return r;
+    if (map_[at].record != empty_entry) return slab_->at(map_[at].record);
   }
-  for (std::uint32_t i = 0; i < records_; ++i) {
-    if (!is_free(record(i))) return record(i);
+  for (const entry& e : map_) {
+    if (e.record != empty_entry) return slab_->at(e.record);
   }
   return nullptr;
-}
-
-std::uint64_t hash_bucket::bytes_held() const noexcept {
-  constexpr std::uint64_t allocation_overhead = 16;  // glibc's per-allocation header, rounded
-  return map_.capacity() * sizeof(entry) + chunks_.capacity() * sizeof(chunks_[0]) +
-         chunks_.size() * (std::uint64_t{records_per_chunk} * record_bytes_ + allocation_overhead) + sizeof(*this);
 }
 
 // ---- hash_table_part --------------------------------------------------------------------------------
@@ -212,41 +245,49 @@ hash_table_part::hash_table_part(std::string name, std::string task, dtype type,
   if (const auto* c = std::get_if<eviction::capacity>(&options_.eviction); c && c->rows_per_ps == 0) {
     refuse("eviction::capacity: rows_per_ps must be at least 1");
   }
-  buckets_.resize(options_.buckets);
+  // Every row a part may hold: max_rows_per_ps, or the capacity's rows (never past 2^32).
+  const auto* capacity = std::get_if<eviction::capacity>(&options_.eviction);
+  slab_ = std::make_unique<record_slab>(layout_.bytes(), capacity ? capacity->rows_per_ps : options_.max_rows_per_ps);
+  slot_of_.assign(options_.buckets, not_held);
+  buckets_.reserve(held.size());
   for (const std::uint32_t b : held) {
     if (b >= options_.buckets) refuse(fmt::format("bucket {} is not one of its {} buckets", b, options_.buckets));
-    if (buckets_[b]) refuse(fmt::format("bucket {} is held twice", b));
-    buckets_[b] = std::make_unique<hash_bucket>(layout_.bytes());
+    if (slot_of_[b] != not_held) refuse(fmt::format("bucket {} is held twice", b));
+    slot_of_[b] = static_cast<std::uint32_t>(buckets_.size());
+    buckets_.emplace_back(slab_.get());
     held_.push_back(b);
   }
   count_bucket_bytes();
 }
 
 std::uint64_t hash_table_part::bytes_held() const noexcept {
-  return filter_.capacity() + buckets_.capacity() * sizeof(buckets_[0]) + held_.capacity() * sizeof(held_[0]) +
-         sizeof(*this) + bucket_bytes_;
+  return filter_.capacity() + buckets_.capacity() * sizeof(buckets_[0]) + slot_of_.capacity() * sizeof(slot_of_[0]) +
+         held_.capacity() * sizeof(held_[0]) + sizeof(*this) + slab_->bytes_held() + bucket_bytes_;
+}
+
+void hash_table_part::use_slab(std::unique_ptr<record_slab> slab) {
+  slab_ = std::move(slab);
+  for (auto& bucket : buckets_) bucket.use_slab(slab_.get());
 }
 
 void hash_table_part::count_bucket_bytes() noexcept {
   bucket_bytes_ = 0;
-  for (const std::uint32_t b : held_) bucket_bytes_ += buckets_[b]->bytes_held();
+  for (const auto& bucket : buckets_) bucket_bytes_ += bucket.bytes_held();
 }
 
 std::byte* hash_table_part::insert_record(std::uint32_t b, std::int64_t id, std::uint64_t mixed) {
-  hash_bucket& bucket = *buckets_[b];
+  hash_bucket& bucket = buckets_[slot_of_[b]];
   const std::uint64_t before = bucket.bytes_held();
   std::byte* r = bucket.insert(id, mixed);
-  bucket_bytes_ += bucket.bytes_held() - before;  // a map or chunk list only grows
+  bucket_bytes_ += bucket.bytes_held() - before;  // a map only grows
   return r;
 }
 
-hash_bucket& hash_table_part::bucket_of(std::uint64_t mixed) const {
-  return *buckets_[common::bucket_of_mix(mixed, options_.buckets)];
-}
-
-void hash_table_part::check_held(std::span<const std::int64_t> ids) const {
+void hash_table_part::check_held(std::span<const std::int64_t> ids, std::uint64_t* mixes) const {
   for (std::size_t k = 0; k < ids.size(); ++k) {
-    const std::uint32_t b = common::bucket_of(ids[k], options_.buckets);
+    const std::uint64_t mixed = common::mix_id(ids[k]);
+    if (mixes) mixes[k] = mixed;
+    const std::uint32_t b = common::bucket_of_mix(mixed, options_.buckets);
     if (!holds(b)) {
       invalid(fmt::format("hash table '{}' on {}: id {} (position {}) is in bucket {}, which this ps does not hold",
                           name_, task_, ids[k], k, b));
@@ -277,7 +318,7 @@ void hash_table_part::evict_one(std::uint32_t near) {
   std::size_t start = 0;
   while (start < held_.size() && held_[start] != near) ++start;
   for (std::size_t k = 0; k < held_.size(); ++k) {
-    hash_bucket& b = *buckets_[held_[(start + k) % held_.size()]];
+    hash_bucket& b = buckets_[(start + k) % held_.size()];
     if (b.size() == 0) continue;
     std::byte* oldest = nullptr;
     for (int draw = 0; draw < 8; ++draw) {
@@ -298,36 +339,49 @@ std::uint64_t hash_table_part::bytes_for_rows(std::uint64_t rows) const noexcept
 }
 
 void hash_table_part::lookup(std::span<const std::int64_t> ids, bool insert, std::byte* out, std::uint64_t room) {
-  check_held(ids);
   const std::size_t row_bytes = layout_.row_bytes;
   // This thread's tables, kept between requests (a steady stream of lookups allocates nothing).
   thread_local std::vector<std::byte*> found;
   thread_local std::vector<std::uint64_t> mixes;
-  thread_local std::vector<std::size_t> missing;  // positions of ids not held
-  found.resize(ids.size());
+  thread_local std::vector<std::uint64_t> previous;  // a held row's last-named time before this request
+  thread_local std::vector<std::size_t> missing;     // positions of ids not held
   mixes.resize(ids.size());
+  check_held(ids, mixes.data());
+  found.resize(ids.size());
+  if (insert) previous.resize(ids.size());
   missing.clear();
-  // Held ids first, the usual case: each one's map entry is loaded a few ids ahead of its turn,
-  // its row copied out at once (only `out` is written until every check has passed).
-  // Two stages: an id's map entry is loaded `ahead` ids before its turn, its record half as many.
+  // Held ids first, the usual case: each one's map entry is loaded `ahead` ids before its turn,
+  // its record half as many; its row is copied out and it is named now while its record is in
+  // cache (an insert refused below names it back).
+  // Three stages, each a cache miss taken early: the bucket (its map's address), the map entry, the
+  // record.
   constexpr std::size_t ahead = 16;
-  for (std::size_t k = 0; k < std::min(ahead, ids.size()); ++k) {
-    mixes[k] = common::mix_id(ids[k]);
-    bucket_of(mixes[k]).prefetch(mixes[k]);
-  }
-  for (std::size_t k = 0; k < ids.size(); ++k) {
-    if (k + ahead < ids.size()) {
-      mixes[k + ahead] = common::mix_id(ids[k + ahead]);
-      bucket_of(mixes[k + ahead]).prefetch(mixes[k + ahead]);
-    }
-    if (k + ahead / 2 < ids.size()) bucket_of(mixes[k + ahead / 2]).prefetch_record(mixes[k + ahead / 2]);
-    found[k] = bucket_of(mixes[k]).find(ids[k], mixes[k]);
-    if (found[k]) {
-      std::memcpy(out + k * row_bytes, found[k] + record_layout::header_bytes, row_bytes);
+  const std::size_t n = ids.size();
+  for (std::size_t k = 0; k < std::min(3 * ahead, n); ++k) __builtin_prefetch(&bucket_of(mixes[k]));
+  for (std::size_t k = 0; k < std::min(2 * ahead, n); ++k) bucket_of(mixes[k]).prefetch(mixes[k]);
+  for (std::size_t k = 0; k < std::min(ahead, n); ++k) bucket_of(mixes[k]).prefetch_record(mixes[k]);
+  for (std::size_t k = 0; k < n; ++k) {
+    if (k + 3 * ahead < n) __builtin_prefetch(&bucket_of(mixes[k + 3 * ahead]));
+    if (k + 2 * ahead < n) bucket_of(mixes[k + 2 * ahead]).prefetch(mixes[k + 2 * ahead]);
+    if (k + ahead < n) bucket_of(mixes[k + ahead]).prefetch_record(mixes[k + ahead]);
+    std::byte* r = bucket_of(mixes[k]).find(ids[k], mixes[k]);
+    found[k] = r;
+    if (r) {
+      std::memcpy(out + k * row_bytes, r + record_layout::header_bytes, row_bytes);
+      if (insert) previous[k] = hash_bucket::last_named(r);
+      hash_bucket::set_last_named(r, clock_);
     } else {
       missing.push_back(k);
     }
   }
+  // A refusal below leaves the held rows as they were: named back, last first (a repeated id's
+  // first time holds its time before the request).
+  const auto name_back = [&] {
+    if (!insert) return;  // (nothing refuses a read)
+    for (std::size_t k = ids.size(); k-- > 0;) {
+      if (found[k]) hash_bucket::set_last_named(found[k], previous[k]);
+    }
+  };
   // The ids not held, each once in first-seen order: a request counts once per id for
   // admission, and repeats copy the first one's row. Everything is decided before the first write.
   thread_local common::id_map seen(0);
@@ -338,6 +392,7 @@ void hash_table_part::lookup(std::span<const std::int64_t> ids, bool insert, std
   index.resize(missing.size());
   first.clear();
   for (std::size_t j = 0; j < missing.size(); ++j) {
+    if (j + 8 < missing.size()) seen.prefetch(ids[missing[j + 8]]);
     index[j] = seen.index_of(ids[missing[j]]);
     if (index[j] == first.size()) first.push_back(missing[j]);
   }
@@ -361,6 +416,7 @@ void hash_table_part::lookup(std::span<const std::int64_t> ids, bool insert, std
   }
   const auto* capacity = std::get_if<eviction::capacity>(&options_.eviction);
   if (!capacity && rows_ + admitted > options_.max_rows_per_ps) {
+    name_back();
     throw error(errc::resource_exhausted,
                 fmt::format("hash table '{}' on {} is full: it holds {} rows of its max_rows_per_ps {}, and this "
                             "lookup would add {} (an eviction policy makes room: eviction::ttl or capacity)",
@@ -370,16 +426,13 @@ void hash_table_part::lookup(std::span<const std::int64_t> ids, bool insert, std
   const std::uint64_t growth =
       capacity ? std::min(admitted, capacity->rows_per_ps - std::min(rows_, capacity->rows_per_ps)) : admitted;
   if (bytes_for_rows(growth) > room) {
+    name_back();
     throw error(errc::resource_exhausted,
                 fmt::format("hash table '{}' on {}: this lookup would add {} rows, about {} bytes, and the ps may hold "
                             "{} more (server_options::max_ps_bytes)",
                             name_, task_, growth, bytes_for_rows(growth), room));
   }
   if (draws) random_ = *draws;
-  // The held rows are named now, before an insert below may evict one of them (its row is out).
-  for (std::size_t k = 0; k < ids.size(); ++k) {
-    if (found[k]) hash_bucket::set_last_named(found[k], clock_);
-  }
   for (std::size_t u = 0; u < first.size(); ++u) {
     const std::int64_t id = ids[first[u]];
     const std::uint64_t mixed = mixes[first[u]];
@@ -420,10 +473,7 @@ void hash_table_part::lay_out_slots(const optimizer& opt) {
   for (const auto& slot : slots) slot_initial_values_.push_back(slot.initial_value);
   layout_.slots = slots.size();
   const std::size_t slot_offset = record_layout::header_bytes + layout_.row_bytes;
-  for (const std::uint32_t b : held_) {
-    buckets_[b]->widen(layout_.bytes(), [&](std::byte* record) { initialize_slots(record + slot_offset); });
-  }
-  count_bucket_bytes();
+  use_slab(slab_->widened(layout_.bytes(), [&](std::byte* record) { initialize_slots(record + slot_offset); }));
   slot_owner_ = opt;
 }
 
@@ -507,10 +557,11 @@ void hash_table_part::apply_gradients(const optimizer& opt, std::span<const std:
 part_rows hash_table_part::rows_of(std::uint32_t b) const {
   part_rows out;
   const std::size_t value_bytes = (1 + layout_.slots) * layout_.row_bytes;
-  out.ids.reserve(buckets_[b]->size());
-  out.last_named.reserve(buckets_[b]->size());
-  out.values.reserve(buckets_[b]->size() * value_bytes);
-  buckets_[b]->for_each([&](const std::byte* r) {
+  const hash_bucket& bucket = buckets_[slot_of_[b]];
+  out.ids.reserve(bucket.size());
+  out.last_named.reserve(bucket.size());
+  out.values.reserve(bucket.size() * value_bytes);
+  bucket.for_each([&](const std::byte* r) {
     out.ids.push_back(hash_bucket::id_of(r));
     out.last_named.push_back(hash_bucket::last_named(r));
     const std::byte* values = r + record_layout::header_bytes;
@@ -530,7 +581,7 @@ exported_rows hash_table_part::export_rows(std::uint32_t first, std::uint64_t ma
   std::uint32_t b = first;
   for (; b < options_.buckets; ++b) {
     if (!holds(b)) continue;
-    const std::uint64_t more = buckets_[b]->size();
+    const std::uint64_t more = buckets_[slot_of_[b]].size();
     if (rows > 0 && (rows + more) * value_bytes > max_bytes) break;
     rows += more;
     auto bucket = rows_of(b);
@@ -565,7 +616,8 @@ void hash_table_part::reset(const detail::table_state& state) {
   }
   layout_.slots = slot_initial_values_.size();
   slot_owner_ = state.owner;
-  for (const std::uint32_t b : held_) buckets_[b] = std::make_unique<hash_bucket>(layout_.bytes());
+  slab_ = std::make_unique<record_slab>(layout_.bytes(), slab_->most());
+  for (auto& bucket : buckets_) bucket = hash_bucket(slab_.get());
   count_bucket_bytes();
   rows_ = 0;
   clock_ = state.clock;
@@ -636,12 +688,12 @@ std::uint64_t hash_table_part::advance_clock(std::uint64_t now) {
   if (!ttl) return 0;
   std::uint64_t dropped = 0;
   std::vector<std::int64_t> idle;
-  for (const std::uint32_t b : held_) {
+  for (auto& bucket : buckets_) {
     idle.clear();
-    buckets_[b]->for_each([&](const std::byte* r) {
+    bucket.for_each([&](const std::byte* r) {
       if (now - hash_bucket::last_named(r) > ttl->max_idle) idle.push_back(hash_bucket::id_of(r));
     });
-    for (const std::int64_t id : idle) buckets_[b]->erase(id, common::mix_id(id));
+    for (const std::int64_t id : idle) bucket.erase(id, common::mix_id(id));
     dropped += idle.size();
   }
   rows_ -= dropped;

@@ -1,6 +1,6 @@
 // A dynamic embedding table's part on one ps: the buckets it holds, each an open-addressing map
-// from id to a record in chunked slabs, where a record holds the id, when it was last named, the
-// row and the optimizer's slots together (no allocation per row). Admission, eviction and the
+// from id to a record in the part's chunked slab, where a record holds the id, when it was last
+// named, the row and the optimizer's slots together (no allocation per row). Admission, eviction and the
 // table's clock are decided here. Pure: no executor, no wire; ps_service decodes requests and
 // answers.
 //
@@ -15,6 +15,8 @@
 #include <pscoro/hash_table_options.hpp>
 #include <pscoro/optimizers.hpp>
 #include <pscoro/tensor.hpp>
+
+#include "common/id_hash.hpp"
 
 #include <cstddef>
 #include <cstdint>
@@ -42,16 +44,72 @@ struct record_layout {
   std::size_t bytes() const noexcept { return (header_bytes + (1 + slots) * row_bytes + 7) / 8 * 8; }
 };
 
-/// One bucket's rows. Linear probing over 8-byte entries (the low half of the id's mix as a tag,
-/// which also gives an entry's home, and the record's index), deleted by shifting back (no
-/// tombstones), grown by half at 9/10 full: the map costs 8.9-13.3 bytes per row. Records live in
-/// chunks of 32, so a growing bucket never copies them and wastes at most one chunk; an erased
-/// record is reused by the next insert.
+/// A table part's records in one address range reserved for the most the part may hold and
+/// committed as it fills: a record is at base + index * record size (no chunk table to read), rows
+/// never move as the part grows, and a large part lies in transparent huge pages (a random row
+/// misses the TLB far less). A released record is reused by the next allocation (it names the next
+/// free one).
+class record_slab {
+ public:
+  /// Reserves room for `most` records (at least one) of `record_bytes`; nothing is committed yet.
+  /// Throws errc::resource_exhausted when the address space cannot be reserved.
+  record_slab(std::size_t record_bytes, std::uint64_t most);
+  ~record_slab();
+  record_slab(const record_slab&) = delete;
+  record_slab& operator=(const record_slab&) = delete;
+
+  std::byte* at(std::uint32_t i) const noexcept { return base_ + std::size_t{i} * record_bytes_; }
+  std::size_t record_bytes() const noexcept { return record_bytes_; }
+  std::uint64_t most() const noexcept { return most_; }
+  /// A record's index, its bytes unset. Throws errc::resource_exhausted past most() records.
+  std::uint32_t allocate();
+  void release(std::uint32_t i) noexcept;
+  /// Memory the slab takes: what it has committed.
+  std::uint64_t bytes_held() const noexcept { return committed_ + sizeof(*this); }
+  /// A slab of records of `record_bytes` bytes (more: new slots) holding these records at the same
+  /// indices, each with its first bytes and fill(record) called to set the rest (a free record
+  /// too: harmless).
+  template <class F>
+  std::unique_ptr<record_slab> widened(std::size_t record_bytes, F&& fill) const {
+    auto wider = std::make_unique<record_slab>(record_bytes, most_);
+    wider->commit(allocated_);
+    for (std::uint32_t i = 0; i < allocated_; ++i) {
+      std::byte* to = wider->at(i);
+      copy_bytes(to, at(i), record_bytes_);
+      fill(to);
+    }
+    wider->allocated_ = allocated_;
+    wider->free_ = free_;
+    return wider;
+  }
+
+ private:
+  static constexpr std::uint32_t no_record = ~std::uint32_t{0};
+  /// Records past this many bytes lie in huge pages.
+  static constexpr std::uint64_t huge_records_from = std::uint64_t{4} << 20;
+  static void copy_bytes(std::byte* to, const std::byte* from, std::size_t n) noexcept;
+  /// Commits room for at least `records` records.
+  void commit(std::uint64_t records);
+
+  std::size_t record_bytes_;
+  std::uint64_t most_;
+  std::byte* reserved_ = nullptr;  // the mapping: base_ rounded down
+  std::size_t reserved_bytes_ = 0;
+  std::byte* base_ = nullptr;       // aligned to a huge page
+  std::uint64_t committed_ = 0;     // bytes from base_ readable and writable
+  std::uint32_t allocated_ = 0;     // records ever handed out (held or free)
+  std::uint32_t free_ = no_record;
+};
+
+/// One bucket's map from id to record (in its part's slab). Linear probing over 8-byte entries
+/// (the low half of the id's mix as a tag, which also gives an entry's home, and the record's
+/// index), deleted by shifting back (no tombstones), grown by half at 9/10 full: the map costs
+/// 8.9-13.3 bytes per row.
 class hash_bucket {
  public:
-  static constexpr std::uint32_t records_per_chunk = 32;
-
-  explicit hash_bucket(std::size_t record_bytes) : record_bytes_(record_bytes) {}
+  explicit hash_bucket(record_slab* slab) : slab_(slab) {}
+  /// Its records moved to `slab`, at the same indices.
+  void use_slab(record_slab* slab) noexcept { slab_ = slab; }
 
   std::size_t size() const noexcept { return size_; }
   /// The record of `id` (whose mix is `mixed`), or nullptr.
@@ -70,7 +128,7 @@ class hash_bucket {
       if (e.record == empty_entry) return;
       if (e.tag == tag) {
         // The header and a 64-byte row take two cache lines at most records' offsets.
-        const std::byte* r = record(e.record);
+        const std::byte* r = slab_->at(e.record);
         __builtin_prefetch(r);
         __builtin_prefetch(r + 64);
         return;
@@ -81,39 +139,18 @@ class hash_bucket {
   std::byte* insert(std::int64_t id, std::uint64_t mixed);
   /// Drops `id`'s record, if held.
   void erase(std::int64_t id, std::uint64_t mixed) noexcept;
-  /// A held record chosen by `random` (uniform over the slab's records, retried past free ones),
+  /// A held record chosen by `random` (uniform over the map's entries, retried past empty ones),
   /// or nullptr when the bucket is empty.
   std::byte* sample(std::uint64_t random) const noexcept;
   /// Calls f(record) for every held record; f may not insert or erase.
   template <class F>
   void for_each(F&& f) const {
-    for (std::uint32_t i = 0; i < records_; ++i) {
-      std::byte* r = record(i);
-      if (!is_free(r)) f(r);
+    for (const entry& e : map_) {
+      if (e.record != empty_entry) f(slab_->at(e.record));
     }
   }
-  /// Gives every record `record_bytes` bytes (more: new slots), keeping its first bytes and
-  /// calling fill(record) for each to set the rest. One bucket's records are copied at a time.
-  template <class F>
-  void widen(std::size_t record_bytes, F&& fill) {
-    hash_bucket wider(record_bytes);
-    wider.map_ = map_;
-    wider.size_ = size_;
-    wider.records_ = records_;
-    wider.free_ = free_;
-    wider.chunks_.reserve(chunks_.size());
-    for (std::size_t c = 0; c < chunks_.size(); ++c) {
-      wider.chunks_.push_back(std::make_unique<std::byte[]>(records_per_chunk * record_bytes));
-    }
-    for (std::uint32_t i = 0; i < records_; ++i) {
-      std::byte* to = wider.record(i);
-      copy_bytes(to, record(i), record_bytes_);
-      if (!is_free(to)) fill(to);
-    }
-    *this = std::move(wider);
-  }
-  /// Memory the bucket takes: its map, its chunks (held records or not) and their pointers.
-  std::uint64_t bytes_held() const noexcept;
+  /// Memory the map takes (the records are the slab's).
+  std::uint64_t bytes_held() const noexcept { return map_.capacity() * sizeof(entry); }
 
   static std::int64_t id_of(const std::byte* record) noexcept;
   static std::uint64_t last_named(const std::byte* record) noexcept;
@@ -126,24 +163,15 @@ class hash_bucket {
   };
   static constexpr std::uint32_t empty_entry = ~std::uint32_t{0};
 
-  std::byte* record(std::uint32_t i) const noexcept {
-    return chunks_[i / records_per_chunk].get() + std::size_t{i % records_per_chunk} * record_bytes_;
-  }
-  static bool is_free(const std::byte* record) noexcept;
-  static void copy_bytes(std::byte* to, const std::byte* from, std::size_t n) noexcept;
   std::size_t home(std::uint32_t tag) const noexcept {
     return static_cast<std::size_t>((std::uint64_t{tag} * map_.size()) >> 32);
   }
   std::size_t next(std::size_t at) const noexcept { return at + 1 == map_.size() ? 0 : at + 1; }
   void grow();
-  std::uint32_t allocate_record();
 
-  std::size_t record_bytes_;
+  record_slab* slab_;
   std::vector<entry> map_;
-  std::vector<std::unique_ptr<std::byte[]>> chunks_;
   std::uint32_t size_ = 0;
-  std::uint32_t records_ = 0;  // records ever allocated in the chunks (held or free)
-  std::uint32_t free_ = empty_entry;  // the first free record; each free record names the next
 };
 
 /// Rows of a table's part as a checkpoint holds them: the ids, when each was last named, and each
@@ -238,19 +266,24 @@ class hash_table_part {
   void insert_rows(const part_rows& rows, std::uint64_t room = std::numeric_limits<std::uint64_t>::max());
 
   /// Whether this part holds bucket `b`.
-  bool holds(std::uint32_t b) const noexcept { return b < buckets_.size() && buckets_[b] != nullptr; }
+  bool holds(std::uint32_t b) const noexcept { return b < slot_of_.size() && slot_of_[b] != not_held; }
   /// Calls f(id, last named, row, slot rows) for every row of bucket `b` (held).
   template <class F>
   void for_each_row(std::uint32_t b, F&& f) const {
-    buckets_[b]->for_each([&](const std::byte* r) {
+    buckets_[slot_of_[b]].for_each([&](const std::byte* r) {
       const std::byte* row = r + record_layout::header_bytes;
       f(hash_bucket::id_of(r), hash_bucket::last_named(r), row, row + layout_.row_bytes);
     });
   }
 
  private:
-  hash_bucket& bucket_of(std::uint64_t mixed) const;
-  void check_held(std::span<const std::int64_t> ids) const;
+  static constexpr std::uint32_t not_held = ~std::uint32_t{0};
+  hash_bucket& bucket_of(std::uint64_t mixed) const {
+    return buckets_[slot_of_[common::bucket_of_mix(mixed, options_.buckets)]];
+  }
+  /// Throws errc::invalid_argument naming the first id of a bucket this part does not hold; writes
+  /// each id's mix to `mixes` when given.
+  void check_held(std::span<const std::int64_t> ids, std::uint64_t* mixes = nullptr) const;
   void initialize_row(std::int64_t id, std::byte* row) const;
   void initialize_slots(std::byte* slots) const;
   /// Makes room for one more row (capacity eviction), near bucket `near`.
@@ -258,7 +291,7 @@ class hash_table_part {
   void lay_out_slots(const optimizer& opt);
   /// Inserts `id` into bucket `b`, counting what the bucket grew by.
   std::byte* insert_record(std::uint32_t b, std::int64_t id, std::uint64_t mixed);
-  /// Sums the held buckets' bytes again (after every record was rewritten).
+  /// Sums the held buckets' maps again.
   void count_bucket_bytes() noexcept;
 
   std::string name_;
@@ -266,10 +299,14 @@ class hash_table_part {
   dtype type_;
   hash_table_options options_;
   record_layout layout_;
-  std::vector<std::unique_ptr<hash_bucket>> buckets_;  // by bucket number; nullptr: not held here
+  std::unique_ptr<record_slab> slab_;  // its own address: the buckets point to it as the part moves
+  /// Points every bucket at `slab`, which becomes the part's.
+  void use_slab(std::unique_ptr<record_slab> slab);
+  mutable std::vector<hash_bucket> buckets_;  // the held ones, in held_'s order
+  std::vector<std::uint32_t> slot_of_;   // by bucket number: its index in buckets_, or not_held
   std::vector<std::uint32_t> held_;
   std::uint64_t rows_ = 0;
-  std::uint64_t bucket_bytes_ = 0;  // the held buckets' bytes_held(), kept as they grow
+  std::uint64_t bucket_bytes_ = 0;  // the held buckets' maps, kept as they grow
   std::uint64_t clock_ = 0;
   std::int64_t steps_ = 0;  // optimizer steps, for adam
   std::optional<optimizer> slot_owner_;

@@ -64,7 +64,8 @@ std::vector<float> row_at(const std::vector<float>& rows, std::size_t k, std::si
 
 TEST_CASE("a bucket finds every id it holds and none it does not, through inserts and erasures") {
   // A record of the id and 8 bytes; the reference is std::unordered_map.
-  hash_bucket bucket(ps::record_layout{.row_bytes = 8}.bytes());
+  ps::record_slab slab(ps::record_layout{.row_bytes = 8}.bytes(), 1 << 16);
+  hash_bucket bucket(&slab);
   std::unordered_map<std::int64_t, std::uint64_t> reference;
   std::mt19937_64 random(5);
   std::vector<std::int64_t> pool{0, -1, 1, std::numeric_limits<std::int64_t>::min(),
