@@ -9,6 +9,7 @@
 //   pscoro::module_variables<float> bound(*model, params);   // once per model; keep it
 //   co_await bound.pull();                                   // the ps values, into the parameters
 //   auto rows = co_await bound.embedding_lookup(table, ids); // requires grad
+//   auto users = co_await bound.embedding_lookup(user_table, raw_ids, {.insert = true});  // a hash_table
 //   auto loss = loss_of(model->forward(x, rows), y);
 //   loss.backward();
 //   co_await bound.push(pscoro::optimizers::adagrad{.learning_rate = 0.05});
@@ -24,6 +25,7 @@
 #include <pscoro/detail/xtensor.hpp>
 #include <pscoro/dtype.hpp>
 #include <pscoro/error.hpp>
+#include <pscoro/hash_table.hpp>
 #include <pscoro/optimizers.hpp>
 #include <pscoro/sharded_variable.hpp>
 #include <pscoro/strategy.hpp>
@@ -222,8 +224,8 @@ template <class T = float>
 /// The parameters of a torch::nn::Module bound to pscoro variables, one per parameter by its name
 /// (create_module_variables makes them): pull() receives the variables' values straight into the
 /// parameters, push() sends the gradients backward() left to the ps optimizers, and
-/// embedding_lookup() gives rows of a sharded table as a tensor that requires grad, whose gradient
-/// push() sends too, as sparse gradient rows. Each call covers every variable and table at once,
+/// embedding_lookup() gives rows of a sharded table or a hash table as a tensor that requires grad,
+/// whose gradient push() sends too, as sparse gradient rows. Each call covers every variable and table at once,
 /// concurrently across variables and shards.
 ///
 /// Binding gives each parameter new storage of the variable's shape (a copy of its current values):
@@ -317,6 +319,31 @@ class module_variables {
     co_return out;
   }
 
+  /// The rows of hash table `table` named by `ids` (an int32 or int64 CPU tensor of any shape, any
+  /// int64 values), shape ids.sizes() + [dim], as a leaf tensor that requires grad (hash_table::lookup;
+  /// `options.insert` makes rows for ids not held, as the table's admission policy allows). The
+  /// next push() steps the table's rows with its gradient (hash_table::apply_gradients: repeated
+  /// ids summed, ids not held dropped).
+  asio::awaitable<torch::Tensor> embedding_lookup(hash_table<T> table, torch::Tensor ids,
+                                                  hash_lookup_options options = {}) {
+    detail::check_cpu_dense(ids, "embedding_lookup: the ids");
+    if (ids.scalar_type() != torch::kInt64 && ids.scalar_type() != torch::kInt32) {
+      throw error(errc::invalid_argument, std::string("embedding_lookup of '") + table.name() + "': ids are " +
+                                              c10::toString(ids.scalar_type()) + ", not int32 or int64");
+    }
+    const torch::Tensor flat = ids.to(torch::kInt64).contiguous().reshape({-1});
+    const shape_type ids_shape = detail::shape_of(ids);
+    // Named: g++ 12 mishandles temporaries in a co_await's full-expression. The ids are read here.
+    auto request = table.lookup(
+        xt::adapt(flat.data_ptr<std::int64_t>(), static_cast<std::size_t>(flat.numel()), xt::no_ownership(), ids_shape),
+        options);
+    xt::xarray<T> rows = co_await std::move(request);
+    torch::Tensor out = to_torch(std::move(rows));
+    out.requires_grad_(true);
+    table_lookups_.push_back({std::move(table), flat, out});
+    co_return out;
+  }
+
   /// One optimizer step on the ps for everything backward() reached: each parameter's gradient
   /// (apply_gradient, sent from the gradient's own memory: no copy) and each lookup's gradient rows
   /// since the last push (apply_sparse_gradient: rows copied once, into one message per shard), all
@@ -338,7 +365,15 @@ class module_variables {
       for (std::size_t d = 1; d < l.table.shape().size(); ++d) sizes.push_back(static_cast<std::int64_t>(l.table.shape()[d]));
       updates.push_back({l.table, {}, l.ids, grad.contiguous().reshape(sizes)});
     }
-    co_await detail::run_all(updates.size(), [&](std::size_t i) { return updates[i].start(opt); });
+    std::vector<table_update> table_updates;
+    for (auto& l : std::exchange(table_lookups_, {})) {
+      const torch::Tensor grad = l.rows.grad();
+      if (!grad.defined()) continue;
+      table_updates.push_back({l.table, l.ids, grad.contiguous().reshape({l.ids.numel(), static_cast<std::int64_t>(l.table.dim())})});
+    }
+    co_await detail::run_all(updates.size() + table_updates.size(), [&](std::size_t i) {
+      return i < updates.size() ? updates[i].start(opt) : table_updates[i - updates.size()].start(opt);
+    });
   }
 
  private:
@@ -371,6 +406,26 @@ class module_variables {
     }
   };
 
+  struct table_lookup {
+    hash_table<T> table;
+    torch::Tensor ids;  // int64, 1-D
+    torch::Tensor rows;
+  };
+  // Gradient rows for a hash table's lookup.
+  struct table_update {
+    hash_table<T> table;
+    torch::Tensor ids;
+    torch::Tensor rows;  // [ids, dim]
+
+    asio::awaitable<void> start(const optimizer& opt) const {
+      const auto n = static_cast<std::size_t>(ids.numel());
+      return table.apply_gradients(
+          opt, xt::adapt(ids.data_ptr<std::int64_t>(), n, xt::no_ownership(), shape_type{n}),
+          xt::adapt(rows.data_ptr<T>(), static_cast<std::size_t>(rows.numel()), xt::no_ownership(),
+                    shape_type{n, table.dim()}));
+    }
+  };
+
   static std::string names_of(const variable_map& variables) {
     std::string out;
     for (const auto& [name, v] : variables) out += (out.empty() ? "" : ", ") + name;
@@ -380,6 +435,7 @@ class module_variables {
   variable_map variables_;
   std::vector<binding> bound_;
   std::vector<lookup> lookups_;
+  std::vector<table_lookup> table_lookups_;
 };
 
 }  // namespace pscoro

@@ -21,6 +21,7 @@
 #include <atomic>
 #include <cmath>
 #include <exception>
+#include <limits>
 #include <map>
 #include <memory>
 #include <string>
@@ -409,4 +410,48 @@ TEST_CASE("an MLP with an embedding table on the ps, trained by 2 workers, match
   }
   MESSAGE("mean loss of the first pass ", first / batches, ", of the last ", last / batches);
   CHECK(last < 0.9 * first);
+}
+
+TEST_CASE("module_variables looks up a hash table as a tensor that requires grad, and push steps its rows") {
+  const torch::Tensor ids = torch::tensor({std::numeric_limits<std::int64_t>::min(), std::int64_t{7},
+                                           std::int64_t{-3}, std::int64_t{7}},
+                                          torch::kInt64)
+                                .reshape({2, 2});
+  const torch::Tensor x = torch::ones({2, dense_features});
+  const torch::Tensor y = torch::tensor({1.0f, 0.0f});
+  const hash_lookup_options inserting{.insert = true};
+  hash_table_options options;
+  options.dim = embedding_width;
+  options.initializer = initializers::random_normal{.stddev = 0.5, .seed = 1};
+  local_cluster cluster(2, 1);
+  cluster.run_chief([&](parameter_server_strategy& strategy, cluster_coordinator&) -> asio::awaitable<void> {
+    mlp model;
+    auto params = co_await create_module_variables<float>(strategy.scope(), *model, "hashed/");
+    auto table = co_await strategy.scope().create_hash_table<float>("hashed/users", options);
+    module_variables<float> bound(*model, params);
+    co_await bound.pull();
+    auto lookup = bound.embedding_lookup(table, ids, inserting);  // named: g++ 12 (temporaries in co_await)
+    const torch::Tensor embedded = co_await std::move(lookup);
+    CHECK(embedded.sizes() == torch::IntArrayRef({2, 2, embedding_width}));
+    CHECK(embedded.requires_grad());
+    const torch::Tensor loss = torch::binary_cross_entropy_with_logits(model->forward(x, embedded), y);
+    loss.backward();
+    const torch::Tensor before = embedded.detach().clone().reshape({4, embedding_width});
+    const torch::Tensor grad = embedded.grad().clone().reshape({4, embedding_width});
+    auto pushed = bound.push(optimizers::sgd{.learning_rate = 0.1});
+    co_await std::move(pushed);
+    // Each row moved by the learning rate times its gradient, id 7's two gradients summed.
+    torch::Tensor expected = before - 0.1 * grad;
+    expected[1] = before[1] - 0.1 * (grad[1] + grad[3]);
+    expected[3] = expected[1];
+    const xt::xarray<std::int64_t> flat = xt::adapt(ids.data_ptr<std::int64_t>(), 4, xt::no_ownership(),
+                                                    std::vector<std::size_t>{4});
+    const xt::xarray<float> after = co_await table.lookup(flat);
+    CHECK(torch::allclose(to_torch(xt::xarray<float>(after)), expected, 1e-5, 1e-6));
+    // A lookup without insert of an id the table does not hold reads the default row.
+    const torch::Tensor unseen = torch::tensor({std::int64_t{12345}}, torch::kInt64);
+    auto read = bound.embedding_lookup(table, unseen);
+    const torch::Tensor unseen_row = co_await std::move(read);
+    CHECK(torch::equal(unseen_row.detach(), torch::zeros({1, embedding_width})));
+  });
 }
