@@ -500,3 +500,69 @@ TEST_CASE("a table restore refuses a file that does not fit the table, naming it
     CHECK(bitwise_equal(co_await table.lookup(ids), before));
   });
 }
+
+namespace {
+
+// Ten million ids in the release build; a tenth under the sanitizers, which are slower per row.
+#if defined(__SANITIZE_ADDRESS__)
+constexpr std::size_t many_ids = 1'000'000;
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+constexpr std::size_t many_ids = 1'000'000;
+#else
+constexpr std::size_t many_ids = 10'000'000;
+#endif
+#else
+constexpr std::size_t many_ids = 10'000'000;
+#endif
+
+}  // namespace
+
+TEST_CASE("ten million random ids, the extremes included, over 3 ps: every lookup returns the row stored") {
+  std::mt19937_64 random(2026);  // ids all distinct (checked by the rows held)
+  std::vector<std::int64_t> raw(many_ids);
+  for (auto& id : raw) id = static_cast<std::int64_t>(random());
+  raw[0] = min_id;
+  raw[1] = max_id;
+  raw[2] = 0;
+  raw[3] = -1;
+  constexpr std::size_t chunk = 1'000'000;
+  std::vector<xt::xarray<std::int64_t>> chunks;
+  for (std::size_t begin = 0; begin < raw.size(); begin += chunk) {
+    const std::size_t n = std::min(chunk, raw.size() - begin);
+    chunks.push_back(xt::adapt(raw.data() + begin, n, xt::no_ownership(), std::vector<std::size_t>{n}));
+  }
+  // The same ids again in reverse order, in chunks of another size.
+  std::vector<std::int64_t> reversed(raw.rbegin(), raw.rend());
+  local_cluster cluster(3, 1);
+  cluster.run_chief([&](parameter_server_strategy& strategy, cluster_coordinator&) -> asio::awaitable<void> {
+    hash_table_options options = normal_rows(2);
+    options.buckets = 4096;
+    auto table = co_await strategy.scope().create_hash_table<float>("many", options);
+    std::vector<float> stored(raw.size() * 2);
+    for (std::size_t c = 0; c < chunks.size(); ++c) {
+      const xt::xarray<float> rows = co_await table.lookup(chunks[c], inserting);
+      std::copy(rows.begin(), rows.end(), stored.begin() + static_cast<std::ptrdiff_t>(c * chunk * 2));
+    }
+    std::size_t mismatches = 0;
+    constexpr std::size_t other_chunk = 700'000;
+    for (std::size_t begin = 0; begin < reversed.size(); begin += other_chunk) {
+      const std::size_t n = std::min(other_chunk, reversed.size() - begin);
+      const xt::xarray<std::int64_t> ids =
+          xt::adapt(reversed.data() + begin, n, xt::no_ownership(), std::vector<std::size_t>{n});
+      const xt::xarray<float> rows = co_await table.lookup(ids);
+      const float* got = rows.data();
+      const float* want = stored.data() + (raw.size() - begin - n) * 2;  // the same ids, reversed
+      for (std::size_t k = 0; k < n; ++k) {
+        if (std::memcmp(got + k * 2, want + (n - 1 - k) * 2, 2 * sizeof(float)) != 0) ++mismatches;
+      }
+    }
+    CHECK(mismatches == 0);
+    const auto& r = metrics::process_registry();
+    const metrics::labels many{{"table", "many"}};
+    const double held = r.value("pscoro_ps_hash_table_rows", many).value_or(0);
+    CHECK(held == static_cast<double>(raw.size()));  // these random ids happen to be distinct
+    const double bytes = r.value("pscoro_ps_hash_table_bytes", many).value_or(0);
+    MESSAGE("bytes per row beyond the row's 8 over 3 ps at " << held << " rows: " << (bytes / held - 8.0));
+  });
+}
