@@ -1124,15 +1124,17 @@ void ps_service::export_table(const wire::HashExport& request, wire::frame& resp
   auto& reply = *response.message.mutable_response()->mutable_hash_export();
   wire::encode_table_state(response, *reply.mutable_state(), table.state(), request.first_bucket() == 0);
   reply.set_next_bucket(piece.next_bucket);
-  tensor ids = tensor::uninitialized(dtype::int64, {n});
-  std::memcpy(ids.bytes().data(), piece.rows.ids.data(), n * sizeof(std::int64_t));
-  tensor last_named = tensor::uninitialized(dtype::int64, {n});
-  std::memcpy(last_named.bytes().data(), piece.rows.last_named.data(), n * sizeof(std::uint64_t));
-  tensor values = tensor::uninitialized(table.type(), {n, row_values});
-  std::memcpy(values.bytes().data(), piece.rows.values.data(), piece.rows.values.size());
-  wire::put_tensor(response, *reply.mutable_ids(), ids);
-  wire::put_tensor(response, *reply.mutable_last_named(), last_named);
-  wire::put_tensor(response, *reply.mutable_values(), values);
+  // A tensor of `type` and `shape` holding `bytes` (none for no rows: no pointer to copy from).
+  const auto tensor_of = [](dtype type, shape_type shape, const void* bytes) {
+    tensor out = tensor::uninitialized(type, std::move(shape));
+    if (out.size_bytes() > 0) std::memcpy(out.bytes().data(), bytes, out.size_bytes());
+    return out;
+  };
+  wire::put_tensor(response, *reply.mutable_ids(), tensor_of(dtype::int64, {n}, piece.rows.ids.data()));
+  wire::put_tensor(response, *reply.mutable_last_named(),
+                   tensor_of(dtype::int64, {n}, piece.rows.last_named.data()));
+  wire::put_tensor(response, *reply.mutable_values(),
+                   tensor_of(table.type(), {n, row_values}, piece.rows.values.data()));
 }
 
 void ps_service::import_table(const wire::frame& request, const wire::HashImport& import) {

@@ -253,7 +253,7 @@ TEST_CASE("workers look up and step a table through their own connections") {
 
 TEST_CASE("4 workers racing to insert the same new ids insert each once, with one initial value") {
   std::vector<std::int64_t> raw;
-  for (std::int64_t k = 0; k < 1000; ++k) raw.push_back(k * 0x9e3779b97f4a7c1 - 500);
+  for (std::uint64_t k = 0; k < 1000; ++k) raw.push_back(static_cast<std::int64_t>(k * 0x9e3779b97f4a7c1ULL - 500));
   const xt::xarray<std::int64_t> ids = xt::adapt(raw, {raw.size()});
   xt::xarray<float> stepped_four_times = xt::xarray<float>::from_shape({raw.size(), 2});
   stepped_four_times.fill(1.0f - 0.5f - 0.5f - 0.5f - 0.5f);
