@@ -364,7 +364,7 @@ void hash_table_part::lookup(std::span<const std::int64_t> ids, bool insert, std
     if (k + 3 * ahead < n) __builtin_prefetch(&bucket_of(mixes[k + 3 * ahead]));
     if (k + 2 * ahead < n) bucket_of(mixes[k + 2 * ahead]).prefetch(mixes[k + 2 * ahead]);
     if (k + ahead < n) bucket_of(mixes[k + ahead]).prefetch_record(mixes[k + ahead]);
-    std::byte* r = bucket_of(mixes[k]).find(ids[k], mixes[k]);
+    std::byte* r = find_live(ids[k], mixes[k]);
     found[k] = r;
     if (r) {
       std::memcpy(out + k * row_bytes, r + record_layout::header_bytes, row_bytes);
@@ -516,7 +516,7 @@ void hash_table_part::apply_gradients(const optimizer& opt, std::span<const std:
       bucket_of(next).prefetch(next);
     }
     const std::uint64_t mixed = common::mix_id(distinct[u]);
-    records[u] = bucket_of(mixed).find(distinct[u], mixed);
+    records[u] = find_live(distinct[u], mixed);
   }
   // Compact: held ids only, each with its summed gradient.
   compact.assign(distinct.size(), ~std::uint32_t{0});
@@ -562,6 +562,7 @@ part_rows hash_table_part::rows_of(std::uint32_t b) const {
   out.last_named.reserve(bucket.size());
   out.values.reserve(bucket.size() * value_bytes);
   bucket.for_each([&](const std::byte* r) {
+    if (expired(r)) return;  // gone, not yet swept
     out.ids.push_back(hash_bucket::id_of(r));
     out.last_named.push_back(hash_bucket::last_named(r));
     const std::byte* values = r + record_layout::header_bytes;
@@ -684,14 +685,20 @@ std::uint64_t hash_table_part::advance_clock(std::uint64_t now) {
     invalid(fmt::format("hash table '{}': the clock cannot go back from {} to {}", name_, clock_, now));
   }
   clock_ = now;
-  const auto* ttl = std::get_if<eviction::ttl>(&options_.eviction);
-  if (!ttl) return 0;
+  if (!std::holds_alternative<eviction::ttl>(options_.eviction) || buckets_.empty()) return 0;
+  // Idle rows are gone from now on (expired() hides them); their memory comes back bucket by
+  // bucket, about sweep_rows rows' worth per call, so that a clock moved every step costs the ps a
+  // bounded pause however large the part.
   std::uint64_t dropped = 0;
+  std::uint64_t visited = 0;
   std::vector<std::int64_t> idle;
-  for (auto& bucket : buckets_) {
+  for (std::size_t swept = 0; swept < buckets_.size() && (swept == 0 || visited < sweep_rows); ++swept) {
+    hash_bucket& bucket = buckets_[sweep_cursor_];
+    sweep_cursor_ = (sweep_cursor_ + 1) % buckets_.size();
+    visited += bucket.size();
     idle.clear();
     bucket.for_each([&](const std::byte* r) {
-      if (now - hash_bucket::last_named(r) > ttl->max_idle) idle.push_back(hash_bucket::id_of(r));
+      if (expired(r)) idle.push_back(hash_bucket::id_of(r));
     });
     for (const std::int64_t id : idle) bucket.erase(id, common::mix_id(id));
     dropped += idle.size();
@@ -699,6 +706,24 @@ std::uint64_t hash_table_part::advance_clock(std::uint64_t now) {
   rows_ -= dropped;
   counts_.evicted += dropped;
   return dropped;
+}
+
+bool hash_table_part::expired(const std::byte* record) const noexcept {
+  const auto* ttl = std::get_if<eviction::ttl>(&options_.eviction);
+  return ttl && clock_ - hash_bucket::last_named(record) > ttl->max_idle;
+}
+
+std::byte* hash_table_part::find_live(std::int64_t id, std::uint64_t mixed) {
+  hash_bucket& bucket = bucket_of(mixed);
+  std::byte* r = bucket.find(id, mixed);
+  if (r && expired(r)) {
+    // Idle past its time: gone, whether or not a sweep has reached it yet.
+    bucket.erase(id, mixed);
+    --rows_;
+    ++counts_.evicted;
+    return nullptr;
+  }
+  return r;
 }
 
 }  // namespace pscoro::ps

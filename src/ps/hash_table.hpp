@@ -211,7 +211,7 @@ class hash_table_part {
   dtype type() const noexcept { return type_; }
   const hash_table_options& options() const noexcept { return options_; }
   std::size_t row_bytes() const noexcept { return layout_.row_bytes; }
-  /// The rows held.
+  /// The rows held (with eviction::ttl, expired rows no sweep has reached yet included).
   std::uint64_t rows() const noexcept { return rows_; }
   /// The memory the part takes: buckets, records, the admission filter (kept as it grows: no walk
   /// over the buckets, so the ps can count it after every request).
@@ -238,14 +238,19 @@ class hash_table_part {
   /// first optimizer to step the table lays its slots out in every record (initial values as the
   /// optimizer's); another one later is errc::failed_precondition naming both. Checks run first.
   void apply_gradients(const optimizer& opt, std::span<const std::int64_t> ids, const std::byte* gradients);
-  /// Sets the table's clock to `now` (never backwards: errc::invalid_argument) and, with
-  /// eviction::ttl, drops the rows not named for more than max_idle ticks. Returns the rows
-  /// dropped.
+  /// Sets the table's clock to `now` (never backwards: errc::invalid_argument). With eviction::ttl,
+  /// the rows not named for more than max_idle ticks are gone at once (a lookup or a step finds
+  /// them no more), and their memory comes back as sweeps reach them: each call sweeps buckets in
+  /// turn until about sweep_rows rows are visited (a part of fewer rows is swept whole). Returns
+  /// the rows this call's sweep dropped.
   std::uint64_t advance_clock(std::uint64_t now);
+  /// Rows a clock advance visits at most (one bucket more), so that moving the clock every step
+  /// pauses the ps for a bounded time however large the part.
+  static constexpr std::uint64_t sweep_rows = 65'536;
 
   /// The slot rows each record holds (those of slot_owner(); 0 before any step).
   std::size_t slots() const noexcept { return layout_.slots; }
-  /// The rows of bucket `b` (held).
+  /// The rows of bucket `b` (held), the expired ones aside.
   part_rows rows_of(std::uint32_t b) const;
   /// The admission filter's counters (empty unless admission::min_count).
   std::span<const std::uint8_t> filter() const noexcept { return filter_; }
@@ -278,6 +283,10 @@ class hash_table_part {
 
  private:
   static constexpr std::uint32_t not_held = ~std::uint32_t{0};
+  /// Whether a held record is idle past eviction::ttl's max_idle: gone, swept or not.
+  bool expired(const std::byte* record) const noexcept;
+  /// The record of `id` if it is held and not expired; an expired one is dropped on the way.
+  std::byte* find_live(std::int64_t id, std::uint64_t mixed);
   hash_bucket& bucket_of(std::uint64_t mixed) const {
     return buckets_[slot_of_[common::bucket_of_mix(mixed, options_.buckets)]];
   }
@@ -308,6 +317,7 @@ class hash_table_part {
   std::uint64_t rows_ = 0;
   std::uint64_t bucket_bytes_ = 0;  // the held buckets' maps, kept as they grow
   std::uint64_t clock_ = 0;
+  std::size_t sweep_cursor_ = 0;  // the held bucket the next clock advance sweeps first
   std::int64_t steps_ = 0;  // optimizer steps, for adam
   std::optional<optimizer> slot_owner_;
   std::vector<double> slot_initial_values_;

@@ -214,6 +214,35 @@ TEST_CASE("idle rows go when the clock passes them; a row admitted again is fres
   CHECK(part.clock() == 11);
 }
 
+TEST_CASE("a clock advance on a large part sweeps a bounded slice; idle rows are gone at once all the same") {
+  hash_table_options options;
+  options.eviction = eviction::ttl{.max_idle = 10};
+  auto part = table_part(options, 64);
+  // 200k rows named at 0, then 1,000 of them named again at 5.
+  std::vector<std::int64_t> ids(200'000);
+  std::iota(ids.begin(), ids.end(), std::int64_t{-100'000});
+  std::vector<float> rows(ids.size() * table_dim);
+  part.lookup(ids, true, reinterpret_cast<std::byte*>(rows.data()));
+  part.advance_clock(5);
+  const std::vector<std::int64_t> recent(ids.begin(), ids.begin() + 1000);
+  looked_up(part, recent, false);
+  // At 11 the other 199,000 are idle past max_idle: the advance sweeps only about sweep_rows of them...
+  const std::uint64_t first_sweep = part.advance_clock(11);
+  CHECK(first_sweep > 0);
+  CHECK(first_sweep < 199'000);
+  CHECK(first_sweep <= ps::hash_table_part::sweep_rows + 200'000 / 64);  // its rows, one bucket more
+  // ...but every idle row is gone for a lookup, which drops those it meets, and a step skips them.
+  const std::vector<std::int64_t> idle(ids.end() - 1000, ids.end());
+  const auto idle_rows = looked_up(part, idle, false);
+  CHECK(std::all_of(idle_rows.begin(), idle_rows.end(), [](float x) { return x == 0.0f; }));
+  CHECK(part.export_rows(0, std::numeric_limits<std::uint64_t>::max()).rows.ids.size() == 1000);
+  // Later advances sweep the rest: the part ends holding the 1,000 rows named at 5.
+  for (int advance = 0; advance < 64 && part.rows() > 1000; ++advance) part.advance_clock(11);
+  CHECK(part.rows() == 1000);
+  CHECK(part.counts().evicted == 199'000);
+  CHECK(row_at(looked_up(part, {recent[7]}, false), 0) == row_at(rows, 7));
+}
+
 TEST_CASE("at capacity each new row replaces a held one, and the table never holds more") {
   hash_table_options options;
   options.eviction = eviction::capacity{.rows_per_ps = 100};
