@@ -649,8 +649,22 @@ json table_record(const hash_table_ref& ref, const detail::table_state& state, s
 // Reads every part of `table` in pieces of about `chunk_bytes` into `spool`: rows, ids, last-named
 // times and slots each as runs of their tensor, the parts' states merged (the largest clock and
 // step count; the counters' largest values, which never undercount an id, as the filter itself).
-asio::awaitable<spooled_table> spool_table(const detail::checkpoint_table& t, std::size_t chunk_bytes,
-                                           spool_file& spool) {
+// Blocking, on the I/O thread: appends `size` bytes to `spool` as a run of a tensor.
+asio::awaitable<void> spool_run(spool_file& spool, const void* data, std::size_t size, table_run& run) {
+  run = {.spooled_at = spool.append(data, size), .bytes = size, .fill = std::nullopt};
+  co_return;
+}
+
+// Appends `size` bytes to `spool` on the I/O thread, and their run to `runs`.
+asio::awaitable<void> append_run(asio::thread_pool& io_thread, spool_file& spool, const void* data, std::size_t size,
+                                 std::vector<table_run>& runs) {
+  table_run run;
+  co_await asio::co_spawn(io_thread, spool_run(spool, data, size, run), asio::use_awaitable);
+  runs.push_back(run);
+}
+
+asio::awaitable<spooled_table> spool_table(asio::thread_pool& io_thread, const detail::checkpoint_table& t,
+                                           std::size_t chunk_bytes, spool_file& spool) {
   const auto& ref = t.ref;
   const std::size_t row_bytes = ref.dim * size_of(ref.type);
   spooled_table out;
@@ -699,11 +713,10 @@ asio::awaitable<spooled_table> spool_table(const detail::checkpoint_table& t, st
           for (std::uint64_t k = 0; k < n; ++k) {
             std::memcpy(column.data() + k * row_bytes, values + (k * columns + c) * row_bytes, row_bytes);
           }
-          runs.runs.push_back({.spooled_at = spool.append(column.data(), column.size()), .bytes = column.size(), .fill = std::nullopt});
+          co_await append_run(io_thread, spool, column.data(), column.size(), runs.runs);
           if (c == 0) {
-            runs.runs.push_back({.spooled_at = spool.append(piece.rows.ids.bytes().data(), n * 8), .bytes = n * 8, .fill = std::nullopt});
-            runs.runs.push_back(
-                {.spooled_at = spool.append(piece.rows.last_named.bytes().data(), n * 8), .bytes = n * 8, .fill = std::nullopt});
+            co_await append_run(io_thread, spool, piece.rows.ids.bytes().data(), n * 8, runs.runs);
+            co_await append_run(io_thread, spool, piece.rows.last_named.bytes().data(), n * 8, runs.runs);
           }
         }
       }
@@ -727,18 +740,15 @@ asio::awaitable<spooled_table> spool_table(const detail::checkpoint_table& t, st
     out.rows += piece.rows;
     for (std::size_t k = 0; k < 3; ++k) out.tensors[k].runs.push_back(piece.runs[k]);
     for (std::size_t s = 0; s < slots.size(); ++s) {
-      out.tensors[3 + s].runs.push_back(piece.runs.size() > 3 + s
-                                            ? piece.runs[3 + s]
-                                            : table_run{.spooled_at = 0, .bytes = piece.rows * row_bytes, .fill = slots[s].initial_value});
+      const table_run fill{.spooled_at = 0, .bytes = piece.rows * row_bytes, .fill = slots[s].initial_value};
+      out.tensors[3 + s].runs.push_back(piece.runs.size() > 3 + s ? piece.runs[3 + s] : fill);
     }
   }
   if (!merged.filter.empty()) {
     std::vector<std::byte> packed((merged.filter.size() + 7) / 8 * 8);
     std::memcpy(packed.data(), merged.filter.data(), merged.filter.size());
-    out.tensors.push_back({.name = ref.name + "/admission_counters",
-                           .type = dtype::int64,
-                           .row_bytes = 8,
-                           .runs = {{.spooled_at = spool.append(packed.data(), packed.size()), .bytes = packed.size(), .fill = std::nullopt}}});
+    out.tensors.push_back({.name = ref.name + "/admission_counters", .type = dtype::int64, .row_bytes = 8, .runs = {}});
+    co_await append_run(io_thread, spool, packed.data(), packed.size(), out.tensors.back().runs);
   }
   co_return out;
 }
@@ -1508,7 +1518,7 @@ asio::awaitable<void> checkpoint::save(fs::path path) const {
   std::optional<spool_file> spool;
   std::vector<spooled_table> tables;
   if (!state_->tables.empty()) spool.emplace(path.parent_path());
-  for (const auto& t : state_->tables) tables.push_back(co_await spool_table(t, chunk_bytes, *spool));
+  for (const auto& t : state_->tables) tables.push_back(co_await spool_table(io_thread, t, chunk_bytes, *spool));
   // Plan the file: every variable, then its slots (found on each shard's ps), as pieces in order;
   // then every table's tensors.
   save_plan plan;

@@ -1,14 +1,16 @@
 // A dynamic embedding table's part on one ps: the buckets it holds, each an open-addressing map
-// from id to a record in the part's chunked slab, where a record holds the id, when it was last
-// named, the row and the optimizer's slots together (no allocation per row). Admission, eviction and the
+// from id to a record in the part's slab, where a record holds the id, when it was last named, the
+// row and the optimizer's slots together (no allocation per row). Admission, eviction and the
 // table's clock are decided here. Pure: no executor, no wire; ps_service decodes requests and
 // answers.
 //
 // What happens to the rows on each failure: a request refused (bad id, capacity, limits) changes
-// nothing, not even admission counts, because every check runs before the first write; the end of
-// the chief's session drops the part with the ps's variables; a ps that dies loses its part and the
-// run fails, as for variables; a checkpoint holds the rows and the state beside them (state(),
-// export_rows(); reset() and insert_rows() restore them onto any split of the buckets).
+// nothing, not even admission counts: every check runs before the first write, and the held rows a
+// refused lookup had marked named are named back (a row idle past its time is dropped when met,
+// refused or not: it was gone already). The end of the chief's session drops the part with the
+// ps's variables; a ps that dies loses its part and the run fails, as for variables; a checkpoint
+// holds the rows and the state beside them (state(), export_rows(); reset() and insert_rows()
+// restore them onto any split of the buckets).
 #pragma once
 
 #include <pscoro/detail/variable_io.hpp>
