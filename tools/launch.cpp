@@ -6,9 +6,9 @@
 // report their real port on stdout ("pscoro: ps:0 listening on 127.0.0.1:40123"), so there is no
 // pick-then-bind race; once all have reported, the chief starts with the real addresses. Output
 // lines are prefixed with the task ("[ps-0] "). The chief ends the job when it closes: the servers
-// exit on their own with its code (code 0 is never a failure). When the chief exits the rest get
-// SIGTERM, then SIGKILL after the grace period; the launcher exits with the chief's code (128 +
-// signal for a signal).
+// exit on their own with its code (code 0 is never a failure); those still running a grace period
+// after the chief's exit (at once, when a signal ended the chief) get SIGTERM, then SIGKILL after
+// another; the launcher exits with the chief's code (128 + signal for a signal).
 //
 // Every task of the job shares a fresh random cluster secret (PSCORO_AUTH_SECRET_FILE names a file
 // only the launcher's user can read, removed when the launcher ends), so nobody else on the host can
@@ -247,11 +247,11 @@ class launcher {
         t.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
         std::printf("pscoro-launch: %s exited with %d\n", t.label.c_str(), *t.exit_code);
         std::fflush(stdout);
-        if (stopping_) continue;
+        if (stopping_ || chief_ended_) continue;  // a server exiting after the chief: expected
         if (restartable(t)) {
           restart(t);
         } else if (t.job == "chief") {
-          stop_all(*t.exit_code);  // the chief ending ends the job
+          chief_exited(*t.exit_code);  // the chief ending ends the job
         } else if (*t.exit_code == 0 && chief_started_) {
           // A server ends cleanly while the chief runs when the chief has ended the job (Shutdown):
           // the chief's own exit follows, and its code is the job's.
@@ -265,6 +265,24 @@ class launcher {
       }
     }
     if (all_exited()) finish();
+  }
+
+  // The chief has exited with `code`. One that ended the job (an exit code, not a signal) told the
+  // servers to exit with its code, and they are on their way: they get the grace period to do so,
+  // and only those still running then are stopped (a SIGTERM would race their own exit). After a
+  // signal nobody told them: they are stopped now.
+  void chief_exited(int code) {
+    if (code >= 128) {
+      stop_all(code);
+      return;
+    }
+    chief_ended_ = true;
+    exit_code_ = code;
+    if (all_exited()) return;
+    settle_timer_.emplace(io_, grace_);
+    settle_timer_->async_wait([this, code](std::error_code ec) {
+      if (!ec) stop_all(code);
+    });
   }
 
   // A server ended for good while the chief runs: the chief gets the grace period to notice and
@@ -284,6 +302,7 @@ class launcher {
   // (a process the task started may hold the pipe open).
   void finish() {
     if (std::exchange(finishing_, true)) return;
+    if (settle_timer_) settle_timer_->cancel();
     if (open_relays_ == 0) {
       io_.stop();
       return;
@@ -332,6 +351,7 @@ class launcher {
   asio::signal_set signals_;
   asio::steady_timer startup_timer_;
   std::optional<asio::steady_timer> kill_timer_;
+  std::optional<asio::steady_timer> settle_timer_;  // the servers' own exit after the chief's
   std::optional<asio::steady_timer> failure_timer_;
   std::optional<asio::steady_timer> drain_timer_;
   std::size_t open_relays_ = 0;  // children's pipes still being read
@@ -339,6 +359,7 @@ class launcher {
   std::deque<task> tasks_;  // restart timers refer to tasks: a deque keeps them in place
   bool chief_started_ = false;
   bool stopping_ = false;
+  bool chief_ended_ = false;  // the chief exited with a code: the servers exit on their own
   int exit_code_ = 0;
 };
 

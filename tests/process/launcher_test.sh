@@ -24,6 +24,9 @@ check "the servers are stopped with the chief" all_gone "$work/run.log"
 for task in ps:0 ps:1 worker:0 worker:1; do
   check "$task stops when the chief ends the job" \
     grep -qE "INFO \[$task\] the chief \(chief:0 at [0-9.:]+\) ended the job with exit code 0: $task stops$" "$work/run.log"
+  # On its own: the launcher signals only a task still running a grace period after the chief.
+  label=${task/:/-}
+  check "$label exits with the chief's code 0, not a signal's" grep -qE "^pscoro-launch: $label exited with 0$" "$work/run.log"
 done
 [ "$failed" -eq 0 ] || cat "$work/run.log"
 
