@@ -101,6 +101,7 @@ class PSCORO_API histogram {
   snapshot read() const;
   const std::vector<double>& bounds() const noexcept { return bounds_; }
 
+  /// 5 us to 60 s, in steps of 1-2.5-5: the bounds of every time histogram pscoro registers.
   static std::vector<double> default_seconds();
 
  private:
