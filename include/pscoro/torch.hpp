@@ -302,12 +302,7 @@ class module_variables {
   /// (no copy beyond placing them in input order). The next push() sends its gradient to `table`
   /// as sparse gradient rows (apply_sparse_gradient; repeated ids are summed on the ps).
   asio::awaitable<torch::Tensor> embedding_lookup(sharded_variable<T> table, torch::Tensor ids) {
-    detail::check_cpu_dense(ids, "embedding_lookup: the ids");
-    if (ids.scalar_type() != torch::kInt64 && ids.scalar_type() != torch::kInt32) {
-      throw error(errc::invalid_argument, std::string("embedding_lookup of '") + table.name() + "': ids are " +
-                                              c10::toString(ids.scalar_type()) + ", not int32 or int64");
-    }
-    const torch::Tensor flat = ids.to(torch::kInt64).contiguous().reshape({-1});
+    const torch::Tensor flat = flat_ids(ids, table.name());
     const shape_type ids_shape = detail::shape_of(ids);
     // Named: g++ 12 mishandles temporaries in a co_await's full-expression. The ids are read here.
     auto request = table.embedding_lookup(
@@ -326,12 +321,7 @@ class module_variables {
   /// ids summed, ids not held dropped).
   asio::awaitable<torch::Tensor> embedding_lookup(hash_table<T> table, torch::Tensor ids,
                                                   hash_lookup_options options = {}) {
-    detail::check_cpu_dense(ids, "embedding_lookup: the ids");
-    if (ids.scalar_type() != torch::kInt64 && ids.scalar_type() != torch::kInt32) {
-      throw error(errc::invalid_argument, std::string("embedding_lookup of '") + table.name() + "': ids are " +
-                                              c10::toString(ids.scalar_type()) + ", not int32 or int64");
-    }
-    const torch::Tensor flat = ids.to(torch::kInt64).contiguous().reshape({-1});
+    const torch::Tensor flat = flat_ids(ids, table.name());
     const shape_type ids_shape = detail::shape_of(ids);
     // Named: g++ 12 mishandles temporaries in a co_await's full-expression. The ids are read here.
     auto request = table.lookup(
@@ -425,6 +415,17 @@ class module_variables {
                     shape_type{n, table.dim()}));
     }
   };
+
+  // `ids` as one row of int64 (a copy only when they are not that already); errc::invalid_argument
+  // naming `table` for ids that are not an int32 or int64 CPU tensor.
+  static torch::Tensor flat_ids(const torch::Tensor& ids, const std::string& table) {
+    detail::check_cpu_dense(ids, "embedding_lookup: the ids");
+    if (ids.scalar_type() != torch::kInt64 && ids.scalar_type() != torch::kInt32) {
+      throw error(errc::invalid_argument, "embedding_lookup of '" + table + "': ids are " +
+                                              c10::toString(ids.scalar_type()) + ", not int32 or int64");
+    }
+    return ids.to(torch::kInt64).contiguous().reshape({-1});
+  }
 
   static std::string names_of(const variable_map& variables) {
     std::string out;
