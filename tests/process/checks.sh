@@ -1,8 +1,10 @@
 # What every process test sources: a scratch directory removed at exit (and background jobs
-# killed), `check DESCRIPTION COMMAND...` counting results for the closing "N passed, N failed"
-# line that scripts/count_tests.py reads, and waiting for processes and their logs.
+# killed, and any process it still holds stopped), `check DESCRIPTION COMMAND...` counting results
+# for the closing "N passed, N failed" line that scripts/count_tests.py reads, and waiting for
+# processes and their logs.
 work=$(mktemp -d)
-trap 'kill -9 $(jobs -p) 2>/dev/null; rm -rf "$work"' EXIT
+stopped=()  # pids stop_process holds stopped
+trap 'kill -9 "${stopped[@]}" $(jobs -p) 2>/dev/null; rm -rf "$work"' EXIT
 
 passed=0
 failed=0
@@ -52,4 +54,17 @@ wait_exit() {
 
 pid_of() {  # pid_of LOG LABEL: the pid pscoro-launch started LABEL with last
   sed -nE "s/^pscoro-launch: started $2 \(pid ([0-9]+)\)$/\1/p" "$1" | tail -n 1
+}
+
+# stop_process PID / continue_process PID: SIGSTOP and SIGCONT a task. Whatever ends the test, the
+# exit trap SIGKILLs a process still stopped: a stopped process acts on no other signal (the
+# SIGTERM its launcher sends, or its parent's death, waits in it until a SIGCONT).
+stop_process() {
+  kill -STOP "$1" && stopped+=("$1")
+}
+continue_process() {
+  local pid kept=()
+  for pid in "${stopped[@]}"; do [ "$pid" = "$1" ] || kept+=("$pid"); done
+  stopped=("${kept[@]}")
+  kill -CONT "$1"
 }

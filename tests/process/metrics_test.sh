@@ -4,6 +4,8 @@
 # independent readers: Debian's promtool (`promtool check metrics`, installed here with apt when it
 # can be) and a strict Python parser of the 0.0.4 format (parse_metrics.py), which also checks the
 # values: closures run, ps operations, per-peer traffic, dataset input, process memory and CPU.
+# While a worker is stopped, the chief's page shows it silent for longer and longer while the other
+# worker's age stays low.
 # usage: metrics_test.sh PSCORO_LAUNCH METRICS_CLUSTER
 set -uo pipefail
 launch=$1
@@ -56,8 +58,10 @@ for task in "${!url[@]}"; do
   check "$task's page has the process's memory and CPU" "${parse[@]}" "$page" \
     "v('process_resident_memory_bytes') > 0" "v('process_cpu_seconds_total') > 0"
   base=${url[$task]%/metrics}
-  check "$task answers 404 for another path" test "$(curl -s -o /dev/null -w '%{http_code}' "$base/")" = 404
-  check "$task answers 405 for POST" test "$(curl -s -o /dev/null -w '%{http_code}' -X POST "${url[$task]}")" = 405
+  check "$task answers 404 for another path" \
+    test "$(curl -s --max-time 30 -o /dev/null -w '%{http_code}' "$base/")" = 404
+  check "$task answers 405 for POST" \
+    test "$(curl -s --max-time 30 -o /dev/null -w '%{http_code}' -X POST "${url[$task]}")" = 405
 done
 
 check "the chief's page has TF's coordinator metrics and its traffic with every task" "${parse[@]}" "$work/chief:0.prom" \
@@ -83,6 +87,37 @@ for task in worker:0 worker:1; do
 done
 check "the two workers took $steps elements in all (got $elements)" test "$elements" -eq "$steps"
 
+echo "--- a stopped worker: the chief's pscoro_peer_heartbeat_age_seconds for it grows, a live one's stays low"
+# The closures are done and the chief holds the cluster up, sending Heartbeats to every task (1 s
+# apart by default), so a live worker's age stays within about two intervals. A stopped one's
+# climbs, and goes on climbing once its heartbeat timeout (10 s) has closed its connection: no check
+# here races that timeout. Only the chief is scraped: a stopped task's listener would take a scrape
+# and never answer it.
+age() { echo "v('pscoro_peer_heartbeat_age_seconds', peer='$1')"; }  # age PEER: for a check
+# chief_ages_until CHECK...: scrapes the chief until its page passes every CHECK (parse_metrics.py),
+# for up to 60 s, and prints its heartbeat ages; when time is up, also the check that failed.
+chief_ages_until() {
+  local page=$work/chief-ages.prom deadline=$((SECONDS + 60)) passed=1
+  while [ "$SECONDS" -lt "$deadline" ]; do
+    if curl -sS --fail --max-time 10 -o "$page" "${url[chief:0]}" 2> /dev/null &&
+      "${parse[@]}" "$page" "$@" > /dev/null; then
+      passed=0
+      break
+    fi
+    sleep 0.5
+  done
+  grep '^pscoro_peer_heartbeat_age_seconds{' "$page" 2> /dev/null
+  [ "$passed" -eq 0 ] || "${parse[@]}" "$page" "$@"
+  return "$passed"
+}
+stopped_worker=$(pid_of "$work/run.log" worker-1)
+check "both workers have been heard from" chief_ages_until "$(age worker:0) < 10" "$(age worker:1) < 10"
+stop_process "$stopped_worker"
+check "the chief sees worker:1, stopped, silent for 3 s and more, and worker:0 heard since less than half that" \
+  chief_ages_until "$(age worker:1) >= 3" "$(age worker:0) < $(age worker:1) / 2"
+continue_process "$stopped_worker"
+check "continued, worker:1 is heard again: its age is back under 3 s" chief_ages_until "$(age worker:1) < 3"
+
 echo "--- a scrape that never finishes its request does not hold the task up"
 port=$(sed -E 's#^http://[0-9.]+:([0-9]+)/metrics$#\1#' <<< "${url[ps:0]}")
 exec 3<>"/dev/tcp/127.0.0.1/$port" 2>/dev/null || true
@@ -91,14 +126,13 @@ check "another scrape is answered meanwhile" curl -sS --fail --max-time 30 -o /d
 exec 3>&- 2>/dev/null || true
 
 touch "$work/release"
-wait "$job"
-code=$?
+wait_exit "$job" 120
 check "the job exits 0 once released (got $code)" test "$code" -eq 0
 
 echo "--- off by default: without PSCORO_METRICS_PORT no task serves or says so"
 env -u PSCORO_METRICS_PORT "$launch" --ps 1 --workers 1 -- "$program" 10 "$work/data.txt" "$work/release" \
-  > "$work/off.log" 2>&1
-code=$?
+  > "$work/off.log" 2>&1 &
+wait_exit $! 120
 check "the job exits 0 (got $code)" test "$code" -eq 0
 check "it ran" grep -q "chief: ran 10 closures" "$work/off.log"
 check "no task serves metrics" bash -c '! grep -q "metrics at" "$0"' "$work/off.log"

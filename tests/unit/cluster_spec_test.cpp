@@ -191,12 +191,17 @@ TEST_CASE("a task index past a million is refused, so a sparse spec cannot make 
 }
 
 TEST_CASE("a TF_CONFIG task index out of range is refused as written, never wrapped") {
-  // 2^31 once became "No task with index -2147483648".
-  const auto refused = [](const std::string& index) {
-    return invalid_argument_message([&] {
-      (void)tf_config_cluster_resolver::from_json(R"({"cluster": {"worker": ["w:1"]}, "task": {"type": "worker", "index": )" +
-                                                  index + "}}");
-    });
+  // 2^31 once became "No task with index -2147483648". What from_json makes of `index`: its
+  // invalid_argument error's message, or the task it took the index for.
+  const auto refused = [](const std::string& index) -> std::string {
+    try {
+      const auto taken = tf_config_cluster_resolver::from_json(
+          R"({"cluster": {"worker": ["w:1"]}, "task": {"type": "worker", "index": )" + index + "}}");
+      return "taken as task index " + (taken.task_id() ? std::to_string(*taken.task_id()) : std::string("(none)"));
+    } catch (const pscoro::error& e) {
+      CHECK(e.code() == pscoro::errc::invalid_argument);
+      return e.what();
+    }
   };
   for (const std::string index : {"2147483648", "4294967296", "18446744073709551615", "-1", "-2147483649",
                                   "1048576", "\"2147483648\"", "\"99999999999999999999\"", "\"-1\""}) {

@@ -252,7 +252,8 @@ TEST_CASE("the seconds since each peer was last heard from are a gauge, growing 
   // A peer last heard 30 s ago (a stopped worker, say) shows 30 s and more, computed at the read.
   peer.heard(std::chrono::steady_clock::now() - 30s);
   const auto silent = r.value("pscoro_peer_heartbeat_age_seconds", heard_peer);
-  REQUIRE(silent.has_value());
+  REQUIRE_MESSAGE(silent.has_value(), "no pscoro_peer_heartbeat_age_seconds{peer=\"heartbeat_test:0\"} for a peer heard "
+                                      "30 s ago");
   CHECK(*silent >= 30);
   peer.heard(std::chrono::steady_clock::now());
   const auto live = r.value("pscoro_peer_heartbeat_age_seconds", heard_peer);
