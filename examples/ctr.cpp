@@ -409,12 +409,15 @@ asio::awaitable<int> run_chief(pscoro::parameter_server_strategy& strategy, cons
   if (!o.logdir.empty()) summaries.emplace(o.logdir);
   // Keep the workers busy with a window of scheduled steps and retire each step's result in order.
   // With --ttl the tables' clock counts the steps scheduled: a step runs while the clock is between
-  // its number and the window's end, so no row looks idle for longer than it is. The clock moves
-  // every ttl/16 steps, not every step: a move is a request per table (26) to each ps, more than a
-  // step's own two, and moving it every step cost ~40% of the steps per second.
+  // its number and the window's end, so no row looks idle for longer than it is, and the window is
+  // small (twice the closures in flight): the steps that run while a busy machine holds up the chief
+  // (and its clock) are few beside the ttl. The clock moves every ttl/16 steps, not every step: a
+  // move is a request per table (26) to each ps, more than a step's own two, and moving it every
+  // step cost ~40% of the steps per second.
   const std::int64_t clock_every = std::max<std::int64_t>(1, static_cast<std::int64_t>(o.ttl / 16));
   const auto started = std::chrono::steady_clock::now();
-  const std::size_t window = std::max<std::size_t>(64, 4 * o.closures_per_worker * strategy.num_workers());
+  const std::size_t in_flight_at_most = o.closures_per_worker * strategy.num_workers();
+  const std::size_t window = o.ttl > 0 ? 2 * in_flight_at_most : std::max<std::size_t>(64, 4 * in_flight_at_most);
   std::deque<std::pair<std::int64_t, pscoro::remote_value<double>>> in_flight;
   auto retire_oldest = [&]() -> asio::awaitable<void> {
     auto [step, loss] = std::move(in_flight.front());
