@@ -538,7 +538,7 @@ int main(int argc, char** argv) {
   app.add_flag("--gzip", o.gzip, "GZIP-compress the TFRecord files");
   app.add_flag("--prepare-only", o.prepare_only,
                "write the training data as TSV and as TFRecord (raw ids: TSV) and exit (no cluster)");
-  app.add_option("--steps", o.steps, "training steps (raw ids: one pass over the training lines unless set)")
+  app.add_option("--steps", o.steps, "training steps (raw ids: 90% of one pass over the training lines unless set)")
       ->check(CLI::PositiveNumber);
   app.add_option("--batch-size", o.batch_size, "examples per step")->check(CLI::PositiveNumber);
   app.add_option("--shuffle-buffer", o.shuffle_buffer, "examples in each worker's shuffle buffer")
@@ -572,8 +572,10 @@ int main(int argc, char** argv) {
     return 2;
   }
   if (o.raw_ids()) {
-    // Raw ids drift: a second pass would go back in time, to ids the tables may have forgotten.
-    if (app.count("--steps") == 0) o.steps = std::max<std::int64_t>(1, o.train_examples / o.batch_size);
+    // Raw ids drift: a second pass would go back in time, to ids the tables may have forgotten. So
+    // 90% of one pass: the workers share the steps unevenly, and the one that takes more must not
+    // start its lines again.
+    if (app.count("--steps") == 0) o.steps = std::max<std::int64_t>(1, o.train_examples * 9 / 10 / o.batch_size);
     // The truth gives every id a weight, and most raw ids are seen once: no model learns theirs
     // (1M lines end ~0.03 below the truth, with either embedding).
     if (app.count("--max-auc-gap") == 0) o.max_auc_gap = 0.05;
