@@ -9,6 +9,10 @@
 // The truth: logit = bias + sum_j c_j * log1p(I_j) + sum_f w_f(C_f), categorical values drawn per
 // field from a Zipf law over its vocabulary (10 to 10,000 values), ~5% of categoricals and ~10% of
 // integers missing (contributing 0).
+//
+// A second form, raw_id_generator (ctr --ids raw), writes the categoricals as raw 64-bit ids (16
+// hex digits) from vocabularies of up to 10 million values that drift along the stream, as logs
+// keyed by user and item ids do; the example reads it with its own parser (parse_raw_line).
 #pragma once
 
 #include <pscoro/data_formats.hpp>
@@ -57,15 +61,53 @@ inline double normal(std::uint64_t bits_a, std::uint64_t bits_b) {
   return std::sqrt(-2.0 * std::log(1.0 - uniform01(bits_a))) * std::cos(6.283185307179586 * uniform01(bits_b));
 }
 
-class generator {
+// The truth's bias: about 30% of the lines are clicks.
+inline constexpr double truth_bias = -1.3;
+
+// The 13 integer features and their part of the truth, the same in both generators: geometric
+// counts with a per-feature mean, ~10% missing, each adding c_j * log1p(count) to the logit.
+class integer_truth {
  public:
-  explicit generator(std::uint64_t seed) : seed_(seed) {
-    static constexpr std::array<std::size_t, 6> vocabularies{10, 50, 200, 1000, 3000, 10000};
-    bias_ = -1.3;
+  explicit integer_truth(std::uint64_t seed) {
     for (std::size_t j = 0; j < integer_features; ++j) {
       coefficient_[j] = 0.25 * normal(hash(seed, 1, j), hash(seed, 2, j));
       mean_[j] = std::exp(5.0 * uniform01(hash(seed, 3, j)));
     }
+  }
+
+  /// Appends the integer fields of the line of key `key` to `features` (each after a tab) and adds
+  /// their part to `logit`.
+  void append(std::uint64_t key, std::string& features, double& logit) const {
+    char buffer[24];
+    for (std::size_t j = 0; j < integer_features; ++j) {
+      features += '\t';
+      if (uniform01(hash(key, 200, j)) < 0.10) continue;
+      // Geometric counts with a per-feature mean.
+      const double u = uniform01(hash(key, 300, j));
+      const auto count = static_cast<std::int64_t>(std::floor(std::log(1.0 - u) / std::log(1.0 - 1.0 / (1.0 + mean_[j]))));
+      logit += coefficient_[j] * std::log1p(static_cast<double>(count));
+      std::snprintf(buffer, sizeof buffer, "%lld", static_cast<long long>(count));
+      features += buffer;
+    }
+  }
+
+ private:
+  std::array<double, integer_features> coefficient_{};
+  std::array<double, integer_features> mean_{};
+};
+
+/// The two forms of the categorical values (ctr --ids): Criteo's own, 8 hex digits (32-bit hashes
+/// of the values), or raw 64-bit ids.
+enum class id_form { criteo, raw };
+
+/// Criteo's own form of the data (ctr --ids criteo, the default): each categorical value is 8 hex
+/// digits, a 32-bit hash of the value, from vocabularies that never change.
+class generator {
+ public:
+  static constexpr id_form form = id_form::criteo;
+
+  explicit generator(std::uint64_t seed) : seed_(seed), integers_(seed) {
+    static constexpr std::array<std::size_t, 6> vocabularies{10, 50, 200, 1000, 3000, 10000};
     for (std::size_t f = 0; f < categorical_features; ++f) {
       auto& field = fields_[f];
       const std::size_t size = vocabularies[(f * 7) % vocabularies.size()];
@@ -84,21 +126,12 @@ class generator {
   /// Line `index` of the stream, and the truth's probability that its label is 1.
   std::string line(std::uint64_t index, double* probability = nullptr) const {
     const std::uint64_t key = hash(seed_, 100, index);
-    double logit = bias_;
+    double logit = truth_bias;
     std::string out;
     out.reserve(200);
     char buffer[24];
     std::string features;
-    for (std::size_t j = 0; j < integer_features; ++j) {
-      features += '\t';
-      if (uniform01(hash(key, 200, j)) < 0.10) continue;
-      // Geometric counts with a per-feature mean.
-      const double u = uniform01(hash(key, 300, j));
-      const auto count = static_cast<std::int64_t>(std::floor(std::log(1.0 - u) / std::log(1.0 - 1.0 / (1.0 + mean_[j]))));
-      logit += coefficient_[j] * std::log1p(static_cast<double>(count));
-      std::snprintf(buffer, sizeof buffer, "%lld", static_cast<long long>(count));
-      features += buffer;
-    }
+    integers_.append(key, features, logit);
     for (std::size_t f = 0; f < categorical_features; ++f) {
       features += '\t';
       if (uniform01(hash(key, 400, f)) < 0.05) continue;
@@ -124,11 +157,141 @@ class generator {
     double scale = 0;
   };
   std::uint64_t seed_;
-  double bias_;
-  std::array<double, integer_features> coefficient_{};
-  std::array<double, integer_features> mean_{};
+  integer_truth integers_;
   std::array<field, categorical_features> fields_;
 };
+
+/// The raw-id form of the data (ctr --ids raw): each categorical value is a raw 64-bit id written as
+/// 16 hex digits, as in logs keyed by user, item and ad ids, with vocabularies like theirs:
+/// - from 3 to 10,000,000 values per field, 8 fields with millions, drawn under a Zipf law (exponent
+///   1.05 from 100,000 values up: a long tail, most of the values a run sees in such a field it sees
+///   once; 1.2 below);
+/// - drift: beyond its 100 most frequent values, a field's value of each rank is a new id every
+///   100,000 lines (each rank at a phase of its own), so ids appear, are seen for a while and are
+///   never seen again: the rows of a table that forgets nothing only grow;
+/// - the truth: logit = bias + the integers' part (as in Criteo's form) + sum_f s_f * w(id), w ~ N(0, 1)
+///   drawn from the id, so a new id has a weight of its own to learn.
+/// The integers and the missing values are those of Criteo's form of the same seed and line.
+class raw_id_generator {
+ public:
+  static constexpr id_form form = id_form::raw;
+  static constexpr std::uint64_t stable_ranks = 100;
+  static constexpr std::uint64_t lifetime = 100'000;  // lines an id of a rank past stable_ranks lives
+
+  explicit raw_id_generator(std::uint64_t seed) : seed_(seed), integers_(seed) {
+    static constexpr std::array<std::uint64_t, categorical_features> vocabularies{
+        10,      3'000'000, 300,    100'000, 30,        10'000'000, 1'000,  300'000, 3,
+        2'000'000, 3'000,  1'000'000, 100,  5'000'000, 30'000,    10,       500'000, 10'000,
+        4'000'000, 300,    50,     1'000'000, 3'000,  100,       8'000'000, 30'000};
+    for (std::size_t f = 0; f < categorical_features; ++f) {
+      auto& field = fields_[f];
+      field.size = vocabularies[f];
+      field.exponent = field.size >= 100'000 ? 1.05 : 1.2;
+      field.tail = std::pow(static_cast<double>(field.size) + 1, 1 - field.exponent) - 1;
+      field.scale = 0.5 / std::sqrt(1.0 + std::log10(static_cast<double>(field.size)));
+    }
+  }
+
+  std::uint64_t seed() const noexcept { return seed_; }
+
+  /// The id of rank `rank` (0: the most frequent) of field `field` at line `index`.
+  std::uint64_t id(std::size_t field, std::uint64_t rank, std::uint64_t index) const {
+    const std::uint64_t generation =
+        rank < stable_ranks ? 0 : (index + hash(seed_, 2000 + field, rank) % lifetime) / lifetime;
+    return hash(seed_, 1000 + field, rank + (generation << 32));  // ranks < 2^32: one id per (rank, generation)
+  }
+
+  /// Line `index` of the stream, and the truth's probability that its label is 1.
+  std::string line(std::uint64_t index, double* probability = nullptr) const {
+    const std::uint64_t key = hash(seed_, 100, index);
+    double logit = truth_bias;
+    std::string out;
+    out.reserve(520);
+    char buffer[24];
+    std::string features;
+    integers_.append(key, features, logit);
+    for (std::size_t f = 0; f < categorical_features; ++f) {
+      features += '\t';
+      if (uniform01(hash(key, 400, f)) < 0.05) continue;
+      const auto& field = fields_[f];
+      // The inverse of the continuous power law's CDF over [1, size + 1), floored to a rank: no
+      // table of millions of cumulative weights.
+      const double u = uniform01(hash(key, 500, f));
+      const double x = std::pow(1 + u * field.tail, 1 / (1 - field.exponent));
+      const auto rank = std::min(static_cast<std::uint64_t>(x) - 1, field.size - 1);
+      const std::uint64_t value = id(f, rank, index);
+      logit += field.scale * normal(hash(seed_, 4000, value), hash(seed_, 4001, value));
+      std::snprintf(buffer, sizeof buffer, "%016llx", static_cast<unsigned long long>(value));
+      features += buffer;
+    }
+    const double p = 1.0 / (1.0 + std::exp(-logit));
+    if (probability) *probability = p;
+    out += uniform01(hash(key, 900)) < p ? '1' : '0';
+    out += features;
+    return out;
+  }
+
+ private:
+  struct field {
+    std::uint64_t size = 0;  // ranks
+    double exponent = 0;     // of the Zipf law
+    double tail = 0;         // (size + 1)^(1 - exponent) - 1, for the inverse CDF
+    double scale = 0;        // of the ids' weights
+  };
+  std::uint64_t seed_;
+  integer_truth integers_;
+  std::array<field, categorical_features> fields_;
+};
+
+/// A line of the raw-id form: Criteo's line with 64-bit categorical values. pscoro's Criteo reader
+/// (parse_criteo_line) reads Criteo's own 32-bit form; this one is the example's.
+struct raw_example {
+  float label = 0;
+  std::array<std::optional<std::int64_t>, integer_features> integers;
+  std::array<std::optional<std::uint64_t>, categorical_features> categories;
+};
+
+/// Parses one line of the raw-id form; throws errc::invalid_argument naming the field (1-based) and
+/// why, as parse_criteo_line does.
+inline raw_example parse_raw_line(std::string_view line) {
+  raw_example out;
+  std::size_t field = 0;
+  std::size_t begin = 0;
+  const auto fail = [&](const std::string& what) {
+    throw pscoro::error(pscoro::errc::invalid_argument, fmt::format("field {}: {}", field, what));
+  };
+  const auto next = [&]() -> std::string_view {
+    ++field;
+    if (begin > line.size()) fail(fmt::format("missing: the line has {} fields, Criteo has 40", field - 1));
+    const std::size_t end = std::min(line.find('\t', begin), line.size());
+    const auto text = line.substr(begin, end - begin);
+    begin = end + 1;
+    return text;
+  };
+  const auto label = next();
+  if (label != "0" && label != "1") fail(fmt::format("the label must be 0 or 1, not '{}'", label));
+  out.label = label == "1" ? 1.0f : 0.0f;
+  for (auto& value : out.integers) {
+    const auto text = next();
+    if (text.empty()) continue;
+    std::int64_t v = 0;
+    const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
+    if (ec != std::errc{} || end != text.data() + text.size()) fail(fmt::format("'{}' is not an integer", text));
+    value = v;
+  }
+  for (auto& value : out.categories) {
+    const auto text = next();
+    if (text.empty()) continue;
+    std::uint64_t v = 0;
+    const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), v, 16);
+    if (text.size() != 16 || ec != std::errc{} || end != text.data() + text.size()) {
+      fail(fmt::format("'{}' is not 16 hex digits", text));
+    }
+    value = v;
+  }
+  if (begin <= line.size()) fail("more than the 40 fields of a Criteo line");
+  return out;
+}
 
 /// `example` as a tf.train.Example: "label" int64, "I1".."I13" int64, "C1".."C26" the 8 hex digits
 /// as bytes; a missing value is an empty list (what TF's Criteo pipelines write).
@@ -226,8 +389,10 @@ inline std::string_view name_of(file_format format) {
 /// Where write_training_data puts `examples` lines of seed `seed` in `files` files of `format`: a
 /// directory of its own under `root`, so runs with other parameters never mix their files.
 inline std::filesystem::path training_data_dir(const std::filesystem::path& root, std::uint64_t seed,
-                                               std::int64_t examples, std::size_t files, file_format format) {
-  return root / fmt::format("seed-{}-examples-{}-files-{}-{}", seed, examples, files, name_of(format));
+                                               std::int64_t examples, std::size_t files, file_format format,
+                                               id_form ids = id_form::criteo) {
+  return root / fmt::format("seed-{}-examples-{}-files-{}-{}{}", seed, examples, files, name_of(format),
+                            ids == id_form::raw ? "-raw-ids" : "");
 }
 
 /// The training files in `dir`, TF's naming ("train-00003-of-00008.tsv").
@@ -239,15 +404,20 @@ inline std::vector<std::string> training_files(const std::filesystem::path& dir,
   return out;
 }
 
-/// Writes lines [0, examples) of `data`, split into `files` consecutive parts, as Criteo TSV files
-/// or as TFRecord files of to_tf_example (GZIP-compressed or not), into training_data_dir(root,
-/// ...), which it returns. Files are written in parallel into a temporary directory renamed into
-/// place at the end: the directory exists only when complete, and a second call with the same
-/// parameters finds it and writes nothing.
-inline std::filesystem::path write_training_data(const generator& data, const std::filesystem::path& root,
-                                                 std::int64_t examples, std::size_t files, file_format format) {
+/// Writes lines [0, examples) of `data` (a generator or a raw_id_generator), split into `files`
+/// consecutive parts, as Criteo TSV files or as TFRecord files of to_tf_example (GZIP-compressed or
+/// not), into training_data_dir(root, ...), which it returns. Files are written in parallel into a
+/// temporary directory renamed into place at the end: the directory exists only when complete, and
+/// a second call with the same parameters finds it and writes nothing. The raw-id form is written
+/// as TSV only (errc::invalid_argument otherwise): tf_example_reader reads Criteo's 8 hex digits.
+template <class Generator>
+std::filesystem::path write_training_data(const Generator& data, const std::filesystem::path& root,
+                                          std::int64_t examples, std::size_t files, file_format format) {
   namespace fs = std::filesystem;
-  const auto dir = training_data_dir(root, data.seed(), examples, files, format);
+  if (Generator::form == id_form::raw && format != file_format::tsv) {
+    throw pscoro::error(pscoro::errc::invalid_argument, "the raw-id form of the data is written as TSV only");
+  }
+  const auto dir = training_data_dir(root, data.seed(), examples, files, format, Generator::form);
   if (fs::is_directory(dir)) return dir;
   fs::create_directories(root);
   const fs::path staging = dir.string() + fmt::format(".tmp-{}", ::getpid());
@@ -313,7 +483,7 @@ inline std::filesystem::path write_training_data(const generator& data, const st
 
 /// The row of categorical feature `field`'s value (or of "missing" in that field) in a hashed
 /// embedding table of `rows` rows: one table for all 26 fields, the field salting the hash.
-inline std::int64_t hashed_row(std::size_t field, const std::optional<std::uint32_t>& value, std::size_t rows) {
+inline std::int64_t hashed_row(std::size_t field, const std::optional<std::uint64_t>& value, std::size_t rows) {
   const std::uint64_t key = value ? *value : (std::uint64_t{1} << 32) + field;
   return static_cast<std::int64_t>(hash(0xC7, field, key) % rows);
 }
@@ -339,12 +509,30 @@ inline pscoro::dataset<pscoro::criteo_example> training_examples(const std::file
   return examples.shuffle(shuffle_buffer, seed).repeat();
 }
 
-/// The test set: `count` fresh lines of the generator, far beyond any training line, and the
-/// truth's probability for each (their AUC is the best any model can reach).
-struct test_set {
-  std::vector<pscoro::criteo_example> examples;
+/// A worker's raw-id training examples. Every worker reads all the files in order and takes every
+/// num_workers-th line (sharding by line, not by file), so that all workers move through the
+/// stream's time together, as a job training on a log in time order does: the drift of the ids and
+/// a table's eviction clock then agree. Shuffled within `shuffle_buffer` lines, repeated forever.
+inline pscoro::dataset<raw_example> raw_training_examples(const std::filesystem::path& dir, std::size_t files,
+                                                          std::size_t shuffle_buffer, std::uint64_t seed,
+                                                          pscoro::input_context context) {
+  return pscoro::text_lines(training_files(dir, files, file_format::tsv))
+      .shard(context.num_workers, context.worker_index)
+      .map([](const std::string& line) { return parse_raw_line(line); })
+      .shuffle(shuffle_buffer, seed)
+      .repeat();
+}
+
+/// A test set: examples and the truth's probability for each (their AUC is the best any model can
+/// reach).
+template <class Example>
+struct basic_test_set {
+  std::vector<Example> examples;
   std::vector<double> truth;
 };
+using test_set = basic_test_set<pscoro::criteo_example>;
+
+/// `count` fresh lines of the generator, far beyond any training line.
 inline test_set make_test_set(const generator& data, std::size_t count) {
   test_set out;
   out.examples.reserve(count);
@@ -352,6 +540,16 @@ inline test_set make_test_set(const generator& data, std::size_t count) {
   for (std::size_t i = 0; i < count; ++i) {
     out.examples.push_back(pscoro::parse_criteo_line(data.line((std::uint64_t{1} << 40) + i, &out.truth[i])));
   }
+  return out;
+}
+
+/// The raw-id test set: the `count` lines after the first `first` (the training lines), the
+/// stream's next day: its ids drift on from the training's, as a model's next day's do.
+inline basic_test_set<raw_example> make_test_set(const raw_id_generator& data, std::size_t count, std::uint64_t first) {
+  basic_test_set<raw_example> out;
+  out.examples.reserve(count);
+  out.truth.resize(count);
+  for (std::size_t i = 0; i < count; ++i) out.examples.push_back(parse_raw_line(data.line(first + i, &out.truth[i])));
   return out;
 }
 
