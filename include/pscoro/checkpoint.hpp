@@ -83,6 +83,7 @@ struct checkpoint_table {
 };
 
 struct checkpoint_state;
+struct checkpoint_reader_access;
 
 }  // namespace detail
 
@@ -94,6 +95,17 @@ struct checkpoint_read_options {
   /// A pscoro checkpoint is verified whole either way: one without its checksums is
   /// errc::data_loss.
   bool allow_unverified = false;
+};
+
+/// How checkpoint::save writes.
+struct checkpoint_save_options {
+  /// Write only what the hash tables changed since the file this checkpoint saved or restored
+  /// last (its rows changed, with their slots, and the ids dropped), beside every variable whole:
+  /// an increment, which restores together with the files it builds on (named in its
+  /// `__metadata__["base"]`; keep them). A table some part of which cannot tell what changed (a
+  /// ps restarted, a table tracked since) is written whole in it; with no file to build on, the
+  /// save is whole.
+  bool incremental = false;
 };
 
 class PSCORO_API checkpoint {
@@ -143,11 +155,16 @@ class PSCORO_API checkpoint {
 
   /// Writes every tracked variable, its slots, the step and the scalars to `path`, atomically: the
   /// file appears complete or not at all. For a consistent snapshot, save when no closure updates
-  /// the variables (after join()); a save during training is as fuzzy as TF's.
-  asio::awaitable<void> save(std::filesystem::path path) const;
+  /// the variables (after join()); a save during training is as fuzzy as TF's. With
+  /// `options.incremental`, the hash tables' rows only as far as they changed (see
+  /// checkpoint_save_options).
+  asio::awaitable<void> save(std::filesystem::path path, checkpoint_save_options options = {}) const;
 
   /// Loads `path` into the tracked variables (any number of shards on any ps), their slots (created
-  /// where missing), the step and the scalars. The file is checked in full first: a missing,
+  /// where missing), the step and the scalars; for an incremental save, each hash table from the
+  /// files it builds on too (its last whole save, then every increment in order). A file of that
+  /// chain missing, replaced or corrupt is errc::data_loss naming it. The file is checked in full
+  /// first (with its chain): a missing,
   /// truncated or corrupt file, a tracked variable it lacks or holds with another dtype or shape,
   /// is an error before anything changes. Every tensor restored matches its CRC-32C: a
   /// checkpoint without the `crc32c` record, or without one tensor's checksum in it, is
@@ -185,6 +202,8 @@ class PSCORO_API checkpoint {
   checkpoint& track_ref(sharded_variable_ref ref, std::shared_ptr<detail::variable_io> io);
   checkpoint& track_table(hash_table_ref ref, std::shared_ptr<detail::variable_io> io);
 
+  friend class checkpoint_manager;  // asks how many increments the last file builds on
+
   std::shared_ptr<detail::checkpoint_state> state_;  // the tracked variables, the pending values
   std::int64_t step_ = 0;
   std::map<std::string, double, std::less<>> scalars_;
@@ -193,9 +212,15 @@ class PSCORO_API checkpoint {
 /// Numbered checkpoints in a directory: `<directory>/ckpt-<n>.safetensors`, the newest `max_to_keep`
 /// kept (0 keeps all). The directory is the state: the newest complete file is the latest
 /// checkpoint (an interrupted save leaves only a temporary file, removed by the next manager).
+///
+/// With `full_every` N above 1, a save is incremental (checkpoint_save_options) when the file
+/// saved or restored last builds on fewer than N - 1 increments: one save in N is whole, and the
+/// hash tables' rows in the others are only those changed since the save before. A file that a
+/// kept file builds on is kept too, whatever `max_to_keep` says.
 class PSCORO_API checkpoint_manager {
  public:
-  checkpoint_manager(checkpoint& ckpt, std::filesystem::path directory, std::size_t max_to_keep = 5);
+  checkpoint_manager(checkpoint& ckpt, std::filesystem::path directory, std::size_t max_to_keep = 5,
+                     std::size_t full_every = 1);
 
   /// Saves as number (latest number + 1), TF's save counter; returns the path.
   asio::awaitable<std::filesystem::path> save();
@@ -215,6 +240,7 @@ class PSCORO_API checkpoint_manager {
   checkpoint* checkpoint_;
   std::filesystem::path directory_;
   std::size_t max_to_keep_;
+  std::size_t full_every_;
 };
 
 /// The checkpoints a checkpoint_manager saved in `directory` ("ckpt-<n>.safetensors"), oldest
@@ -250,6 +276,17 @@ class PSCORO_API checkpoint_reader {
   /// The step and the scalars of a pscoro checkpoint (0 and none for another file).
   std::int64_t step() const;
   std::map<std::string, double, std::less<>> scalars() const;
+  /// The save's id (`__metadata__["save_id"]`), 0 for a file without one.
+  std::uint64_t save_id() const noexcept;
+  /// For an incremental save, the file it builds on (`__metadata__["base"]`, resolved from this
+  /// file's directory) and that file's save id; its hash tables' tensors hold only what changed
+  /// since (the rows, and `<table>/dropped`). None for a whole save.
+  struct base_file {
+    std::filesystem::path path;
+    std::uint64_t save_id = 0;
+    std::size_t depth = 0;  // increments from the last whole save to this file, this one included
+  };
+  const std::optional<base_file>& base() const noexcept;
 
   /// Tensor `name`, checked against its CRC-32C (errc::data_loss if it does not match); a file of
   /// another tool, read with allow_unverified, may have none.
@@ -265,6 +302,7 @@ class PSCORO_API checkpoint_reader {
  private:
   friend class checkpoint;  // restore reads ranges of the open file
   friend struct detail::checkpoint_state;
+  friend struct detail::checkpoint_reader_access;  // a restore follows an increment's bases
   std::unique_ptr<state> state_;
 };
 

@@ -33,6 +33,7 @@
 #include <cstring>
 #include <map>
 #include <optional>
+#include <random>
 #include <regex>
 #include <set>
 #include <vector>
@@ -52,6 +53,13 @@ struct checkpoint_slot_record {
   std::string suffix;    // "<optimizer>/<slot>"
   double initial_value = 0;
   bool per_shard = false;
+};
+
+// The file a checkpoint wrote or restored last: what its next incremental save builds on.
+struct saved_file {
+  fs::path path;
+  std::uint64_t save_id = 0;  // 0: a file without one (written before incremental saves)
+  std::size_t depth = 0;      // increments since its last whole save (0: it is whole)
 };
 
 }  // namespace detail
@@ -140,6 +148,25 @@ void sync_directory(const fs::path& dir) {
 }
 
 std::string hex32(std::uint32_t v) { return fmt::format("{:08x}", v); }
+std::string hex64(std::uint64_t v) { return fmt::format("{:016x}", v); }
+
+// A save's id: random and never 0, so that no two saves of one table share one (a part builds an
+// increment only on the save it knows by that id).
+std::uint64_t new_save_id() {
+  std::random_device device;
+  std::uint64_t id = 0;
+  while (id == 0) id = (std::uint64_t{device()} << 32) ^ device();
+  return id;
+}
+
+// Exactly 16 hex digits, as hex64 writes them.
+std::optional<std::uint64_t> parse_hex64(std::string_view text) {
+  std::uint64_t v = 0;
+  if (text.size() != 16) return std::nullopt;
+  const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), v, 16);
+  if (ec != std::errc{} || end != text.data() + text.size()) return std::nullopt;
+  return v;
+}
 
 // Exactly 8 hex digits, as hex32 writes them.
 std::optional<std::uint32_t> parse_hex32(std::string_view text) {
@@ -664,7 +691,8 @@ asio::awaitable<void> append_run(asio::thread_pool& io_thread, spool_file& spool
 }
 
 asio::awaitable<spooled_table> spool_table(asio::thread_pool& io_thread, const detail::checkpoint_table& t,
-                                           std::size_t chunk_bytes, spool_file& spool) {
+                                           std::size_t chunk_bytes, spool_file& spool,
+                                           detail::variable_io::table_save save) {
   const auto& ref = t.ref;
   const std::size_t row_bytes = ref.dim * size_of(ref.type);
   spooled_table out;
@@ -675,13 +703,17 @@ asio::awaitable<spooled_table> spool_table(asio::thread_pool& io_thread, const d
     std::vector<table_run> runs;  // rows, ids, last_named, then each slot's (none: no slots)
   };
   std::vector<piece_runs> pieces;
+  std::vector<table_run> dropped_runs;  // an increment's dropped ids
   std::vector<int> parts = ref.ps_tasks;
   std::sort(parts.begin(), parts.end());
   parts.erase(std::unique(parts.begin(), parts.end()), parts.end());
   std::vector<std::byte> column;
   for (const int ps : parts) {
     for (std::uint32_t first = 0; first < ref.buckets;) {
-      const auto piece = co_await t.io->hash_export(ps, ref, first, chunk_bytes);
+      const auto piece = co_await t.io->hash_export(ps, ref, first, chunk_bytes, save);
+      if (piece.dropped.size() > 0) {
+        co_await append_run(io_thread, spool, piece.dropped.bytes().data(), piece.dropped.size_bytes(), dropped_runs);
+      }
       const auto& state = piece.state;
       merged.clock = std::max(merged.clock, state.clock);
       merged.steps = std::max(merged.steps, state.steps);
@@ -726,6 +758,7 @@ asio::awaitable<spooled_table> spool_table(asio::thread_pool& io_thread, const d
   }
   const auto slots = merged.owner ? slots_of(*merged.owner) : std::vector<optimizer_slot>{};
   out.record = table_record(ref, merged, merged.filter.size());
+  out.record["increment"] = save.base != 0;
   out.tensors.push_back({.name = ref.name, .type = ref.type, .row_bytes = row_bytes, .runs = {}});
   out.tensors.push_back({.name = ref.name + "/ids", .type = dtype::int64, .row_bytes = 8, .runs = {}});
   out.tensors.push_back({.name = ref.name + "/last_named", .type = dtype::int64, .row_bytes = 8, .runs = {}});
@@ -750,7 +783,28 @@ asio::awaitable<spooled_table> spool_table(asio::thread_pool& io_thread, const d
     out.tensors.push_back({.name = ref.name + "/admission_counters", .type = dtype::int64, .row_bytes = 8, .runs = {}});
     co_await append_run(io_thread, spool, packed.data(), packed.size(), out.tensors.back().runs);
   }
+  if (save.base != 0) {
+    out.tensors.push_back(
+        {.name = ref.name + "/dropped", .type = dtype::int64, .row_bytes = 8, .runs = std::move(dropped_runs)});
+  }
   co_return out;
+}
+
+// Table `t` into `spool` for save `save`: only what changed since `base` when that is not 0 and
+// every part can tell (one that cannot, a ps restarted or a part never saved, makes the table go
+// whole in this file).
+asio::awaitable<spooled_table> spool_table_of_save(asio::thread_pool& io_thread, const detail::checkpoint_table& t,
+                                                   std::size_t chunk_bytes, spool_file& spool, std::uint64_t save,
+                                                   std::uint64_t base) {
+  if (base != 0) {
+    try {
+      co_return co_await spool_table(io_thread, t, chunk_bytes, spool, {.save = save, .base = base});
+    } catch (const error& e) {
+      if (e.code() != errc::failed_precondition) throw;
+      log::info("checkpoint: hash table '{}' is saved whole: {}", t.ref.name, e.what());
+    }
+  }
+  co_return co_await spool_table(io_thread, t, chunk_bytes, spool, {.save = save, .base = 0});
 }
 
 // The file's entry of each of `table`'s tensors.
@@ -802,6 +856,8 @@ struct checkpoint_reader::state {
   safetensors::header header;
   std::map<std::string, std::size_t, std::less<>> index;  // name -> entry
   std::map<std::string, std::uint32_t, std::less<>> crcs;
+  std::uint64_t save_id = 0;
+  std::optional<checkpoint_reader::base_file> base;
 
   const safetensors::entry& find(std::string_view name) const {
     const auto it = index.find(name);
@@ -885,6 +941,31 @@ checkpoint_reader::checkpoint_reader(fs::path path, checkpoint_read_options opti
     }
     s.crcs.emplace(name, *value);
   }
+  if (ours) {
+    // The save's id, and for an increment the file it builds on.
+    const auto malformed = [&](std::string_view what) {
+      return error(errc::data_loss, fmt::format("checkpoint {}: {}", s.path.string(), what));
+    };
+    if (const auto id = metadata.find("save_id"); id != metadata.end()) {
+      const auto value = parse_hex64(id->second);
+      if (!value || *value == 0) throw malformed(fmt::format("save id \"{}\" is not 16 hex digits of a save", id->second));
+      s.save_id = *value;
+    }
+    if (metadata.contains("base")) {
+      const json base = metadata_json(metadata, "base", s.path.string());
+      const std::uint64_t id = base.contains("save_id") && base["save_id"].is_string()
+                                   ? parse_hex64(base["save_id"].get<std::string>()).value_or(0)
+                                   : 0;
+      if (!base.contains("file") || !base["file"].is_string() || base["file"].get<std::string>().empty() || id == 0 ||
+          !base.contains("depth") || !base["depth"].is_number_unsigned() || base["depth"].get<std::uint64_t>() == 0 ||
+          s.save_id == 0) {
+        throw malformed("the \"base\" record is not as pscoro writes it");
+      }
+      s.base = base_file{.path = (s.path.parent_path() / base["file"].get<std::string>()).lexically_normal(),
+                         .save_id = id,
+                         .depth = static_cast<std::size_t>(base["depth"].get<std::uint64_t>())};
+    }
+  }
   std::size_t unverified = 0;
   for (const auto& e : s.header.entries) {
     if (s.crcs.contains(e.name)) continue;
@@ -944,6 +1025,10 @@ std::map<std::string, double, std::less<>> checkpoint_reader::scalars() const {
   return out;
 }
 
+std::uint64_t checkpoint_reader::save_id() const noexcept { return state_->save_id; }
+
+const std::optional<checkpoint_reader::base_file>& checkpoint_reader::base() const noexcept { return state_->base; }
+
 tensor checkpoint_reader::read_tensor(std::string_view name) const {
   const auto& e = state_->find(name);
   tensor out = tensor::uninitialized(e.type, e.shape);
@@ -958,6 +1043,14 @@ tensor checkpoint_reader::read_tensor(std::string_view name) const {
   }
   return out;
 }
+
+namespace detail {
+
+struct checkpoint_reader_access {
+  static const checkpoint_reader::state& of(const checkpoint_reader& reader) { return *reader.state_; }
+};
+
+}  // namespace detail
 
 // ---------------------------------------------------------------------------------------------
 // Restore planning: what of the file goes where, checked before anything changes.
@@ -1260,46 +1353,155 @@ asio::awaitable<byte_buffer> read_table_rows(asio::thread_pool& io_thread, const
   co_return out;
 }
 
-// Rows for the ps at `index` in ref.ps_tasks, if there are any.
-asio::awaitable<void> import_rows(detail::variable_io& io, const hash_table_ref& ref, std::size_t index,
-                                  detail::variable_io::table_rows rows) {
-  if (rows.ids.size() > 0) co_await io.hash_import(ref.ps_tasks[index], ref, std::nullopt, std::move(rows));
+// One file of a table's restore: the table's tensors there, and for an increment its dropped ids.
+struct table_link {
+  std::shared_ptr<checkpoint_reader> reader;  // keeps the file open
+  table_target target;
+  const safetensors::entry* dropped = nullptr;  // an increment's
+};
+
+// The files table `t` restores from, its last whole save first and `last` last: each increment's
+// base opened beside it and checked to be the save it was built on. Throws errc::data_loss naming
+// the file when one is missing, replaced, or not as pscoro writes it.
+std::vector<table_link> chain_of(std::shared_ptr<checkpoint_reader> last, const detail::checkpoint_table& t) {
+  std::vector<table_link> chain;
+  std::set<fs::path> seen;
+  for (auto reader = std::move(last);;) {
+    const auto& state = detail::checkpoint_reader_access::of(*reader);
+    const std::string where = state.path.string();
+    if (!seen.insert(state.path.lexically_normal()).second) {
+      throw error(errc::data_loss, fmt::format("checkpoint {}: its chain of increments comes back to it", where));
+    }
+    const std::vector<detail::checkpoint_table> one{t};
+    const json records = tables_of(state, where);
+    if (!chain.empty() && !records.contains(t.ref.name)) {
+      throw error(errc::data_loss, fmt::format("checkpoint {}: hash table '{}' is not in it, and {} builds on it for "
+                                               "that table",
+                                               where, t.ref.name, chain.back().reader->path().string()));
+    }
+    table_link link{.reader = reader, .target = std::move(match_tables(state, one, where).front()), .dropped = nullptr};
+    link.target.table = &t;
+    const json& record = records[t.ref.name];
+    const bool increment = record.contains("increment") && record["increment"].is_boolean() &&
+                           record["increment"].get<bool>();
+    if (increment) {
+      const std::string name = t.ref.name + "/dropped";
+      if (!state.index.contains(name) || state.find(name).type != dtype::int64 || state.find(name).shape.size() != 1) {
+        throw error(errc::data_loss, fmt::format("checkpoint {}: hash table '{}' is an increment without \"{}\" as "
+                                                 "int64 [ids]",
+                                                 where, t.ref.name, name));
+      }
+      link.dropped = &state.find(name);
+    }
+    chain.insert(chain.begin(), std::move(link));
+    if (!increment) break;
+    if (!reader->base()) {
+      throw error(errc::data_loss, fmt::format("checkpoint {}: hash table '{}' is an increment, and the file names "
+                                               "no base",
+                                               where, t.ref.name));
+    }
+    const auto& base = *reader->base();
+    std::error_code missing;
+    if (!fs::exists(base.path, missing)) {
+      throw error(errc::data_loss, fmt::format("checkpoint {} builds on {}, which is missing: its hash table '{}' "
+                                               "cannot be restored (a whole save or an earlier file can be)",
+                                               where, base.path.string(), t.ref.name));
+    }
+    auto next = std::make_shared<checkpoint_reader>(base.path);
+    if (next->save_id() != base.save_id) {
+      throw error(errc::data_loss, fmt::format("checkpoint {} builds on save {} of {}, which holds save {} now (it was "
+                                               "replaced): its hash table '{}' cannot be restored",
+                                               where, hex64(base.save_id), base.path.string(),
+                                               hex64(next->save_id()), t.ref.name));
+    }
+    reader = std::move(next);
+  }
+  // One optimizer along the chain: a file before the first step has none.
+  const auto& final_owner = chain.back().target.state.owner;
+  for (const auto& link : chain) {
+    const auto& owner = link.target.state.owner;
+    if (owner && (!final_owner || optimizer_name(*owner) != optimizer_name(*final_owner))) {
+      throw error(errc::data_loss,
+                  fmt::format("checkpoint {}: hash table '{}' holds the slots of {} there and of {} in {}",
+                              link.reader->path().string(), t.ref.name, optimizer_name(*owner),
+                              final_owner ? optimizer_name(*final_owner) : std::string_view("no optimizer"),
+                              chain.back().reader->path().string()));
+    }
+  }
+  return chain;
 }
 
-// Replaces the rows of table `t`'s parts with the file's: each part reset to the saved state, then
-// the rows in pieces of about `chunk_bytes`, each row to the ps that holds its bucket now.
-asio::awaitable<void> apply_table_restore(asio::thread_pool& io_thread, const checkpoint_reader::state& state,
-                                          table_target& t, std::size_t chunk_bytes) {
-  const auto& ref = t.table->ref;
-  const auto& io = t.table->io;
-  const std::size_t row_bytes = ref.dim * size_of(ref.type);
-  const std::size_t columns = t.columns.size();
-  if (t.counters) {
-    const auto packed = co_await read_table_rows(io_thread, state, *t.counters, t.counters->size(), 0, 1);
-    const auto* bytes = reinterpret_cast<const std::uint8_t*>(packed.data());
-    t.state.filter.assign(bytes, bytes + t.counter_count);
+// Every tensor of the chain matches its checksum.
+asio::awaitable<void> verify_chain(asio::thread_pool& io_thread, const std::vector<table_link>& chain) {
+  for (const auto& link : chain) {
+    const auto& state = detail::checkpoint_reader_access::of(*link.reader);
+    const std::vector<table_target> one{link.target};
+    co_await verify_table_checksums(io_thread, state, one, state.path.string());
+    if (link.dropped) {
+      const std::vector<restore_target> dropped{{.entry = link.dropped, .variable = nullptr, .slot = nullptr}};
+      co_await verify_checksums(io_thread, state, dropped, state.path.string());
+    }
   }
-  std::vector<int> parts = ref.ps_tasks;
-  std::sort(parts.begin(), parts.end());
-  parts.erase(std::unique(parts.begin(), parts.end()), parts.end());
+}
+
+// Rows for the ps at `index` in ref.ps_tasks, if there are any.
+asio::awaitable<void> import_rows(detail::variable_io& io, const hash_table_ref& ref, std::size_t index,
+                                  detail::variable_io::table_import import) {
+  if (import.rows.ids.size() > 0 || !import.dropped.empty()) {
+    co_await io.hash_import(ref.ps_tasks[index], ref, std::move(import));
+  }
+}
+
+// Sends the rows of `link` to the ps of their buckets in pieces of about `chunk_bytes`, each with
+// `columns` rows of values (the row, then the slots: a file saved before the first step has none,
+// and its rows get the slots' initial values); an increment's dropped ids first, and its rows
+// replace those held.
+asio::awaitable<void> send_link(asio::thread_pool& io_thread, const table_link& link, const detail::checkpoint_table& t,
+                                const std::vector<double>& slot_initial_values, std::size_t chunk_bytes) {
+  const auto& ref = t.ref;
+  const auto& state = detail::checkpoint_reader_access::of(*link.reader);
+  const std::size_t row_bytes = ref.dim * size_of(ref.type);
+  const std::size_t columns = 1 + slot_initial_values.size();
+  const std::size_t n_ps = ref.ps_tasks.size();
   const auto rows_of = [&](std::size_t n) {
     return detail::variable_io::table_rows{tensor::uninitialized(dtype::int64, {n}),
                                            tensor::uninitialized(dtype::int64, {n}),
                                            tensor::uninitialized(ref.type, {n, columns * ref.dim})};
   };
-  const std::optional<detail::table_state> reset = t.state;
-  co_await detail::run_all(parts.size(), [&](std::size_t p) { return io->hash_import(parts[p], ref, reset, rows_of(0)); });
+  const bool increment = link.dropped != nullptr;
+  if (increment) {
+    const std::uint64_t dropped = link.dropped->shape[0];
+    const std::uint64_t per_piece = rows_per_piece(chunk_bytes, 8);
+    for (std::uint64_t begin = 0; begin < dropped; begin += per_piece) {
+      const std::uint64_t end = std::min(dropped, begin + per_piece);
+      const auto bytes = co_await read_table_rows(io_thread, state, *link.dropped, 8, begin, end);
+      std::vector<std::vector<std::int64_t>> by_ps(n_ps);
+      for (std::uint64_t k = 0; k < end - begin; ++k) {
+        std::int64_t id = 0;
+        std::memcpy(&id, bytes.data() + k * 8, 8);
+        by_ps[common::ps_index_of(id, ref)].push_back(id);
+      }
+      co_await detail::run_all(n_ps, [&](std::size_t p) {
+        return import_rows(*t.io, ref, p, {.reset = std::nullopt, .dropped = std::move(by_ps[p]), .rows = rows_of(0),
+                                           .replace = false});
+      });
+    }
+  }
+  const auto& target = link.target;
   const std::uint64_t per_piece = rows_per_piece(chunk_bytes, columns * row_bytes + 16);
-  const std::size_t n_ps = ref.ps_tasks.size();
-  for (std::uint64_t begin = 0; begin < t.rows; begin += per_piece) {
-    const std::uint64_t end = std::min(t.rows, begin + per_piece);
+  for (std::uint64_t begin = 0; begin < target.rows; begin += per_piece) {
+    const std::uint64_t end = std::min(target.rows, begin + per_piece);
     const std::size_t n = end - begin;
-    const auto ids_bytes = co_await read_table_rows(io_thread, state, *t.ids, 8, begin, end);
-    const auto named_bytes = co_await read_table_rows(io_thread, state, *t.last_named, 8, begin, end);
+    const auto ids_bytes = co_await read_table_rows(io_thread, state, *target.ids, 8, begin, end);
+    const auto named_bytes = co_await read_table_rows(io_thread, state, *target.last_named, 8, begin, end);
     std::vector<byte_buffer> column_bytes;
-    for (const auto* e : t.columns) {
-      auto column = co_await read_table_rows(io_thread, state, *e, row_bytes, begin, end);
-      column_bytes.push_back(std::move(column));
+    for (std::size_t c = 0; c < columns; ++c) {
+      if (c < target.columns.size()) {
+        auto column = co_await read_table_rows(io_thread, state, *target.columns[c], row_bytes, begin, end);
+        column_bytes.push_back(std::move(column));
+      } else {
+        column_bytes.push_back(filled(ref.type, n * row_bytes, slot_initial_values[c - 1]));
+      }
     }
     std::vector<std::int64_t> ids(n);
     std::memcpy(ids.data(), ids_bytes.data(), n * 8);
@@ -1319,8 +1521,45 @@ asio::awaitable<void> apply_table_restore(asio::thread_pool& io_thread, const ch
                     row_bytes);
       }
     }
-    co_await detail::run_all(n_ps, [&](std::size_t p) { return import_rows(*io, ref, p, std::move(out[p])); });
+    co_await detail::run_all(n_ps, [&](std::size_t p) {
+      return import_rows(*t.io, ref, p, {.reset = std::nullopt, .dropped = {}, .rows = std::move(out[p]),
+                                         .replace = increment});
+    });
   }
+}
+
+// Replaces the rows of table `t`'s parts with those of `chain` (chain_of's): each part reset to the
+// last file's state, then the files' rows in order (an increment's dropped ids before its rows),
+// each row to the ps that holds its bucket now.
+asio::awaitable<void> apply_table_restore(asio::thread_pool& io_thread, const std::vector<table_link>& chain,
+                                          const detail::checkpoint_table& t, std::size_t chunk_bytes) {
+  const auto& ref = t.ref;
+  const auto& last = chain.back();
+  detail::table_state reset = last.target.state;
+  reset.save = last.reader->save_id();
+  if (last.target.counters) {
+    const auto packed = co_await read_table_rows(io_thread, detail::checkpoint_reader_access::of(*last.reader), *last.target.counters,
+                                                 last.target.counters->size(), 0, 1);
+    const auto* bytes = reinterpret_cast<const std::uint8_t*>(packed.data());
+    reset.filter.assign(bytes, bytes + last.target.counter_count);
+  }
+  std::vector<double> slot_initial_values;
+  if (reset.owner) {
+    for (const auto& slot : slots_of(*reset.owner)) slot_initial_values.push_back(slot.initial_value);
+  }
+  std::vector<int> parts = ref.ps_tasks;
+  std::sort(parts.begin(), parts.end());
+  parts.erase(std::unique(parts.begin(), parts.end()), parts.end());
+  const std::size_t columns = 1 + slot_initial_values.size();
+  co_await detail::run_all(parts.size(), [&](std::size_t p) {
+    return t.io->hash_import(parts[p], ref,
+                             {.reset = reset,
+                              .dropped = {},
+                              .rows = {tensor::uninitialized(dtype::int64, {0}), tensor::uninitialized(dtype::int64, {0}),
+                                       tensor::uninitialized(ref.type, {0, columns * ref.dim})},
+                              .replace = false});
+  });
+  for (const auto& link : chain) co_await send_link(io_thread, link, t, slot_initial_values, chunk_bytes);
 }
 
 }  // namespace
@@ -1346,6 +1585,7 @@ struct checkpoint_state final : chief::restore_on_create {
   std::size_t chunk_bytes = 32 << 20;
   std::weak_ptr<coordinator_core> core;  // set when made with a strategy
   std::shared_ptr<pending_file> pending;
+  std::optional<saved_file> last_file;  // written or restored last
   // Variables claimed and being created: the file they take their value from (a restore() in the
   // meantime replaces `pending`, not what they were promised).
   std::map<std::string, std::shared_ptr<pending_file>, std::less<>> claimed;
@@ -1424,12 +1664,10 @@ struct checkpoint_state final : chief::restore_on_create {
   asio::awaitable<bool> claims_table(const hash_table_ref& ref) override {
     const auto file = pending;  // held: a restore() while this awaits replaces `pending`
     if (!file || !file->reader || !file->tables.contains(ref.name)) co_return false;
-    const auto& state = *file->reader->state_;
-    const std::string where = state.path.string();
-    const std::vector<checkpoint_table> one{{ref, nullptr}};
-    const auto targets = match_tables(state, one, where);
+    const checkpoint_table table{ref, nullptr};
+    const auto chain = chain_of(file->reader, table);
     asio::thread_pool io_thread(1);
-    co_await verify_table_checksums(io_thread, state, targets, where);
+    co_await verify_chain(io_thread, chain);
     claimed[ref.name] = file;
     co_return true;
   }
@@ -1441,11 +1679,10 @@ struct checkpoint_state final : chief::restore_on_create {
     }
     const auto file = std::move(it->second);
     claimed.erase(it);
-    const auto& state = *file->reader->state_;
-    const std::vector<checkpoint_table> one{{ref, io}};
-    auto targets = match_tables(state, one, state.path.string());
+    const checkpoint_table table{ref, io};
+    const auto chain = chain_of(file->reader, table);
     asio::thread_pool io_thread(1);
-    co_await apply_table_restore(io_thread, state, targets.front(), chunk_bytes);
+    co_await apply_table_restore(io_thread, chain, table, chunk_bytes);
     file->names.erase(ref.name);
     file->tables.erase(ref.name);
     if (pending == file && file->names.empty()) pending.reset();  // nothing left to read: close it
@@ -1508,21 +1745,33 @@ double checkpoint::scalar(std::string_view name) const {
   return it->second;
 }
 
-asio::awaitable<void> checkpoint::save(fs::path path) const {
+asio::awaitable<void> checkpoint::save(fs::path path, checkpoint_save_options options) const {
   // A FIFO or a directory there is refused now, not found by the rename after the whole save.
   (void)common::regular_file_exists("checkpoint", path.string(), save_setting);
+  // Held by this frame: the state may be replaced (a move-assignment) while it awaits.
+  const auto self = state_;
   // One I/O thread writes the file for the whole save: the executor never waits on the disk.
   asio::thread_pool io_thread(1);
-  // The tables first, into the spool: their row counts decide the file's shape.
-  const std::size_t chunk_bytes = state_->chunk_bytes;
+  // The tables first, into the spool: their row counts decide the file's shape. An incremental
+  // save builds on the last file this checkpoint wrote or restored.
+  const std::size_t chunk_bytes = self->chunk_bytes;
+  const std::uint64_t save_id = new_save_id();
+  const std::optional<detail::saved_file> base =
+      options.incremental && self->last_file && self->last_file->save_id != 0 ? self->last_file : std::nullopt;
   std::optional<spool_file> spool;
   std::vector<spooled_table> tables;
-  if (!state_->tables.empty()) spool.emplace(path.parent_path());
-  for (const auto& t : state_->tables) tables.push_back(co_await spool_table(io_thread, t, chunk_bytes, *spool));
+  if (!self->tables.empty()) spool.emplace(path.parent_path());
+  bool increment = false;  // whether a table of the file needs its base
+  for (const auto& t : self->tables) {
+    tables.push_back(
+        co_await spool_table_of_save(io_thread, t, chunk_bytes, *spool, save_id, base ? base->save_id : 0));
+    increment = increment || tables.back().record["increment"].get<bool>();
+  }
+  const std::size_t depth = increment ? base->depth + 1 : 0;
   // Plan the file: every variable, then its slots (found on each shard's ps), as pieces in order;
   // then every table's tensors.
   save_plan plan;
-  for (const auto& v : state_->variables) {
+  for (const auto& v : self->variables) {
     plan_variable(plan, v, chunk_bytes);
     const auto found = co_await find_slots(v);
     for (const auto& [suffix, per_shard] : found) plan_slot(plan, v, suffix, per_shard, chunk_bytes);
@@ -1545,6 +1794,13 @@ asio::awaitable<void> checkpoint::save(fs::path path) const {
   const auto metadata = [&] {
     auto m = metadata_of(plan, step_, scalars_, crcs);
     if (!tables.empty()) m["tables"] = table_records.dump();
+    m["save_id"] = hex64(save_id);
+    if (increment) {
+      // The base by its path from this file's directory: the two may move together.
+      const fs::path from = fs::absolute(path).parent_path().lexically_normal();
+      const fs::path relative = fs::absolute(base->path).lexically_normal().lexically_relative(from);
+      m["base"] = json{{"file", relative.string()}, {"save_id", hex64(base->save_id)}, {"depth", depth}}.dump();
+    }
     return m;
   };
   const std::string placeholder = safetensors::encode_header(plan.entries, metadata());
@@ -1582,6 +1838,7 @@ asio::awaitable<void> checkpoint::save(fs::path path) const {
   fs::rename(temporary, path);
   cleanup.armed = false;
   sync_directory(path.parent_path());
+  self->last_file = detail::saved_file{.path = path, .save_id = save_id, .depth = depth};
 }
 
 asio::awaitable<void> checkpoint::restore(fs::path path, checkpoint_read_options options) {
@@ -1594,16 +1851,22 @@ asio::awaitable<void> checkpoint::restore(fs::path path, checkpoint_read_options
 
   // Check everything before anything changes.
   const auto targets = match_targets(state, self->variables, slots, where);
-  auto tables = match_tables(state, self->tables, where);
+  std::vector<std::vector<table_link>> chains;  // each tracked table's files, an increment's bases first
+  for (const auto& t : self->tables) chains.push_back(chain_of(reader, t));
   const auto creations = co_await missing_slots(targets, where);
   // One I/O thread reads the file for the whole restore: the executor never waits on the disk.
   asio::thread_pool io_thread(1);
   co_await verify_checksums(io_thread, state, targets, where);
-  co_await verify_table_checksums(io_thread, state, tables, where);
+  for (const auto& chain : chains) co_await verify_chain(io_thread, chain);
   co_await apply_restore(io_thread, state, targets, creations, self->chunk_bytes);
-  for (auto& t : tables) co_await apply_table_restore(io_thread, state, t, self->chunk_bytes);
+  for (std::size_t i = 0; i < chains.size(); ++i) {
+    co_await apply_table_restore(io_thread, chains[i], self->tables[i], self->chunk_bytes);
+  }
   step_ = reader->step();
   scalars_ = reader->scalars();
+  // The next incremental save builds on this file (its tables' parts know it by its id now).
+  self->last_file = detail::saved_file{
+      .path = path, .save_id = reader->save_id(), .depth = reader->base() ? reader->base()->depth : 0};
 
   // The file's variables that no tracked one took wait for variables created later (its slots go
   // with their variables).
@@ -1623,7 +1886,9 @@ asio::awaitable<void> checkpoint::restore(fs::path path, checkpoint_read_options
   }
   std::set<std::string, std::less<>> table_tensors;
   for (const auto& [name, record] : table_records.items()) {
-    for (const char* suffix : {"", "/ids", "/last_named", "/admission_counters"}) table_tensors.insert(name + suffix);
+    for (const char* suffix : {"", "/ids", "/last_named", "/admission_counters", "/dropped"}) {
+      table_tensors.insert(name + suffix);
+    }
     if (record.is_object() && record.contains("slots") && record["slots"].is_array()) {
       for (const auto& slot : record["slots"]) {
         if (slot.is_string()) table_tensors.insert(name + "/" + slot.get<std::string>());
@@ -1661,8 +1926,9 @@ bool process_alive(long pid) { return pid > 0 && (::kill(static_cast<pid_t>(pid)
 
 }  // namespace
 
-checkpoint_manager::checkpoint_manager(checkpoint& ckpt, fs::path directory, std::size_t max_to_keep)
-    : checkpoint_(&ckpt), directory_(std::move(directory)), max_to_keep_(max_to_keep) {
+checkpoint_manager::checkpoint_manager(checkpoint& ckpt, fs::path directory, std::size_t max_to_keep,
+                                       std::size_t full_every)
+    : checkpoint_(&ckpt), directory_(std::move(directory)), max_to_keep_(max_to_keep), full_every_(full_every) {
   fs::create_directories(directory_);
   // A save that crashed left "ckpt-<n>.safetensors.tmp-<pid>": remove it once its process is gone.
   static const std::regex temporary(R"(ckpt-\d+\.safetensors\.tmp-(\d+))");
@@ -1717,12 +1983,28 @@ asio::awaitable<fs::path> checkpoint_manager::save() {
 asio::awaitable<fs::path> checkpoint_manager::save(std::int64_t number) {
   if (number < 0) throw error(errc::invalid_argument, fmt::format("checkpoint number {} is negative", number));
   const fs::path path = directory_ / fmt::format("{}{}{}", file_prefix, number, file_suffix);
-  co_await checkpoint_->save(path);
+  const auto& last = checkpoint_->state_->last_file;
+  const bool incremental = full_every_ > 1 && last && last->save_id != 0 && last->depth + 1 < full_every_;
+  co_await checkpoint_->save(path, {.incremental = incremental});
   if (max_to_keep_ > 0) {
+    // The newest max_to_keep, and every file one of them builds on (an unreadable file builds on
+    // nothing: a restore of it fails on its own).
     auto all = checkpoints();
-    for (std::size_t i = 0; i + max_to_keep_ < all.size(); ++i) {
+    std::set<fs::path> kept;
+    for (std::size_t i = all.size() > max_to_keep_ ? all.size() - max_to_keep_ : 0; i < all.size(); ++i) {
+      for (std::optional<fs::path> file = all[i].lexically_normal(); file && kept.insert(*file).second;) {
+        try {
+          const checkpoint_reader reader(*file);
+          file = reader.base() ? std::optional(reader.base()->path) : std::nullopt;
+        } catch (const std::exception&) {
+          file.reset();
+        }
+      }
+    }
+    for (const auto& file : all) {
+      if (kept.contains(file.lexically_normal())) continue;
       std::error_code ignored;
-      fs::remove(all[i], ignored);
+      fs::remove(file, ignored);
     }
   }
   co_return path;

@@ -4,6 +4,8 @@
 
 #include <fmt/format.h>
 
+#include <cstring>
+
 namespace pscoro::client {
 
 namespace {
@@ -267,13 +269,15 @@ asio::awaitable<std::uint64_t> ps_client::advance_clock(int ps_task, hash_table_
 
 asio::awaitable<detail::variable_io::table_export> ps_client::hash_export(int ps_task, hash_table_ref table,
                                                                          std::uint32_t first_bucket,
-                                                                         std::uint64_t max_bytes) {
+                                                                         std::uint64_t max_bytes, table_save save) {
   net::peer& ps = ps_of(ps_task, table.name);
   wire::frame request;
   auto* request_export = request.message.mutable_request()->mutable_hash_export();
   encode_table_ref(*request_export->mutable_table(), table);
   request_export->set_first_bucket(first_bucket);
   request_export->set_max_bytes(max_bytes);
+  request_export->set_save(save.save);
+  request_export->set_base(save.base);
   const auto response = co_await ps.call(std::move(request));
   const auto& reply = response.message.response().hash_export();
   const auto refuse = [&](std::string what) {
@@ -290,6 +294,15 @@ asio::awaitable<detail::variable_io::table_export> ps_client::hash_export(int ps
   out.rows.ids = wire::get_tensor(response, reply.ids());
   out.rows.last_named = wire::get_tensor(response, reply.last_named());
   out.rows.values = wire::get_tensor(response, reply.values());
+  if (save.base != 0) {
+    out.dropped = wire::get_tensor(response, reply.dropped());
+    if (out.dropped.type() != dtype::int64 || out.dropped.shape().size() != 1) {
+      throw refuse(fmt::format("dropped ids {} {}", name_of(out.dropped.type()), to_string(out.dropped.shape())));
+    }
+  }
+  if (save.save != 0 && out.state.save != save.save) {
+    throw refuse(fmt::format("the rows of save {:016x} (asked for {:016x})", out.state.save, save.save));
+  }
   const std::size_t n = out.rows.ids.size();
   const std::size_t slots = out.state.owner ? slots_of(*out.state.owner).size() : 0;
   if (out.rows.ids.type() != dtype::int64 || out.rows.ids.shape() != shape_type{n} ||
@@ -303,19 +316,24 @@ asio::awaitable<detail::variable_io::table_export> ps_client::hash_export(int ps
   co_return out;
 }
 
-asio::awaitable<void> ps_client::hash_import(int ps_task, hash_table_ref table, std::optional<detail::table_state> reset,
-                                             table_rows rows) {
+asio::awaitable<void> ps_client::hash_import(int ps_task, hash_table_ref table, table_import import) {
   net::peer& ps = ps_of(ps_task, table.name);
   wire::frame request;
-  auto* import = request.message.mutable_request()->mutable_hash_import();
-  encode_table_ref(*import->mutable_table(), table);
-  if (reset) {
-    import->set_reset(true);
-    wire::encode_table_state(request, *import->mutable_state(), *reset, true);
+  auto* out = request.message.mutable_request()->mutable_hash_import();
+  encode_table_ref(*out->mutable_table(), table);
+  if (import.reset) {
+    out->set_reset(true);
+    wire::encode_table_state(request, *out->mutable_state(), *import.reset, true);
   }
-  wire::put_tensor(request, *import->mutable_ids(), rows.ids);
-  wire::put_tensor(request, *import->mutable_last_named(), rows.last_named);
-  wire::put_tensor(request, *import->mutable_values(), rows.values);
+  if (!import.dropped.empty()) {
+    tensor dropped = tensor::uninitialized(dtype::int64, {import.dropped.size()});
+    std::memcpy(dropped.bytes().data(), import.dropped.data(), import.dropped.size() * sizeof(std::int64_t));
+    wire::put_tensor(request, *out->mutable_dropped(), dropped);
+  }
+  wire::put_tensor(request, *out->mutable_ids(), import.rows.ids);
+  wire::put_tensor(request, *out->mutable_last_named(), import.rows.last_named);
+  wire::put_tensor(request, *out->mutable_values(), import.rows.values);
+  out->set_replace(import.replace);
   co_await ps.call(std::move(request));
 }
 

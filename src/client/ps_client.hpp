@@ -48,9 +48,8 @@ class ps_client final : public detail::variable_io {
   asio::awaitable<void> hash_apply_gradients(int ps_task, std::vector<table_ids> parts, optimizer opt) override;
   asio::awaitable<std::uint64_t> advance_clock(int ps_task, hash_table_ref table, std::uint64_t clock) override;
   asio::awaitable<table_export> hash_export(int ps_task, hash_table_ref table, std::uint32_t first_bucket,
-                                            std::uint64_t max_bytes) override;
-  asio::awaitable<void> hash_import(int ps_task, hash_table_ref table, std::optional<detail::table_state> reset,
-                                    table_rows rows) override;
+                                            std::uint64_t max_bytes, table_save save) override;
+  asio::awaitable<void> hash_import(int ps_task, hash_table_ref table, table_import import) override;
 
  private:
   net::peer& ps_of(const variable_ref& variable) const;

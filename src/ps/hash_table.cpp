@@ -208,6 +208,19 @@ std::byte* hash_bucket::sample(std::uint64_t random) const noexcept {
   return nullptr;
 }
 
+// ---- part_changes -----------------------------------------------------------------------------------
+
+void part_changes::merge(const part_changes& other) {
+  if (other.bits_.size() > bits_.size()) bits_.resize(other.bits_.size(), 0);
+  for (std::size_t w = 0; w < other.bits_.size(); ++w) bits_[w] |= other.bits_[w];
+  dropped_.insert(dropped_.end(), other.dropped_.begin(), other.dropped_.end());
+}
+
+void part_changes::clear() noexcept {
+  std::fill(bits_.begin(), bits_.end(), 0);
+  dropped_.clear();
+}
+
 // ---- hash_table_part --------------------------------------------------------------------------------
 
 hash_table_part::hash_table_part(std::string name, std::string task, dtype type, hash_table_options options,
@@ -262,7 +275,49 @@ hash_table_part::hash_table_part(std::string name, std::string task, dtype type,
 
 std::uint64_t hash_table_part::bytes_held() const noexcept {
   return filter_.capacity() + buckets_.capacity() * sizeof(buckets_[0]) + slot_of_.capacity() * sizeof(slot_of_[0]) +
-         held_.capacity() * sizeof(held_[0]) + sizeof(*this) + slab_->bytes_held() + bucket_bytes_;
+         held_.capacity() * sizeof(held_[0]) + sizeof(*this) + slab_->bytes_held() + bucket_bytes_ +
+         cut_.bytes_held() + changes_.bytes_held();
+}
+
+void hash_table_part::note_dropped(std::int64_t id) {
+  if (!tracking_) return;
+  changes_.drop(id);
+  // The save in progress drops it too, if its bucket is still to be exported (a row it marked
+  // changed must not come back from its base).
+  if (cut_save_ != 0) cut_.drop(id);
+  if (changes_.dropped().size() > rows_ + dropped_ids_beyond_rows) {
+    // More dropped ids than a whole save holds rows: the next save goes whole (nothing builds on
+    // the saves this part knows). A save in progress goes on with what it cut.
+    tracking_ = false;
+    committed_save_ = 0;
+    changes_ = part_changes();
+  }
+}
+
+void hash_table_part::start_save(std::uint64_t save, std::uint64_t base) {
+  if (save == 0) invalid(fmt::format("hash table '{}' on {}: a save needs an id other than 0", name_, task_));
+  if (base != 0 && !(tracking_ && (base == cut_save_ || base == committed_save_))) {
+    const std::string why =
+        !tracking_ ? std::string("it has not been saved, or restored from a save, since it was made (or since it "
+                                 "dropped more ids than it holds rows)")
+                   : fmt::format("its saves are {:016x} (last started) and {:016x} (last known written)", cut_save_,
+                                 committed_save_);
+    throw error(errc::failed_precondition,
+                fmt::format("hash table '{}' on {} cannot tell what changed since save {:016x}: {}; save it whole",
+                            name_, task_, base, why));
+  }
+  if (base != 0 && base == cut_save_) {
+    // The save started last was written: this one holds what changed since its start.
+    committed_save_ = cut_save_;
+    std::swap(cut_, changes_);
+    changes_.clear();
+  } else {
+    // The last one started was not written (or this save is whole): its changes stay counted.
+    cut_.merge(changes_);
+    changes_.clear();
+  }
+  cut_save_ = save;
+  tracking_ = true;
 }
 
 void hash_table_part::use_slab(std::unique_ptr<record_slab> slab) {
@@ -329,6 +384,7 @@ void hash_table_part::evict_one(std::uint32_t near) {
     b.erase(id, common::mix_id(id));
     --rows_;
     ++counts_.evicted;
+    note_dropped(id);
     return;
   }
 }
@@ -368,8 +424,12 @@ void hash_table_part::lookup(std::span<const std::int64_t> ids, bool insert, std
     found[k] = r;
     if (r) {
       std::memcpy(out + k * row_bytes, r + record_layout::header_bytes, row_bytes);
-      if (insert) previous[k] = hash_bucket::last_named(r);
-      hash_bucket::set_last_named(r, clock_);
+      const std::uint64_t named = hash_bucket::last_named(r);
+      if (insert) previous[k] = named;
+      if (named != clock_) {
+        hash_bucket::set_last_named(r, clock_);
+        note_changed(r);
+      }
     } else {
       missing.push_back(k);
     }
@@ -454,6 +514,7 @@ void hash_table_part::lookup(std::span<const std::int64_t> ids, bool insert, std
     if (capacity && rows_ >= capacity->rows_per_ps) evict_one(b);
     std::byte* r = insert_record(b, id, mixed);
     hash_bucket::set_last_named(r, clock_);
+    note_changed(r);
     std::byte* row = r + record_layout::header_bytes;
     initialize_row(id, row);
     if (layout_.slots > 0) initialize_slots(row + row_bytes);
@@ -525,6 +586,7 @@ void hash_table_part::apply_gradients(const optimizer& opt, std::span<const std:
     if (records[u]) {
       compact[u] = static_cast<std::uint32_t>(stepped.size());
       hash_bucket::set_last_named(records[u], clock_);
+      note_changed(records[u]);
       stepped.push_back(records[u] + record_layout::header_bytes);
     }
   }
@@ -554,15 +616,20 @@ void hash_table_part::apply_gradients(const optimizer& opt, std::span<const std:
   kernels::apply_records(opt, type_, stepped, steps_, summed.data(), options_.dim);
 }
 
-part_rows hash_table_part::rows_of(std::uint32_t b) const {
+part_rows hash_table_part::rows_of(std::uint32_t b) const { return rows_of(b, nullptr); }
+
+part_rows hash_table_part::rows_of(std::uint32_t b, const part_changes* only) const {
   part_rows out;
   const std::size_t value_bytes = (1 + layout_.slots) * layout_.row_bytes;
   const hash_bucket& bucket = buckets_[slot_of_[b]];
-  out.ids.reserve(bucket.size());
-  out.last_named.reserve(bucket.size());
-  out.values.reserve(bucket.size() * value_bytes);
+  if (!only) {
+    out.ids.reserve(bucket.size());
+    out.last_named.reserve(bucket.size());
+    out.values.reserve(bucket.size() * value_bytes);
+  }
   bucket.for_each([&](const std::byte* r) {
     if (expired(r)) return;  // gone, not yet swept
+    if (only && !only->marked(slab_->index_of(r))) return;
     out.ids.push_back(hash_bucket::id_of(r));
     out.last_named.push_back(hash_bucket::last_named(r));
     const std::byte* values = r + record_layout::header_bytes;
@@ -572,24 +639,38 @@ part_rows hash_table_part::rows_of(std::uint32_t b) const {
 }
 
 detail::table_state hash_table_part::state() const {
-  return {.clock = clock_, .steps = steps_, .owner = slot_owner_, .filter = filter_};
+  return {.clock = clock_, .steps = steps_, .owner = slot_owner_, .filter = filter_, .save = cut_save_};
 }
 
-exported_rows hash_table_part::export_rows(std::uint32_t first, std::uint64_t max_bytes) const {
+exported_rows hash_table_part::export_rows(std::uint32_t first, std::uint64_t max_bytes, bool changed_only) const {
   exported_rows out;
   const std::uint64_t value_bytes = (1 + layout_.slots) * layout_.row_bytes;
-  std::uint64_t rows = 0;
+  // An increment's dropped ids by bucket, those of [first, ...) only (a piece's are few next to
+  // the part's rows).
+  std::vector<std::pair<std::uint32_t, std::int64_t>> dropped;
+  if (changed_only) {
+    for (const std::int64_t id : cut_.dropped()) {
+      const std::uint32_t b = common::bucket_of(id, options_.buckets);
+      if (b >= first) dropped.emplace_back(b, id);
+    }
+    std::sort(dropped.begin(), dropped.end());
+  }
+  auto next_dropped = dropped.begin();
+  std::uint64_t bytes = 0;
   std::uint32_t b = first;
   for (; b < options_.buckets; ++b) {
     if (!holds(b)) continue;
-    const std::uint64_t more = buckets_[slot_of_[b]].size();
-    if (rows > 0 && (rows + more) * value_bytes > max_bytes) break;
-    rows += more;
-    auto bucket = rows_of(b);
+    auto bucket = rows_of(b, changed_only ? &cut_ : nullptr);
+    const auto dropped_end =
+        std::find_if(next_dropped, dropped.end(), [b](const auto& d) { return d.first > b; });
+    const std::uint64_t more = bucket.ids.size() * value_bytes + 8 * static_cast<std::uint64_t>(dropped_end - next_dropped);
+    if (bytes > 0 && bytes + more > max_bytes) break;
+    bytes += more;
     out.rows.ids.insert(out.rows.ids.end(), bucket.ids.begin(), bucket.ids.end());
     out.rows.last_named.insert(out.rows.last_named.end(), bucket.last_named.begin(), bucket.last_named.end());
     out.rows.values.insert(out.rows.values.end(), bucket.values.begin(), bucket.values.end());
-    if (rows * value_bytes >= max_bytes) {
+    for (; next_dropped != dropped_end; ++next_dropped) out.dropped.push_back(next_dropped->second);
+    if (bytes >= max_bytes) {
       ++b;
       break;
     }
@@ -628,9 +709,15 @@ void hash_table_part::reset(const detail::table_state& state) {
   } else {
     std::copy(state.filter.begin(), state.filter.end(), filter_.begin());
   }
+  // The restored rows are those of save state.save: the next save may write what changes from now.
+  tracking_ = state.save != 0;
+  committed_save_ = state.save;
+  cut_save_ = 0;
+  cut_ = part_changes();
+  changes_ = part_changes();
 }
 
-void hash_table_part::insert_rows(const part_rows& rows, std::uint64_t room) {
+void hash_table_part::insert_rows(const part_rows& rows, std::uint64_t room, bool replace) {
   const auto refuse = [&](std::string what) {
     invalid(fmt::format("restore of hash table '{}' on {}: {}", name_, task_, what));
   };
@@ -640,21 +727,8 @@ void hash_table_part::insert_rows(const part_rows& rows, std::uint64_t room) {
     refuse(fmt::format("{} ids, {} last-named times and {} bytes of values ({} per row with {} slots) do not match", n,
                        rows.last_named.size(), rows.values.size(), value_bytes, layout_.slots));
   }
-  const auto* capacity = std::get_if<eviction::capacity>(&options_.eviction);
-  const std::uint64_t most = capacity ? capacity->rows_per_ps : options_.max_rows_per_ps;
-  if (n > most - std::min(rows_, most)) {
-    throw error(errc::resource_exhausted,
-                fmt::format("restore of hash table '{}' on {}: {} rows beside the {} held pass its {} of {} rows per "
-                            "ps (restore onto more ps, or raise it)",
-                            name_, task_, n, rows_, capacity ? "eviction::capacity" : "max_rows_per_ps", most));
-  }
-  if (bytes_for_rows(n) > room) {
-    throw error(errc::resource_exhausted,
-                fmt::format("restore of hash table '{}' on {}: {} rows need up to {} bytes and the ps may hold {} more "
-                            "(server_options::max_ps_bytes)",
-                            name_, task_, n, bytes_for_rows(n), room));
-  }
   common::id_map seen(n);
+  std::uint64_t added = 0;  // rows not held yet
   for (std::size_t k = 0; k < n; ++k) {
     const std::uint32_t b = common::bucket_of(rows.ids[k], options_.buckets);
     if (!holds(b)) refuse(fmt::format("id {} is in bucket {}, which this ps does not hold", rows.ids[k], b));
@@ -662,19 +736,49 @@ void hash_table_part::insert_rows(const part_rows& rows, std::uint64_t room) {
     seen.index_of(rows.ids[k]);
     if (seen.size() == before) refuse(fmt::format("id {} is there twice", rows.ids[k]));
     const std::uint64_t mixed = common::mix_id(rows.ids[k]);
-    if (bucket_of(mixed).find(rows.ids[k], mixed)) refuse(fmt::format("id {} is held already", rows.ids[k]));
+    if (bucket_of(mixed).find(rows.ids[k], mixed)) {
+      if (!replace) refuse(fmt::format("id {} is held already", rows.ids[k]));
+    } else {
+      ++added;
+    }
     if (rows.last_named[k] > clock_) {
       refuse(fmt::format("id {} was last named at {}, after the clock {}", rows.ids[k], rows.last_named[k], clock_));
     }
   }
+  const auto* capacity = std::get_if<eviction::capacity>(&options_.eviction);
+  const std::uint64_t most = capacity ? capacity->rows_per_ps : options_.max_rows_per_ps;
+  if (added > most - std::min(rows_, most)) {
+    throw error(errc::resource_exhausted,
+                fmt::format("restore of hash table '{}' on {}: {} rows beside the {} held pass its {} of {} rows per "
+                            "ps (restore onto more ps, or raise it)",
+                            name_, task_, added, rows_, capacity ? "eviction::capacity" : "max_rows_per_ps", most));
+  }
+  if (bytes_for_rows(added) > room) {
+    throw error(errc::resource_exhausted,
+                fmt::format("restore of hash table '{}' on {}: {} rows need up to {} bytes and the ps may hold {} more "
+                            "(server_options::max_ps_bytes)",
+                            name_, task_, added, bytes_for_rows(added), room));
+  }
   // Checked: now the part takes it all.
   for (std::size_t k = 0; k < n; ++k) {
     const std::uint64_t mixed = common::mix_id(rows.ids[k]);
-    std::byte* r = insert_record(common::bucket_of_mix(mixed, options_.buckets), rows.ids[k], mixed);
+    std::byte* r = replace ? bucket_of(mixed).find(rows.ids[k], mixed) : nullptr;
+    if (!r) r = insert_record(common::bucket_of_mix(mixed, options_.buckets), rows.ids[k], mixed);
     hash_bucket::set_last_named(r, rows.last_named[k]);
     std::memcpy(r + record_layout::header_bytes, rows.values.data() + k * value_bytes, value_bytes);
   }
-  rows_ += n;
+  rows_ += added;
+}
+
+void hash_table_part::drop_rows(std::span<const std::int64_t> ids) {
+  check_held(ids);
+  for (const std::int64_t id : ids) {
+    const std::uint64_t mixed = common::mix_id(id);
+    hash_bucket& bucket = bucket_of(mixed);
+    if (!bucket.find(id, mixed)) continue;
+    bucket.erase(id, mixed);
+    --rows_;
+  }
 }
 
 std::uint64_t hash_table_part::advance_clock(std::uint64_t now) {
@@ -700,7 +804,10 @@ std::uint64_t hash_table_part::advance_clock(std::uint64_t now) {
     bucket.for_each([&](const std::byte* r) {
       if (expired(r)) idle.push_back(hash_bucket::id_of(r));
     });
-    for (const std::int64_t id : idle) bucket.erase(id, common::mix_id(id));
+    for (const std::int64_t id : idle) {
+      bucket.erase(id, common::mix_id(id));
+      note_dropped(id);
+    }
     dropped += idle.size();
   }
   rows_ -= dropped;
@@ -721,6 +828,7 @@ std::byte* hash_table_part::find_live(std::int64_t id, std::uint64_t mixed) {
     bucket.erase(id, mixed);
     --rows_;
     ++counts_.evicted;
+    note_dropped(id);
     return nullptr;
   }
   return r;

@@ -61,6 +61,10 @@ class record_slab {
   record_slab& operator=(const record_slab&) = delete;
 
   std::byte* at(std::uint32_t i) const noexcept { return base_ + std::size_t{i} * record_bytes_; }
+  /// The index of record `r` (at(index_of(r)) == r).
+  std::uint32_t index_of(const std::byte* r) const noexcept {
+    return static_cast<std::uint32_t>(static_cast<std::size_t>(r - base_) / record_bytes_);
+  }
   std::size_t record_bytes() const noexcept { return record_bytes_; }
   std::uint64_t most() const noexcept { return most_; }
   /// A record's index, its bytes unset. Throws errc::resource_exhausted past most() records.
@@ -187,7 +191,34 @@ struct part_rows {
 /// A piece of a part's export: whole buckets, and where the next piece starts.
 struct exported_rows {
   part_rows rows;
+  std::vector<std::int64_t> dropped;  // an increment's: ids of these buckets dropped since its base
   std::uint32_t next_bucket = 0;  // options.buckets when the part is done
+};
+
+/// What changed in a part since some point: the records written (one bit per record of the slab)
+/// and the ids dropped. An incremental save writes the rows of the marked records that are still
+/// held, and the dropped ids, which a restore drops before it puts the rows back.
+class part_changes {
+ public:
+  void mark(std::uint32_t record) {
+    const std::size_t word = record / 64;
+    if (word >= bits_.size()) bits_.resize(word + 1, 0);
+    bits_[word] |= std::uint64_t{1} << (record % 64);
+  }
+  bool marked(std::uint32_t record) const noexcept {
+    const std::size_t word = record / 64;
+    return word < bits_.size() && (bits_[word] >> (record % 64) & 1) != 0;
+  }
+  void drop(std::int64_t id) { dropped_.push_back(id); }
+  const std::vector<std::int64_t>& dropped() const noexcept { return dropped_; }
+  /// Adds `other`'s marks and dropped ids to these.
+  void merge(const part_changes& other);
+  void clear() noexcept;
+  std::uint64_t bytes_held() const noexcept { return bits_.capacity() * 8 + dropped_.capacity() * 8; }
+
+ private:
+  std::vector<std::uint64_t> bits_;
+  std::vector<std::int64_t> dropped_;
 };
 
 /// Counts of what a table's part did, for metrics and tests.
@@ -254,23 +285,52 @@ class hash_table_part {
   std::size_t slots() const noexcept { return layout_.slots; }
   /// The rows of bucket `b` (held), the expired ones aside.
   part_rows rows_of(std::uint32_t b) const;
+  /// The same, only those of records `only` marks (all when nullptr).
+  part_rows rows_of(std::uint32_t b, const part_changes* only) const;
   /// The admission filter's counters (empty unless admission::min_count).
   std::span<const std::uint8_t> filter() const noexcept { return filter_; }
   /// The clock, step count, slot owner and filter: what a checkpoint saves beside the rows.
   detail::table_state state() const;
   /// The rows of the buckets held from `first` on, whole buckets, as many as fit in `max_bytes` of
-  /// values (one bucket at least, even past it): a checkpoint reads a part in pieces.
-  exported_rows export_rows(std::uint32_t first, std::uint64_t max_bytes) const;
-  /// Starts a restore: drops every row and takes `state`, as if made anew with it. Checks first
+  /// values (one bucket at least, even past it): a checkpoint reads a part in pieces. With
+  /// `changed_only`, only the rows an incremental save writes (changed since the base named to
+  /// start_save), with the ids of those buckets dropped since (8 bytes each of `max_bytes`).
+  exported_rows export_rows(std::uint32_t first, std::uint64_t max_bytes, bool changed_only = false) const;
+
+  /// Starts save `save` (not 0) of the part (docs/design.md, "Incremental saves"): from now on
+  /// changes count toward the save after it. With `base` (not 0), the save writes only what
+  /// changed since save `base`, which must be the part's previous save (then known written: the
+  /// caller builds on its file) or the last one known written (the previous one failed); else,
+  /// and for a part that was never saved or restored with an id, errc::failed_precondition naming
+  /// the table and the ps, changing nothing: the caller saves the table whole instead.
+  void start_save(std::uint64_t save, std::uint64_t base);
+  /// The save start_save started last (0: none since the part was made or restored).
+  std::uint64_t save_in_progress() const noexcept { return cut_save_; }
+  /// The save the part last knew written whole or in part (restored from, or built on).
+  std::uint64_t last_save() const noexcept { return committed_save_; }
+  /// Whether the part counts changes (it has been saved, or restored from a save with an id).
+  bool tracks_changes() const noexcept { return tracking_; }
+  /// Most ids a part remembers as dropped between two saves, beyond its rows: past it the part
+  /// stops counting changes (the next save is whole, which is then the smaller one; a save in
+  /// progress goes on).
+  static constexpr std::uint64_t dropped_ids_beyond_rows = 65'536;
+
+  /// Starts a restore: drops every row and takes `state`, as if made anew with it (state.save, if
+  /// not 0, is the save the rows come from: the next save may build on it). Checks first
   /// (errc::invalid_argument naming the table, changing nothing): an optimizer the ps does not
   /// step, a filter not of the part's size, a clock at 2^63 or past.
   void reset(const detail::table_state& state);
   /// Inserts the rows of a checkpoint (after reset(), a bucket or several at a time). Checks
   /// everything first (errc::invalid_argument naming the table, or errc::resource_exhausted for
   /// more rows than max_rows_per_ps or more bytes than `room`; changing nothing): sizes that do
-  /// not match the part's slots, an id twice or held already, an id of a bucket this part does not
-  /// hold, a last-named time past the clock.
-  void insert_rows(const part_rows& rows, std::uint64_t room = std::numeric_limits<std::uint64_t>::max());
+  /// not match the part's slots, an id twice or (unless `replace`) held already, an id of a bucket
+  /// this part does not hold, a last-named time past the clock. With `replace` (an incremental
+  /// save's rows), a held id's row, slots and time are replaced.
+  void insert_rows(const part_rows& rows, std::uint64_t room = std::numeric_limits<std::uint64_t>::max(),
+                   bool replace = false);
+  /// Drops the rows of `ids` that are held (an incremental save's dropped ids). Checks first: an id
+  /// of a bucket this part does not hold is errc::invalid_argument, changing nothing.
+  void drop_rows(std::span<const std::int64_t> ids);
 
   /// Whether this part holds bucket `b`.
   bool holds(std::uint32_t b) const noexcept { return b < slot_of_.size() && slot_of_[b] != not_held; }
@@ -304,6 +364,12 @@ class hash_table_part {
   std::byte* insert_record(std::uint32_t b, std::int64_t id, std::uint64_t mixed);
   /// Sums the held buckets' maps again.
   void count_bucket_bytes() noexcept;
+  /// Counts record `r` as changed, for the next incremental save.
+  void note_changed(const std::byte* r) {
+    if (tracking_) changes_.mark(slab_->index_of(r));
+  }
+  /// Counts `id` as dropped, for the next incremental save (and the one in progress).
+  void note_dropped(std::int64_t id);
 
   std::string name_;
   std::string task_;
@@ -326,6 +392,12 @@ class hash_table_part {
   std::vector<std::uint8_t> filter_;  // admission::min_count's counters
   std::mt19937_64 random_;            // admission::probability's draws; the capacity sample
   hash_table_counts counts_;
+  // Incremental saves: nothing is counted until the first save (or a restore from one).
+  bool tracking_ = false;
+  std::uint64_t committed_save_ = 0;  // known written: the base of a save after it
+  std::uint64_t cut_save_ = 0;        // started last, not yet known written
+  part_changes cut_;                  // changes since committed_save_ up to cut_save_'s start
+  part_changes changes_;              // changes since cut_save_'s start
 };
 
 }  // namespace pscoro::ps

@@ -1104,14 +1104,28 @@ void ps_service::advance_clock(const wire::AdvanceClock& advance, wire::frame& r
 }
 
 void ps_service::export_table(const wire::HashExport& request, wire::frame& response) {
-  const hash_table_part& table = table_of(request.table(), "export");
+  hash_table_part& table = table_of(request.table(), "export");
   if (request.first_bucket() >= table.options().buckets) {
     invalid(fmt::format("export of '{}': bucket {} is not one of its {}", table.name(), request.first_bucket(),
                         table.options().buckets));
   }
+  if (request.base() != 0 && request.save() == 0) {
+    invalid(fmt::format("export of '{}': the changes since save {:016x} belong to a save, and none is named",
+                        table.name(), request.base()));
+  }
+  if (request.save() != 0) {
+    if (request.first_bucket() == 0) {
+      table.start_save(request.save(), request.base());
+    } else if (table.save_in_progress() != request.save()) {
+      throw error(errc::failed_precondition,
+                  fmt::format("export of '{}' on {} for save {:016x}: the part is in save {:016x} now (another save "
+                              "started meanwhile)",
+                              table.name(), task_, request.save(), table.save_in_progress()));
+    }
+  }
   // A piece is as large as asked, within what one reply may carry; a bucket goes whole.
   const std::uint64_t most = std::min<std::uint64_t>(request.max_bytes(), store_.max_variable_bytes());
-  auto piece = table.export_rows(request.first_bucket(), most);
+  auto piece = table.export_rows(request.first_bucket(), most, request.base() != 0);
   const std::size_t n = piece.rows.ids.size();
   const std::size_t row_values = (1 + table.slots()) * table.options().dim;
   if (piece.rows.values.size() > store_.max_variable_bytes()) {
@@ -1135,6 +1149,10 @@ void ps_service::export_table(const wire::HashExport& request, wire::frame& resp
                    tensor_of(dtype::int64, {n}, piece.rows.last_named.data()));
   wire::put_tensor(response, *reply.mutable_values(),
                    tensor_of(table.type(), {n, row_values}, piece.rows.values.data()));
+  if (request.base() != 0) {
+    wire::put_tensor(response, *reply.mutable_dropped(),
+                     tensor_of(dtype::int64, {piece.dropped.size()}, piece.dropped.data()));
+  }
 }
 
 void ps_service::import_table(const wire::frame& request, const wire::HashImport& import) {
@@ -1145,6 +1163,12 @@ void ps_service::import_table(const wire::frame& request, const wire::HashImport
   const tensor last_named = wire::get_tensor(request, import.last_named());
   const tensor values = wire::get_tensor(request, import.values());
   const std::size_t n = table_ids(ids, "restore", table.name()).size();
+  std::vector<std::int64_t> dropped;
+  if (import.has_dropped()) {
+    const tensor dropped_ids = wire::get_tensor(request, import.dropped());
+    const auto ids_dropped = table_ids(dropped_ids, "restore (dropped ids)", table.name());
+    dropped.assign(ids_dropped.begin(), ids_dropped.end());
+  }
   const std::size_t slots = state ? (state->owner ? slots_of(*state->owner).size() : 0) : table.slots();
   if (last_named.type() != dtype::int64 || last_named.shape() != shape_type{n} || values.type() != table.type() ||
       values.shape() != shape_type{n, (1 + slots) * table.options().dim}) {
@@ -1162,9 +1186,10 @@ void ps_service::import_table(const wire::frame& request, const wire::HashImport
   const auto* value_bytes = values.bytes().data();
   rows.values.assign(value_bytes, value_bytes + values.size_bytes());
   // A reset comes first and alone (the chief sends the rows after it): its rows, if any, are
-  // checked against the state they join.
+  // checked against the state they join. Then an increment's dropped ids go, then its rows come.
   if (state) table.reset(*state);
-  table.insert_rows(rows, room());
+  if (!dropped.empty()) table.drop_rows(dropped);
+  table.insert_rows(rows, room(), import.replace());
   count_table_bytes();
   publish_table(table);
 }

@@ -362,7 +362,7 @@ struct server::impl : std::enable_shared_from_this<impl> {
     }
     // Who may ask, and whether this task serves it: refused here, in one place, for every kind.
     const auto& body = request.message.request();
-    if (const auto action = wire::chief_only_action(body.body_case()); !action.empty() && !from_chief) {
+    if (const auto action = wire::chief_only_action(body); !action.empty() && !from_chief) {
       const auto connection = weak_connection.lock();
       co_return refusal(error(errc::permission_denied,
                               fmt::format("{} takes {} only from the chief; {} may not {}", self->task,

@@ -32,11 +32,12 @@ std::string_view request_name(Request::BodyCase kind) noexcept {
   return "an empty request";
 }
 
-std::string_view chief_only_action(Request::BodyCase kind) noexcept {
-  switch (kind) {
+std::string_view chief_only_action(const Request& request) noexcept {
+  switch (request.body_case()) {
     case Request::kShutdown: return "end the job";
     case Request::kDeleteVariable: return "delete variables";
     case Request::kHashImport: return "restore hash tables";
+    case Request::kHashExport: return request.hash_export().save() != 0 ? "save hash tables" : std::string_view{};
     default: return {};
   }
 }

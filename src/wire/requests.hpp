@@ -19,9 +19,9 @@ namespace pscoro::wire {
 /// The message name of a kind, as in pscoro.proto ("RunFunction"); "an empty request" for none.
 std::string_view request_name(Request::BodyCase kind) noexcept;
 
-/// What a request of `kind` does, when only the chief may make it ("end the job"): Shutdown and
-/// DeleteVariable. Empty for every other kind.
-std::string_view chief_only_action(Request::BodyCase kind) noexcept;
+/// What `request` does, when only the chief may make it ("end the job"): Shutdown, DeleteVariable,
+/// HashImport, and a HashExport that is part of a save. Empty for every other request.
+std::string_view chief_only_action(const Request& request) noexcept;
 
 /// The refusal of `request` by `task`, whose role (`role`: "parameter server", "worker") serves no
 /// request of its kind: failed_precondition, "ps:0 is a parameter server and runs no worker

@@ -99,6 +99,7 @@ void encode_table_state(wire::frame& f, wire::HashTableState& out, const detail:
                         bool with_filter) {
   out.set_clock(state.clock);
   out.set_steps(state.steps);
+  out.set_save(state.save);
   if (state.owner) *out.mutable_optimizer() = encode_optimizer(*state.owner);
   if (!with_filter || state.filter.empty()) return;
   out.set_admission_counters(state.filter.size());
@@ -109,7 +110,8 @@ void encode_table_state(wire::frame& f, wire::HashTableState& out, const detail:
 }
 
 detail::table_state decode_table_state(const wire::frame& f, const wire::HashTableState& in, std::string_view table) {
-  detail::table_state out{.clock = in.clock(), .steps = in.steps(), .owner = std::nullopt, .filter = {}};
+  detail::table_state out{
+      .clock = in.clock(), .steps = in.steps(), .owner = std::nullopt, .filter = {}, .save = in.save()};
   if (in.has_optimizer()) out.owner = decode_optimizer(in.optimizer());
   const std::uint64_t counters = in.admission_counters();
   if (counters == 0) return out;

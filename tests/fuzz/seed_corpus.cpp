@@ -204,7 +204,32 @@ std::string ps_table_requests() {
   wire::put_tensor(restored, *i->mutable_values(), floats({1, 2, 3, 4, 5, 6, 7, 8}, {2, 4}));
   out += fuzz::wire_bytes(std::move(restored));
 
-  auto remove = request(8);
+  // An incremental save: a whole save (9) starts, an increment (10) builds on it; a restore of an
+  // increment's dropped ids and rows, replacing held ones.
+  auto saved = request(9);
+  auto* whole = saved.message.mutable_request()->mutable_hash_export();
+  set_table(*whole->mutable_table());
+  whole->set_max_bytes(64);
+  whole->set_save(9);
+  out += fuzz::wire_bytes(std::move(saved));
+  auto increment = request(10);
+  auto* changed = increment.message.mutable_request()->mutable_hash_export();
+  set_table(*changed->mutable_table());
+  changed->set_max_bytes(64);
+  changed->set_save(10);
+  changed->set_base(9);
+  out += fuzz::wire_bytes(std::move(increment));
+  auto replaced = request(11);
+  auto* r = replaced.message.mutable_request()->mutable_hash_import();
+  set_table(*r->mutable_table());
+  r->set_replace(true);
+  wire::put_tensor(replaced, *r->mutable_dropped(), int64s({0}));
+  wire::put_tensor(replaced, *r->mutable_ids(), int64s({5}));
+  wire::put_tensor(replaced, *r->mutable_last_named(), int64s({9}));
+  wire::put_tensor(replaced, *r->mutable_values(), floats({1, 2, 3, 4}, {1, 4}));
+  out += fuzz::wire_bytes(std::move(replaced));
+
+  auto remove = request(12);
   remove.message.mutable_request()->mutable_delete_variable()->mutable_variable()->set_name("users");
   out += fuzz::wire_bytes(std::move(remove));
   return out;

@@ -918,6 +918,31 @@ TEST_CASE("table exports and restores from the wire are checked whole; a worker 
   huge.message.mutable_request()->mutable_hash_import()->mutable_state()->set_admission_counters(std::uint64_t{1} << 40);
   check_refused(call(cluster, std::move(huge)), invalid, "1099511627776 admission counters (at most 2^32)");
   unchanged();
+  // Only the chief saves (an export that is part of a save moves the part's save); an increment
+  // names its save, and builds only on a save the part knows.
+  auto saving = export_of("t", 0, 1 << 20);
+  saving.message.mutable_request()->mutable_hash_export()->set_save(5);
+  const auto save_from_worker = testing::call_task("ps:0", cluster.spec.task_address("ps", 0), std::move(saving),
+                                                   net::make_hello({"worker", 0, 0}, 1));
+  CHECK(save_from_worker.message.response().status().code() == static_cast<int>(errc::permission_denied));
+  auto no_save = export_of("t", 0, 1 << 20);
+  no_save.message.mutable_request()->mutable_hash_export()->set_base(5);
+  check_refused(call(cluster, std::move(no_save)), invalid, "belong to a save, and none is named");
+  auto unknown_base = export_of("t", 0, 1 << 20);
+  unknown_base.message.mutable_request()->mutable_hash_export()->set_save(6);
+  unknown_base.message.mutable_request()->mutable_hash_export()->set_base(5);
+  check_refused(call(cluster, std::move(unknown_base)), errc::failed_precondition,
+                "cannot tell what changed since save 0000000000000005");
+  auto later_piece = export_of("t", 1, 1 << 20);
+  later_piece.message.mutable_request()->mutable_hash_export()->set_save(6);
+  check_refused(call(cluster, std::move(later_piece)), errc::failed_precondition,
+                "for save 0000000000000006: the part is in save 0000000000000000 now");
+  // Dropped ids of a restore are checked like its rows.
+  auto foreign_drop = import_of({}, 9.0f);
+  wire::put_tensor(foreign_drop, *foreign_drop.message.mutable_request()->mutable_hash_import()->mutable_dropped(),
+                   values<float>({1}, {1.0f}));
+  check_refused(call(cluster, std::move(foreign_drop)), invalid, "restore (dropped ids) of 't': ids must be a 1-D int64");
+  unchanged();
   // An export gives every row, whole buckets at a time, and says where the next piece starts.
   const auto answer = testing::call_task("ps:0", cluster.spec.task_address("ps", 0), export_of("t", 0, 1),
                                          net::make_hello({"chief", 0, 0}, 1));

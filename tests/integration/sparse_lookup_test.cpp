@@ -158,12 +158,10 @@ class recording_io : public detail::variable_io {
   asio::awaitable<std::vector<tensor>> hash_lookup(int, std::vector<table_ids>, bool) override { throw unused(); }
   asio::awaitable<void> hash_apply_gradients(int, std::vector<table_ids>, optimizer) override { throw unused(); }
   asio::awaitable<std::uint64_t> advance_clock(int, hash_table_ref, std::uint64_t) override { throw unused(); }
-  asio::awaitable<table_export> hash_export(int, hash_table_ref, std::uint32_t, std::uint64_t) override {
+  asio::awaitable<table_export> hash_export(int, hash_table_ref, std::uint32_t, std::uint64_t, table_save) override {
     throw unused();
   }
-  asio::awaitable<void> hash_import(int, hash_table_ref, std::optional<detail::table_state>, table_rows) override {
-    throw unused();
-  }
+  asio::awaitable<void> hash_import(int, hash_table_ref, table_import) override { throw unused(); }
 
  private:
   static error unused() { return error(errc::internal, "a lookup called an operation it does not need"); }

@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
-# Real processes: a hash table trained by a chief on 2 ps, checkpointed every 20 steps; one ps is
-# killed (kill -9) in the middle, the job fails naming it, and a new job on 3 ps resumes from the
-# newest checkpoint. It ends with exactly the table of a run never interrupted: every row, its
-# Adagrad slot, when it was last named and the clock came back (tests/process/table_trainer.cpp).
+# Real processes: a hash table trained by a chief on 2 ps, checkpointed every 20 steps, one save in
+# three whole and the others increments; one ps is killed (kill -9) after an increment, the job
+# fails naming it, and a new job on 3 ps resumes from the newest checkpoint through its chain (the
+# whole save, then each increment). It ends with exactly the table of a run never interrupted and
+# saved whole: every row, its Adagrad slot, when it was last named and the clock came back
+# (tests/process/table_trainer.cpp).
 # usage: table_checkpoint_test.sh PSCORO_LAUNCH TABLE_TRAINER
 set -uo pipefail
 launch=$1
@@ -21,11 +23,12 @@ whole=$(digest_of "$work/whole.log")
 check "it prints the table's digest" test -n "$whole"
 grep -E 'digest' "$work/whole.log"
 
-echo "--- the same run, ps:1 killed after the step-40 checkpoint"
-"$launch" --ps 2 --workers 1 -- "$trainer" --steps "$steps" --checkpoint-dir "$work/ckpt" --step-delay-ms 20 \
-  > "$work/killed.log" 2>&1 &
+echo "--- the same run with incremental saves, ps:1 killed after the step-40 checkpoint"
+"$launch" --ps 2 --workers 1 -- "$trainer" --steps "$steps" --checkpoint-dir "$work/ckpt" --full-every 3 \
+  --step-delay-ms 20 > "$work/killed.log" 2>&1 &
 launcher=$!
-if check "it saves step 40" wait_for "$work/killed.log" "table_trainer: saved $work/ckpt/ckpt-40.safetensors" 300; then
+increment_40="table_trainer: saved $work/ckpt/ckpt-40.safetensors \\(an increment on $work/ckpt/ckpt-20.safetensors\\)"
+if check "it saves step 40 as an increment on step 20" wait_for "$work/killed.log" "$increment_40" 300; then
   kill -9 "$(pid_of "$work/killed.log" ps-1)"
   wait_exit "$launcher"
   check "the job fails (got $code)" test "$code" -ne 0

@@ -1,9 +1,10 @@
 // The program of the hash table kill test: one binary for every role (TF_CONFIG). Its chief trains
 // a dynamic embedding table on ids drawn from a long-tailed law, step by step on its own executor
 // (so that a run is a pure function of the step range), saving a checkpoint every few steps, and
-// resumes from the newest one when there is one, into whatever number of ps it now has.
+// resumes from the newest one when there is one, into whatever number of ps it now has. With
+// --full-every F, one save in F is whole and the others are increments on the save before.
 //
-//   table_trainer --steps N --checkpoint-dir DIR [--every K] [--step-delay-ms MS]
+//   table_trainer --steps N --checkpoint-dir DIR [--every K] [--full-every F] [--step-delay-ms MS]
 //
 // Each step looks up (inserting) the step's ids, steps them with Adagrad on gradients made from the
 // rows read, and moves the table's clock to the step (rows idle for 30 steps drop). At the end the
@@ -38,6 +39,7 @@ constexpr std::size_t ids_per_step = 512;
 struct options {
   std::int64_t steps = 200;
   std::int64_t every = 20;
+  std::int64_t full_every = 1;
   std::filesystem::path checkpoint_dir;
   int step_delay_ms = 0;
 };
@@ -76,7 +78,7 @@ asio::awaitable<int> run_chief(pscoro::parameter_server_strategy& strategy, opti
   const auto table = co_await strategy.scope().create_hash_table<float>("users", table_options());
   pscoro::checkpoint ckpt;
   ckpt.track(table);
-  pscoro::checkpoint_manager manager(ckpt, o.checkpoint_dir, 2);
+  pscoro::checkpoint_manager manager(ckpt, o.checkpoint_dir, 2, static_cast<std::size_t>(o.full_every));
   std::int64_t first = 0;
   if (const auto latest = manager.latest_checkpoint()) {
     co_await ckpt.restore(*latest);
@@ -101,7 +103,9 @@ asio::awaitable<int> run_chief(pscoro::parameter_server_strategy& strategy, opti
     if ((step + 1) % o.every == 0) {
       ckpt.set_step(step + 1);
       const auto path = co_await manager.save(step + 1);
-      std::printf("table_trainer: saved %s\n", path.c_str());
+      const pscoro::checkpoint_reader saved(path);
+      const std::string kind = saved.base() ? "an increment on " + saved.base()->path.string() : std::string("whole");
+      std::printf("table_trainer: saved %s (%s)\n", path.c_str(), kind.c_str());
       std::fflush(stdout);
     }
     if (o.step_delay_ms > 0) {
@@ -137,6 +141,8 @@ options parse(int argc, char** argv) {
       o.steps = std::atoll(value);
     } else if (flag == "--every") {
       o.every = std::atoll(value);
+    } else if (flag == "--full-every") {
+      o.full_every = std::atoll(value);
     } else if (flag == "--checkpoint-dir") {
       o.checkpoint_dir = value;
     } else if (flag == "--step-delay-ms") {
@@ -145,8 +151,9 @@ options parse(int argc, char** argv) {
       throw pscoro::error(pscoro::errc::invalid_argument, "table_trainer: unknown flag " + flag);
     }
   }
-  if (o.checkpoint_dir.empty() || o.every <= 0) {
-    throw pscoro::error(pscoro::errc::invalid_argument, "table_trainer: --checkpoint-dir and a positive --every");
+  if (o.checkpoint_dir.empty() || o.every <= 0 || o.full_every <= 0) {
+    throw pscoro::error(pscoro::errc::invalid_argument,
+                        "table_trainer: --checkpoint-dir, and a positive --every and --full-every");
   }
   return o;
 }

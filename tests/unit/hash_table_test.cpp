@@ -471,3 +471,125 @@ TEST_CASE("a restore that does not fit the part is refused, naming what is wrong
   CHECK(part.clock() == 9);
 }
 
+
+namespace {
+
+// Every piece of an export of `part` from bucket 0 (changed rows only when `changed_only`), as one.
+ps::exported_rows export_all(const hash_table_part& part, bool changed_only) {
+  ps::exported_rows all;
+  for (std::uint32_t b = 0; b < part.options().buckets;) {
+    auto piece = part.export_rows(b, 64, changed_only);  // a few rows a piece
+    REQUIRE(piece.next_bucket > b);
+    all.rows.ids.insert(all.rows.ids.end(), piece.rows.ids.begin(), piece.rows.ids.end());
+    all.rows.last_named.insert(all.rows.last_named.end(), piece.rows.last_named.begin(), piece.rows.last_named.end());
+    all.rows.values.insert(all.rows.values.end(), piece.rows.values.begin(), piece.rows.values.end());
+    all.dropped.insert(all.dropped.end(), piece.dropped.begin(), piece.dropped.end());
+    b = piece.next_bucket;
+  }
+  return all;
+}
+
+std::vector<std::int64_t> sorted(std::vector<std::int64_t> ids) {
+  std::sort(ids.begin(), ids.end());
+  return ids;
+}
+
+}  // namespace
+
+TEST_CASE("a part counts what changed since a save: rows written and ids dropped, and builds only on saves it knows") {
+  hash_table_options options;
+  options.eviction = eviction::ttl{.max_idle = 2};
+  auto part = table_part(options, 8);
+  const std::vector<std::int64_t> first{1, 2, 3, 4, 5, 6};
+  looked_up(part, first);
+  // Nothing is counted before the first save: an increment has nothing to build on.
+  CHECK_FALSE(part.tracks_changes());
+  const auto untracked = error_thrown_by([&] { part.start_save(7, 6); });
+  CHECK(untracked.code() == errc::failed_precondition);
+  CHECK(contains(untracked.what(), "hash table 'emb' on ps:0 cannot tell what changed since save 0000000000000006"));
+  CHECK_FALSE(part.tracks_changes());
+
+  part.start_save(10, 0);  // a whole save: every row
+  CHECK(export_all(part, false).rows.ids.size() == first.size());
+  // After it: a step on 1; 2, 5 and 6 named at a later clock, and a new row 7; then 1, 3 and 4,
+  // idle past max_idle, go.
+  const std::vector<float> gradient(table_dim, 0.25f);
+  const std::vector<std::int64_t> one{1};
+  part.apply_gradients(optimizers::sgd{.learning_rate = 0.5}, one, reinterpret_cast<const std::byte*>(gradient.data()));
+  part.advance_clock(2);
+  looked_up(part, {2, 5, 6, 7});
+  part.advance_clock(3);  // 1 (stepped at 0), 3 and 4 are idle for 3 > 2: gone
+  CHECK(part.rows() == 4);
+
+  part.start_save(11, 10);  // save 10 was written: what changed since its start
+  const auto since_10 = export_all(part, true);
+  CHECK(sorted(since_10.rows.ids) == std::vector<std::int64_t>{2, 5, 6, 7});
+  CHECK(sorted(since_10.dropped) == std::vector<std::int64_t>{1, 3, 4});
+  CHECK(since_10.rows.values.size() == 4 * table_dim * sizeof(float));
+
+  // Save 11 was never written (its file failed): save 12 builds on 10 again, and holds what 11
+  // held and what changed since.
+  looked_up(part, {8});
+  part.start_save(12, 10);
+  const auto again_since_10 = export_all(part, true);
+  CHECK(sorted(again_since_10.rows.ids) == std::vector<std::int64_t>{2, 5, 6, 7, 8});
+  CHECK(sorted(again_since_10.dropped) == std::vector<std::int64_t>{1, 3, 4});
+
+  // Save 12 was written: save 13 holds only what changed since; a read at the same clock changes
+  // nothing.
+  looked_up(part, {8}, false);
+  looked_up(part, {9});
+  part.start_save(13, 12);
+  const auto since_12 = export_all(part, true);
+  CHECK(since_12.rows.ids == std::vector<std::int64_t>{9});
+  CHECK(since_12.dropped.empty());
+  CHECK(part.last_save() == 12);
+  CHECK(part.save_in_progress() == 13);
+
+  // A base the part does not know (not its last started, not its last written) is refused, and
+  // changes nothing: 13 is still in progress, and builds on 12.
+  const auto unknown = error_thrown_by([&] { part.start_save(14, 11); });
+  CHECK(unknown.code() == errc::failed_precondition);
+  CHECK(contains(unknown.what(), "its saves are 000000000000000d (last started) and 000000000000000c (last known "
+                                 "written); save it whole"));
+  CHECK(part.save_in_progress() == 13);
+  CHECK(export_all(part, true).rows.ids == std::vector<std::int64_t>{9});
+
+  // A restore starts again from the save it came from: nothing changed since, and the next save
+  // may build on it.
+  auto state = part.state();
+  state.save = 13;
+  const auto rows = export_all(part, false).rows;
+  part.reset(state);
+  part.insert_rows(rows);
+  CHECK(part.last_save() == 13);
+  part.start_save(15, 13);
+  CHECK(export_all(part, true).rows.ids.empty());
+  // An increment's rows replace held ones; its dropped ids go (an id not held is no error).
+  auto replaced = rows;
+  std::fill(replaced.values.begin(), replaced.values.end(), std::byte{0});
+  CHECK_THROWS_WITH_AS(part.insert_rows(replaced), doctest::Contains("is held already"), error);
+  part.insert_rows(replaced, std::numeric_limits<std::uint64_t>::max(), true);
+  CHECK(part.rows() == rows.ids.size());
+  CHECK(looked_up(part, {rows.ids[0]}, false) == std::vector<float>(table_dim, 0.0f));
+  const std::vector<std::int64_t> drop{rows.ids[0], 12345};
+  part.drop_rows(drop);
+  CHECK(part.rows() == rows.ids.size() - 1);
+}
+
+TEST_CASE("a part that drops far more ids than it holds between saves stops counting: the next save is whole") {
+  hash_table_options options;
+  options.eviction = eviction::capacity{.rows_per_ps = 8};
+  auto part = table_part(options, 4);
+  part.start_save(1, 0);
+  std::vector<std::int64_t> ids(hash_table_part::dropped_ids_beyond_rows + 100);
+  std::iota(ids.begin(), ids.end(), std::int64_t{0});
+  looked_up(part, ids);  // each new id past 8 evicts one
+  CHECK(part.rows() == 8);
+  CHECK_FALSE(part.tracks_changes());
+  CHECK(part.save_in_progress() == 1);  // the save in progress goes on
+  const auto refused = error_thrown_by([&] { part.start_save(2, 1); });
+  CHECK(refused.code() == errc::failed_precondition);
+  part.start_save(3, 0);
+  CHECK(part.tracks_changes());
+}

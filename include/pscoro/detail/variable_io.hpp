@@ -30,6 +30,9 @@ struct table_state {
   std::int64_t steps = 0;            // optimizer steps taken (adam's bias correction)
   std::optional<optimizer> owner;    // whose slots the rows carry; none before any step
   std::vector<std::uint8_t> filter;  // admission::min_count's one-byte counters; empty otherwise
+  /// The save these rows belong to: in an export, the save the part is in; in a restore, the save
+  /// the rows come from, on which the next incremental save may build (0: none).
+  std::uint64_t save = 0;
 };
 
 class PSCORO_API variable_io {
@@ -101,15 +104,30 @@ class PSCORO_API variable_io {
     table_state state;  // its filter only in the piece from bucket 0
     std::uint32_t next_bucket = 0;  // where the next piece starts: the bucket count when done
     table_rows rows;
+    tensor dropped;  // an increment's: int64 [m], ids of these buckets dropped since its base
+  };
+  /// Which save an export belongs to (the chief's only): `save` 0 is none (a plain read); `base`
+  /// not 0 exports only what changed since that save (an incremental save).
+  struct table_save {
+    std::uint64_t save = 0;
+    std::uint64_t base = 0;
   };
   /// The rows of the buckets ps `ps_task` holds from `first_bucket` on, as many whole buckets as
-  /// fit in `max_bytes` of values (one at least).
+  /// fit in `max_bytes` of values (one at least). The piece from bucket 0 of a save starts it on
+  /// that part; errc::failed_precondition when the part cannot tell what changed since `base`.
   virtual asio::awaitable<table_export> hash_export(int ps_task, hash_table_ref table, std::uint32_t first_bucket,
-                                                    std::uint64_t max_bytes) = 0;
-  /// Restores rows of a table's part on ps `ps_task`: with `reset`, the part first drops every row
-  /// and takes that state. The chief's only.
-  virtual asio::awaitable<void> hash_import(int ps_task, hash_table_ref table, std::optional<table_state> reset,
-                                            table_rows rows) = 0;
+                                                    std::uint64_t max_bytes, table_save save) = 0;
+  /// What a restore sends a table's part: with `reset`, the part first drops every row and takes
+  /// that state; then the held rows of the `dropped` ids go; then `rows` come in (with `replace`,
+  /// replacing held ones).
+  struct table_import {
+    std::optional<table_state> reset;
+    std::vector<std::int64_t> dropped;
+    table_rows rows;
+    bool replace = false;
+  };
+  /// Restores rows of a table's part on ps `ps_task`. The chief's only.
+  virtual asio::awaitable<void> hash_import(int ps_task, hash_table_ref table, table_import import) = 0;
 };
 
 }  // namespace detail
