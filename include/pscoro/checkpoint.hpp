@@ -48,8 +48,10 @@
 
 #include <asio/awaitable.hpp>
 
+#include <chrono>
 #include <cstdint>
 #include <filesystem>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -66,6 +68,24 @@ inline constexpr std::string_view checkpoint_format = "pscoro.checkpoint";
 /// Its version (`__metadata__["format_version"]`); a reader refuses a newer one. Version 2 added
 /// the header's own checksum (`header_crc32c`); version 1 files still read, their header unchecked.
 inline constexpr int checkpoint_format_version = 2;
+
+/// What a lost ps cost, once the chief has restored it in place (checkpoint_manager::restore_lost_ps).
+struct ps_restore_report {
+  std::string ps;                    // "ps:1"
+  std::filesystem::path checkpoint;  // the file its values came from
+  std::int64_t step = 0;             // that file's step: what the ps's variables lost is since then
+  double seconds = 0;                // from the loss to closures running again
+};
+
+/// How the chief restores a lost ps (checkpoint_manager::restore_lost_ps).
+struct ps_restore_options {
+  /// How long the chief waits for the ps to answer at its address again (restarted in place: by
+  /// `pscoro-launch --restart-ps`, Kubernetes, Slurm's --requeue); past it the run fails with
+  /// errc::unavailable naming the ps.
+  std::chrono::milliseconds wait_for_ps{std::chrono::minutes(5)};
+  /// Called on the chief's executor after each restore.
+  std::function<void(const ps_restore_report&)> on_restored;
+};
 
 namespace detail {
 
@@ -84,6 +104,7 @@ struct checkpoint_table {
 
 struct checkpoint_state;
 struct checkpoint_reader_access;
+class lost_ps_recovery;
 
 }  // namespace detail
 
@@ -236,11 +257,26 @@ class PSCORO_API checkpoint_manager {
   /// The number in a checkpoint file's name ("ckpt-12.safetensors" -> 12), if it is one.
   static std::optional<std::int64_t> number_of(const std::filesystem::path& path);
 
+  /// From now on, while this manager lives, the strategy's chief restores a ps it loses in place
+  /// instead of ending the run (TF's behaviour, and the default without this call): closures wait,
+  /// the chief waits up to `options.wait_for_ps` for the ps to answer at its address again, makes
+  /// its shards and hash table parts again, restores only them from the newest checkpoint here
+  /// (the other ps keep their values: nothing is rolled back but what was lost), and the waiting
+  /// closures, and those that failed because of the loss, run. Reported in the log, in metrics
+  /// (`pscoro_coordinator_ps_restores_total`, `_ps_restore_seconds`,
+  /// `_ps_restore_checkpoint_step`) and to `options.on_restored`. The run fails as before when no
+  /// checkpoint is here (errc::failed_precondition naming the ps), when the ps held a variable or
+  /// table the checkpoint does not track (the same), or when no ps answers in time
+  /// (errc::unavailable naming it). The checkpoint must be made with the strategy
+  /// (checkpoint(strategy)); errc::failed_precondition otherwise.
+  void restore_lost_ps(ps_restore_options options = {});
+
  private:
   checkpoint* checkpoint_;
   std::filesystem::path directory_;
   std::size_t max_to_keep_;
   std::size_t full_every_;
+  std::shared_ptr<detail::lost_ps_recovery> recovery_;  // held by the chief weakly
 };
 
 /// The checkpoints a checkpoint_manager saved in `directory` ("ckpt-<n>.safetensors"), oldest

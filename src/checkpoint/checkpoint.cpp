@@ -7,6 +7,7 @@
 
 #include "checkpoint/safetensors.hpp"
 #include "chief/coordinator_core.hpp"
+#include "chief/lost_ps_restorer.hpp"
 #include "chief/restore_on_create.hpp"
 #include "common/crc32c.hpp"
 #include "common/id_hash.hpp"
@@ -1112,11 +1113,12 @@ struct slot_creation {
 // The slots of `targets` that their shards do not hold yet; throws when one they hold has another
 // dtype or shape than the file's.
 asio::awaitable<std::vector<slot_creation>> missing_slots(const std::vector<restore_target>& targets,
-                                                          const std::string& where) {
+                                                          const std::string& where, std::optional<int> only_ps = {}) {
   std::vector<slot_creation> creations;
   for (const auto& t : targets) {
     if (!t.slot) continue;
     for (const auto& shard : t.variable->ref.shards) {
+      if (only_ps && shard.ps_task != *only_ps) continue;
       shape_type shape = shard.shape;
       if (t.slot->per_shard) shape.assign(t.entry->shape.begin() + 1, t.entry->shape.end());
       variable_ref slot = destination_of(t, shard, std::move(shape));
@@ -1161,7 +1163,7 @@ asio::awaitable<void> verify_checksums(asio::thread_pool& io_thread, const check
 // A slot stored per shard ([shards] + its shape): one to one when the shard count is the same, else
 // the largest value for every shard (for a step count: the bias correction of the most advanced).
 asio::awaitable<void> restore_per_shard_slot(asio::thread_pool& io_thread, const checkpoint_reader::state& state,
-                                             const restore_target& t) {
+                                             const restore_target& t, std::optional<int> only_ps) {
   const auto& ref = t.variable->ref;
   const std::size_t sources = t.entry->shape[0];
   const shape_type one(t.entry->shape.begin() + 1, t.entry->shape.end());
@@ -1169,6 +1171,7 @@ asio::awaitable<void> restore_per_shard_slot(asio::thread_pool& io_thread, const
   const tensor all = co_await read_tensor_at(io_thread, *state.file, offset, t.entry->type, t.entry->shape);
   const std::size_t bytes = num_elements(one) * size_of(t.entry->type);
   for (std::size_t i = 0; i < ref.shards.size(); ++i) {
+    if (only_ps && ref.shards[i].ps_task != *only_ps) continue;
     tensor value = tensor::uninitialized(t.entry->type, one);
     if (sources == ref.shards.size()) {
       std::memcpy(value.bytes().data(), all.bytes().data() + i * bytes, bytes);
@@ -1191,7 +1194,8 @@ asio::awaitable<void> restore_per_shard_slot(asio::thread_pool& io_thread, const
 
 // A scalar variable, or a slot of one: one element, to its one shard.
 asio::awaitable<void> restore_scalar(asio::thread_pool& io_thread, const checkpoint_reader::state& state,
-                                     const restore_target& t) {
+                                     const restore_target& t, std::optional<int> only_ps) {
+  if (only_ps && t.variable->ref.shards[0].ps_task != *only_ps) co_return;
   const std::uint64_t offset = state.header.data_start + t.entry->begin;
   const shape_type scalar;
   const tensor value = co_await read_tensor_at(io_thread, *state.file, offset, t.entry->type, scalar);
@@ -1201,7 +1205,7 @@ asio::awaitable<void> restore_scalar(asio::thread_pool& io_thread, const checkpo
 
 // Every shard's rows of target `t`, in pieces of at most `chunk_bytes` (at least one row).
 void add_restore_pieces(std::vector<restore_piece>& pieces, const checkpoint_reader::state& state,
-                        const restore_target& t, std::size_t chunk_bytes) {
+                        const restore_target& t, std::size_t chunk_bytes, std::optional<int> only_ps) {
   const auto& ref = t.variable->ref;
   const std::uint64_t start = state.header.data_start + t.entry->begin;
   const std::size_t row_bytes = row_bytes_of(ref.shape, t.entry->type);
@@ -1209,7 +1213,8 @@ void add_restore_pieces(std::vector<restore_piece>& pieces, const checkpoint_rea
   std::uint64_t first_row = 0;
   for (const auto& shard : ref.shards) {
     const variable_ref destination = destination_of(t, shard, shard.shape);
-    for (std::uint64_t begin = 0; begin < shard.shape[0]; begin += per_piece) {
+    for (std::uint64_t begin = 0; begin < shard.shape[0] && (!only_ps || shard.ps_task == *only_ps);
+         begin += per_piece) {
       const std::uint64_t end = std::min<std::uint64_t>(shard.shape[0], begin + per_piece);
       shape_type rows = shard.shape;
       rows[0] = end - begin;
@@ -1224,19 +1229,20 @@ void add_restore_pieces(std::vector<restore_piece>& pieces, const checkpoint_rea
 }
 
 // Applies checked `targets`: creates the missing slots, then moves every shard's rows from the
-// file, a piece at a time.
+// file, a piece at a time; with `only_ps`, only the shards on that ps.
 asio::awaitable<void> apply_restore(asio::thread_pool& io_thread, const checkpoint_reader::state& state,
                                     const std::vector<restore_target>& targets,
-                                    const std::vector<slot_creation>& creations, std::size_t chunk_bytes) {
+                                    const std::vector<slot_creation>& creations, std::size_t chunk_bytes,
+                                    std::optional<int> only_ps = {}) {
   for (const auto& c : creations) co_await c.variable->io->create_slot(c.shard, c.slot, c.initial_value);
   std::vector<restore_piece> pieces;
   for (const auto& t : targets) {
     if (t.slot && t.slot->per_shard) {
-      co_await restore_per_shard_slot(io_thread, state, t);
+      co_await restore_per_shard_slot(io_thread, state, t, only_ps);
     } else if (t.variable->ref.shape.empty()) {
-      co_await restore_scalar(io_thread, state, t);
+      co_await restore_scalar(io_thread, state, t, only_ps);
     } else {
-      add_restore_pieces(pieces, state, t, chunk_bytes);
+      add_restore_pieces(pieces, state, t, chunk_bytes, only_ps);
     }
   }
   co_await send_pieces(io_thread, *state.file, pieces, chunk_bytes);
@@ -1457,7 +1463,8 @@ asio::awaitable<void> import_rows(detail::variable_io& io, const hash_table_ref&
 // and its rows get the slots' initial values); an increment's dropped ids first, and its rows
 // replace those held.
 asio::awaitable<void> send_link(asio::thread_pool& io_thread, const table_link& link, const detail::checkpoint_table& t,
-                                const std::vector<double>& slot_initial_values, std::size_t chunk_bytes) {
+                                const std::vector<double>& slot_initial_values, std::size_t chunk_bytes,
+                                std::optional<int> only_ps) {
   const auto& ref = t.ref;
   const auto& state = detail::checkpoint_reader_access::of(*link.reader);
   const std::size_t row_bytes = ref.dim * size_of(ref.type);
@@ -1479,7 +1486,8 @@ asio::awaitable<void> send_link(asio::thread_pool& io_thread, const table_link& 
       for (std::uint64_t k = 0; k < end - begin; ++k) {
         std::int64_t id = 0;
         std::memcpy(&id, bytes.data() + k * 8, 8);
-        by_ps[common::ps_index_of(id, ref)].push_back(id);
+        const std::size_t p = common::ps_index_of(id, ref);
+        if (!only_ps || ref.ps_tasks[p] == *only_ps) by_ps[p].push_back(id);
       }
       co_await detail::run_all(n_ps, [&](std::size_t p) {
         return import_rows(*t.io, ref, p, {.reset = std::nullopt, .dropped = std::move(by_ps[p]), .rows = rows_of(0),
@@ -1506,13 +1514,15 @@ asio::awaitable<void> send_link(asio::thread_pool& io_thread, const table_link& 
     std::vector<std::int64_t> ids(n);
     std::memcpy(ids.data(), ids_bytes.data(), n * 8);
     // Each row to the ps of its bucket, in file order.
+    const auto wanted = [&](std::size_t p) { return !only_ps || ref.ps_tasks[p] == *only_ps; };
     std::vector<std::size_t> count(n_ps, 0);
     for (const std::int64_t id : ids) ++count[common::ps_index_of(id, ref)];
     std::vector<detail::variable_io::table_rows> out;
-    for (std::size_t p = 0; p < n_ps; ++p) out.push_back(rows_of(count[p]));
+    for (std::size_t p = 0; p < n_ps; ++p) out.push_back(rows_of(wanted(p) ? count[p] : 0));
     std::vector<std::size_t> filled_rows(n_ps, 0);
     for (std::size_t k = 0; k < n; ++k) {
       const std::size_t p = common::ps_index_of(ids[k], ref);
+      if (!wanted(p)) continue;
       const std::size_t at = filled_rows[p]++;
       std::memcpy(out[p].ids.bytes().data() + at * 8, ids_bytes.data() + k * 8, 8);
       std::memcpy(out[p].last_named.bytes().data() + at * 8, named_bytes.data() + k * 8, 8);
@@ -1532,7 +1542,8 @@ asio::awaitable<void> send_link(asio::thread_pool& io_thread, const table_link& 
 // last file's state, then the files' rows in order (an increment's dropped ids before its rows),
 // each row to the ps that holds its bucket now.
 asio::awaitable<void> apply_table_restore(asio::thread_pool& io_thread, const std::vector<table_link>& chain,
-                                          const detail::checkpoint_table& t, std::size_t chunk_bytes) {
+                                          const detail::checkpoint_table& t, std::size_t chunk_bytes,
+                                          std::optional<int> only_ps = {}) {
   const auto& ref = t.ref;
   const auto& last = chain.back();
   detail::table_state reset = last.target.state;
@@ -1550,6 +1561,7 @@ asio::awaitable<void> apply_table_restore(asio::thread_pool& io_thread, const st
   std::vector<int> parts = ref.ps_tasks;
   std::sort(parts.begin(), parts.end());
   parts.erase(std::unique(parts.begin(), parts.end()), parts.end());
+  if (only_ps) std::erase_if(parts, [&](int ps) { return ps != *only_ps; });
   const std::size_t columns = 1 + slot_initial_values.size();
   co_await detail::run_all(parts.size(), [&](std::size_t p) {
     return t.io->hash_import(parts[p], ref,
@@ -1559,7 +1571,7 @@ asio::awaitable<void> apply_table_restore(asio::thread_pool& io_thread, const st
                                        tensor::uninitialized(ref.type, {0, columns * ref.dim})},
                               .replace = false});
   });
-  for (const auto& link : chain) co_await send_link(io_thread, link, t, slot_initial_values, chunk_bytes);
+  for (const auto& link : chain) co_await send_link(io_thread, link, t, slot_initial_values, chunk_bytes, only_ps);
 }
 
 }  // namespace
@@ -1915,6 +1927,85 @@ asio::awaitable<void> checkpoint::restore(fs::path path, checkpoint_read_options
 }
 
 // ---------------------------------------------------------------------------------------------
+// Restoring a lost ps in place
+
+namespace detail {
+
+class lost_ps_recovery final : public chief::lost_ps_restorer {
+ public:
+  lost_ps_recovery(std::weak_ptr<checkpoint_state> state, fs::path directory, ps_restore_options options)
+      : state_(std::move(state)), directory_(std::move(directory)), options_(std::move(options)) {}
+
+  std::chrono::milliseconds wait_for_ps() const override { return options_.wait_for_ps; }
+
+  asio::awaitable<restored> restore_ps(int ps_task, const std::vector<std::string>& variables,
+                                       const std::vector<std::string>& tables) override {
+    const auto self = state_.lock();
+    const std::string ps = fmt::format("ps:{}", ps_task);
+    if (!self) throw error(errc::failed_precondition, fmt::format("{} was lost and its checkpoint is gone", ps));
+    const auto latest = latest_checkpoint(directory_);
+    if (!latest) {
+      throw error(errc::failed_precondition,
+                  fmt::format("{} was lost and there is no checkpoint in {} to restore it from", ps, directory_.string()));
+    }
+    // Only what the lost ps held, and all of it: a value the checkpoint does not track is lost.
+    std::vector<checkpoint_variable> held_variables;
+    for (const auto& name : variables) {
+      const auto v = std::find_if(self->variables.begin(), self->variables.end(),
+                                  [&](const auto& t) { return t.ref.name == name; });
+      if (v == self->variables.end()) {
+        throw error(errc::failed_precondition,
+                    fmt::format("{} was lost holding variable '{}', which the checkpoint does not track: it cannot be "
+                                "restored (track every variable to restore a lost ps)",
+                                ps, name));
+      }
+      held_variables.push_back(*v);
+    }
+    std::vector<const checkpoint_table*> held_tables;
+    for (const auto& name : tables) {
+      const auto t = std::find_if(self->tables.begin(), self->tables.end(),
+                                  [&](const auto& table) { return table.ref.name == name; });
+      if (t == self->tables.end()) {
+        throw error(errc::failed_precondition,
+                    fmt::format("{} was lost holding a part of hash table '{}', which the checkpoint does not track: "
+                                "it cannot be restored",
+                                ps, name));
+      }
+      held_tables.push_back(&*t);
+    }
+    auto reader = std::make_shared<checkpoint_reader>(*latest);
+    const auto& state = checkpoint_reader_access::of(*reader);
+    const std::string where = latest->string();
+    const auto slots = decode_slots(metadata_json(state.header.metadata, "slots", where), where);
+    const auto targets = match_targets(state, held_variables, slots, where);
+    std::vector<std::vector<table_link>> chains;
+    for (const auto* t : held_tables) chains.push_back(chain_of(reader, *t));
+    const auto creations = co_await missing_slots(targets, where, ps_task);
+    asio::thread_pool io_thread(1);
+    co_await verify_checksums(io_thread, state, targets, where);
+    for (const auto& chain : chains) co_await verify_chain(io_thread, chain);
+    co_await apply_restore(io_thread, state, targets, creations, self->chunk_bytes, ps_task);
+    for (std::size_t i = 0; i < chains.size(); ++i) {
+      co_await apply_table_restore(io_thread, chains[i], *held_tables[i], self->chunk_bytes, ps_task);
+    }
+    co_return restored{.checkpoint = where, .step = reader->step()};
+  }
+
+  void restored_ps(const std::string& task, const restored& what, double seconds) override {
+    if (options_.on_restored) {
+      options_.on_restored({.ps = task, .checkpoint = what.checkpoint, .step = what.step, .seconds = seconds});
+    }
+  }
+
+ private:
+  std::weak_ptr<checkpoint_state> state_;
+  fs::path directory_;
+  ps_restore_options options_;
+};
+
+}  // namespace detail
+
+// ---------------------------------------------------------------------------------------------
 // checkpoint_manager
 
 namespace {
@@ -1974,6 +2065,19 @@ std::optional<fs::path> latest_checkpoint(const fs::path& directory) {
 std::vector<fs::path> checkpoint_manager::checkpoints() const { return checkpoints_in(directory_); }
 
 std::optional<fs::path> checkpoint_manager::latest_checkpoint() const { return pscoro::latest_checkpoint(directory_); }
+
+void checkpoint_manager::restore_lost_ps(ps_restore_options options) {
+  const auto core = checkpoint_->state_->core.lock();
+  if (!core) {
+    throw error(errc::failed_precondition,
+                "checkpoint_manager::restore_lost_ps: its checkpoint was not made with a strategy (pscoro::checkpoint "
+                "ckpt(strategy)), or the strategy is gone: nothing could restore a lost ps");
+  }
+  recovery_ = std::make_shared<detail::lost_ps_recovery>(checkpoint_->state_, directory_, std::move(options));
+  detail::on_chief(core, [weak = std::weak_ptr<chief::lost_ps_restorer>(recovery_)](detail::coordinator_core& c) {
+    c.set_ps_restorer(weak);
+  }).get();
+}
 
 asio::awaitable<fs::path> checkpoint_manager::save() {
   const auto latest = latest_checkpoint();

@@ -104,9 +104,13 @@ void closure_queue::publish() noexcept {
   inflight_gauge_.set(static_cast<std::int64_t>(in_flight()));
 }
 
+void closure_queue::release() {
+  if (holds_ > 0 && --holds_ == 0) dispatch();
+}
+
 void closure_queue::start_closures() {
   // While an error waits to be reported, nothing new starts: what is queued will be cancelled.
-  while (!queue_.empty() && !failing()) {
+  while (!queue_.empty() && !failing() && !held()) {
     // The least busy live worker with a free slot, scanning from a rotating start for fairness.
     const std::size_t none = workers_.size();
     std::size_t best = none;

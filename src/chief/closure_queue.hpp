@@ -84,6 +84,11 @@ class closure_queue : public std::enable_shared_from_this<closure_queue> {
   void lost(std::size_t worker, const closure_ptr& c);
 
   // Faults.
+  /// While held (a lost ps being restored), no closure starts; running ones go on, and queued or
+  /// retried ones wait. Holds nest: each hold() needs its release().
+  void hold() noexcept { ++holds_; }
+  void release();
+  bool held() const noexcept { return holds_ > 0; }
   /// A fault that ends the run (a lost ps): every running closure fails with `e` now, nothing starts
   /// any more, `e` is reported once like any error, and every later schedule throws it.
   void fail(std::exception_ptr e);
@@ -159,6 +164,7 @@ class closure_queue : public std::enable_shared_from_this<closure_queue> {
   // Set by fail(): nothing runs any more and every schedule says why (TF: a ps failure needs a
   // coordinator restart and a checkpoint).
   std::exception_ptr fatal_;
+  int holds_ = 0;
   bool closed_ = false;
   std::optional<clock::time_point> all_lost_since_;
   // The last time a closure finished, or the queue had nothing to do (for the watchdog).

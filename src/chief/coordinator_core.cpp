@@ -13,6 +13,7 @@
 #include <asio/co_spawn.hpp>
 #include <asio/detached.hpp>
 #include <asio/post.hpp>
+#include <asio/steady_timer.hpp>
 #include <asio/experimental/as_tuple.hpp>
 #include <asio/use_awaitable.hpp>
 
@@ -117,6 +118,13 @@ coordinator_core::coordinator_core(asio::any_io_executor executor, cluster_spec 
                               "Parameter servers lost, and closures that could not reach one.", {}, ps_failures_));
   registered_.push_back(r.add("pscoro_coordinator_iterator_rebuilds_total",
                               "Per-worker iterators rebuilt on workers that came back.", {}, iterator_rebuilds_));
+  registered_.push_back(r.add("pscoro_coordinator_ps_restores_total",
+                              "Lost parameter servers restored in place from a checkpoint.", {}, ps_restores_));
+  registered_.push_back(r.add("pscoro_coordinator_ps_restore_seconds",
+                              "Time from a ps's loss to its closures running again, per restore.", {},
+                              ps_restore_seconds_));
+  registered_.push_back(r.add("pscoro_coordinator_ps_restore_checkpoint_step",
+                              "The step of the checkpoint the last restore of a lost ps used.", {}, ps_restore_step_));
 }
 
 metrics::coordinator_metrics coordinator_core::metrics() const {
@@ -331,12 +339,16 @@ void coordinator_core::finish(std::size_t worker, const std::shared_ptr<chief::c
 coordinator_core::ps_failure coordinator_core::classify_ps_failure(const remote_error& failure, const chief::closure& c,
                                                                     const std::string& worker) {
   const auto& ps = connections_->ps();
-  if (failure.code() != errc::unavailable || !failure.origin_task().starts_with("ps:") || queue_->failing()) {
-    return {};
-  }
+  if (!failure.origin_task().starts_with("ps:") || queue_->failing()) return {};
   const auto blamed = std::find_if(ps.begin(), ps.end(), [&](const auto& p) { return p->task() == failure.origin_task(); });
   if (blamed == ps.end()) return {};
   const auto index = static_cast<std::size_t>(blamed - ps.begin());
+  // A ps being restored fails whatever reaches it (it is not there, or holds nothing yet); a ps
+  // restarted before the chief noticed does not know the session yet (aborted). Either way the
+  // closure runs again once the ps is restored.
+  if (index < restoring_.size() && restoring_[index]) return {ps_failure::kind::transient, index};
+  if (failure.code() == errc::aborted && !ps_restorer_.expired()) return {ps_failure::kind::transient, index};
+  if (failure.code() != errc::unavailable) return {};
   transient_ps_failures_.resize(ps.size());
   ps_failures_.inc();
   const int count = ++transient_ps_failures_[index];
@@ -367,13 +379,80 @@ asio::awaitable<void> coordinator_core::confirm_ps_failure(std::shared_ptr<coord
 void coordinator_core::lost_ps(std::size_t index, const std::string& reason) {
   ps_failures_.inc();
   if (queue_->has_failed()) return;  // the first loss ended the run; the rest adds nothing
-  const auto& peer = connections_->ps().at(index);
-  const auto& task = peer->task();
+  const auto& task = connections_->ps().at(index)->task();
+  restoring_.resize(connections_->ps().size(), 0);
+  if (restoring_[index]) return;  // lost again while being restored: the restore finds out
+  if (auto restorer = ps_restorer_.lock()) {
+    log::warning("lost {}: {}; its closures wait while it is restored from the newest checkpoint (the other ps keep "
+                 "their values)",
+                 task, reason);
+    restoring_[index] = 1;
+    queue_->hold();
+    asio::co_spawn(executor_, restore_lost_ps(shared_from_this(), index, std::move(restorer)), asio::detached);
+    return;
+  }
   log::error("lost {}: {}; its variables are gone (restart the cluster and restore a checkpoint)", task, reason);
-  auto failure = std::make_exception_ptr(remote_error(
-      make_error_code(errc::unavailable), task, fmt::format("parameter server {} is unavailable: {}", task, reason)));
-  peer->fail_with(failure);
+  fail_run(index, std::make_exception_ptr(remote_error(
+                      make_error_code(errc::unavailable), task,
+                      fmt::format("parameter server {} is unavailable: {}", task, reason))));
+}
+
+void coordinator_core::fail_run(std::size_t index, std::exception_ptr failure) {
+  connections_->ps().at(index)->fail_with(failure);
   queue_->fail(std::move(failure));
+}
+
+asio::awaitable<void> coordinator_core::restore_lost_ps(std::shared_ptr<coordinator_core> self, std::size_t index,
+                                                        std::shared_ptr<chief::lost_ps_restorer> restorer) {
+  const auto started = std::chrono::steady_clock::now();
+  const auto& peer = self->connections_->ps().at(index);
+  const std::string task = peer->task();
+  const int ps_task = static_cast<int>(index);
+  std::exception_ptr failure;
+  try {
+    // The same task at its address again (restarted in place, as pscoro-launch --restart-ps and
+    // Kubernetes do): one connection attempt per probe interval until the wait is over.
+    const auto wait = restorer->wait_for_ps();
+    const auto deadline = started + wait;
+    asio::steady_timer timer(self->executor_);
+    while (!co_await peer->connect_once()) {
+      if (self->connections_->closed()) throw error(errc::cancelled, "the coordinator closed");
+      if (std::chrono::steady_clock::now() >= deadline) {
+        throw remote_error(make_error_code(errc::unavailable), task,
+                           fmt::format("parameter server {} was lost and did not answer at {} within {} ms; its "
+                                       "variables are gone",
+                                       task, peer->address(), wait.count()));
+      }
+      timer.expires_after(std::chrono::milliseconds(250));
+      co_await timer.async_wait(asio::use_awaitable);
+    }
+    const auto held = self->placement_.held_by(ps_task);
+    co_await self->placement_.recreate_on(ps_task);
+    const auto restored = co_await restorer->restore_ps(ps_task, held.variables, held.tables);
+    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+    self->ps_restores_.inc();
+    self->ps_restore_seconds_.observe(seconds);
+    self->ps_restore_step_.set(restored.step);
+    log::warning("{} is back and restored from {} (step {}) in {:.1f} s: its {} variable(s) and {} hash table "
+                 "part(s) lost what changed since; closures run again",
+                 task, restored.checkpoint, restored.step, seconds, held.variables.size(), held.tables.size());
+    restorer->restored_ps(task, restored, seconds);
+  } catch (...) {
+    failure = std::current_exception();
+  }
+  self->restoring_[index] = 0;
+  if (failure) {
+    std::string why = "unknown error";
+    try {
+      std::rethrow_exception(failure);
+    } catch (const std::exception& e) {
+      why = e.what();
+    } catch (...) {
+    }
+    log::error("lost {}, and restoring it failed: {}", task, why);
+    self->fail_run(index, failure);
+  }
+  self->queue_->release();
 }
 
 }  // namespace pscoro::detail

@@ -12,6 +12,7 @@
 
 #include "chief/closure_queue.hpp"
 #include "chief/cluster_connections.hpp"
+#include "chief/lost_ps_restorer.hpp"
 #include "chief/per_worker_values.hpp"
 #include "chief/placement.hpp"
 #include "client/ps_client.hpp"
@@ -50,6 +51,10 @@ class coordinator_core : public std::enable_shared_from_this<coordinator_core> {
   /// Variables created from now on ask `restorer` for a saved value (a checkpoint restored before
   /// they existed). On the executor.
   void add_restorer(const std::shared_ptr<chief::restore_on_create>& restorer) { placement_.add_restorer(restorer); }
+  /// From now on a lost ps is restored in place by `restorer` (while it lives) instead of ending
+  /// the run: closures are held, the ps is waited for at its address, its shards and table parts
+  /// are made again and restored, and the held and failed closures run. On the executor.
+  void set_ps_restorer(std::weak_ptr<chief::lost_ps_restorer> restorer) { ps_restorer_ = std::move(restorer); }
   const std::shared_ptr<client::ps_client>& ps() const noexcept { return ps_; }
 
   /// Takes `options`; TF_CLUSTER_COORDINATOR_WATCH_DOG_TIMEOUT and
@@ -110,8 +115,14 @@ class coordinator_core : public std::enable_shared_from_this<coordinator_core> {
                                                   std::size_t worker, std::shared_ptr<chief::closure> c,
                                                   std::exception_ptr failure);
   /// The connection to ps `index` closed without our asking: its variables are gone, and the run
-  /// with them.
+  /// with them, unless a lost_ps_restorer restores them.
   void lost_ps(std::size_t index, const std::string& reason);
+  /// Ends the run: ps `index` is lost, for `reason`.
+  void fail_run(std::size_t index, std::exception_ptr failure);
+  /// Waits for ps `index` to answer again, makes its shards and parts again and has `restorer`
+  /// restore them, then lets the held closures run; ends the run when any of it fails.
+  static asio::awaitable<void> restore_lost_ps(std::shared_ptr<coordinator_core> self, std::size_t index,
+                                               std::shared_ptr<chief::lost_ps_restorer> restorer);
 
   asio::any_io_executor executor_;
   cluster_spec cluster_;
@@ -122,6 +133,8 @@ class coordinator_core : public std::enable_shared_from_this<coordinator_core> {
   std::shared_ptr<chief::closure_queue> queue_;
   std::shared_ptr<chief::per_worker_values> per_worker_;
   std::vector<int> transient_ps_failures_;  // per ps: closures that failed reaching it (TF's counters)
+  std::weak_ptr<chief::lost_ps_restorer> ps_restorer_;
+  std::vector<char> restoring_;  // per ps: being restored (its failures are the loss's, not transient)
   // The options the strategy's coordinators share, once the first one is made. Coordinators may
   // be made on any thread: this is the one piece of the chief a mutex guards (set once, read at
   // construction only; never protocol state).
@@ -133,6 +146,9 @@ class coordinator_core : public std::enable_shared_from_this<coordinator_core> {
   metrics::counter worker_failures_;
   metrics::counter ps_failures_;
   metrics::counter iterator_rebuilds_;
+  metrics::counter ps_restores_;
+  metrics::histogram ps_restore_seconds_;
+  metrics::gauge ps_restore_step_;  // the step of the checkpoint the last restore used
   std::vector<metrics::registry::registration> registered_;  // last: goes before what it lists
 };
 

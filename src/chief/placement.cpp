@@ -131,6 +131,7 @@ asio::awaitable<sharded_variable_ref> variable_placement::create(std::string nam
     }
     std::rethrow_exception(failure);
   }
+  variables_.push_back(ref);
   co_return ref;
 }
 
@@ -210,7 +211,7 @@ asio::awaitable<hash_table_ref> variable_placement::create_table(std::string nam
   std::exception_ptr failure;
   try {
     co_await detail::run_all(num_ps, [&](std::size_t i) {
-      return recorded(ps_->create_table_part(static_cast<int>(i), std::move(parts[i])), created[i]);
+      return recorded(ps_->create_table_part(static_cast<int>(i), parts[i]), created[i]);
     });
     for (const auto& restorer : restorers) co_await restorer->restore_table(ref, ps_);
   } catch (...) {
@@ -225,7 +226,62 @@ asio::awaitable<hash_table_ref> variable_placement::create_table(std::string nam
     });
     std::rethrow_exception(failure);
   }
+  tables_.push_back({ref, std::move(parts)});
   co_return ref;
+}
+
+variable_placement::held_on variable_placement::held_by(int ps_task) const {
+  held_on out;
+  for (const auto& v : variables_) {
+    if (std::ranges::any_of(v.shards, [&](const auto& shard) { return shard.ps_task == ps_task; })) {
+      out.variables.push_back(v.name);
+    }
+  }
+  for (const auto& t : tables_) {
+    if (std::ranges::find(t.ref.ps_tasks, ps_task) != t.ref.ps_tasks.end()) out.tables.push_back(t.ref.name);
+  }
+  return out;
+}
+
+namespace {
+
+// Runs `make`; when the ps holds the name already (a ps that never died: its connection was lost,
+// and it kept an older state), runs `drop`, then `make` again.
+template <class Make, class Drop>
+asio::awaitable<void> made_afresh(Make make, Drop drop) {
+  bool held = false;
+  try {
+    co_await make();
+  } catch (const error& e) {
+    if (e.code() != errc::already_exists) throw;
+    held = true;
+  }
+  if (!held) co_return;
+  co_await drop();
+  co_await make();
+}
+
+}  // namespace
+
+asio::awaitable<void> variable_placement::recreate_on(int ps_task) {
+  const initializer zeros = initializers::zeros{};
+  for (const auto& v : variables_) {
+    std::size_t row_offset = 0;
+    for (const auto& shard : v.shards) {
+      if (shard.ps_task == ps_task) {
+        const auto init = encode_initializer(zeros, v.name, v.shape, row_offset);
+        co_await made_afresh([&] { return ps_->create(shard, init); }, [&] { return ps_->remove(shard); });
+      }
+      row_offset += shard.shape.empty() ? 1 : shard.shape[0];
+    }
+  }
+  for (const auto& t : tables_) {
+    for (std::size_t i = 0; i < t.ref.ps_tasks.size(); ++i) {
+      if (t.ref.ps_tasks[i] != ps_task) continue;
+      co_await made_afresh([&] { return ps_->create_table_part(ps_task, t.parts[i]); },
+                           [&] { return ps_->remove_table_part(ps_task, t.ref.name); });
+    }
+  }
 }
 
 void variable_placement::add_restorer(const std::shared_ptr<restore_on_create>& restorer) {

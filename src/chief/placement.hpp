@@ -40,6 +40,19 @@ class variable_placement {
   /// b % num_ps), concurrently; a table exists whole or not at all, as a variable.
   asio::awaitable<hash_table_ref> create_table(std::string name, dtype type, hash_table_options options);
 
+  /// What ps `ps_task` held of the variables and tables created so far: the names of the variables
+  /// with a shard there and of the tables with a part there.
+  struct held_on {
+    std::vector<std::string> variables;
+    std::vector<std::string> tables;
+  };
+  held_on held_by(int ps_task) const;
+  /// Makes again, on ps `ps_task` (a ps that was lost and answers again), every shard and table
+  /// part the lost one held: a shard empty (zeros, its slots none), a table part with no rows.
+  /// Whatever that ps still holds under those names is dropped first: a ps that never died, whose
+  /// connection was lost, holds an older state, which is not mixed in. The caller restores values.
+  asio::awaitable<void> recreate_on(int ps_task);
+
  private:
   // What became of a shard's creation.
   static constexpr char no = 0, yes = 1, maybe = 2;
@@ -59,6 +72,14 @@ class variable_placement {
 
   std::shared_ptr<client::ps_client> ps_;
   variable_partitioner partitioner_;
+  // Everything created, to make a lost ps's part again: variables never go while the session
+  // lives, and a table part is made from its creation request.
+  std::vector<sharded_variable_ref> variables_;
+  struct created_table {
+    hash_table_ref ref;
+    std::vector<wire::CreateHashTable> parts;  // by ps index
+  };
+  std::vector<created_table> tables_;
   std::vector<std::weak_ptr<restore_on_create>> restorers_;
   std::size_t next_ = 0;
 };
