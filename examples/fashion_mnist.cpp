@@ -99,6 +99,7 @@ struct options {
   std::string logdir;
   std::int64_t checkpoint_every = 500;
   std::size_t max_to_keep = 5;
+  std::string on_ps_loss = "fail";  // or "restore": from the newest checkpoint, in place
   bool count_runs = false;
   bool one_thread = false;
 };
@@ -160,12 +161,22 @@ asio::awaitable<int> run_chief(pscoro::parameter_server_strategy& strategy, cons
               b.ps_task(), static_cast<long long>(o.steps), static_cast<long long>(o.batch_size), strategy.num_workers());
   // With a checkpoint directory: resume from its newest checkpoint, and save one every
   // checkpoint_every steps (the sidecar evaluator watches the directory).
-  pscoro::checkpoint ckpt;
+  pscoro::checkpoint ckpt(strategy);
   ckpt.track(w).track(b);
   std::optional<pscoro::checkpoint_manager> manager;
   std::int64_t first_step = 0;
   if (!o.checkpoint_dir.empty()) {
     manager.emplace(ckpt, o.checkpoint_dir, o.max_to_keep);
+    // --on-ps-loss restore: a ps that dies and comes back (pscoro-launch --restart-ps) gets its
+    // variables from the newest checkpoint; the other ps keep theirs, and training goes on.
+    if (o.on_ps_loss == "restore") {
+      manager->restore_lost_ps({.wait_for_ps = std::chrono::minutes(5),
+                                .on_restored = [](const pscoro::ps_restore_report& r) {
+                                  std::printf("chief: %s restored from %s (step %lld) in %.1f s\n", r.ps.c_str(),
+                                              r.checkpoint.c_str(), static_cast<long long>(r.step), r.seconds);
+                                  std::fflush(stdout);
+                                }});
+    }
     if (const auto latest = manager->latest_checkpoint()) {
       co_await ckpt.restore(*latest);
       first_step = std::min(ckpt.step(), o.steps);
@@ -287,6 +298,11 @@ int main(int argc, char** argv) {
       app.add_option("--logdir", o.logdir, "write TensorBoard events (loss, accuracy, steps/s, learning rate) here");
   app.add_option("--checkpoint-every", o.checkpoint_every, "steps between checkpoints")->check(CLI::PositiveNumber);
   app.add_option("--max-to-keep", o.max_to_keep, "checkpoints kept (0: all)");
+  app.add_option("--on-ps-loss", o.on_ps_loss,
+                 "what a lost ps does: fail the run (TF's way), or restore it in place from the newest checkpoint "
+                 "(with --checkpoint-dir; the ps must come back at its address)")
+      ->check(CLI::IsMember({"fail", "restore"}))
+      ->needs(checkpoint_dir);
   auto* count_runs = app.add_flag("--count-runs", o.count_runs,
                                   "count how often each step runs (a [steps] table on a ps); fail if one never ran");
   // What the cluster is measured against (benchmarks/fashion_mnist_bench), and what a user can time

@@ -15,8 +15,9 @@
 // talk to the job's ports; a PSCORO_AUTH_SECRET_FILE already set is used as it is.
 //
 // A cluster manager's restarts, for trying fault tolerance on one machine: --restart-workers starts
-// a worker that ends while the chief runs again at its address; --restart-chief starts a chief
-// killed by a signal again (it resumes from its checkpoint). A task that ends and is not restarted
+// a worker that ends while the chief runs again at its address; --restart-ps does the same for a ps
+// (a chief told to, checkpoint_manager::restore_lost_ps, restores it in place); --restart-chief
+// starts a chief killed by a signal again (it resumes from its checkpoint). A task that ends and is not restarted
 // fails the job: before the chief started at once; after, once the chief had the grace period to
 // notice and report it (a lost ps fails the chief with a message naming it), with the chief's code
 // if it exits meanwhile, else the task's.
@@ -79,6 +80,7 @@ class launcher {
  public:
   struct restart_policy {
     bool workers = false;
+    bool ps = false;
     bool chief = false;
     int max_restarts = 20;                       // per task
     std::chrono::milliseconds delay{500};        // before a restart, against crash loops
@@ -144,6 +146,7 @@ class launcher {
     if (stopping_ || !chief_started_ || t.restarts >= restarts_.max_restarts) return false;
     // A worker that exits 0 was told by the chief that the job ended.
     if (t.job == "worker") return restarts_.workers && t.address.has_value() && *t.exit_code != 0;
+    if (t.job == "ps") return restarts_.ps && t.address.has_value() && *t.exit_code != 0;
     // A chief that exits on its own ends the job, whatever its code; only a killed one comes back.
     return t.job == "chief" && restarts_.chief && *t.exit_code > 128;
   }
@@ -418,6 +421,8 @@ int main(int argc, char** argv) {
   launcher::restart_policy restarts;
   app.add_flag("--restart-workers", restarts.workers,
                "start a worker that ends while the chief runs again, at its address");
+  app.add_flag("--restart-ps", restarts.ps,
+               "start a ps that ends while the chief runs again, at its address (empty: the chief restores it)");
   app.add_flag("--restart-chief", restarts.chief, "start a chief killed by a signal again");
   app.add_option("--max-restarts", restarts.max_restarts, "restarts per task before its end fails the job")
       ->check(CLI::NonNegativeNumber);

@@ -134,6 +134,13 @@ TEST_CASE("a lost ps is restored in place from the newest checkpoint; the other 
     CHECK(restored_rows > 0);
     CHECK(restored_rows < raw.size());
     // The slots came back too: one more step on ps:1's rows is the step after the checkpoint's.
+    co_await table.apply_gradients(opt, ids, gradient);
+    const auto stepped = co_await table.lookup(ids);
+    for (std::size_t k = 0; k < raw.size(); ++k) {
+      if (common::ps_index_of(raw[k], table.ref()) != 1) continue;
+      CAPTURE(raw[k]);
+      CHECK(std::memcmp(&stepped(k, 0), &later_rows(k, 0), 4 * sizeof(float)) == 0);
+    }
     // Closures run again, on both ps.
     auto sum0 = coordinator.schedule(pscoro::testing::add_one, on_ps0);
     auto sum1 = coordinator.schedule(pscoro::testing::add_one, on_ps1);

@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# Real processes: the Fashion-MNIST cluster with --on-ps-loss restore; ps:1 (the bias) is killed
+# with kill -9 after a checkpoint and pscoro-launch --restart-ps starts it again at its address.
+# The same chief restores ps:1 alone from the newest checkpoint and finishes the run: the accuracy
+# is reached, and every step ran (the --count-runs table on ps:0, not in any checkpoint, was never
+# rolled back: no step is counted less than once).
+# usage: ps_restore_test.sh PSCORO_LAUNCH FASHION_MNIST
+set -uo pipefail
+launch=$1
+example=$2
+source "$(dirname "$0")/checks.sh"
+# 3000 steps, a checkpoint every 500; the sanitizer build asks for fewer (both reach the accuracy).
+steps=${PSCORO_PS_RESTORE_STEPS:-3000}
+every=$((steps / 6))
+
+log=$work/run.log
+"$launch" --ps 2 --workers 2 --restart-ps -- "$example" --steps "$steps" --log-every 100 --count-runs \
+  --checkpoint-dir "$work/ckpt" --checkpoint-every "$every" --on-ps-loss restore > "$log" 2>&1 &
+launcher=$!
+if check "it saves step $((2 * every))" wait_for "$log" "^\[chief\] chief: saved $work/ckpt/ckpt-$((2 * every)).safetensors$"; then
+  chief=$(pid_of "$log" chief)
+  kill -9 "$(pid_of "$log" ps-1)"
+  newest=$(ls "$work/ckpt" | sed -nE 's/^ckpt-([0-9]+)\.safetensors$/\1/p' | sort -n | tail -n 1)
+  wait_exit "$launcher" 300
+  check "the job exits 0 (got $code)" test "$code" -eq 0
+  check "the launcher started ps-1 again" grep -q '^pscoro-launch: restarting ps-1 in' "$log"
+  check "the chief was never started again" test "$(grep -c '^pscoro-launch: started chief' "$log")" -eq 1
+  check "the same chief ($chief) restored ps:1 from the newest checkpoint at the kill (step $newest)" \
+    grep -qE "^\[chief\] chief: ps:1 restored from $work/ckpt/ckpt-$newest.safetensors \(step $newest\) in [0-9.]+ s$" "$log"
+  check "every step ran at least once" grep -qE "^\[chief\] chief: steps 1-$steps ran: [0-9]+ once, [0-9]+ again after a worker was lost, 0 never$" "$log"
+  check "the model converges (accuracy >= 0.80)" grep -qE '^\[chief\] chief: test accuracy 0\.[89]' "$log"
+else
+  kill -9 "$launcher" 2>/dev/null
+fi
+grep -E 'restor|lost|saved|test accuracy|ran:' "$log" | grep -v 'INFO'
+[ "$failed" -eq 0 ] || cat "$log"
+finish
