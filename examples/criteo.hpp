@@ -27,12 +27,14 @@
 #include <algorithm>
 #include <array>
 #include <atomic>
+#include <bit>
 #include <charconv>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <exception>
 #include <filesystem>
+#include <limits>
 #include <memory>
 #include <numeric>
 #include <optional>
@@ -487,6 +489,19 @@ inline std::int64_t hashed_row(std::size_t field, const std::optional<std::uint6
   const std::uint64_t key = value ? *value : (std::uint64_t{1} << 32) + field;
   return static_cast<std::int64_t>(hash(0xC7, field, key) % rows);
 }
+
+/// The id a model looks a field's value up with: with `rows` > 0 its row in a hashed table of that
+/// many rows (hashed_row); with 0 the value itself, the key of the field's own hash table.
+struct id_mapping {
+  std::size_t rows = 0;
+
+  std::int64_t operator()(std::size_t field, const std::optional<std::uint64_t>& value) const {
+    if (rows > 0) return hashed_row(field, value, rows);
+    // A missing value is INT64_MIN (no 32-bit value is, and a raw id, a 64-bit hash, is with odds of
+    // 2^-64).
+    return value ? std::bit_cast<std::int64_t>(*value) : std::numeric_limits<std::int64_t>::min();
+  }
+};
 
 /// A worker's training examples: its share of the training files in `dir` (by file), read from
 /// TSV or TFRecord, the file order and the examples shuffled (a buffer of `shuffle_buffer`),

@@ -30,6 +30,7 @@
 #include "chief.hpp"
 #include "command_line.hpp"
 #include "criteo.hpp"
+#include "field_tables.hpp"
 
 #include <asio/co_spawn.hpp>
 #include <asio/io_context.hpp>
@@ -38,25 +39,20 @@
 
 #include <algorithm>
 #include <array>
-#include <bit>
 #include <chrono>
 #include <cmath>
-#include <condition_variable>
 #include <cstdio>
 #include <deque>
 #include <filesystem>
-#include <limits>
-#include <mutex>
 #include <optional>
-#include <stop_token>
 #include <string>
-#include <thread>
 #include <utility>
 #include <vector>
 
 namespace {
 
 namespace criteo = examples::criteo;
+namespace field_tables = examples::field_tables;
 constexpr std::size_t fields = pscoro::criteo_example::categorical_features;
 constexpr std::size_t numerics = pscoro::criteo_example::integer_features;
 constexpr std::size_t factor_size = 16;
@@ -88,23 +84,11 @@ const pscoro::worker_function<double(std::vector<hash_table>, dense, dense, psco
     train_hash_step{"ctr.train_hash_step"};
 
 // The table of field `f` (--embedding hash), on the chief and in each ps's report.
-std::string field_table_name(std::size_t f) { return fmt::format("ctr/C{}", f + 1); }
-
-// The id a field's value is looked up with.
-struct id_mapping {
-  std::size_t rows = 0;  // --embedding fixed: a row of the shared table of this many rows; 0: hash
-
-  std::int64_t operator()(std::size_t field, const std::optional<std::uint64_t>& value) const {
-    if (rows > 0) return criteo::hashed_row(field, value, rows);
-    // Its own table's key: the value itself; a missing value is INT64_MIN (no 32-bit value is, and
-    // a raw id, a 64-bit hash, is with odds of 2^-64).
-    return value ? std::bit_cast<std::int64_t>(*value) : std::numeric_limits<std::int64_t>::min();
-  }
-};
+std::string field_table_name(std::size_t f) { return examples::field_tables::name("ctr", f); }
 
 // The model's inputs for `examples` (pscoro::criteo_example or criteo::raw_example).
 template <class Example>
-batch make_batch(const std::vector<Example>& examples, const id_mapping& id_of) {
+batch make_batch(const std::vector<Example>& examples, const criteo::id_mapping& id_of) {
   const std::size_t n = examples.size();
   batch b{xt::zeros<std::int64_t>({n, fields}), xt::zeros<float>({n, numerics}), {}};
   for (std::size_t i = 0; i < n; ++i) {
@@ -299,7 +283,7 @@ struct options {
     return criteo::training_data_dir(data_dir, static_cast<std::uint64_t>(seed), train_examples, files, file_format(),
                                      raw_ids() ? criteo::id_form::raw : criteo::id_form::criteo);
   }
-  id_mapping id_of() const { return {hashed() ? 0 : static_cast<std::size_t>(rows)}; }
+  criteo::id_mapping id_of() const { return {hashed() ? 0 : static_cast<std::size_t>(rows)}; }
 };
 
 // A worker's batches: its share of the training files (by file; raw ids: by line), parsed,
@@ -324,14 +308,8 @@ pscoro::dataset<batch> training_batches(const options& o, pscoro::input_context 
 // What a field's table is made with (--embedding hash): a row per id, [wide weight, factor], all
 // drawn from N(0, 0.01) (the fixed tables start the wide weights at 0; one initializer per table).
 pscoro::hash_table_options table_options(const options& o) {
-  pscoro::hash_table_options out{.dim = row_size,
-                                 .initializer = pscoro::initializers::random_normal{.stddev = 0.01, .seed = 1}};
-  // A counting filter of 1 MiB per table and ps, not the 4 MiB default: 26 tables, most of them small.
-  if (o.admission_min_count > 0) {
-    out.admission = pscoro::admission::min_count{.count = o.admission_min_count, .counters = std::size_t{1} << 20};
-  }
-  if (o.ttl > 0) out.eviction = pscoro::eviction::ttl{.max_idle = o.ttl};
-  return out;
+  return examples::field_tables::options(row_size, pscoro::initializers::random_normal{.stddev = 0.01, .seed = 1},
+                                         o.admission_min_count, o.ttl);
 }
 
 // The model's variables: the embedding tables of one kind or the other, the dense weights.
@@ -385,12 +363,9 @@ asio::awaitable<int> run_chief(pscoro::parameter_server_strategy& strategy, cons
     for (std::size_t f = 0; f < fields; ++f) {
       m.tables.push_back(co_await scope.create_hash_table<float>(field_table_name(f), table_opts));
     }
-    std::printf("chief: %zu hash tables of rows [weight, %zu factors] (admission: %s; eviction: %s); "
-                "%lld steps of %lld examples on %zu workers\n",
-                fields, factor_size,
-                o.admission_min_count > 0 ? fmt::format("min_count {}", o.admission_min_count).c_str() : "always",
-                o.ttl > 0 ? fmt::format("idle for {} steps", o.ttl).c_str() : "none", static_cast<long long>(o.steps),
-                static_cast<long long>(o.batch_size), strategy.num_workers());
+    std::printf("chief: %zu hash tables of rows [weight, %zu factors] (%s); %lld steps of %lld examples on %zu workers\n",
+                fields, factor_size, field_tables::describe_policies(o.admission_min_count, o.ttl).c_str(),
+                static_cast<long long>(o.steps), static_cast<long long>(o.batch_size), strategy.num_workers());
   } else {
     m.wide = co_await scope.create_sharded_variable<float>("ctr/wide", wide_shape, pscoro::initializers::zeros{});
     m.factors = co_await scope.create_sharded_variable<float>(
@@ -407,17 +382,13 @@ asio::awaitable<int> run_chief(pscoro::parameter_server_strategy& strategy, cons
   // With --logdir: the sampled losses, the learning rate and the test AUCs as TensorBoard curves.
   std::optional<pscoro::summary_writer> summaries;
   if (!o.logdir.empty()) summaries.emplace(o.logdir);
-  // Keep the workers busy with a window of scheduled steps and retire each step's result in order.
-  // With --ttl the tables' clock counts the steps scheduled: a step runs while the clock is between
-  // its number and the window's end, so no row looks idle for longer than it is, and the window is
-  // small (twice the closures in flight): the steps that run while a busy machine holds up the chief
-  // (and its clock) are few beside the ttl. The clock moves every ttl/16 steps, not every step: a
-  // move is a request per table (26) to each ps, more than a step's own two, and moving it every
-  // step cost ~40% of the steps per second.
-  const std::int64_t clock_every = std::max<std::int64_t>(1, static_cast<std::int64_t>(o.ttl / 16));
+  // Keep the workers busy with a window of scheduled steps and retire each step's result in order;
+  // with --ttl a small one, the tables' clock counting the steps scheduled (field_tables.hpp says why).
+  const std::int64_t clock_every = field_tables::clock_every(o.ttl);
   const auto started = std::chrono::steady_clock::now();
   const std::size_t in_flight_at_most = o.closures_per_worker * strategy.num_workers();
-  const std::size_t window = o.ttl > 0 ? 2 * in_flight_at_most : std::max<std::size_t>(64, 4 * in_flight_at_most);
+  const std::size_t window = o.ttl > 0 ? field_tables::clock_window(in_flight_at_most)
+                                       : std::max<std::size_t>(64, 4 * in_flight_at_most);
   std::deque<std::pair<std::int64_t, pscoro::remote_value<double>>> in_flight;
   auto retire_oldest = [&]() -> asio::awaitable<void> {
     auto [step, loss] = std::move(in_flight.front());
@@ -435,7 +406,7 @@ asio::awaitable<int> run_chief(pscoro::parameter_server_strategy& strategy, cons
   };
   for (std::int64_t step = 0; step < o.steps; ++step) {
     if (o.ttl > 0 && step % clock_every == 0) {
-      for (const auto& t : m.tables) co_await t.advance_clock(static_cast<std::uint64_t>(step));
+      co_await field_tables::advance_clocks(m.tables, static_cast<std::uint64_t>(step));
     }
     in_flight.emplace_back(step + 1, o.hashed() ? coordinator.schedule(train_hash_step, m.tables, m.numeric, m.bias,
                                                                        batches, o.learning_rate)
@@ -482,43 +453,12 @@ asio::awaitable<int> run_chief(pscoro::parameter_server_strategy& strategy, cons
   co_return 0;
 }
 
-// --embedding hash, on each ps: what its part of the fields' tables holds (its metrics
-// pscoro_ps_hash_table_rows and _bytes, summed over the tables), every `every` while it changes.
-// The chief cannot read a ps's metrics; the ps can, and says it in its log.
-class table_report {
- public:
-  table_report(std::string task, std::chrono::duration<double> every)
-      : thread_([task = std::move(task), every](std::stop_token stop) { run(task, every, stop); }) {}
-
- private:
-  static void run(const std::string& task, std::chrono::duration<double> every, std::stop_token stop) {
-    std::mutex mutex;
-    std::condition_variable_any wake;
-    double last_rows = 0, last_bytes = 0;
-    std::unique_lock lock(mutex);
-    while (!wake.wait_for(lock, stop, every, [&stop] { return stop.stop_requested(); })) {
-      double rows = 0, bytes = 0;
-      std::size_t tables = 0;  // that this ps holds a part of: none before the chief makes them and after the job
-      for (std::size_t f = 0; f < fields; ++f) {
-        const pscoro::metrics::labels table{{"table", field_table_name(f)}};
-        const auto table_rows = pscoro::metrics::process_registry().value("pscoro_ps_hash_table_rows", table);
-        const auto table_bytes = pscoro::metrics::process_registry().value("pscoro_ps_hash_table_bytes", table);
-        if (!table_rows || !table_bytes) continue;
-        rows += *table_rows;
-        bytes += *table_bytes;
-        ++tables;
-      }
-      if (tables < fields || (rows == last_rows && bytes == last_bytes)) continue;
-      last_rows = rows;
-      last_bytes = bytes;
-      std::printf("%s: its part of the hash tables holds %.0f rows in %.1f MiB (%.0f bytes per row)\n", task.c_str(),
-                  rows, bytes / (1 << 20), rows > 0 ? bytes / rows : 0.0);
-      std::fflush(stdout);
-    }
-  }
-
-  std::jthread thread_;
-};
+// The fields' tables' names (--embedding hash), for each ps's report.
+std::vector<std::string> field_table_names() {
+  std::vector<std::string> out;
+  for (std::size_t f = 0; f < fields; ++f) out.push_back(field_table_name(f));
+  return out;
+}
 
 }  // namespace
 
@@ -600,9 +540,9 @@ int main(int argc, char** argv) {
     }
     const auto resolver = pscoro::auto_cluster_resolver();
     if (resolver.task_type() == "ps") {
-      std::optional<table_report> report;
+      std::optional<field_tables::table_report> report;
       if (o.hashed()) {
-        report.emplace(fmt::format("ps:{}", resolver.task_id().value_or(0)),
+        report.emplace(fmt::format("ps:{}", resolver.task_id().value_or(0)), field_table_names(),
                        std::chrono::duration<double>(o.report_seconds));
       }
       return pscoro::run_server(resolver);

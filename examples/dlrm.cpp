@@ -21,27 +21,41 @@
 // values, on the same files and as many batches, in its own process with libtorch alone (sparse
 // embedding gradients, torch::optim::Adagrad with the ps's settings), and prints both AUCs and
 // steps/s side by side. The chief exits 1 when the cluster's test AUC ends more than 0.01 below the
-// generator's bound or more than 0.005 from the reference's.
+// generator's bound (raw ids: 0.05) or more than 0.005 from the reference's.
+//
+// On raw ids (--ids raw: 64-bit ids from vocabularies of up to 10 million values that drift over
+// the stream, criteo.hpp), --embedding hash keys the embeddings by the ids themselves, as the CTR
+// example does: one pscoro::hash_table per field (field_tables.hpp), whose row is the value's
+// embedding and first-order weight, looked up through module_variables like the fixed table and
+// stepped by its push; --admission-min-count gives a row only to ids seen that often, --ttl forgets
+// ids idle for that many steps, and each ps reports what its part of the tables holds (rows, bytes
+// per row). The reference trains a fixed table only, so it does not run then.
 //
 //   pscoro-launch --ps 2 --workers 2 -- dlrm                    # cluster, then reference
 //   pscoro-launch --ps 2 --workers 2 -- dlrm --no-reference     # the cluster alone
 //   dlrm --reference-only                                       # the reference alone, no cluster
+//   pscoro-launch --ps 2 --workers 2 -- dlrm --ids raw --embedding hash --ttl 200  # raw ids
 #include <pscoro/pscoro.hpp>
 #include <pscoro/torch.hpp>
 
 #include "chief.hpp"
 #include "command_line.hpp"
 #include "criteo.hpp"
+#include "field_tables.hpp"
 
 #include <asio/co_spawn.hpp>
 #include <asio/io_context.hpp>
 #include <torch/torch.h>
+
+#include <fmt/format.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <ctime>
+#include <deque>
+#include <filesystem>
 #include <map>
 #include <memory>
 #include <optional>
@@ -51,15 +65,18 @@
 namespace {
 
 namespace criteo = examples::criteo;
+namespace field_tables = examples::field_tables;
 constexpr std::int64_t fields = pscoro::criteo_example::categorical_features;
 constexpr std::int64_t numerics = pscoro::criteo_example::integer_features;
 
 using table = pscoro::sharded_variable<float>;
+using hash_table = pscoro::hash_table<float>;
 using variable_map = std::map<std::string, pscoro::sharded_variable<float>>;
 
 struct options {
   std::string data_dir = "ctr-data";
   std::string format = "tsv";
+  std::string ids = "criteo";
   std::int64_t train_examples = 2000000;
   std::size_t files = 8;
   std::int64_t steps = 9000;
@@ -74,7 +91,11 @@ struct options {
   // the MLPs keep 0.1, since sign-sized first steps on them overshoot with steps in flight
   // (docs/design.md, The DLRM example: "Closing the gap to the bound").
   double first_order_gradient_scale = 30;
+  std::string embedding = "fixed";
   std::int64_t rows = 1 << 20;
+  std::uint32_t admission_min_count = 0;
+  std::uint64_t ttl = 0;
+  double report_seconds = 5;
   std::int64_t dim = 16;
   std::int64_t hidden = 64;
   double init_stddev = 0.02;
@@ -89,7 +110,14 @@ struct options {
   bool no_reference = false;
   bool reference_only = false;
 
+  bool raw_ids() const { return ids == "raw"; }
+  bool hashed() const { return embedding == "hash"; }
   criteo::file_format file_format() const { return format == "tsv" ? criteo::file_format::tsv : criteo::file_format::tfrecord; }
+  std::filesystem::path training_data_dir() const {
+    return criteo::training_data_dir(data_dir, static_cast<std::uint64_t>(seed), train_examples, files, file_format(),
+                                     raw_ids() ? criteo::id_form::raw : criteo::id_form::criteo);
+  }
+  criteo::id_mapping id_of() const { return {hashed() ? 0 : static_cast<std::size_t>(rows)}; }
   pscoro::optimizers::adagrad optimizer() const {
     return {.learning_rate = learning_rate, .initial_accumulator_value = initial_accumulator};
   }
@@ -144,14 +172,17 @@ struct dlrm_impl : torch::nn::Module {
 };
 TORCH_MODULE_IMPL(dlrm, dlrm_impl);
 
-// A batch as the model sees it: rows of the categoricals, log1p of the integers, labels.
+// A batch as the model sees it: the categoricals' ids (--embedding fixed: hashed rows; hash: the
+// values), log1p of the integers, labels.
 struct batch {
   torch::Tensor ids;     // [n, 26] int64
   torch::Tensor dense;   // [n, 13] float
   torch::Tensor labels;  // [n] float
 };
 
-batch make_batch(const std::vector<pscoro::criteo_example>& examples, std::size_t rows) {
+// The model's inputs for `examples` (pscoro::criteo_example or criteo::raw_example).
+template <class Example>
+batch make_batch(const std::vector<Example>& examples, const criteo::id_mapping& id_of) {
   const auto n = static_cast<std::int64_t>(examples.size());
   batch b{torch::empty({n, fields}, torch::kInt64), torch::empty({n, numerics}), torch::empty({n})};
   auto ids = b.ids.accessor<std::int64_t, 2>();
@@ -160,7 +191,7 @@ batch make_batch(const std::vector<pscoro::criteo_example>& examples, std::size_
   for (std::int64_t i = 0; i < n; ++i) {
     const auto& example = examples[static_cast<std::size_t>(i)];
     for (std::int64_t f = 0; f < fields; ++f) {
-      ids[i][f] = criteo::hashed_row(static_cast<std::size_t>(f), example.categories[static_cast<std::size_t>(f)], rows);
+      ids[i][f] = id_of(static_cast<std::size_t>(f), example.categories[static_cast<std::size_t>(f)]);
     }
     for (std::int64_t j = 0; j < numerics; ++j) {
       const auto& v = example.integers[static_cast<std::size_t>(j)];
@@ -171,17 +202,22 @@ batch make_batch(const std::vector<pscoro::criteo_example>& examples, std::size_
   return b;
 }
 
-// A worker's batches (the reference's: one worker): its share of the training files, parsed,
-// shuffled, batched, made into model inputs and prefetched by a background thread; forever.
+// A worker's batches (the reference's: one worker): its share of the training files (by file; raw
+// ids: by line), parsed, shuffled, batched, made into model inputs and prefetched by a background
+// thread; forever.
 pscoro::dataset<batch> training_batches(const options& o, pscoro::input_context context) {
-  const auto dir = criteo::training_data_dir(o.data_dir, static_cast<std::uint64_t>(o.seed), o.train_examples, o.files,
-                                             o.file_format());
-  return criteo::training_examples(dir, o.files, o.file_format(), o.shuffle_buffer,
-                                   static_cast<std::uint64_t>(o.seed + context.worker_index), context)
-      .batch(static_cast<std::size_t>(o.batch_size), /*drop_remainder=*/true)
-      .map([rows = static_cast<std::size_t>(o.rows)](const std::vector<pscoro::criteo_example>& examples) {
-        return make_batch(examples, rows);
-      })
+  const auto seed = static_cast<std::uint64_t>(o.seed + context.worker_index);
+  const auto batch_size = static_cast<std::size_t>(o.batch_size);
+  const auto to_batch = [id_of = o.id_of()](const auto& examples) { return make_batch(examples, id_of); };
+  if (o.raw_ids()) {
+    return criteo::raw_training_examples(o.training_data_dir(), o.files, o.shuffle_buffer, seed, context)
+        .batch(batch_size, /*drop_remainder=*/true)
+        .map(to_batch)
+        .prefetch(4);
+  }
+  return criteo::training_examples(o.training_data_dir(), o.files, o.file_format(), o.shuffle_buffer, seed, context)
+      .batch(batch_size, /*drop_remainder=*/true)
+      .map(to_batch)
       .prefetch(4);
 }
 
@@ -190,6 +226,10 @@ const pscoro::dataset_function<batch> train_data{"dlrm.train_data"};
 // (the MLPs' variables, the embedding table, the worker's batches, learning rate) -> mean log loss.
 const pscoro::worker_function<double(variable_map, table, pscoro::per_worker_iterator<batch>, double)> train_step{
     "dlrm.train_step"};
+// --embedding hash: (the MLPs' variables, the fields' hash tables, batches, learning rate) -> loss.
+const pscoro::worker_function<double(variable_map, std::vector<hash_table>, pscoro::per_worker_iterator<batch>,
+                                     double)>
+    train_hash_step{"dlrm.train_hash_step"};
 
 // A worker's models. A step takes an idle one (or makes one, bound to the variables) and gives it
 // back when it has pushed: no two steps share a module's parameters, gradients or lookups. At most
@@ -226,16 +266,41 @@ class model_pool {
   std::vector<std::unique_ptr<replica>> idle_;
 };
 
-// The worker side: one training step on the next batch of this worker's pipeline.
+// Named outside the coroutines: g++ 12 can fail to compile designated initializers among co_awaits.
+const pscoro::hash_lookup_options inserting{.insert = true};
+const pscoro::hash_lookup_options reading{};
+
+// A step's rows of the fixed table: [n, 26, dim + 1], requiring grad.
+asio::awaitable<torch::Tensor> look_up(pscoro::module_variables<float>& bound, table embedding, const torch::Tensor& ids) {
+  auto lookup = bound.embedding_lookup(std::move(embedding), ids);  // named: g++ 12 (co_await temporaries)
+  co_return co_await std::move(lookup);
+}
+
+// --embedding hash: a step's rows of the fields' tables (new ids admitted by the tables' policy),
+// [n, 26, dim + 1], each field's lookup a leaf that requires grad, its gradient stepped by push().
+asio::awaitable<torch::Tensor> look_up(pscoro::module_variables<float>& bound, std::vector<hash_table> tables,
+                                       const torch::Tensor& ids) {
+  std::vector<torch::Tensor> fields_rows;
+  for (std::size_t f = 0; f < tables.size(); ++f) {
+    const torch::Tensor field_ids = ids.select(1, static_cast<std::int64_t>(f));
+    auto lookup = bound.embedding_lookup(tables[f], field_ids, inserting);
+    fields_rows.push_back(co_await std::move(lookup));  // [n, dim + 1]
+  }
+  co_return torch::stack(fields_rows, 1);
+}
+
+// The worker side: one training step on the next batch of this worker's pipeline; `embedding` the
+// fixed table or the fields' hash tables.
+template <class Embedding>
 asio::awaitable<double> train(std::shared_ptr<model_pool> pool, pscoro::optimizers::adagrad optimizer,
-                              variable_map variables, table embedding, pscoro::per_worker_iterator<batch> batches,
+                              variable_map variables, Embedding embedding, pscoro::per_worker_iterator<batch> batches,
                               double learning_rate) {
   const batch b = co_await batches.next_async();  // off the executor: heartbeats go on
   auto replica = pool->take(variables);
   auto& bound = replica->bound;
   co_await bound.pull();
-  auto lookup = bound.embedding_lookup(std::move(embedding), b.ids);  // named: g++ 12 (co_await temporaries)
-  const torch::Tensor rows = co_await std::move(lookup);               // [n, 26, dim + 1], requires grad
+  auto lookup = look_up(bound, std::move(embedding), b.ids);  // named: g++ 12 (co_await temporaries)
+  const torch::Tensor rows = co_await std::move(lookup);       // [n, 26, dim + 1], requires grad
   const torch::Tensor loss = torch::binary_cross_entropy_with_logits(replica->model->forward(b.dense, rows), b.labels);
   loss.backward();
   optimizer.learning_rate = learning_rate;
@@ -247,7 +312,8 @@ asio::awaitable<double> train(std::shared_ptr<model_pool> pool, pscoro::optimize
 
 constexpr std::size_t test_chunk = 10000;
 
-std::vector<pscoro::criteo_example> chunk_of(const std::vector<pscoro::criteo_example>& examples, std::size_t first) {
+template <class Example>
+std::vector<Example> chunk_of(const std::vector<Example>& examples, std::size_t first) {
   const auto last = std::min(first + test_chunk, examples.size());
   return {examples.begin() + static_cast<std::ptrdiff_t>(first), examples.begin() + static_cast<std::ptrdiff_t>(last)};
 }
@@ -257,7 +323,8 @@ void append_scores(std::vector<double>& out, const torch::Tensor& logits) {
   out.insert(out.end(), z.data_ptr<double>(), z.data_ptr<double>() + z.numel());
 }
 
-std::vector<float> labels_of(const std::vector<pscoro::criteo_example>& examples) {
+template <class Example>
+std::vector<float> labels_of(const std::vector<Example>& examples) {
   std::vector<float> out;
   for (const auto& e : examples) out.push_back(e.label);
   return out;
@@ -323,8 +390,9 @@ double cpu_now() { return static_cast<double>(std::clock()) / CLOCKS_PER_SEC; }
 // The same model, data and optimizer in this process with libtorch alone: the table a tensor whose
 // lookups give sparse gradients (rows not looked up get none), torch::optim::Adagrad with the ps's
 // Adagrad settings (Keras's: accumulators from 0.1, epsilon 1e-7), one batch after another.
+template <class Example>
 result train_reference(const options& o, const dlrm& initial, const torch::Tensor& initial_table,
-                       const criteo::test_set& test) {
+                       const criteo::basic_test_set<Example>& test) {
   dlrm model(o.dim, o.hidden, o.first_order_gradient_scale);
   {
     torch::NoGradGuard no_grad;
@@ -359,7 +427,7 @@ result train_reference(const options& o, const dlrm& initial, const torch::Tenso
   std::vector<double> scores;
   live_units live;
   for (std::size_t first = 0; first < test.examples.size(); first += test_chunk) {
-    const auto b = make_batch(chunk_of(test.examples, first), static_cast<std::size_t>(o.rows));
+    const auto b = make_batch(chunk_of(test.examples, first), o.id_of());
     const torch::Tensor rows =
         embedding.index_select(0, b.ids.reshape({-1})).reshape({b.ids.size(0), fields, o.dim + 1});
     append_scores(scores, model->forward(b.dense, rows));
@@ -371,7 +439,7 @@ result train_reference(const options& o, const dlrm& initial, const torch::Tenso
 }
 
 // The initial values of the cluster and of the reference: the MLPs' from libtorch's initializers,
-// the table's drawn from a normal law, both seeded.
+// the fixed table's drawn from a normal law (none with --embedding hash), both seeded.
 struct initial_values {
   dlrm model;
   torch::Tensor table;
@@ -379,6 +447,7 @@ struct initial_values {
 initial_values make_initial(const options& o) {
   torch::manual_seed(static_cast<std::uint64_t>(o.seed));
   dlrm model(o.dim, o.hidden);
+  if (o.hashed()) return {std::move(model), torch::Tensor()};  // the hash tables make their own rows
   torch::Tensor t = torch::randn({o.rows, o.dim + 1}) * o.init_stddev;
   t.select(1, o.dim).zero_();  // the first-order weights start at 0
   return {std::move(model), std::move(t)};
@@ -416,69 +485,147 @@ int report(const options& o, const std::optional<result>& cluster, const std::op
   return code;
 }
 
-asio::awaitable<int> run_chief(pscoro::parameter_server_strategy& strategy, const options& o) {
-  co_await strategy.connect();
-  pscoro::cluster_coordinator coordinator(strategy, {o.closures_per_worker});
-  auto scope = strategy.scope();
-  const auto initial = make_initial(o);
-  auto variables = co_await pscoro::create_module_variables<float>(scope, *initial.model, "dlrm/");
-  auto embedding = co_await scope.create_sharded_variable("dlrm/embedding", pscoro::to_xarray<float>(pscoro::from_torch(initial.table)));
-  std::size_t parameters = 0;
-  for (const auto& p : initial.model->parameters()) parameters += static_cast<std::size_t>(p.numel());
-  std::printf("chief: embedding %lld x (%lld + 1) in %zu shards; MLPs 13-%lld-%lld and %lld-%lld-1 over %lld dot products "
-              "(%zu parameters in %zu variables); %lld steps of %lld examples on %zu workers\n",
-              static_cast<long long>(o.rows), static_cast<long long>(o.dim), embedding.num_shards(),
-              static_cast<long long>(o.hidden), static_cast<long long>(o.dim),
-              static_cast<long long>(o.dim + dlrm_impl::pairs), static_cast<long long>(o.hidden),
-              static_cast<long long>(dlrm_impl::pairs), parameters, variables.size(), static_cast<long long>(o.steps),
-              static_cast<long long>(o.batch_size), strategy.num_workers());
-  std::fflush(stdout);
-  // Every worker builds its input pipeline now, before any step can ask it for a batch.
-  const auto batches = co_await coordinator.create_per_worker_dataset(train_data).iter();
+// The model's embeddings on the ps: the fixed table, or the fields' hash tables (--embedding hash).
+struct embeddings {
+  table fixed;
+  std::vector<hash_table> tables;
+};
 
-  const auto start = std::chrono::steady_clock::now();
-  std::vector<pscoro::remote_value<double>> losses;
-  losses.reserve(static_cast<std::size_t>(o.steps));
-  for (std::int64_t step = 0; step < o.steps; ++step) {
-    losses.push_back(coordinator.schedule(train_step, variables, embedding, batches, o.learning_rate_at(step)));
+// The rows of a test batch's ids, [n, 26, dim + 1] (reads only: a hash table inserts nothing).
+asio::awaitable<torch::Tensor> test_rows(const embeddings& e, const torch::Tensor& ids) {
+  const auto n = static_cast<std::size_t>(ids.size(0));
+  if (e.tables.empty()) {
+    auto lookup = e.fixed.embedding_lookup(xt::adapt(ids.data_ptr<std::int64_t>(), static_cast<std::size_t>(ids.numel()),
+                                                     xt::no_ownership(),
+                                                     pscoro::shape_type{n, static_cast<std::size_t>(fields)}));
+    xt::xarray<float> looked_up = co_await std::move(lookup);
+    co_return pscoro::to_torch(std::move(looked_up));
   }
-  loss_window window;
-  for (std::int64_t step = 0; step < o.steps; ++step) {
-    const double value = co_await losses[static_cast<std::size_t>(step)].get();
-    window.add(o, "step", step, value);
+  // Every field's ids in one request per ps (lookup_tables), not 26.
+  std::vector<xt::xarray<std::int64_t>> field_ids;
+  for (std::int64_t f = 0; f < fields; ++f) {
+    const torch::Tensor column = ids.select(1, f).contiguous();
+    field_ids.emplace_back(
+        xt::adapt(column.data_ptr<std::int64_t>(), n, xt::no_ownership(), pscoro::shape_type{n}));
   }
-  co_await coordinator.join();
-  result cluster;
-  cluster.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  cluster.cpu_seconds = -1;  // spread over the ps and workers
+  auto lookup = pscoro::lookup_tables(e.tables, field_ids, reading);
+  std::vector<xt::xarray<float>> looked_up = co_await std::move(lookup);
+  std::vector<torch::Tensor> fields_rows;
+  for (auto& rows : looked_up) fields_rows.push_back(pscoro::to_torch(std::move(rows)));
+  co_return torch::stack(fields_rows, 1);
+}
 
-  const auto test = criteo::make_test_set(criteo::generator(static_cast<std::uint64_t>(o.seed)),
-                                          static_cast<std::size_t>(o.test_examples));
+// The cluster's model (its MLPs in `variables`, its embeddings `e`) on `test`: its test AUC and live units.
+template <class Example>
+asio::awaitable<void> evaluate(const options& o, const variable_map& variables, const embeddings& e,
+                               const criteo::basic_test_set<Example>& test, result& out) {
   dlrm trained(o.dim, o.hidden);
   pscoro::module_variables<float> bound(*trained, variables);
   co_await bound.pull();
   std::vector<double> scores;
   live_units live;
   for (std::size_t first = 0; first < test.examples.size(); first += test_chunk) {
-    const auto b = make_batch(chunk_of(test.examples, first), static_cast<std::size_t>(o.rows));
-    auto lookup = embedding.embedding_lookup(xt::adapt(b.ids.data_ptr<std::int64_t>(),
-                                                       static_cast<std::size_t>(b.ids.numel()), xt::no_ownership(),
-                                                       pscoro::shape_type{static_cast<std::size_t>(b.ids.size(0)),
-                                                                          static_cast<std::size_t>(fields)}));
-    xt::xarray<float> looked_up = co_await std::move(lookup);
-    const torch::Tensor rows = pscoro::to_torch(std::move(looked_up));
+    const auto b = make_batch(chunk_of(test.examples, first), o.id_of());
+    auto lookup = test_rows(e, b.ids);
+    const torch::Tensor rows = co_await std::move(lookup);
     torch::NoGradGuard no_grad;
     append_scores(scores, trained->forward(b.dense, rows));
     live.add(*trained, b.dense, rows);
   }
-  cluster.units = live.describe();
-  const auto labels = labels_of(test.examples);
-  cluster.auc = criteo::auc(scores, labels);
-  const double best = criteo::auc(test.truth, labels);
+  out.units = live.describe();
+  out.auc = criteo::auc(scores, labels_of(test.examples));
+}
 
+// The fields' tables' names (--embedding hash), on the chief and in each ps's report.
+std::vector<std::string> field_table_names() {
+  std::vector<std::string> out;
+  for (std::int64_t f = 0; f < fields; ++f) out.push_back(field_tables::name("dlrm", static_cast<std::size_t>(f)));
+  return out;
+}
+
+asio::awaitable<int> run_chief(pscoro::parameter_server_strategy& strategy, const options& o) {
+  co_await strategy.connect();
+  pscoro::cluster_coordinator coordinator(strategy, {o.closures_per_worker});
+  auto scope = strategy.scope();
+  const auto initial = make_initial(o);
+  auto variables = co_await pscoro::create_module_variables<float>(scope, *initial.model, "dlrm/");
+  std::size_t parameters = 0;
+  for (const auto& p : initial.model->parameters()) parameters += static_cast<std::size_t>(p.numel());
+  const auto mlps = fmt::format("MLPs 13-{}-{} and {}-{}-1 over {} dot products ({} parameters in {} variables)",
+                                o.hidden, o.dim, o.dim + dlrm_impl::pairs, o.hidden, dlrm_impl::pairs, parameters,
+                                variables.size());
+  embeddings e;
+  if (o.hashed()) {
+    // Rows [embedding, first-order weight], all drawn from N(0, init_stddev): a table has one
+    // initializer, so the first-order weights do not start at 0 as the fixed table's do.
+    const auto table_options = field_tables::options(
+        static_cast<std::size_t>(o.dim + 1),
+        pscoro::initializers::random_normal{.stddev = o.init_stddev, .seed = static_cast<std::uint64_t>(o.seed)},
+        o.admission_min_count, o.ttl);
+    for (const auto& name : field_table_names()) e.tables.push_back(co_await scope.create_hash_table<float>(name, table_options));
+    std::printf("chief: %lld hash tables of rows [%lld + 1] (%s); %s; %lld steps of %lld examples on %zu workers\n",
+                static_cast<long long>(fields), static_cast<long long>(o.dim),
+                field_tables::describe_policies(o.admission_min_count, o.ttl).c_str(), mlps.c_str(),
+                static_cast<long long>(o.steps), static_cast<long long>(o.batch_size), strategy.num_workers());
+  } else {
+    e.fixed = co_await scope.create_sharded_variable("dlrm/embedding",
+                                                     pscoro::to_xarray<float>(pscoro::from_torch(initial.table)));
+    std::printf("chief: embedding %lld x (%lld + 1) in %zu shards; %s; %lld steps of %lld examples on %zu workers\n",
+                static_cast<long long>(o.rows), static_cast<long long>(o.dim), e.fixed.num_shards(), mlps.c_str(),
+                static_cast<long long>(o.steps), static_cast<long long>(o.batch_size), strategy.num_workers());
+  }
+  std::fflush(stdout);
+  // Every worker builds its input pipeline now, before any step can ask it for a batch.
+  const auto batches = co_await coordinator.create_per_worker_dataset(train_data).iter();
+
+  // Every step scheduled at once and its loss retired in order; with --ttl a small window of them,
+  // the tables' clock counting the steps scheduled (field_tables.hpp says why).
+  const auto start = std::chrono::steady_clock::now();
+  const std::size_t window =
+      o.ttl > 0 ? field_tables::clock_window(o.closures_per_worker * strategy.num_workers()) : static_cast<std::size_t>(o.steps);
+  const std::int64_t clock_every = field_tables::clock_every(o.ttl);
+  std::deque<pscoro::remote_value<double>> losses;
+  loss_window printed;
+  std::int64_t retired = 0;
+  const auto retire_oldest = [&]() -> asio::awaitable<void> {
+    auto loss = std::move(losses.front());
+    losses.pop_front();
+    const double value = co_await loss.get();
+    printed.add(o, "step", retired++, value);
+  };
+  for (std::int64_t step = 0; step < o.steps; ++step) {
+    if (o.ttl > 0 && step % clock_every == 0) co_await field_tables::advance_clocks(e.tables, static_cast<std::uint64_t>(step));
+    losses.push_back(o.hashed() ? coordinator.schedule(train_hash_step, variables, e.tables, batches, o.learning_rate_at(step))
+                                : coordinator.schedule(train_step, variables, e.fixed, batches, o.learning_rate_at(step)));
+    if (losses.size() > window) co_await retire_oldest();
+  }
+  while (!losses.empty()) co_await retire_oldest();
+  co_await coordinator.join();
+  result cluster;
+  cluster.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  cluster.cpu_seconds = -1;  // spread over the ps and workers
+
+  // Test data with the generator's true probabilities: fresh lines far beyond the training lines
+  // (raw ids: the lines right after them, the stream's next day).
+  const auto seed = static_cast<std::uint64_t>(o.seed);
+  const auto count = static_cast<std::size_t>(o.test_examples);
+  double best = 0;
   std::optional<result> reference;
-  // The ps and workers are idle now: the reference has the machine the cluster had.
-  if (!o.no_reference) reference = train_reference(o, initial.model, initial.table, test);
+  const auto evaluate_both = [&](const auto& test) -> asio::awaitable<void> {
+    co_await evaluate(o, variables, e, test, cluster);
+    best = criteo::auc(test.truth, labels_of(test.examples));
+    // The ps and workers are idle now: the reference has the machine the cluster had. It trains a
+    // fixed table: none beside hash tables.
+    if (!o.no_reference && !o.hashed()) reference = train_reference(o, initial.model, initial.table, test);
+  };
+  if (o.raw_ids()) {
+    const auto test = criteo::make_test_set(criteo::raw_id_generator(seed), count,
+                                            static_cast<std::uint64_t>(o.train_examples));
+    co_await evaluate_both(test);
+  } else {
+    const auto test = criteo::make_test_set(criteo::generator(seed), count);
+    co_await evaluate_both(test);
+  }
   co_return report(o, cluster, reference, best, strategy.num_workers());
 }
 
@@ -491,9 +638,14 @@ int main(int argc, char** argv) {
   app.add_option("--data-dir", o.data_dir, "where the chief writes the training data (once per seed and size)")
       ->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);  // scripts/run.sh sets one; yours wins
   app.add_option("--format", o.format, "the files the workers read")->check(CLI::IsMember({"tsv", "tfrecord"}));
+  app.add_option("--ids", o.ids,
+                 "the categorical values: criteo (8 hex digits, fixed vocabularies) or raw (64-bit ids, "
+                 "vocabularies of millions that drift; TSV only)")
+      ->check(CLI::IsMember({"criteo", "raw"}));
   app.add_option("--train-examples", o.train_examples, "lines of training data")->check(CLI::PositiveNumber);
   app.add_option("--files", o.files, "files the training data is split into")->check(CLI::PositiveNumber);
-  app.add_option("--steps", o.steps, "training steps")->check(CLI::PositiveNumber);
+  app.add_option("--steps", o.steps, "training steps (raw ids: 90% of one pass over the training lines unless set)")
+      ->check(CLI::PositiveNumber);
   app.add_option("--batch-size", o.batch_size, "examples per step")->check(CLI::PositiveNumber);
   app.add_option("--shuffle-buffer", o.shuffle_buffer, "examples in each worker's shuffle buffer")
       ->check(CLI::PositiveNumber);
@@ -508,14 +660,25 @@ int main(int argc, char** argv) {
       ->check(CLI::PositiveNumber);
   app.add_option("--warmup-steps", o.warmup_steps, "steps over which the learning rate rises linearly to its value")
       ->check(CLI::NonNegativeNumber);
+  app.add_option("--embedding", o.embedding,
+                 "fixed: one table of --rows rows, values hashed into it; hash: a hash table per field, keyed by "
+                 "the values (no reference)")
+      ->check(CLI::IsMember({"fixed", "hash"}));
   app.add_option("--rows", o.rows, "rows of the hashed embedding table")->check(CLI::PositiveNumber);
+  app.add_option("--admission-min-count", o.admission_min_count,
+                 "--embedding hash: an id gets a row once seen in this many steps (0: at once)");
+  app.add_option("--ttl", o.ttl, "--embedding hash: forget an id not seen for this many steps (0: never)");
+  app.add_option("--report-seconds", o.report_seconds,
+                 "--embedding hash: each ps reports its part of the tables this often while it changes")
+      ->check(CLI::PositiveNumber);
   app.add_option("--dim", o.dim, "embedding width, and the bottom MLP's output")->check(CLI::PositiveNumber);
   app.add_option("--hidden", o.hidden, "width of the MLPs' hidden layers")->check(CLI::PositiveNumber);
   app.add_option("--init-stddev", o.init_stddev, "standard deviation of the embeddings' initial values")
       ->check(CLI::PositiveNumber);
   app.add_option("--seed", o.seed, "seed of the data generator, the initial values and the shuffles");
   app.add_option("--test-examples", o.test_examples, "examples in the test set")->check(CLI::PositiveNumber);
-  app.add_option("--max-auc-gap", o.max_auc_gap, "exit 1 if the test AUC ends further than this below the bound");
+  app.add_option("--max-auc-gap", o.max_auc_gap,
+                 "exit 1 if the test AUC ends further than this below the bound (raw ids: 0.05 unless set)");
   app.add_option("--max-reference-gap", o.max_reference_gap,
                  "exit 1 if the cluster's test AUC ends further than this from the reference's");
   app.add_option("--closures-per-worker", o.closures_per_worker, "closures in flight per worker")->check(CLI::PositiveNumber);
@@ -524,13 +687,35 @@ int main(int argc, char** argv) {
   app.add_flag("--no-reference", o.no_reference, "train on the cluster only, not the single-process reference");
   app.add_flag("--reference-only", o.reference_only, "train the single-process reference only (no cluster)");
   if (const auto stop = pscoro::tools::parse_command_line(app, argc, argv)) return *stop;
+  if (o.raw_ids() && o.format != "tsv") {
+    std::fprintf(stderr, "dlrm: --ids raw: the data is written as TSV only\n");
+    return 2;
+  }
+  if (!o.hashed() && (o.admission_min_count > 0 || o.ttl > 0)) {
+    std::fprintf(stderr, "dlrm: --admission-min-count and --ttl need --embedding hash\n");
+    return 2;
+  }
+  if (o.hashed() && o.reference_only) {
+    std::fprintf(stderr, "dlrm: --reference-only: the reference trains a fixed table, not --embedding hash\n");
+    return 2;
+  }
+  if (o.raw_ids()) {
+    // As in the CTR example: raw ids drift, and a second pass would go back in time, to ids the
+    // tables may have forgotten; 90% of a pass, as the workers share the steps unevenly. Most raw
+    // ids are seen once and no model learns their weights in the truth, so the bound is further.
+    if (app.count("--steps") == 0) o.steps = std::max<std::int64_t>(1, o.train_examples * 9 / 10 / o.batch_size);
+    if (app.count("--max-auc-gap") == 0) o.max_auc_gap = 0.05;
+  }
 
   try {
     // One libtorch thread per process: the ps and the other workers share the cores.
     torch::set_num_threads(1);
     const auto write_data = [&] {
-      const auto dir = criteo::write_training_data(criteo::generator(static_cast<std::uint64_t>(o.seed)), o.data_dir,
-                                                   o.train_examples, o.files, o.file_format());
+      const auto seed = static_cast<std::uint64_t>(o.seed);
+      const auto dir = o.raw_ids() ? criteo::write_training_data(criteo::raw_id_generator(seed), o.data_dir,
+                                                                 o.train_examples, o.files, o.file_format())
+                                   : criteo::write_training_data(criteo::generator(seed), o.data_dir, o.train_examples,
+                                                                 o.files, o.file_format());
       std::printf("chief: training data in %s (%lld lines in %zu %s files)\n", dir.c_str(),
                   static_cast<long long>(o.train_examples), o.files, o.format == "tsv" ? "TSV" : "TFRecord");
       std::fflush(stdout);
@@ -538,13 +723,25 @@ int main(int argc, char** argv) {
     if (o.reference_only) {
       write_data();
       const auto initial = make_initial(o);
-      const auto test = criteo::make_test_set(criteo::generator(static_cast<std::uint64_t>(o.seed)),
-                                              static_cast<std::size_t>(o.test_examples));
-      const auto reference = train_reference(o, initial.model, initial.table, test);
-      return report(o, std::nullopt, reference, criteo::auc(test.truth, labels_of(test.examples)), 0);
+      const auto seed = static_cast<std::uint64_t>(o.seed);
+      const auto count = static_cast<std::size_t>(o.test_examples);
+      const auto run_alone = [&](const auto& test) {
+        const auto reference = train_reference(o, initial.model, initial.table, test);
+        return report(o, std::nullopt, reference, criteo::auc(test.truth, labels_of(test.examples)), 0);
+      };
+      return o.raw_ids() ? run_alone(criteo::make_test_set(criteo::raw_id_generator(seed), count,
+                                                           static_cast<std::uint64_t>(o.train_examples)))
+                         : run_alone(criteo::make_test_set(criteo::generator(seed), count));
     }
     const auto resolver = pscoro::auto_cluster_resolver();
-    if (resolver.task_type() == "ps") return pscoro::run_server(resolver);
+    if (resolver.task_type() == "ps") {
+      std::optional<field_tables::table_report> report;
+      if (o.hashed()) {
+        report.emplace(fmt::format("ps:{}", resolver.task_id().value_or(0)), field_table_names(),
+                       std::chrono::duration<double>(o.report_seconds));
+      }
+      return pscoro::run_server(resolver);
+    }
     if (resolver.task_type() == "worker") {
       return pscoro::run_server(resolver, [&o](pscoro::server& s) {
         s.bind(train_data, [&o](pscoro::input_context context) { return training_batches(o, context); });
@@ -552,6 +749,11 @@ int main(int argc, char** argv) {
         s.bind(train_step, [pool, &o](variable_map variables, table embedding,
                                       pscoro::per_worker_iterator<batch> batches, double learning_rate) {
           return train(pool, o.optimizer(), std::move(variables), std::move(embedding), std::move(batches),
+                       learning_rate);
+        });
+        s.bind(train_hash_step, [pool, &o](variable_map variables, std::vector<hash_table> tables,
+                                           pscoro::per_worker_iterator<batch> batches, double learning_rate) {
+          return train(pool, o.optimizer(), std::move(variables), std::move(tables), std::move(batches),
                        learning_rate);
         });
       });

@@ -1,0 +1,116 @@
+// The CTR and DLRM examples' embeddings keyed by raw ids (--embedding hash): one pscoro::hash_table
+// per categorical field, what each is made with, when the chief moves their clock (--ttl), and each
+// ps's report of what its part of them holds.
+#pragma once
+
+#include <pscoro/hash_table.hpp>
+#include <pscoro/hash_table_options.hpp>
+#include <pscoro/initializers.hpp>
+#include <pscoro/metrics.hpp>
+
+#include <asio/awaitable.hpp>
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <chrono>
+#include <condition_variable>
+#include <cstddef>
+#include <cstdint>
+#include <cstdio>
+#include <mutex>
+#include <stop_token>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+namespace examples::field_tables {
+
+/// The table of field `field` (from 0) of model `model`: "ctr/C1" .. "ctr/C26".
+inline std::string name(const std::string& model, std::size_t field) { return fmt::format("{}/C{}", model, field + 1); }
+
+/// What each field's table is made with: rows of `dim` values from `initializer`; with
+/// `admission_min_count` > 0 an id gets a row once seen that often, with `ttl` > 0 a row idle for
+/// that many steps is forgotten.
+inline pscoro::hash_table_options options(std::size_t dim, pscoro::initializer initializer,
+                                          std::uint32_t admission_min_count, std::uint64_t ttl) {
+  pscoro::hash_table_options out{.dim = dim, .initializer = std::move(initializer)};
+  // A counting filter of 1 MiB per table and ps, not the 4 MiB default: 26 tables, most of them small.
+  if (admission_min_count > 0) {
+    out.admission = pscoro::admission::min_count{.count = admission_min_count, .counters = std::size_t{1} << 20};
+  }
+  if (ttl > 0) out.eviction = pscoro::eviction::ttl{.max_idle = ttl};
+  return out;
+}
+
+/// "admission: min_count 2; eviction: idle for 200 steps", as the chiefs print it.
+inline std::string describe_policies(std::uint32_t admission_min_count, std::uint64_t ttl) {
+  return fmt::format("admission: {}; eviction: {}",
+                     admission_min_count > 0 ? fmt::format("min_count {}", admission_min_count) : "always",
+                     ttl > 0 ? fmt::format("idle for {} steps", ttl) : "none");
+}
+
+// With --ttl the tables' clock counts the steps scheduled: a step runs while the clock is between
+// its number and the end of the chief's window of scheduled steps, so no row looks idle for longer
+// than it is, and the window is small (clock_window: twice the closures in flight), so the steps
+// that run while a busy machine holds up the chief (and its clock) are few beside the ttl. The
+// clock moves every ttl/16 steps (clock_every), not every step: a move is a request per table (26)
+// to each ps, more than a step's own, and moving it every step cost ctr ~40% of its steps per
+// second.
+
+/// Steps between two moves of the clock for `ttl`.
+inline std::int64_t clock_every(std::uint64_t ttl) { return std::max<std::int64_t>(1, static_cast<std::int64_t>(ttl / 16)); }
+
+/// Steps the chief keeps scheduled ahead of the oldest unfinished one while the clock moves.
+inline std::size_t clock_window(std::size_t closures_in_flight_at_most) { return 2 * closures_in_flight_at_most; }
+
+/// Moves every table's clock to `clock` (one request per table to each ps).
+template <class T>
+asio::awaitable<void> advance_clocks(std::vector<pscoro::hash_table<T>> tables, std::uint64_t clock) {
+  for (const auto& t : tables) co_await t.advance_clock(clock);
+}
+
+/// On each ps: what its part of the fields' tables holds (its metrics pscoro_ps_hash_table_rows and
+/// _bytes, summed over the tables), printed every `every` while it changes. The chief cannot read
+/// a ps's metrics; the ps can, and says it in its log:
+///   "ps:0: its part of the hash tables holds 181234 rows in 25.6 MiB (148 bytes per row)"
+class table_report {
+ public:
+  table_report(std::string task, std::vector<std::string> tables, std::chrono::duration<double> every)
+      : thread_([task = std::move(task), tables = std::move(tables), every](std::stop_token stop) {
+          run(task, tables, every, stop);
+        }) {}
+
+ private:
+  static void run(const std::string& task, const std::vector<std::string>& tables,
+                  std::chrono::duration<double> every, std::stop_token stop) {
+    std::mutex mutex;
+    std::condition_variable_any wake;
+    double last_rows = 0, last_bytes = 0;
+    std::unique_lock lock(mutex);
+    while (!wake.wait_for(lock, stop, every, [&stop] { return stop.stop_requested(); })) {
+      double rows = 0, bytes = 0;
+      std::size_t held = 0;  // tables this ps holds a part of: none before the chief makes them and after the job
+      for (const auto& name : tables) {
+        const pscoro::metrics::labels table{{"table", name}};
+        const auto table_rows = pscoro::metrics::process_registry().value("pscoro_ps_hash_table_rows", table);
+        const auto table_bytes = pscoro::metrics::process_registry().value("pscoro_ps_hash_table_bytes", table);
+        if (!table_rows || !table_bytes) continue;
+        rows += *table_rows;
+        bytes += *table_bytes;
+        ++held;
+      }
+      if (held < tables.size() || (rows == last_rows && bytes == last_bytes)) continue;
+      last_rows = rows;
+      last_bytes = bytes;
+      std::printf("%s: its part of the hash tables holds %.0f rows in %.1f MiB (%.0f bytes per row)\n", task.c_str(),
+                  rows, bytes / (1 << 20), rows > 0 ? bytes / rows : 0.0);
+      std::fflush(stdout);
+    }
+  }
+
+  std::jthread thread_;
+};
+
+}  // namespace examples::field_tables
