@@ -2,6 +2,10 @@
 // an in-process cluster on loopback) against the disk's own write and read bandwidth, measured in
 // the same run on a file of the same size in the same directory (32 MiB pwrites + fsync; reads
 // after the file's pages are dropped from the page cache). Medians of --rounds; ratios to raw.
+//
+// --hash-rows N: instead, a hash table of N rows of 16 floats with Adagrad slots on 2 ps, saved
+// whole and then incrementally after --changed (a fraction) of its rows took a step: the bytes and
+// seconds of each, and the increment's share of the whole (Check-N-Run's measure).
 #include "command_line.hpp"
 #include "local_cluster.hpp"
 #include "raw_limits.hpp"
@@ -68,6 +72,76 @@ double raw_read(const fs::path& path) {
   return seconds_since(start);
 }
 
+constexpr std::size_t hash_dim = 16;
+
+// Looks up (inserting) and steps rows [first, first + count) of `table` with Adagrad, in batches
+// (id k is k times a large odd number: spread over the int64 range).
+asio::awaitable<void> step_rows(hash_table<float>& table, std::size_t first, std::size_t count) {
+  constexpr std::size_t batch = 100'000;
+  const optimizer opt = optimizers::adagrad{.learning_rate = 0.1};
+  const hash_lookup_options inserting{.insert = true};
+  for (std::size_t begin = first; begin < first + count; begin += batch) {
+    const std::size_t n = std::min(batch, first + count - begin);
+    const std::vector<std::size_t> ids_shape{n};
+    const std::vector<std::size_t> rows_shape{n, hash_dim};
+    xt::xarray<std::int64_t> ids = xt::xarray<std::int64_t>::from_shape(ids_shape);
+    for (std::size_t k = 0; k < n; ++k) ids(k) = static_cast<std::int64_t>((begin + k) * 0x9e3779b97f4a7c15ULL);
+    const xt::xarray<float> gradient = xt::ones<float>(rows_shape);
+    co_await table.lookup(ids, inserting);
+    co_await table.apply_gradients(opt, ids, gradient);
+  }
+}
+
+// The --hash-rows mode: whole and incremental saves of a table of `rows` rows after `changed` of
+// them stepped. Returns the exit code.
+int hash_table_saves(std::size_t rows, double changed, int rounds, const fs::path& work) {
+  std::vector<double> whole_seconds, increment_seconds;
+  std::vector<double> whole_bytes, increment_bytes;
+  hash_table_options options;
+  options.dim = hash_dim;
+  options.buckets = 4096;
+  options.max_rows_per_ps = rows;
+  const std::string name = "emb";
+  const checkpoint_save_options incremental{.incremental = true};
+  testing::local_cluster cluster(2, 1);
+  cluster.run_chief([&](parameter_server_strategy& strategy, cluster_coordinator&) -> asio::awaitable<void> {
+    auto table = co_await strategy.scope().create_hash_table<float>(name, options);
+    co_await step_rows(table, 0, rows);
+    checkpoint ckpt;
+    ckpt.track(table);
+    const auto stepped = static_cast<std::size_t>(changed * static_cast<double>(rows));
+    for (int r = 0; r < rounds; ++r) {
+      const fs::path whole = work / fmt::format("whole-{}.safetensors", r);
+      const fs::path increment = work / fmt::format("increment-{}.safetensors", r);
+      auto start = bench::clock_type::now();
+      co_await ckpt.save(whole);
+      whole_seconds.push_back(seconds_since(start));
+      whole_bytes.push_back(static_cast<double>(fs::file_size(whole)));
+      // A different slice each round, so that every round changes `stepped` rows.
+      co_await step_rows(table, (static_cast<std::size_t>(r) * stepped) % (rows - stepped + 1), stepped);
+      start = bench::clock_type::now();
+      co_await ckpt.save(increment, incremental);
+      increment_seconds.push_back(seconds_since(start));
+      increment_bytes.push_back(static_cast<double>(fs::file_size(increment)));
+      fs::remove(whole);
+      fs::remove(increment);
+    }
+  });
+  const double mib = double(1 << 20);
+  fmt::print("pscoro checkpoint benchmark, {:%Y-%m-%d}: a hash table of {} rows of {} float32 with Adagrad slots "
+             "on 2 ps (loopback), {:.1f}% of the rows stepped between a whole save and an incremental one, files in "
+             "{}, medians of {}\n\n",
+             fmt::localtime(std::time(nullptr)), rows, hash_dim, 100 * changed, work.parent_path().string(), rounds);
+  fmt::print("{:<40} {:>10} {:>10}\n", "", "MiB", "seconds");
+  fmt::print("{:<40} {:>10.1f} {:>10.3f}\n", "whole save", bench::median(whole_bytes) / mib,
+             bench::median(whole_seconds));
+  fmt::print("{:<40} {:>10.1f} {:>10.3f}\n", "incremental save", bench::median(increment_bytes) / mib,
+             bench::median(increment_seconds));
+  fmt::print("{:<40} {:>10.3f} {:>10.3f}\n", "increment / whole", bench::median(increment_bytes) / bench::median(whole_bytes),
+             bench::median(increment_seconds) / bench::median(whole_seconds));
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -78,7 +152,20 @@ int main(int argc, char** argv) {
   app.add_option("--mib", mib, "table size in MiB")->check(CLI::PositiveNumber);
   app.add_option("--rounds", rounds, "measurements of each kind (the median is reported)")->check(CLI::PositiveNumber);
   app.add_option("--dir", dir, "where the files go (the disk being measured)");
+  std::size_t hash_rows = 0;
+  double changed = 0.05;
+  app.add_option("--hash-rows", hash_rows, "measure whole and incremental saves of a hash table of this many rows")
+      ->check(CLI::PositiveNumber);
+  app.add_option("--changed", changed, "with --hash-rows: the share of rows stepped between the two saves")
+      ->check(CLI::Range(0.0, 1.0));
   if (const auto stop = pscoro::tools::parse_command_line(app, argc, argv)) return *stop;
+  if (hash_rows > 0) {
+    const fs::path work = fs::path(dir) / fmt::format("pscoro-checkpoint-bench-{}", ::getpid());
+    fs::create_directories(work);
+    const int code = hash_table_saves(hash_rows, changed, rounds, work);
+    fs::remove_all(work);
+    return code;
+  }
 
   const std::size_t columns = 64;
   const std::size_t rows = (mib << 20) / (columns * sizeof(float));

@@ -1961,7 +1961,7 @@ class lost_ps_recovery final : public chief::lost_ps_restorer {
       }
       held_variables.push_back(*v);
     }
-    std::vector<const checkpoint_table*> held_tables;
+    std::vector<checkpoint_table> held_tables;  // copies: a table tracked meanwhile moves the list
     for (const auto& name : tables) {
       const auto t = std::find_if(self->tables.begin(), self->tables.end(),
                                   [&](const auto& table) { return table.ref.name == name; });
@@ -1971,7 +1971,7 @@ class lost_ps_recovery final : public chief::lost_ps_restorer {
                                 "it cannot be restored",
                                 ps, name));
       }
-      held_tables.push_back(&*t);
+      held_tables.push_back(*t);
     }
     auto reader = std::make_shared<checkpoint_reader>(*latest);
     const auto& state = checkpoint_reader_access::of(*reader);
@@ -1979,14 +1979,14 @@ class lost_ps_recovery final : public chief::lost_ps_restorer {
     const auto slots = decode_slots(metadata_json(state.header.metadata, "slots", where), where);
     const auto targets = match_targets(state, held_variables, slots, where);
     std::vector<std::vector<table_link>> chains;
-    for (const auto* t : held_tables) chains.push_back(chain_of(reader, *t));
+    for (const auto& t : held_tables) chains.push_back(chain_of(reader, t));
     const auto creations = co_await missing_slots(targets, where, ps_task);
     asio::thread_pool io_thread(1);
     co_await verify_checksums(io_thread, state, targets, where);
     for (const auto& chain : chains) co_await verify_chain(io_thread, chain);
     co_await apply_restore(io_thread, state, targets, creations, self->chunk_bytes, ps_task);
     for (std::size_t i = 0; i < chains.size(); ++i) {
-      co_await apply_table_restore(io_thread, chains[i], *held_tables[i], self->chunk_bytes, ps_task);
+      co_await apply_table_restore(io_thread, chains[i], held_tables[i], self->chunk_bytes, ps_task);
     }
     co_return restored{.checkpoint = where, .step = reader->step()};
   }

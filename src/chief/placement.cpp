@@ -265,7 +265,10 @@ asio::awaitable<void> made_afresh(Make make, Drop drop) {
 
 asio::awaitable<void> variable_placement::recreate_on(int ps_task) {
   const initializer zeros = initializers::zeros{};
-  for (const auto& v : variables_) {
+  // Copies: a variable created meanwhile (the chief's code goes on) would move the lists.
+  const auto variables = variables_;
+  const auto tables = tables_;
+  for (const auto& v : variables) {
     std::size_t row_offset = 0;
     for (const auto& shard : v.shards) {
       if (shard.ps_task == ps_task) {
@@ -275,7 +278,7 @@ asio::awaitable<void> variable_placement::recreate_on(int ps_task) {
       row_offset += shard.shape.empty() ? 1 : shard.shape[0];
     }
   }
-  for (const auto& t : tables_) {
+  for (const auto& t : tables) {
     for (std::size_t i = 0; i < t.ref.ps_tasks.size(); ++i) {
       if (t.ref.ps_tasks[i] != ps_task) continue;
       co_await made_afresh([&] { return ps_->create_table_part(ps_task, t.parts[i]); },
