@@ -16,6 +16,8 @@
 #include "wire/values.hpp"
 
 #include <asio/co_spawn.hpp>
+#include <asio/steady_timer.hpp>
+#include <asio/this_coro.hpp>
 #include <asio/thread_pool.hpp>
 #include <asio/use_awaitable.hpp>
 #include <fmt/format.h>
@@ -1598,6 +1600,18 @@ struct checkpoint_state final : chief::restore_on_create {
   std::weak_ptr<coordinator_core> core;  // set when made with a strategy
   std::shared_ptr<pending_file> pending;
   std::optional<saved_file> last_file;  // written or restored last
+
+  /// While the strategy's chief restores a lost ps, its variables are not all there: a save or a
+  /// restore waits for that first (checked every 50 ms; a ps lost during a save fails it).
+  asio::awaitable<void> wait_for_ps_restores() const {
+    const auto chief = core.lock();
+    if (!chief || !chief->restoring_ps()) co_return;
+    asio::steady_timer nap(co_await asio::this_coro::executor);
+    while (chief->restoring_ps()) {
+      nap.expires_after(std::chrono::milliseconds(50));
+      co_await nap.async_wait(asio::use_awaitable);
+    }
+  }
   // Variables claimed and being created: the file they take their value from (a restore() in the
   // meantime replaces `pending`, not what they were promised).
   std::map<std::string, std::shared_ptr<pending_file>, std::less<>> claimed;
@@ -1762,6 +1776,7 @@ asio::awaitable<void> checkpoint::save(fs::path path, checkpoint_save_options op
   (void)common::regular_file_exists("checkpoint", path.string(), save_setting);
   // Held by this frame: the state may be replaced (a move-assignment) while it awaits.
   const auto self = state_;
+  co_await self->wait_for_ps_restores();
   // One I/O thread writes the file for the whole save: the executor never waits on the disk.
   asio::thread_pool io_thread(1);
   // The tables first, into the spool: their row counts decide the file's shape. An incremental
@@ -1856,6 +1871,7 @@ asio::awaitable<void> checkpoint::save(fs::path path, checkpoint_save_options op
 asio::awaitable<void> checkpoint::restore(fs::path path, checkpoint_read_options options) {
   // Held by this frame: the state may be replaced (a move-assignment) while it awaits.
   const auto self = state_;
+  co_await self->wait_for_ps_restores();
   auto reader = std::make_shared<checkpoint_reader>(path, options);
   const auto& state = *reader->state_;
   const std::string where = path.string();

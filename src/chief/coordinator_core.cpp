@@ -387,6 +387,7 @@ void coordinator_core::lost_ps(std::size_t index, const std::string& reason) {
                  "their values)",
                  task, reason);
     restoring_[index] = 1;
+    restores_in_progress_.fetch_add(1, std::memory_order_release);
     queue_->hold();
     asio::co_spawn(executor_, restore_lost_ps(shared_from_this(), index, std::move(restorer)), asio::detached);
     return;
@@ -441,6 +442,7 @@ asio::awaitable<void> coordinator_core::restore_lost_ps(std::shared_ptr<coordina
     failure = std::current_exception();
   }
   self->restoring_[index] = 0;
+  self->restores_in_progress_.fetch_sub(1, std::memory_order_release);
   if (failure) {
     std::string why = "unknown error";
     try {

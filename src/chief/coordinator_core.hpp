@@ -19,6 +19,7 @@
 
 #include <asio/dispatch.hpp>
 
+#include <atomic>
 #include <future>
 #include <memory>
 #include <mutex>
@@ -55,6 +56,8 @@ class coordinator_core : public std::enable_shared_from_this<coordinator_core> {
   /// the run: closures are held, the ps is waited for at its address, its shards and table parts
   /// are made again and restored, and the held and failed closures run. On the executor.
   void set_ps_restorer(std::weak_ptr<chief::lost_ps_restorer> restorer) { ps_restorer_ = std::move(restorer); }
+  /// Whether a lost ps is being restored now (its variables are not all there yet). Any thread.
+  bool restoring_ps() const noexcept { return restores_in_progress_.load(std::memory_order_acquire) > 0; }
   const std::shared_ptr<client::ps_client>& ps() const noexcept { return ps_; }
 
   /// Takes `options`; TF_CLUSTER_COORDINATOR_WATCH_DOG_TIMEOUT and
@@ -135,6 +138,7 @@ class coordinator_core : public std::enable_shared_from_this<coordinator_core> {
   std::vector<int> transient_ps_failures_;  // per ps: closures that failed reaching it (TF's counters)
   std::weak_ptr<chief::lost_ps_restorer> ps_restorer_;
   std::vector<char> restoring_;  // per ps: being restored (its failures are the loss's, not transient)
+  std::atomic<int> restores_in_progress_{0};  // restoring_'s ones, for other threads
   // The options the strategy's coordinators share, once the first one is made. Coordinators may
   // be made on any thread: this is the one piece of the chief a mutex guards (set once, read at
   // construction only; never protocol state).

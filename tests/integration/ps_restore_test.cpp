@@ -170,6 +170,12 @@ TEST_CASE("closures scheduled while a lost ps is restored wait, and run on the r
     std::vector<remote_value<double>> sums;
     for (int i = 0; i < 5; ++i) sums.push_back(coordinator.schedule(pscoro::testing::add_one, on_ps1));
     cluster.restart("ps", 1);
+    // A save while ps:1 is being restored (the chief probes its address every 250 ms) waits for
+    // the restore: it does not read a ps that holds nothing yet.
+    CHECK(reports.empty());
+    const auto saved = co_await manager.save();
+    CHECK(reports.size() == 1);
+    CHECK(checkpoint_reader(saved).contains("on_ps1"));
     co_await coordinator.join();
     CHECK(reports.size() == 1);
     double last = 0;
