@@ -1,16 +1,21 @@
 // The operations behind hash_table<T>: ids grouped by the ps that holds their bucket (the same mix
 // as the ps checks them by, common/id_hash.hpp), one request per ps, all at once, and the rows
-// placed back in the caller's order.
+// placed back in the caller's order as they arrive (as a sharded variable's lookup places them).
 #include <pscoro/hash_table.hpp>
 
 #include <pscoro/detail/parallel.hpp>
 
+#include "client/scratch_buffers.hpp"
 #include "common/id_hash.hpp"
+#include "common/memory.hpp"
+#include "common/rows.hpp"
 
 #include <fmt/format.h>
 
 #include <algorithm>
 #include <cstring>
+#include <memory>
+#include <span>
 
 namespace pscoro::detail {
 
@@ -21,19 +26,65 @@ variable_io& bound(const std::shared_ptr<variable_io>& io, const hash_table_ref&
   return *io;
 }
 
-// One ps's share of a lookup: the parts it is sent (one per table with ids there), for each the
-// table's index and the positions of its ids, and the replies.
+// Puts one part's rows where the caller's ids want them (reply row r at position positions[r]),
+// as they arrive: the rows already here are placed while the rest is on its way.
+class rows_placer {
+ public:
+  rows_placer(std::byte* out, std::vector<std::size_t> positions, std::size_t row_bytes) noexcept
+      : out_(out), positions_(std::move(positions)), row_bytes_(row_bytes) {}
+  rows_placer(const rows_placer&) = delete;
+  rows_placer& operator=(const rows_placer&) = delete;
+
+  /// The reply's size.
+  std::size_t bytes() const noexcept { return positions_.size() * row_bytes_; }
+
+  // Places what the front of the reply that has arrived allows.
+  void place(std::span<const std::byte> arrived) noexcept {
+    told_from_ = arrived.data();
+    const std::size_t rows = std::min(arrived.size() / row_bytes_, positions_.size());
+    const std::byte* from = arrived.data();
+    std::size_t r = placed_;
+    common::with_row_size(row_bytes_, [&](auto size) {
+      for (; r < rows; ++r) std::memcpy(out_ + positions_[r] * size, from + r * size, size);
+    });
+    placed_ = r;
+  }
+
+  // Places the rows not placed yet from the whole reply (its size checked by the io). Rows told as
+  // they arrived came from the buffer given for the reply; a reply read elsewhere (the transport
+  // could not use it) is placed again whole.
+  void finish(const tensor& reply) noexcept {
+    if (reply.bytes().data() != told_from_) placed_ = 0;
+    place({reply.bytes().data(), reply.size_bytes()});
+  }
+
+ private:
+  std::byte* out_;
+  std::vector<std::size_t> positions_;
+  std::size_t row_bytes_;
+  std::size_t placed_ = 0;  // reply rows [0, placed_) are in place
+  const std::byte* told_from_ = nullptr;
+};
+
+// One ps's share of a lookup: the parts it is sent (one per table with ids there) and, for each,
+// where its rows go. The placers stay where they are while the reply arrives (told by address).
 struct ps_share {
   int ps_task;
   std::vector<variable_io::table_ids> parts;
-  std::vector<std::size_t> table;
-  std::vector<std::vector<std::size_t>> positions;
-  std::vector<tensor> replies;
+  std::vector<std::unique_ptr<rows_placer>> placers;
 };
 
 asio::awaitable<void> lookup_share(variable_io& io, ps_share& share, bool insert) {
+  std::vector<variable_io::rows_target> into;
+  into.reserve(share.placers.size());
+  for (const auto& placer : share.placers) {
+    rows_placer* to = placer.get();
+    into.push_back({client::scratch_buffers::take(to->bytes()),
+                    [to](std::span<const std::byte> arrived) { to->place(arrived); }});
+  }
   auto parts = std::move(share.parts);
-  share.replies = co_await io.hash_lookup(share.ps_task, std::move(parts), insert);
+  const auto replies = co_await io.hash_lookup(share.ps_task, std::move(parts), insert, std::move(into));
+  for (std::size_t j = 0; j < replies.size(); ++j) share.placers[j]->finish(replies[j]);
 }
 
 // One ps's share of a step: the parts of every table it holds ids of.
@@ -151,12 +202,19 @@ asio::awaitable<std::vector<xt::xarray<T>>> hash_table_ops<T>::lookup_many(std::
     for (auto& s : shares) {
       if (s.ps_task == ps_task) return s;
     }
-    return shares.emplace_back(ps_share{ps_task, {}, {}, {}, {}});
+    return shares.emplace_back(ps_share{ps_task, {}, {}});
   };
+  std::vector<xt::xarray<T>> out;
+  out.reserve(tables.size());
   for (std::size_t t = 0; t < tables.size(); ++t) {
     const auto& table = tables[t];
     bound(io, table);
     check_table(table, dtype_of<T>);
+    shape_type shape = ids[t].shape;
+    shape.push_back(table.dim);
+    auto& rows = out.emplace_back(xt::xarray<T>::from_shape(shape));
+    // Fresh pages (glibc maps a large block anew each time): huge pages fault in far fewer times.
+    common::advise_huge_pages(rows.data(), rows.size() * sizeof(T));
     const std::size_t n_ps = table.ps_tasks.size();
     std::vector<std::vector<std::int64_t>> ps_ids(n_ps);
     std::vector<std::vector<std::size_t>> positions(n_ps);
@@ -170,33 +228,16 @@ asio::awaitable<std::vector<xt::xarray<T>>> hash_table_ops<T>::lookup_many(std::
       ps_ids[p].push_back(ids[t].ids[k]);
       positions[p].push_back(k);
     }
+    auto* bytes = reinterpret_cast<std::byte*>(rows.data());
     for (std::size_t p = 0; p < n_ps; ++p) {
       if (ps_ids[p].empty()) continue;
       auto& share = share_of(table.ps_tasks[p]);
       share.parts.push_back({table, vector_tensor(ps_ids[p]), {}});
-      share.table.push_back(t);
-      share.positions.push_back(std::move(positions[p]));
+      share.placers.push_back(std::make_unique<rows_placer>(bytes, std::move(positions[p]), table.dim * sizeof(T)));
     }
   }
   variable_io& from = *io;
   co_await run_all(shares.size(), [&](std::size_t i) { return lookup_share(from, shares[i], insert); });
-  std::vector<xt::xarray<T>> out;
-  for (std::size_t t = 0; t < tables.size(); ++t) {
-    shape_type shape = ids[t].shape;
-    shape.push_back(tables[t].dim);
-    out.push_back(xt::xarray<T>::from_shape(shape));
-  }
-  for (const auto& share : shares) {
-    for (std::size_t j = 0; j < share.table.size(); ++j) {
-      const std::size_t t = share.table[j];
-      const std::size_t dim = tables[t].dim;
-      const T* rows = share.replies[j].template data<T>();
-      const auto& positions = share.positions[j];
-      for (std::size_t r = 0; r < positions.size(); ++r) {
-        std::memcpy(out[t].data() + positions[r] * dim, rows + r * dim, dim * sizeof(T));
-      }
-    }
-  }
   co_return out;
 }
 

@@ -210,14 +210,20 @@ void put_table_parts(wire::frame& request, google::protobuf::RepeatedPtrField<wi
 
 }  // namespace
 
-asio::awaitable<std::vector<tensor>> ps_client::hash_lookup(int ps_task, std::vector<table_ids> parts, bool insert) {
+asio::awaitable<std::vector<tensor>> ps_client::hash_lookup(int ps_task, std::vector<table_ids> parts, bool insert,
+                                                         std::vector<rows_target> into) {
   if (parts.empty()) co_return std::vector<tensor>{};
   net::peer& ps = ps_of(ps_task, parts.front().table.name);
   wire::frame request;
   auto* lookup = request.message.mutable_request()->mutable_hash_lookup();
   lookup->set_insert(insert);
   put_table_parts(request, *lookup->mutable_parts(), parts, false);
-  const auto response = co_await ps.call(std::move(request));
+  // The reply's k-th segment is the k-th part's rows (the ps puts them in order, and a reply laid
+  // out otherwise is caught below, by its sizes or by where each tensor was read).
+  std::vector<wire::segment_target> receive_into;
+  receive_into.reserve(into.size());
+  for (auto& target : into) receive_into.push_back({std::move(target.into), std::move(target.on_arrival)});
+  const auto response = co_await ps.call(std::move(request), std::move(receive_into));
   const auto& result = response.message.response().result();
   if (!result.has_list() || static_cast<std::size_t>(result.list().items_size()) != parts.size()) {
     throw error(errc::protocol_error, fmt::format("{} answered a lookup of {} tables without a tensor for each",

@@ -44,7 +44,8 @@ class ps_client final : public detail::variable_io {
   asio::awaitable<void> create_table_part(int ps_task, wire::CreateHashTable create);
   /// Removes the part of table `name` on ps `ps_task` (the chief only).
   asio::awaitable<void> remove_table_part(int ps_task, std::string name);
-  asio::awaitable<std::vector<tensor>> hash_lookup(int ps_task, std::vector<table_ids> parts, bool insert) override;
+  asio::awaitable<std::vector<tensor>> hash_lookup(int ps_task, std::vector<table_ids> parts, bool insert,
+                                                   std::vector<rows_target> into) override;
   asio::awaitable<void> hash_apply_gradients(int ps_task, std::vector<table_ids> parts, optimizer opt) override;
   asio::awaitable<std::uint64_t> advance_clock(int ps_task, hash_table_ref table, std::uint64_t clock) override;
   asio::awaitable<table_export> hash_export(int ps_task, hash_table_ref table, std::uint32_t first_bucket,

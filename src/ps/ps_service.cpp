@@ -1049,7 +1049,10 @@ void ps_service::lookup_tables(const wire::frame& request, const wire::HashLooku
   }
   auto& list = *response.message.mutable_response()->mutable_result()->mutable_list();
   for (auto& [table, ids] : parts) {
-    tensor rows = tensor::uninitialized(table->type(), {ids.size(), table->options().dim});
+    // Checked above: the bytes fit in a size_t. Pooled as a sparse read's rows are (reply_buffer).
+    shape_type shape{ids.size(), table->options().dim};
+    const std::size_t bytes = ids.size() * table->options().dim * size_of(table->type());
+    tensor rows(table->type(), std::move(shape), reply_buffer(reply_buffers_, bytes));
     try {
       table->lookup(table_ids(ids, "lookup", table->name()), lookup.insert(), rows.bytes().data(), room());
     } catch (const error& e) {

@@ -235,7 +235,7 @@ class ps_service {
   void publish_table(const hash_table_part& part) noexcept;
   bool check_numerics_;
   std::shared_ptr<wire::buffer_pool> buffers_;
-  std::shared_ptr<wire::buffer_pool> reply_buffers_;  // sparse reads' rows (reply_buffer)
+  std::shared_ptr<wire::buffer_pool> reply_buffers_;  // sparse reads' and table lookups' rows (reply_buffer)
 
   lanes lanes_;  // of the variables whose requests wait their turn (a kernel runs for them)
   std::uint64_t offload_bytes_;

@@ -155,7 +155,9 @@ class recording_io : public detail::variable_io {
   asio::awaitable<void> update_rows(variable_ref, update_op, std::uint64_t, tensor) override { throw unused(); }
   asio::awaitable<std::vector<slot_info>> list_slots(variable_ref) override { throw unused(); }
   asio::awaitable<void> create_slot(variable_ref, variable_ref, double) override { throw unused(); }
-  asio::awaitable<std::vector<tensor>> hash_lookup(int, std::vector<table_ids>, bool) override { throw unused(); }
+  asio::awaitable<std::vector<tensor>> hash_lookup(int, std::vector<table_ids>, bool, std::vector<rows_target>) override {
+    throw unused();
+  }
   asio::awaitable<void> hash_apply_gradients(int, std::vector<table_ids>, optimizer) override { throw unused(); }
   asio::awaitable<std::uint64_t> advance_clock(int, hash_table_ref, std::uint64_t) override { throw unused(); }
   asio::awaitable<table_export> hash_export(int, hash_table_ref, std::uint32_t, std::uint64_t, table_save) override {

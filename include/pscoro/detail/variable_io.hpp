@@ -84,9 +84,18 @@ class PSCORO_API variable_io {
     tensor ids;
     tensor gradients;
   };
-  /// The rows of each part's ids on ps `ps_task`, in their order: one tensor per part. With
-  /// `insert`, ids not held are admitted by their table's policy.
-  virtual asio::awaitable<std::vector<tensor>> hash_lookup(int ps_task, std::vector<table_ids> parts, bool insert) = 0;
+  /// Where one part's rows are received: `into` when that has their size (then the result shares
+  /// it, and `on_arrival`, if set, is told of their arrival, as for gather); else a buffer of its
+  /// own.
+  struct rows_target {
+    byte_buffer into;
+    arrival_handler on_arrival;
+  };
+  /// The rows of each part's ids on ps `ps_task`, in their order: one tensor per part, the k-th
+  /// received as `into[k]` says (when there is one). With `insert`, ids not held are admitted by
+  /// their table's policy.
+  virtual asio::awaitable<std::vector<tensor>> hash_lookup(int ps_task, std::vector<table_ids> parts, bool insert,
+                                                           std::vector<rows_target> into) = 0;
   /// One optimizer step on each part's rows on ps `ps_task`.
   virtual asio::awaitable<void> hash_apply_gradients(int ps_task, std::vector<table_ids> parts, optimizer opt) = 0;
   /// Moves `table`'s clock on ps `ps_task` to `clock`; returns the rows that dropped.
