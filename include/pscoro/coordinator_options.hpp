@@ -1,11 +1,13 @@
 // What a cluster_coordinator is told: closures in flight per worker, the queue's bound, how long
-// lost workers are waited for and probed, the watchdog, and TF's rule for transient ps failures.
+// lost workers are waited for and probed, the watchdog, TF's rule for transient ps failures, and
+// a bound on staleness.
 #pragma once
 
 #include <pscoro/config.hpp>
 
 #include <chrono>
 #include <cstddef>
+#include <optional>
 
 namespace pscoro {
 
@@ -29,6 +31,13 @@ struct coordinator_options {
   /// then it fails the run. 0 = every such failure is fatal. TF's rule and default; environment
   /// variable TF_COORDINATOR_IGNORE_TRANSIENT_PS_FAILURES, as in TF, overrides it.
   int transient_ps_failures = 3;
+  /// Bounded staleness (beyond TF, whose coordinator is fully asynchronous: none). With a bound s,
+  /// closures are numbered in the order they are scheduled, and closure k starts only once every
+  /// closure numbered k - s - 1 or lower has finished: its reads miss at most the updates of the s
+  /// closures before it that may still run. A closure that runs again (its worker was lost, or a ps
+  /// failed it transiently) keeps its number and goes back to the head of the queue, not the tail
+  /// (the window would wait for it forever). s = 0 runs one closure at a time, in order.
+  std::optional<std::size_t> max_staleness = std::nullopt;
 
   friend bool operator==(const coordinator_options&, const coordinator_options&) = default;
 };

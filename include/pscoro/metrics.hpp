@@ -110,6 +110,11 @@ class PSCORO_API histogram {
   std::atomic<double> sum_{0};
 };
 
+/// The smallest bucket bound at or below which at least `q` (in [0, 1]) of the observations lie:
+/// an upper bound of the q-quantile (0 with no observations; the last bound when they lie above
+/// it).
+PSCORO_API double quantile_bound(const histogram::snapshot& h, double q) noexcept;
+
 enum class metric_type { counter, gauge, histogram };
 
 /// One series as a scrape sees it, for callbacks (collectors) that compute values when read.
@@ -221,6 +226,16 @@ struct coordinator_metrics {
   std::uint64_t worker_failures = 0;   ///< workers lost (connection closed or heartbeat timed out)
   std::uint64_t ps_failures = 0;       ///< parameter servers lost, and closures that could not reach one
   std::uint64_t iterator_rebuilds = 0; ///< per-worker iterators rebuilt on workers that came back
+  /// Closures that finished between each finished closure's start on its worker and its end (what
+  /// its reads may have missed; coordinator_options::max_staleness bounds it). p50 and p99 are
+  /// upper bounds: exact to 16, then the next power of two.
+  struct staleness {
+    std::uint64_t count = 0;  ///< closures measured
+    std::uint64_t p50 = 0;
+    std::uint64_t p99 = 0;
+    std::uint64_t max = 0;
+  };
+  staleness closure_staleness;
 };
 
 namespace detail {

@@ -50,6 +50,7 @@ std::shared_ptr<detail::remote_state> closure_queue::schedule(closure_ptr c) {
     return result;
   }
   c->generation = generation_;
+  number(*c);
   queue_.push_back(std::move(c));
   dispatch();
   return result;
@@ -83,6 +84,7 @@ bool closure_queue::admit_waiting() {
     }
     waiting_.pop_front();
     producer.c->generation = generation_;
+    number(*producer.c);
     producer.admitted(nullptr, producer.c->result);
     queue_.push_back(std::move(producer.c));
     admitted = true;
@@ -110,7 +112,9 @@ void closure_queue::release() {
 
 void closure_queue::start_closures() {
   // While an error waits to be reported, nothing new starts: what is queued will be cancelled.
-  while (!queue_.empty() && !failing() && !held()) {
+  // With bounded staleness the queue is in number order, and nothing past the front's number starts
+  // before it.
+  while (!queue_.empty() && !failing() && !held() && within_window(queue_.front()->number)) {
     // The least busy live worker with a free slot, scanning from a rotating start for fairness.
     const std::size_t none = workers_.size();
     std::size_t best = none;
@@ -125,6 +129,7 @@ void closure_queue::start_closures() {
     auto c = std::move(queue_.front());
     queue_.pop_front();
     c->started = clock::now();
+    c->finished_before = finished_;
     workers_[best].running.push_back(c);
     start_(best, c);
   }
@@ -151,14 +156,18 @@ bool closure_queue::take_running(std::size_t worker, const closure_ptr& c) {
 void closure_queue::succeeded(std::size_t worker, const closure_ptr& c, value result) {
   if (!take_running(worker, c)) return;
   last_progress_ = clock::now();
+  count_finished(*c);
   c->result->set_value(std::move(result));
+  settle(c->number);
   dispatch();
 }
 
 void closure_queue::failed(std::size_t worker, const closure_ptr& c, std::exception_ptr e) {
   if (!take_running(worker, c)) return;
   last_progress_ = clock::now();
+  count_finished(*c);
   c->result->set_error(e);
+  settle(c->number);
   record_error(std::move(e), c->generation);
   dispatch();
 }
@@ -166,8 +175,43 @@ void closure_queue::failed(std::size_t worker, const closure_ptr& c, std::except
 void closure_queue::retry(std::size_t worker, const closure_ptr& c) {
   if (!take_running(worker, c)) return;
   last_progress_ = clock::now();
-  queue_.push_back(c);
+  requeue(c);
   dispatch();
+}
+
+void closure_queue::requeue(const closure_ptr& c) {
+  if (!options_.max_staleness) {
+    queue_.push_back(c);
+    return;
+  }
+  const auto at = std::lower_bound(queue_.begin(), queue_.end(), c->number,
+                                   [](const closure_ptr& queued, std::uint64_t n) { return queued->number < n; });
+  queue_.insert(at, c);
+}
+
+void closure_queue::count_finished(const closure& c) {
+  const std::uint64_t missed = finished_ - c.finished_before;
+  staleness_.observe(static_cast<double>(missed));
+  if (static_cast<std::int64_t>(missed) > staleness_max_.value()) staleness_max_.set(static_cast<std::int64_t>(missed));
+  ++finished_;
+}
+
+void closure_queue::settle(std::uint64_t number) {
+  if (!options_.max_staleness || number < lowest_unsettled_) return;
+  const std::uint64_t at = number - lowest_unsettled_;
+  if (at >= settled_.size()) settled_.resize(at + 1, false);
+  settled_[at] = true;
+  while (!settled_.empty() && settled_.front()) {
+    settled_.pop_front();
+    ++lowest_unsettled_;
+  }
+}
+
+std::vector<double> closure_queue::staleness_bounds() {
+  std::vector<double> bounds;
+  for (int s = 0; s <= 16; ++s) bounds.push_back(s);
+  for (int s = 32; s <= (1 << 20); s *= 2) bounds.push_back(s);
+  return bounds;
 }
 
 void closure_queue::lost(std::size_t worker, const closure_ptr& c) {
@@ -176,8 +220,9 @@ void closure_queue::lost(std::size_t worker, const closure_ptr& c) {
   if (!take_running(worker, c)) return;
   if (closed_) {
     c->result->set_error(closed_error(), remote_status::cancelled);
+    settle(c->number);
   } else {
-    queue_.push_back(c);  // at least once: it runs again elsewhere (TF: at the tail)
+    requeue(c);  // at least once: it runs again elsewhere (TF: at the tail)
   }
   dispatch();
 }
@@ -187,7 +232,10 @@ void closure_queue::fail(std::exception_ptr e) {
   fatal_ = e;
   // What runs now cannot finish well, and its worker may wait long for what failed: resolve it
   // now with the failure, so that nothing waits on it; its outcome is ignored when it comes.
-  for (const auto& c : stop_running(std::nullopt)) c->result->set_error(e);
+  for (const auto& c : stop_running(std::nullopt)) {
+    c->result->set_error(e);
+    settle(c->number);
+  }
   record_error(e, generation_);
   dispatch();
 }
@@ -198,7 +246,10 @@ void closure_queue::close() {
   const auto closed = closed_error();
   auto queued = std::move(queue_);
   queue_.clear();
-  for (const auto& c : queued) c->result->set_error(closed, remote_status::cancelled);
+  for (const auto& c : queued) {
+    c->result->set_error(closed, remote_status::cancelled);
+    settle(c->number);
+  }
   auto waiting = std::move(waiting_);
   waiting_.clear();
   for (auto& producer : waiting) producer.admitted(closed, nullptr);
@@ -239,7 +290,8 @@ std::vector<closure_queue::closure_ptr> closure_queue::stop_running(std::optiona
   return stopped;
 }
 
-void closure_queue::cancel(const closure& c) const {
+void closure_queue::cancel(const closure& c) {
+  settle(c.number);
   // TF's message, plus the cause: whoever awaits this value learns why without a join().
   std::string cause;
   try {

@@ -31,6 +31,8 @@ struct closure {
   std::shared_ptr<detail::remote_state> result;
   std::uint64_t generation = 0;  // errors of closures from before the last report are not reported again
   std::chrono::steady_clock::time_point started{};  // handed to its worker (the last time)
+  std::uint64_t number = 0;  // its place in the order closures were queued (bounded staleness)
+  std::uint64_t finished_before = 0;  // closures finished when it was handed to its worker
 };
 
 class closure_queue : public std::enable_shared_from_this<closure_queue> {
@@ -113,6 +115,12 @@ class closure_queue : public std::enable_shared_from_this<closure_queue> {
   /// queued() and in_flight() as gauges any thread may read (a scrape), set after every change.
   const metrics::gauge& queued_gauge() const noexcept { return queued_gauge_; }
   const metrics::gauge& inflight_gauge() const noexcept { return inflight_gauge_; }
+  /// Each finished closure's staleness: how many closures finished between the moment it was handed
+  /// to its worker and its own end (what its reads may have missed). Any thread may read them.
+  const metrics::histogram& staleness() const noexcept { return staleness_; }
+  const metrics::gauge& staleness_max() const noexcept { return staleness_max_; }
+  /// The staleness histogram's bounds: every value to 16, then powers of two to 2^20.
+  static std::vector<double> staleness_bounds();
 
  private:
   struct worker_slot {
@@ -135,11 +143,24 @@ class closure_queue : public std::enable_shared_from_this<closure_queue> {
   bool admit_waiting();
   /// Takes `c` off `worker`'s running list; false when it is not there (resolved already).
   bool take_running(std::size_t worker, const closure_ptr& c);
+  /// Puts `c` in the queue to run again: at the tail (TF), or with bounded staleness in its
+  /// number's place, at the head of what waits (the window waits for it).
+  void requeue(const closure_ptr& c);
+  /// `c` (which ran: succeeded or failed) finished: its staleness is counted.
+  void count_finished(const closure& c);
+  /// Closure number `number` is resolved (run or not): the staleness window moves past it.
+  void settle(std::uint64_t number);
+  /// Whether closure number `number` may start under the staleness bound.
+  bool within_window(std::uint64_t number) const noexcept {
+    return !options_.max_staleness || number - lowest_unsettled_ <= *options_.max_staleness;
+  }
+  /// Numbers `c` as the next closure queued.
+  void number(closure& c) noexcept { c.number = next_number_++; }
   /// Keeps `e` as the error to report, if it is the first of generation `generation`, and cancels
   /// what is queued and what still runs of that generation (TF's testCancellation).
   void record_error(std::exception_ptr e, std::uint64_t generation);
   /// Resolves `c` as cancelled by the pending error.
-  void cancel(const closure& c) const;
+  void cancel(const closure& c);
   /// Takes the closures of `generation` (every one when it is empty) off the running lists, tells
   /// their workers to cancel them, and returns them.
   std::vector<closure_ptr> stop_running(std::optional<std::uint64_t> generation);
@@ -172,6 +193,15 @@ class closure_queue : public std::enable_shared_from_this<closure_queue> {
   std::vector<join_handler> joiners_;
   metrics::gauge queued_gauge_;
   metrics::gauge inflight_gauge_;
+  // Bounded staleness: closures are numbered as they are queued; numbers below lowest_unsettled_
+  // are all resolved, and settled_ marks those resolved from it on (settled_[i]: number
+  // lowest_unsettled_ + i). Kept only with a bound, when it holds at most the bound's width.
+  std::uint64_t next_number_ = 0;
+  std::uint64_t lowest_unsettled_ = 0;
+  std::deque<bool> settled_;
+  std::uint64_t finished_ = 0;  // closures that ran and finished (succeeded or failed)
+  metrics::histogram staleness_{staleness_bounds()};
+  metrics::gauge staleness_max_;
 };
 
 }  // namespace pscoro::chief

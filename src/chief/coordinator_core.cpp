@@ -138,6 +138,11 @@ metrics::coordinator_metrics coordinator_core::metrics() const {
   m.worker_failures = worker_failures_.value();
   m.ps_failures = ps_failures_.value();
   m.iterator_rebuilds = iterator_rebuilds_.value();
+  const auto staleness = queue_->staleness().read();
+  m.closure_staleness.count = staleness.count;
+  m.closure_staleness.p50 = static_cast<std::uint64_t>(metrics::quantile_bound(staleness, 0.5));
+  m.closure_staleness.p99 = static_cast<std::uint64_t>(metrics::quantile_bound(staleness, 0.99));
+  m.closure_staleness.max = static_cast<std::uint64_t>(queue_->staleness_max().value());
   return m;
 }
 
@@ -162,6 +167,12 @@ void coordinator_core::wire_events() {
   registered_.push_back(r.add("pscoro_coordinator_inflight_closures",
                               "Closures sent to a worker without an outcome yet (TF: inflight_closures).", {},
                               queue_->inflight_gauge()));
+  registered_.push_back(r.add("pscoro_coordinator_closure_staleness",
+                              "Closures that finished between a closure's start on its worker and its end (what its "
+                              "reads may have missed).",
+                              {}, queue_->staleness()));
+  registered_.push_back(r.add("pscoro_coordinator_closure_staleness_max",
+                              "The largest closure staleness so far.", {}, queue_->staleness_max()));
   chief::cluster_connections::events events;
   events.ps_lost = [weak](std::size_t ps, const std::string& reason) {
     if (auto self = weak.lock()) self->lost_ps(ps, reason);
@@ -232,9 +243,10 @@ namespace {
 std::string describe(const coordinator_options& o) {
   return fmt::format(
       "closures_per_worker {}, max_queued_closures {}, worker_recovery_timeout {}, worker_probe_interval {}, "
-      "watchdog_timeout {}, transient_ps_failures {}",
+      "watchdog_timeout {}, transient_ps_failures {}, max_staleness {}",
       o.closures_per_worker, o.max_queued_closures, o.worker_recovery_timeout, o.worker_probe_interval,
-      o.watchdog_timeout, o.transient_ps_failures);
+      o.watchdog_timeout, o.transient_ps_failures,
+      o.max_staleness ? std::to_string(*o.max_staleness) : std::string("none"));
 }
 
 }  // namespace

@@ -46,6 +46,18 @@ histogram::snapshot histogram::read() const {
   return s;
 }
 
+double quantile_bound(const histogram::snapshot& h, double q) noexcept {
+  if (h.count == 0 || h.bounds.empty()) return 0;
+  // At least ceil(q * count) observations, and at least one.
+  const double wanted = std::max(1.0, std::ceil(std::clamp(q, 0.0, 1.0) * static_cast<double>(h.count)));
+  std::uint64_t seen = 0;
+  for (std::size_t i = 0; i < h.bounds.size(); ++i) {
+    seen += h.counts[i];
+    if (static_cast<double>(seen) >= wanted) return h.bounds[i];
+  }
+  return h.bounds.back();
+}
+
 namespace {
 
 bool valid_name(std::string_view name, bool colons) {

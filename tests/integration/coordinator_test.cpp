@@ -40,6 +40,10 @@ const worker_function<void()> hold{"test.hold"};
 const worker_function<double(variable<float>, double)> bump{"test.bump"};
 const worker_function<std::string()> whoami{"test.whoami"};
 const worker_function<double(variable<float>)> read_sum{"test.read_sum"};
+// Bounded staleness probes: `mark_done` returns the lowest index of `done` still 0, then adds 1 at
+// index k; `affine` sets x to x * 1.5 + k (read, then assign: the order of closures shows).
+const worker_function<std::int64_t(variable<float>, std::int64_t)> mark_done{"test.mark_done"};
+const worker_function<void(variable<float>, std::int64_t)> affine{"test.affine"};
 
 std::atomic<bool> release_holds{false};
 
@@ -134,6 +138,20 @@ void bind_test_functions(server& s) {
     return spin_with([v]() -> asio::awaitable<void> { (void)co_await v.read(); });
   });
   s.bind(whoami, [task = s.task()]() -> asio::awaitable<std::string> { co_return task; });
+  s.bind(mark_done, [](variable<float> done, std::int64_t k) -> asio::awaitable<std::int64_t> {
+    const xt::xarray<float> seen = co_await done.read();
+    std::int64_t lowest = 0;
+    while (lowest < static_cast<std::int64_t>(seen.size()) && seen(lowest) != 0) ++lowest;
+    xt::xarray<float> mark = xt::zeros<float>(done.shape());
+    mark(k) = 1;
+    co_await done.assign_add(mark);
+    co_return lowest;
+  });
+  s.bind(affine, [](variable<float> x, std::int64_t k) -> asio::awaitable<void> {
+    xt::xarray<float> value = co_await x.read();
+    value = value * 1.5f + static_cast<float>(k);
+    co_await x.assign(value);
+  });
   s.bind(read_sum, [](variable<float> v) -> asio::awaitable<double> {
     const auto value = co_await v.read();
     co_return static_cast<double>(xt::sum(value)());
@@ -1317,4 +1335,45 @@ TEST_CASE("parameter-server operations and traffic with each peer are counted in
     CHECK(contains(page, "# TYPE pscoro_ps_operation_seconds histogram\n"));
     CHECK(contains(page, "pscoro_ps_operation_seconds_bucket{operation=\"read\",le=\"+Inf\"}"));
   });
+}
+
+TEST_CASE("bounded staleness on a live cluster: closure k sees every update of closures up to k - s - 1") {
+  constexpr std::int64_t n = 60;
+  constexpr std::size_t s = 2;
+  local_cluster cluster(1, 3, bind_test_functions);
+  coordinator_options options;
+  options.closures_per_worker = 4;
+  options.max_staleness = s;
+  cluster.run_chief([](parameter_server_strategy& strategy, cluster_coordinator& coordinator) -> asio::awaitable<void> {
+    const xt::xarray<float> zeros = xt::zeros<float>({n});
+    auto done = co_await strategy.scope().create_variable("done", zeros);
+    std::vector<remote_value<std::int64_t>> lowest;
+    for (std::int64_t k = 0; k < n; ++k) lowest.push_back(coordinator.schedule(mark_done, done, k));
+    co_await coordinator.join();
+    for (std::int64_t k = 0; k < n; ++k) {
+      const std::int64_t seen = co_await lowest[k].get();
+      CHECK_MESSAGE(seen >= k - static_cast<std::int64_t>(s), "closure ", k, " saw index ", seen, " not done yet");
+    }
+    const auto m = coordinator.metrics();
+    CHECK(m.closure_staleness.count == static_cast<std::uint64_t>(n));
+    CHECK(m.closure_staleness.max <= 2 * s);
+  }, options);
+}
+
+TEST_CASE("bounded staleness 0 runs closures one at a time in order: the result is a one-thread run's, bit for bit") {
+  constexpr std::int64_t n = 40;
+  local_cluster cluster(1, 2, bind_test_functions);
+  coordinator_options options;
+  options.max_staleness = 0;
+  cluster.run_chief([](parameter_server_strategy& strategy, cluster_coordinator& coordinator) -> asio::awaitable<void> {
+    const xt::xarray<float> start = {0.25f, -1.0f, 3.0f};
+    auto x = co_await strategy.scope().create_variable("x", start);
+    for (std::int64_t k = 0; k < n; ++k) coordinator.schedule(affine, x, k);
+    co_await coordinator.join();
+    xt::xarray<float> expected = start;
+    for (std::int64_t k = 0; k < n; ++k) expected = expected * 1.5f + static_cast<float>(k);
+    const xt::xarray<float> got = co_await x.read();
+    CHECK(got == expected);
+    CHECK(coordinator.metrics().closure_staleness.max == 0);
+  }, options);
 }

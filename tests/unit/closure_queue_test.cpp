@@ -9,6 +9,8 @@
 #include <asio/io_context.hpp>
 
 #include <optional>
+#include <random>
+#include <set>
 #include <string>
 #include <utility>
 #include <vector>
@@ -341,5 +343,117 @@ TEST_CASE("done is true only with nothing queued or running, and throws the pend
   cluster.take_started();
   cluster.queue->failed(0, c, failure("boom"));
   CHECK_THROWS_WITH(cluster.queue->done(), "boom");
+  CHECK(cluster.queue->done());
+}
+
+namespace {
+
+// Drives `cluster` to the end with random outcomes: each step finishes one running closure (or,
+// now and then, loses its worker, which comes back at once), and checks every closure handed out
+// against the bound `s`: closure k starts only once every closure numbered k - s - 1 or lower has
+// finished. Returns the closures in the order they finished.
+std::vector<std::uint64_t> run_at_random(fake_cluster& cluster, std::size_t s, std::size_t closures,
+                                         std::uint64_t seed) {
+  std::mt19937_64 random(seed);
+  std::set<std::uint64_t> finished;
+  std::vector<std::uint64_t> order;
+  std::vector<handed> running;
+  const auto check_started = [&] {
+    for (auto& h : cluster.take_started()) {
+      const std::uint64_t k = h.c->number;
+      for (std::uint64_t j = 0; j + s + 1 <= k; ++j) {
+        REQUIRE_MESSAGE(finished.contains(j), "closure ", k, " started before closure ", j, " finished (bound ", s, ")");
+      }
+      running.push_back(std::move(h));
+    }
+  };
+  for (std::size_t i = 0; i < closures; ++i) cluster.schedule();
+  check_started();
+  while (!running.empty()) {
+    const std::size_t pick = std::uniform_int_distribution<std::size_t>(0, running.size() - 1)(random);
+    const handed h = running[pick];
+    running.erase(running.begin() + static_cast<std::ptrdiff_t>(pick));
+    if (random() % 8 == 0) {
+      // Its worker is lost: every closure it runs comes back to the queue.
+      std::vector<handed> lost;
+      std::erase_if(running, [&](const handed& r) {
+        if (r.worker != h.worker) return false;
+        lost.push_back(r);
+        return true;
+      });
+      lost.push_back(h);
+      cluster.queue->worker_lost(h.worker);
+      for (const auto& r : lost) cluster.queue->lost(r.worker, r.c);
+      cluster.queue->worker_up(h.worker);
+    } else {
+      cluster.queue->succeeded(h.worker, h.c, value{});
+      finished.insert(h.c->number);
+      order.push_back(h.c->number);
+    }
+    check_started();
+  }
+  CHECK(finished.size() == closures);
+  CHECK(cluster.queue->done());
+  return order;
+}
+
+}  // namespace
+
+TEST_CASE("bounded staleness: closure k starts only after every closure up to k - s - 1, whatever the order they end in") {
+  for (const std::size_t s : {0u, 1u, 4u, 16u}) {
+    for (std::uint64_t seed = 1; seed <= 5; ++seed) {
+      CAPTURE(s);
+      CAPTURE(seed);
+      fake_cluster cluster(3, coordinator_options{.closures_per_worker = 4, .max_staleness = s});
+      const auto order = run_at_random(cluster, s, 120, seed);
+      // Each closure's reads may miss the s before it and, while it runs, the s after it.
+      CHECK(cluster.queue->staleness_max().value() <= static_cast<std::int64_t>(2 * s));
+      CHECK(cluster.queue->staleness().read().count == 120);
+      if (s == 0) {
+        // One at a time, in the order they were scheduled.
+        for (std::size_t i = 0; i < order.size(); ++i) CHECK(order[i] == i);
+      }
+    }
+  }
+}
+
+TEST_CASE("without a bound closures start as workers have room, and their staleness is measured") {
+  fake_cluster cluster(2, coordinator_options{.closures_per_worker = 4});
+  for (int i = 0; i < 8; ++i) cluster.schedule();
+  auto started = cluster.take_started();
+  REQUIRE(started.size() == 8);  // no window holds any back
+  // The first one ends last: the seven others finished while it ran.
+  for (std::size_t i = 1; i < started.size(); ++i) cluster.queue->succeeded(started[i].worker, started[i].c, value{});
+  cluster.queue->succeeded(started[0].worker, started[0].c, value{});
+  CHECK(cluster.queue->staleness_max().value() == 7);
+  const auto histogram = cluster.queue->staleness().read();
+  CHECK(histogram.count == 8);
+  // All started at once: the i-th to end (from 0) saw i others end before it.
+  CHECK(histogram.sum == 0 + 1 + 2 + 3 + 4 + 5 + 6 + 7);
+}
+
+TEST_CASE("bounded staleness: a closure whose worker is lost runs again first, and the window does not deadlock") {
+  fake_cluster cluster(2, coordinator_options{.closures_per_worker = 1, .max_staleness = 1});
+  const auto c0 = cluster.schedule("c0");
+  const auto c1 = cluster.schedule("c1");
+  const auto c2 = cluster.schedule("c2");
+  auto started = cluster.take_started();
+  REQUIRE(started.size() == 2);  // c0 and c1; c2 waits for c0
+  CHECK(started[0].c == c0);
+  CHECK(started[1].c == c1);
+  // c1's worker finishes it, but c2 may not start: c0 still runs.
+  cluster.queue->succeeded(started[1].worker, c1, value{});
+  CHECK(cluster.take_started().empty());
+  // c0's worker is lost: c0 goes back to the head of the queue, ahead of c2, and runs on the other.
+  cluster.queue->worker_lost(started[0].worker);
+  cluster.queue->lost(started[0].worker, c0);
+  started = cluster.take_started();
+  REQUIRE(started.size() == 1);
+  CHECK(started[0].c == c0);
+  cluster.queue->succeeded(started[0].worker, c0, value{});
+  started = cluster.take_started();
+  REQUIRE(started.size() == 1);
+  CHECK(started[0].c == c2);
+  cluster.queue->succeeded(started[0].worker, c2, value{});
   CHECK(cluster.queue->done());
 }

@@ -304,3 +304,17 @@ TEST_CASE("a server asked for metrics in code (metrics_port 0) serves the proces
   CHECK(contains(response, "\npscoro_ps_variables 0\n"));
   CHECK(contains(response, "pscoro_ps_operation_seconds_count{operation=\"read\"} 0\n"));
 }
+
+TEST_CASE("quantile_bound: the smallest bound holding at least that share of the observations") {
+  pscoro::metrics::histogram h({0, 1, 2, 4, 8});
+  CHECK(pscoro::metrics::quantile_bound(h.read(), 0.5) == 0);  // nothing observed
+  for (int i = 0; i < 90; ++i) h.observe(0);
+  for (int i = 0; i < 9; ++i) h.observe(3);
+  h.observe(100);
+  const auto s = h.read();
+  CHECK(pscoro::metrics::quantile_bound(s, 0.5) == 0);
+  CHECK(pscoro::metrics::quantile_bound(s, 0.9) == 0);   // 90 of 100 are 0
+  CHECK(pscoro::metrics::quantile_bound(s, 0.91) == 4);  // the 91st is 3: in (2, 4]
+  CHECK(pscoro::metrics::quantile_bound(s, 0.99) == 4);
+  CHECK(pscoro::metrics::quantile_bound(s, 1.0) == 8);   // above the last bound: the last bound
+}
