@@ -106,6 +106,7 @@ struct options {
   // Not the coordinator's 4: with 8 steps in flight (2 workers) at Adagrad 0.2, one run in a few
   // blows up and never recovers (docs/design.md, The DLRM example: "Closures per worker").
   std::size_t closures_per_worker = 2;
+  long long max_staleness = -1;  // -1: none (fully asynchronous)
   std::int64_t log_every = 500;
   bool no_reference = false;
   bool reference_only = false;
@@ -383,6 +384,7 @@ struct result {
   double seconds = 0;      // training, wall
   double cpu_seconds = 0;  // training, this process (-1: not measured)
   std::string units;       // live_units::describe()
+  std::string staleness;   // the cluster's: steps that finished while a step ran
 };
 
 double cpu_now() { return static_cast<double>(std::clock()) / CLOCKS_PER_SEC; }
@@ -467,10 +469,13 @@ int report(const options& o, const std::optional<result>& cluster, const std::op
     std::printf(")\n");
   };
   if (cluster) {
-    line(fmt::format("cluster ({} workers, asynchronous):", workers).c_str(), *cluster);
+    const std::string mode =
+        o.max_staleness >= 0 ? fmt::format("staleness <= {}", o.max_staleness) : std::string("asynchronous");
+    line(fmt::format("cluster ({} workers, {}):", workers, mode).c_str(), *cluster);
   }
   if (reference) line("reference (one process, libtorch):", *reference);
   if (cluster) std::printf("chief: cluster: %s\n", cluster->units.c_str());
+  if (cluster) std::printf("chief: cluster: %s\n", cluster->staleness.c_str());
   if (reference) std::printf("chief: reference: %s\n", reference->units.c_str());
   std::fflush(stdout);
   if (bound - judged.auc > o.max_auc_gap) {
@@ -545,7 +550,10 @@ std::vector<std::string> field_table_names() {
 
 asio::awaitable<int> run_chief(pscoro::parameter_server_strategy& strategy, const options& o) {
   co_await strategy.connect();
-  pscoro::cluster_coordinator coordinator(strategy, {o.closures_per_worker});
+  pscoro::coordinator_options coordinator_options;
+  coordinator_options.closures_per_worker = o.closures_per_worker;
+  if (o.max_staleness >= 0) coordinator_options.max_staleness = static_cast<std::size_t>(o.max_staleness);
+  pscoro::cluster_coordinator coordinator(strategy, coordinator_options);
   auto scope = strategy.scope();
   const auto initial = make_initial(o);
   auto variables = co_await pscoro::create_module_variables<float>(scope, *initial.model, "dlrm/");
@@ -604,6 +612,10 @@ asio::awaitable<int> run_chief(pscoro::parameter_server_strategy& strategy, cons
   result cluster;
   cluster.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   cluster.cpu_seconds = -1;  // spread over the ps and workers
+  const auto staleness = coordinator.metrics().closure_staleness;
+  cluster.staleness = fmt::format("steps that finished while a step ran: p50 <= {}, p99 <= {}, max {} (bound: {})",
+                                  staleness.p50, staleness.p99, staleness.max,
+                                  o.max_staleness >= 0 ? std::to_string(o.max_staleness) : std::string("none"));
 
   // Test data with the generator's true probabilities: fresh lines far beyond the training lines
   // (raw ids: the lines right after them, the stream's next day).
@@ -682,6 +694,9 @@ int main(int argc, char** argv) {
   app.add_option("--max-reference-gap", o.max_reference_gap,
                  "exit 1 if the cluster's test AUC ends further than this from the reference's");
   app.add_option("--closures-per-worker", o.closures_per_worker, "closures in flight per worker")->check(CLI::PositiveNumber);
+  app.add_option("--max-staleness", o.max_staleness,
+                 "a step starts only once every step more than N before it has finished (-1: no bound)")
+      ->check(CLI::Range(-1LL, 1LL << 40));
   app.add_option("--log-every", o.log_every, "print the mean training loss of the last N steps every N steps")
       ->check(CLI::PositiveNumber);
   app.add_flag("--no-reference", o.no_reference, "train on the cluster only, not the single-process reference");

@@ -94,6 +94,7 @@ struct options {
   double learning_rate = 0.3;
   double min_accuracy = 0.80;
   std::size_t closures_per_worker = 2;
+  long long max_staleness = -1;  // -1: none (fully asynchronous)
   std::int64_t log_every = 500;
   std::string checkpoint_dir;
   std::string logdir;
@@ -151,7 +152,10 @@ int train_one_thread(const options& o) {
 
 asio::awaitable<int> run_chief(pscoro::parameter_server_strategy& strategy, const options& o) {
   co_await strategy.connect();
-  pscoro::cluster_coordinator coordinator(strategy, {o.closures_per_worker});
+  pscoro::coordinator_options coordinator_options;
+  coordinator_options.closures_per_worker = o.closures_per_worker;
+  if (o.max_staleness >= 0) coordinator_options.max_staleness = static_cast<std::size_t>(o.max_staleness);
+  pscoro::cluster_coordinator coordinator(strategy, coordinator_options);
   auto scope = strategy.scope();
   const xt::xarray<float> zero_weights = xt::zeros<float>({pixels, classes});
   const xt::xarray<float> zero_bias = xt::zeros<float>({classes});
@@ -264,6 +268,11 @@ asio::awaitable<int> run_chief(pscoro::parameter_server_strategy& strategy, cons
   const auto bias = co_await b.read();
   const auto [acc, images] = accuracy(load_split(o.data_dir, "t10k"), weights, bias);
   std::printf("chief: test accuracy %.4f on %zu images\n", acc, images);
+  const auto staleness = coordinator.metrics().closure_staleness;
+  std::printf("chief: steps that finished while a step ran: p50 <= %llu, p99 <= %llu, max %llu (bound: %s)\n",
+              static_cast<unsigned long long>(staleness.p50), static_cast<unsigned long long>(staleness.p99),
+              static_cast<unsigned long long>(staleness.max),
+              o.max_staleness >= 0 ? std::to_string(o.max_staleness).c_str() : "none");
   if (summaries) {
     summaries->scalar("test/accuracy", acc, o.steps);
     summaries->close();
@@ -291,6 +300,9 @@ int main(int argc, char** argv) {
       ->check(CLI::PositiveNumber);
   app.add_option("--min-accuracy", o.min_accuracy, "exit 1 if the test accuracy ends below this");
   app.add_option("--closures-per-worker", o.closures_per_worker, "closures in flight per worker")->check(CLI::PositiveNumber);
+  app.add_option("--max-staleness", o.max_staleness,
+                 "a step starts only once every step more than N before it has finished (-1: no bound)")
+      ->check(CLI::Range(-1LL, 1LL << 40));
   app.add_option("--log-every", o.log_every, "print the loss every N steps")->check(CLI::PositiveNumber);
   auto* checkpoint_dir = app.add_option("--checkpoint-dir", o.checkpoint_dir,
                                         "save checkpoints here, and resume from the newest one found at the start");
