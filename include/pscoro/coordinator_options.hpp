@@ -1,6 +1,6 @@
 // What a cluster_coordinator is told: closures in flight per worker, the queue's bound, how long
-// lost workers are waited for and probed, the watchdog, TF's rule for transient ps failures, and
-// a bound on staleness.
+// lost workers are waited for and probed, the watchdog, TF's rule for transient ps failures, a
+// bound on staleness and TF's staggered start.
 #pragma once
 
 #include <pscoro/config.hpp>
@@ -38,6 +38,13 @@ struct coordinator_options {
   /// failed it transiently) keeps its number and goes back to the head of the queue, not the tail
   /// (the window would wait for it forever). s = 0 runs one closure at a time, in order.
   std::optional<std::size_t> max_staleness = std::nullopt;
+  /// Staggered start (TF's): worker i takes its first closure min(i x schedule_start_delay,
+  /// schedule_start_delay_max) after the coordinator is made (no cap when the max is 0), so that
+  /// workers do not all reach the ps at once. 0 = all at once (TF's default). TF's environment
+  /// variables TF_COORDINATOR_SCHEDULE_START_DELAY and TF_COORDINATOR_SCHEDULE_START_DELAY_MAX
+  /// (whole seconds), as in TF, override them.
+  std::chrono::milliseconds schedule_start_delay{0};
+  std::chrono::milliseconds schedule_start_delay_max{0};
 
   friend bool operator==(const coordinator_options&, const coordinator_options&) = default;
 };

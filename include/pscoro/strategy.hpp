@@ -93,6 +93,12 @@ class PSCORO_API parameter_server_strategy {
   /// initializer each ps evaluates for its own shard, or user code on the coordinator asked for
   /// one shard at a time.
   using variable_source = std::variant<tensor, initializer, shard_initializer>;
+  /// Where a new variable goes: split as the partitioner says (`partition`) or whole, on the next
+  /// ps round robin, or whole on `colocated_ps` (colocate_vars_with).
+  struct placement_request {
+    bool partition = false;
+    std::optional<int> colocated_ps;
+  };
 
   /// Creates variables on the parameter servers. Names must be unique (errc::already_exists).
   class scope_type {
@@ -103,20 +109,22 @@ class PSCORO_API parameter_server_strategy {
         std::string name, const xt::xexpression<E>& initial_value) const {
       auto initial = to_tensor(initial_value);
       auto shape = initial.shape();
-      return create_dense<typename E::value_type>(core_, std::move(name), std::move(shape), std::move(initial));
+      return create_dense<typename E::value_type>(core_, colocated_ps_, std::move(name), std::move(shape),
+                                                  std::move(initial));
     }
     /// Creates dense variable `name` of `shape`, filled by its ps with `init`.
     template <class T>
     [[nodiscard]] asio::awaitable<variable<T>> create_variable(std::string name, shape_type shape,
                                                                initializer init) const {
-      return create_dense<T>(core_, std::move(name), std::move(shape), std::move(init));
+      return create_dense<T>(core_, colocated_ps_, std::move(name), std::move(shape), std::move(init));
     }
     /// Creates dense variable `name` of `shape` with the values `init(info)` returns, `info`
     /// describing the whole variable as its one shard (see the sharded overload).
     template <class T, class F>
       requires detail::shard_initializer_callable<F>
     [[nodiscard]] asio::awaitable<variable<T>> create_variable(std::string name, shape_type shape, F init) const {
-      return create_dense<T>(core_, std::move(name), std::move(shape), erase_shard_initializer(std::move(init)));
+      return create_dense<T>(core_, colocated_ps_, std::move(name), std::move(shape),
+                             erase_shard_initializer(std::move(init)));
     }
 
     /// Creates variable `name` split along axis 0 into as many shards as the strategy's partitioner
@@ -130,14 +138,15 @@ class PSCORO_API parameter_server_strategy {
         std::string name, const xt::xexpression<E>& initial_value) const {
       auto initial = to_tensor(initial_value);
       auto shape = initial.shape();
-      return create_sharded<typename E::value_type>(core_, std::move(name), std::move(shape), std::move(initial));
+      return create_sharded<typename E::value_type>(core_, colocated_ps_, std::move(name), std::move(shape),
+                                                    std::move(initial));
     }
     /// The same with each shard filled by its ps with `init`: the values do not depend on the
     /// number of shards, and no full tensor is built here.
     template <class T>
     [[nodiscard]] asio::awaitable<sharded_variable<T>> create_sharded_variable(std::string name, shape_type shape,
                                                                                initializer init) const {
-      return create_sharded<T>(core_, std::move(name), std::move(shape), std::move(init));
+      return create_sharded<T>(core_, colocated_ps_, std::move(name), std::move(shape), std::move(init));
     }
     /// The same with each shard's values from `init(info)`, called here on the coordinator once per
     /// shard, in shard order, with where the shard lies (shard_info): it returns that shard's values
@@ -149,7 +158,8 @@ class PSCORO_API parameter_server_strategy {
       requires detail::shard_initializer_callable<F>
     [[nodiscard]] asio::awaitable<sharded_variable<T>> create_sharded_variable(std::string name, shape_type shape,
                                                                                F init) const {
-      return create_sharded<T>(core_, std::move(name), std::move(shape), erase_shard_initializer(std::move(init)));
+      return create_sharded<T>(core_, colocated_ps_, std::move(name), std::move(shape),
+                               erase_shard_initializer(std::move(init)));
     }
 
     /// Creates a dynamic embedding table (<pscoro/hash_table.hpp>) of rows of T, its buckets round
@@ -159,7 +169,15 @@ class PSCORO_API parameter_server_strategy {
     template <class T>
       requires std::is_same_v<T, float> || std::is_same_v<T, double>
     [[nodiscard]] asio::awaitable<hash_table<T>> create_hash_table(std::string name, hash_table_options options) const {
-      return create_table<T>(core_, std::move(name), std::move(options));
+      return create_table<T>(core_, colocated_ps_, std::move(name), std::move(options));
+    }
+
+    /// A scope whose variables go on the ps of `other` (TF's colocate_vars_with), whole: never
+    /// partitioned, and the round-robin order of the others does not move. A hash table's buckets
+    /// go to every ps, so creating one in it is errc::invalid_argument.
+    template <class T>
+    [[nodiscard]] scope_type colocate_vars_with(const variable<T>& other) const {
+      return scope_type(core_, other.ps_task());
     }
 
    private:
@@ -176,37 +194,42 @@ class PSCORO_API parameter_server_strategy {
     }
 
     friend class parameter_server_strategy;
-    explicit scope_type(std::shared_ptr<detail::coordinator_core> core) : core_(std::move(core)) {}
+    explicit scope_type(std::shared_ptr<detail::coordinator_core> core, std::optional<int> colocated_ps = {})
+        : core_(std::move(core)), colocated_ps_(colocated_ps) {}
 
     template <class T>
-    static asio::awaitable<hash_table<T>> create_table(std::shared_ptr<detail::coordinator_core> core, std::string name,
+    static asio::awaitable<hash_table<T>> create_table(std::shared_ptr<detail::coordinator_core> core,
+                                                       std::optional<int> colocated_ps, std::string name,
                                                        hash_table_options options) {
-      auto [ref, io] = co_await create_table_erased(core, std::move(name), dtype_of<T>, std::move(options));
+      auto [ref, io] = co_await create_table_erased(core, colocated_ps, std::move(name), dtype_of<T>, std::move(options));
       co_return hash_table<T>(std::move(ref), std::move(io));
     }
     static asio::awaitable<std::pair<hash_table_ref, std::shared_ptr<detail::variable_io>>> create_table_erased(
-        std::shared_ptr<detail::coordinator_core> core, std::string name, dtype type, hash_table_options options);
+        std::shared_ptr<detail::coordinator_core> core, std::optional<int> colocated_ps, std::string name, dtype type,
+        hash_table_options options);
 
     template <class T>
-    static asio::awaitable<variable<T>> create_dense(std::shared_ptr<detail::coordinator_core> core, std::string name,
+    static asio::awaitable<variable<T>> create_dense(std::shared_ptr<detail::coordinator_core> core,
+                                                     std::optional<int> colocated_ps, std::string name,
                                                      shape_type shape, variable_source source) {
-      auto [ref, io] =
-          co_await create_erased(core, std::move(name), dtype_of<T>, std::move(shape), std::move(source), false);
+      auto [ref, io] = co_await create_erased(core, std::move(name), dtype_of<T>, std::move(shape), std::move(source),
+                                              {.partition = false, .colocated_ps = colocated_ps});
       co_return variable<T>(std::move(ref.shards.front()), std::move(io));
     }
     template <class T>
     static asio::awaitable<sharded_variable<T>> create_sharded(std::shared_ptr<detail::coordinator_core> core,
-                                                               std::string name, shape_type shape,
-                                                               variable_source source) {
-      auto [ref, io] =
-          co_await create_erased(core, std::move(name), dtype_of<T>, std::move(shape), std::move(source), true);
+                                                               std::optional<int> colocated_ps, std::string name,
+                                                               shape_type shape, variable_source source) {
+      auto [ref, io] = co_await create_erased(core, std::move(name), dtype_of<T>, std::move(shape), std::move(source),
+                                              {.partition = true, .colocated_ps = colocated_ps});
       co_return sharded_variable<T>(std::move(ref), std::move(io));
     }
     static asio::awaitable<std::pair<sharded_variable_ref, std::shared_ptr<detail::variable_io>>> create_erased(
         std::shared_ptr<detail::coordinator_core> core, std::string name, dtype type, shape_type shape,
-        variable_source source, bool partition);
+        variable_source source, placement_request placement);
 
     std::shared_ptr<detail::coordinator_core> core_;
+    std::optional<int> colocated_ps_;  // colocate_vars_with: every variable on this ps, whole
   };
 
   /// The object that creates variables (TF: `with strategy.scope():`).

@@ -25,9 +25,22 @@ std::exception_ptr closed_error() {
 
 closure_queue::closure_queue(asio::any_io_executor executor, std::vector<std::string> workers, start_function start,
                              cancel_function cancel)
-    : executor_(std::move(executor)), start_(std::move(start)), cancel_(std::move(cancel)) {
+    : executor_(std::move(executor)), staggered_start_(executor_), start_(std::move(start)), cancel_(std::move(cancel)) {
   workers_.reserve(workers.size());
   for (auto& name : workers) workers_.push_back(worker_slot{std::move(name), {}, true});
+}
+
+void closure_queue::set_options(const coordinator_options& options) {
+  options_ = options;
+  const auto now = clock::now();
+  for (std::size_t i = 0; i < workers_.size(); ++i) {
+    // TF's _maybe_delay: i x delay, capped when a cap is set.
+    auto delay = options_.schedule_start_delay * static_cast<std::int64_t>(i);
+    if (options_.schedule_start_delay_max > std::chrono::milliseconds(0)) {
+      delay = std::min(delay, options_.schedule_start_delay_max);
+    }
+    workers_[i].takes_from = now + delay;
+  }
 }
 
 std::size_t closure_queue::in_flight() const noexcept {
@@ -114,6 +127,8 @@ void closure_queue::start_closures() {
   // While an error waits to be reported, nothing new starts: what is queued will be cancelled.
   // With bounded staleness the queue is in number order, and nothing past the front's number starts
   // before it.
+  const auto now = clock::now();
+  std::optional<clock::time_point> next_start;  // the soonest start of a worker not started yet
   while (!queue_.empty() && !failing() && !held() && within_window(queue_.front()->number)) {
     // The least busy live worker with a free slot, scanning from a rotating start for fairness.
     const std::size_t none = workers_.size();
@@ -122,6 +137,10 @@ void closure_queue::start_closures() {
       const std::size_t i = (next_worker_ + k) % workers_.size();
       const auto& w = workers_[i];
       if (!w.alive || w.running.size() >= options_.closures_per_worker) continue;
+      if (w.takes_from > now) {
+        if (!next_start || w.takes_from < *next_start) next_start = w.takes_from;
+        continue;
+      }
       if (best == none || w.running.size() < workers_[best].running.size()) best = i;
     }
     if (best == none) break;
@@ -132,6 +151,13 @@ void closure_queue::start_closures() {
     c->finished_before = finished_;
     workers_[best].running.push_back(c);
     start_(best, c);
+  }
+  if (next_start && !queue_.empty() && staggered_start_.expiry() != *next_start) {
+    // Closures wait that a worker not started yet could take: look again when it starts.
+    staggered_start_.expires_at(*next_start);
+    staggered_start_.async_wait([weak = weak_from_this()](std::error_code ec) {
+      if (auto self = weak.lock(); self && !ec) self->dispatch();
+    });
   }
 }
 
@@ -242,6 +268,7 @@ void closure_queue::fail(std::exception_ptr e) {
 
 void closure_queue::close() {
   closed_ = true;
+  staggered_start_.cancel();  // nothing waits for a worker's start any more
   // Nothing queued will run any more: say so, rather than leave remote_values waiting forever.
   const auto closed = closed_error();
   auto queued = std::move(queue_);

@@ -11,6 +11,8 @@
 #include <pscoro/remote_value.hpp>
 #include <pscoro/value.hpp>
 
+#include <asio/steady_timer.hpp>
+
 #include <chrono>
 #include <cstdint>
 #include <deque>
@@ -53,7 +55,8 @@ class closure_queue : public std::enable_shared_from_this<closure_queue> {
   closure_queue(asio::any_io_executor executor, std::vector<std::string> workers, start_function start,
                 cancel_function cancel = {});
 
-  void set_options(const coordinator_options& options) { options_ = options; }
+  /// Takes `options`; the staggered start counts from now.
+  void set_options(const coordinator_options& options);
   const coordinator_options& options() const noexcept { return options_; }
 
   // Producers.
@@ -127,6 +130,7 @@ class closure_queue : public std::enable_shared_from_this<closure_queue> {
     std::string name;
     std::vector<closure_ptr> running;  // handed to it, no outcome yet
     bool alive = true;
+    clock::time_point takes_from{};  // its staggered start (coordinator_options::schedule_start_delay)
   };
   struct waiting_producer {
     closure_ptr c;
@@ -173,6 +177,7 @@ class closure_queue : public std::enable_shared_from_this<closure_queue> {
   void publish() noexcept;
 
   asio::any_io_executor executor_;
+  asio::steady_timer staggered_start_;  // wakes the queue when the next worker's start comes
   start_function start_;
   cancel_function cancel_;
   coordinator_options options_;

@@ -234,6 +234,13 @@ void coordinator_core::set_options(const coordinator_options& options) {
   if (const auto count = number_from_environment("TF_COORDINATOR_IGNORE_TRANSIENT_PS_FAILURES")) {
     taken.transient_ps_failures = static_cast<int>(std::clamp(*count, -1.0, 1e6));
   }
+  // TF's _maybe_delay reads whole seconds (int()).
+  if (const auto seconds = number_from_environment("TF_COORDINATOR_SCHEDULE_START_DELAY")) {
+    taken.schedule_start_delay = std::chrono::seconds(static_cast<std::int64_t>(std::clamp(*seconds, 0.0, 1e6)));
+  }
+  if (const auto seconds = number_from_environment("TF_COORDINATOR_SCHEDULE_START_DELAY_MAX")) {
+    taken.schedule_start_delay_max = std::chrono::seconds(static_cast<std::int64_t>(std::clamp(*seconds, 0.0, 1e6)));
+  }
   queue_->set_options(taken);
   connections_->set_probe_interval(taken.worker_probe_interval);
 }
@@ -243,10 +250,12 @@ namespace {
 std::string describe(const coordinator_options& o) {
   return fmt::format(
       "closures_per_worker {}, max_queued_closures {}, worker_recovery_timeout {}, worker_probe_interval {}, "
-      "watchdog_timeout {}, transient_ps_failures {}, max_staleness {}",
+      "watchdog_timeout {}, transient_ps_failures {}, max_staleness {}, schedule_start_delay {}, "
+      "schedule_start_delay_max {}",
       o.closures_per_worker, o.max_queued_closures, o.worker_recovery_timeout, o.worker_probe_interval,
       o.watchdog_timeout, o.transient_ps_failures,
-      o.max_staleness ? std::to_string(*o.max_staleness) : std::string("none"));
+      o.max_staleness ? std::to_string(*o.max_staleness) : std::string("none"), o.schedule_start_delay,
+      o.schedule_start_delay_max);
 }
 
 }  // namespace

@@ -42,8 +42,8 @@ class coordinator_core : public std::enable_shared_from_this<coordinator_core> {
 
   asio::awaitable<sharded_variable_ref> create_variable(std::string name, dtype type, shape_type shape,
                                                         parameter_server_strategy::variable_source source,
-                                                        bool partition) {
-    return placement_.create(std::move(name), type, std::move(shape), std::move(source), partition);
+                                                        parameter_server_strategy::placement_request placement) {
+    return placement_.create(std::move(name), type, std::move(shape), std::move(source), placement);
   }
   asio::awaitable<hash_table_ref> create_hash_table(std::string name, dtype type, hash_table_options options) {
     return placement_.create_table(std::move(name), type, std::move(options));

@@ -72,10 +72,17 @@ wire::Initializer encode_initializer(const initializer& init, const std::string&
 
 asio::awaitable<sharded_variable_ref> variable_placement::create(std::string name, dtype type, shape_type shape,
                                                                  parameter_server_strategy::variable_source source,
-                                                                 bool partition) {
+                                                                 parameter_server_strategy::placement_request placement) {
   if (name.empty()) throw error(errc::invalid_argument, "a variable needs a name");
+  const std::size_t num_ps = ps_->peers().size();
+  if (placement.colocated_ps &&
+      (*placement.colocated_ps < 0 || static_cast<std::size_t>(*placement.colocated_ps) >= num_ps)) {
+    throw error(errc::invalid_argument, fmt::format("'{}' cannot be colocated on ps:{}: the cluster has {} ps", name,
+                                                    *placement.colocated_ps, num_ps));
+  }
   std::size_t shards = 1;
-  if (partition && partitioner_ && !shape.empty()) {
+  // TF: a colocated variable is never partitioned.
+  if (placement.partition && !placement.colocated_ps && partitioner_ && !shape.empty()) {
     const std::size_t asked = partitioner_(shape, type);
     if (asked == 0) {
       throw error(errc::invalid_argument,
@@ -85,13 +92,14 @@ asio::awaitable<sharded_variable_ref> variable_placement::create(std::string nam
     shards = std::max<std::size_t>(1, std::min(asked, shape[0]));  // TF clamps to the row count
   }
   const auto offsets = div_offsets(shape.empty() ? 1 : shape[0], shards);
-  const std::size_t num_ps = ps_->peers().size();
   sharded_variable_ref ref{name, type, shape, {}};
   for (std::size_t i = 0; i < shards; ++i) {
     shape_type part = shape;
     if (!part.empty()) part[0] = offsets[i + 1] - offsets[i];
-    ref.shards.push_back(variable_ref{shards == 1 ? name : fmt::format("{}/part_{}", name, i), type, std::move(part),
-                                      static_cast<int>(next_++ % num_ps)});
+    // A colocated variable does not move the round robin (TF places it before counting).
+    const int ps_task = placement.colocated_ps ? *placement.colocated_ps : static_cast<int>(next_++ % num_ps);
+    ref.shards.push_back(
+        variable_ref{shards == 1 ? name : fmt::format("{}/part_{}", name, i), type, std::move(part), ps_task});
   }
   // Checkpoints restored before this variable existed: any mismatch is an error before anything
   // is made, and the source is not evaluated when a saved value replaces it (TF does not run the

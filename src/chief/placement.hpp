@@ -28,14 +28,15 @@ class variable_placement {
   /// waits for it. Adding one already there does nothing.
   void add_restorer(const std::shared_ptr<restore_on_create>& restorer);
 
-  /// Creates a variable of `shards` (1 unless `partition` and the partitioner say otherwise) on
-  /// their ps, concurrently. When one shard fails, the shards already created are removed (the
+  /// Creates a variable of `shards` (1 unless `placement` asks for a partition and the partitioner
+  /// says otherwise) on their ps (the next round robin, or placement.colocated_ps), concurrently. When one shard fails, the shards already created are removed (the
   /// failure is rethrown): a variable exists whole or not at all. When a restorer holds a saved
   /// value for `name`, the shards are made empty (the source is never evaluated) and then take
   /// that value. A shard_initializer is called for one shard at a time, each result sent before
   /// the next is asked for. The placement must outlive the call.
   asio::awaitable<sharded_variable_ref> create(std::string name, dtype type, shape_type shape,
-                                               parameter_server_strategy::variable_source source, bool partition);
+                                               parameter_server_strategy::variable_source source,
+                                               parameter_server_strategy::placement_request placement);
   /// Creates a hash table's parts: its buckets round robin over every ps (bucket b on ps
   /// b % num_ps), concurrently; a table exists whole or not at all, as a variable.
   asio::awaitable<hash_table_ref> create_table(std::string name, dtype type, hash_table_options options);

@@ -2,6 +2,10 @@
 
 #include "chief/coordinator_core.hpp"
 
+#include <pscoro/error.hpp>
+
+#include <fmt/format.h>
+
 namespace pscoro {
 
 parameter_server_strategy::parameter_server_strategy(asio::any_io_executor executor,
@@ -28,14 +32,21 @@ asio::awaitable<void> parameter_server_strategy::connect() { return core_->conne
 asio::awaitable<std::pair<sharded_variable_ref, std::shared_ptr<detail::variable_io>>>
 parameter_server_strategy::scope_type::create_erased(std::shared_ptr<detail::coordinator_core> core, std::string name,
                                                      dtype type, shape_type shape, variable_source source,
-                                                     bool partition) {
-  auto ref = co_await core->create_variable(std::move(name), type, std::move(shape), std::move(source), partition);
+                                                     placement_request placement) {
+  auto ref = co_await core->create_variable(std::move(name), type, std::move(shape), std::move(source), placement);
   co_return std::pair{std::move(ref), std::shared_ptr<detail::variable_io>(core->ps())};
 }
 
 asio::awaitable<std::pair<hash_table_ref, std::shared_ptr<detail::variable_io>>>
 parameter_server_strategy::scope_type::create_table_erased(std::shared_ptr<detail::coordinator_core> core,
-                                                           std::string name, dtype type, hash_table_options options) {
+                                                           std::optional<int> colocated_ps, std::string name, dtype type,
+                                                           hash_table_options options) {
+  if (colocated_ps) {
+    throw error(errc::invalid_argument,
+                fmt::format("hash table '{}' cannot be colocated with a variable (colocate_vars_with): its buckets go "
+                            "to every ps",
+                            name));
+  }
   auto ref = co_await core->create_hash_table(std::move(name), type, std::move(options));
   co_return std::pair{std::move(ref), std::shared_ptr<detail::variable_io>(core->ps())};
 }

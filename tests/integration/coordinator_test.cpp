@@ -1377,3 +1377,33 @@ TEST_CASE("bounded staleness 0 runs closures one at a time in order: the result 
     CHECK(coordinator.metrics().closure_staleness.max == 0);
   }, options);
 }
+
+// TF's ScheduleStartDelayTest: the coordinator works as before with TF's staggered start set (TF:
+// 2 and 4 s over 3 workers; 1 s here, to keep the test short).
+TEST_CASE("with TF_COORDINATOR_SCHEDULE_START_DELAY and _MAX set, closures run and join returns as before") {
+  ::setenv("TF_COORDINATOR_SCHEDULE_START_DELAY", "1", 1);
+  ::setenv("TF_COORDINATOR_SCHEDULE_START_DELAY_MAX", "1", 1);
+  local_cluster cluster(2, 3, bind_test_functions);
+  cluster.run_chief([](parameter_server_strategy&, cluster_coordinator& coordinator) -> asio::awaitable<void> {
+    ::unsetenv("TF_COORDINATOR_SCHEDULE_START_DELAY");
+    ::unsetenv("TF_COORDINATOR_SCHEDULE_START_DELAY_MAX");
+    std::vector<remote_value<std::string>> where;
+    for (int i = 0; i < 30; ++i) where.push_back(coordinator.schedule(whoami));
+    co_await coordinator.join();
+    std::set<std::string> seen;
+    for (auto& w : where) seen.insert(co_await w.get());
+    // Worker 0 takes closures at once; the others only after their delay.
+    CHECK(seen.contains("worker:0"));
+    const auto first = std::chrono::steady_clock::now();
+    std::vector<remote_value<std::string>> later;
+    // After the delay every worker takes closures: keep scheduling until each one has.
+    while (seen.size() < 3) {
+      for (int i = 0; i < 12; ++i) later.push_back(coordinator.schedule(whoami));
+      co_await coordinator.join();
+      for (auto& w : later) seen.insert(co_await w.get());
+      later.clear();
+      REQUIRE_MESSAGE(std::chrono::steady_clock::now() - first < std::chrono::seconds(60),
+                      "a worker took no closure within a minute of its 1 s start delay");
+    }
+  });
+}

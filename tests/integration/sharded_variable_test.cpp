@@ -783,3 +783,35 @@ TEST_CASE("assigns of arrays, temporaries and expressions land whole; reads and 
       },
       {}, {}, fixed_shards_partitioner{2});
 }
+
+// TF's VariablePartitioningTest.testColocateWith: with a partitioner of 2, a variable made in
+// colocate_vars_with(v1's first shard) is whole, on that shard's ps.
+TEST_CASE("colocate_vars_with puts a variable whole on the other's ps, and the round robin does not move") {
+  local_cluster cluster(3, 1);
+  cluster.run_chief(
+      [](parameter_server_strategy& strategy, cluster_coordinator&) -> asio::awaitable<void> {
+        const xt::xarray<float> four = {0, 1, 2, 3};
+        const xt::xarray<float> two = {4, 5};
+        auto scope = strategy.scope();
+        auto v1 = co_await scope.create_sharded_variable("v1", four);
+        REQUIRE(v1.num_shards() == 2);
+        const auto first = v1.shards()[0].handle;
+        auto colocated = scope.colocate_vars_with(first);
+        auto v2 = co_await colocated.create_sharded_variable("v2", two);  // never partitioned
+        CHECK(v2.num_shards() == 1);
+        CHECK(v2.ref().shards[0].ps_task == first.ps_task());
+        CHECK((co_await v2.read() == two));
+        auto v3 = co_await colocated.create_variable("v3", two);
+        CHECK(v3.ps_task() == first.ps_task());
+        // v1's shards took ps 0 and 1; the colocated ones took no turn: the next is ps 2.
+        auto v4 = co_await scope.create_variable("v4", two);
+        CHECK(v4.ps_task() == 2);
+        // A hash table's buckets go to every ps: it cannot be colocated.
+        pscoro::hash_table_options table;
+        table.dim = 2;
+        const auto refused = co_await failure_of(colocated.create_hash_table<float>("t", table));
+        CHECK(code_of(refused) == errc::invalid_argument);
+        CHECK_MESSAGE(contains(message_of(refused), "'t' cannot be colocated"), message_of(refused));
+      },
+      {}, {}, fixed_shards_partitioner{2});
+}

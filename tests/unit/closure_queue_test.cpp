@@ -457,3 +457,37 @@ TEST_CASE("bounded staleness: a closure whose worker is lost runs again first, a
   cluster.queue->succeeded(started[0].worker, c2, value{});
   CHECK(cluster.queue->done());
 }
+
+TEST_CASE("staggered start: worker i takes its first closure min(i x delay, max) after the options are set") {
+  using std::chrono::milliseconds;
+  coordinator_options options{.closures_per_worker = 2};
+  options.schedule_start_delay = milliseconds(20);
+  options.schedule_start_delay_max = milliseconds(30);
+  fake_cluster cluster(4, options);
+  for (int i = 0; i < 8; ++i) cluster.schedule();
+  // Only worker 0 starts at once; the others' starts are 20, 30 (capped) and 30 ms away.
+  auto started = cluster.take_started();
+  REQUIRE(started.size() == 2);
+  CHECK(started[0].worker == 0);
+  CHECK(started[1].worker == 0);
+  std::vector<std::size_t> order;
+  while (order.size() < 6) {
+    REQUIRE_MESSAGE(cluster.io.run_one() == 1, "the queue stopped waiting for a worker's start");
+    for (const auto& h : cluster.take_started()) order.push_back(h.worker);
+  }
+  CHECK(order[0] == 1);  // 20 ms
+  CHECK(order[1] == 1);
+  CHECK(std::set<std::size_t>(order.begin() + 2, order.end()) == std::set<std::size_t>{2, 3});  // 30 ms each
+  CHECK(cluster.queue->queued() == 0);
+}
+
+TEST_CASE("staggered start: closing the queue stops waiting for a worker's start") {
+  coordinator_options options;
+  options.schedule_start_delay = std::chrono::hours(1);
+  fake_cluster cluster(2, options);
+  for (int i = 0; i < 8; ++i) cluster.schedule();
+  CHECK(cluster.queue->queued() == 4);  // worker 1 starts in an hour
+  cluster.queue->close();
+  cluster.io.run();  // returns: no timer left waiting
+  CHECK(cluster.queue->queued() == 0);
+}
