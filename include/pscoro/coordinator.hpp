@@ -150,6 +150,14 @@ class PSCORO_API cluster_coordinator {
   /// True when nothing is queued or running. Throws the pending error, if any (then clears it).
   [[nodiscard]] bool done();
 
+  /// Speculative re-runs of `function`'s slow closures, as `options` say (speculation_options:
+  /// for functions that may run twice). Throws errc::invalid_argument for a multiplier below 1 or
+  /// a negative minimum run time. Any thread; waits for the coordinator's executor unless on it.
+  template <class Signature>
+  void speculate(const worker_function<Signature>& function, speculation_options options = {}) {
+    speculate_erased(function.name(), options);
+  }
+
   /// TF's coordinator metrics for this coordinator's strategy, read now: closures queued and in
   /// flight, closure execution and result fetch times, workers and ps lost, iterators rebuilt
   /// (the same values process_registry() exposes as pscoro_coordinator_*). Any thread.
@@ -212,6 +220,7 @@ class PSCORO_API cluster_coordinator {
   static asio::awaitable<std::shared_ptr<detail::remote_state>> wait_and_schedule_erased(
       std::shared_ptr<detail::coordinator_core> core, std::string name, std::string signature,
       std::vector<value> args);
+  void speculate_erased(const std::string& function, const speculation_options& options);
   std::shared_ptr<detail::remote_state> schedule_erased(std::string name, std::string signature,
                                                         std::vector<value> args);
   void join_erased(detail::erased_handler<void(std::exception_ptr)> handler);

@@ -49,4 +49,21 @@ struct coordinator_options {
   friend bool operator==(const coordinator_options&, const coordinator_options&) = default;
 };
 
+/// Speculative re-runs of the slow closures of one worker function (beyond TF; off unless
+/// cluster_coordinator::speculate turns them on for it). For functions that may run twice
+/// (evaluation, reads, anything idempotent): both attempts run to the point the loser is cancelled,
+/// so a function that updates variables could apply its updates twice.
+struct speculation_options {
+  /// A closure running longer than `multiplier` times the median of the function's recent runs
+  /// (once at least `min_samples` of them finished) and at least `min_run_time` gets a backup
+  /// attempt on another live worker with room, when nothing queued could take that room; the first
+  /// outcome of the two is the closure's, and the other attempt is cancelled (its outcome ignored).
+  /// Checked every coordinator_options::worker_probe_interval.
+  double multiplier = 4;
+  std::size_t min_samples = 8;
+  std::chrono::milliseconds min_run_time{100};
+
+  friend bool operator==(const speculation_options&, const speculation_options&) = default;
+};
+
 }  // namespace pscoro

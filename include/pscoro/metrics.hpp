@@ -236,6 +236,8 @@ struct coordinator_metrics {
     std::uint64_t max = 0;
   };
   staleness closure_staleness;
+  std::uint64_t speculated_closures = 0;  ///< backup attempts started for slow closures
+  std::uint64_t backup_wins = 0;          ///< closures whose backup attempt finished first
 };
 
 namespace detail {

@@ -24,8 +24,12 @@ std::exception_ptr closed_error() {
 }  // namespace
 
 closure_queue::closure_queue(asio::any_io_executor executor, std::vector<std::string> workers, start_function start,
-                             cancel_function cancel)
-    : executor_(std::move(executor)), staggered_start_(executor_), start_(std::move(start)), cancel_(std::move(cancel)) {
+                             cancel_function cancel, cancel_attempt_function cancel_attempt)
+    : executor_(std::move(executor)),
+      staggered_start_(executor_),
+      start_(std::move(start)),
+      cancel_(std::move(cancel)),
+      cancel_attempt_(std::move(cancel_attempt)) {
   workers_.reserve(workers.size());
   for (auto& name : workers) workers_.push_back(worker_slot{std::move(name), {}, true});
 }
@@ -179,9 +183,84 @@ bool closure_queue::take_running(std::size_t worker, const closure_ptr& c) {
   return true;
 }
 
+bool closure_queue::running_anywhere(const closure_ptr& c) const {
+  return std::any_of(workers_.begin(), workers_.end(), [&](const worker_slot& w) {
+    return std::find(w.running.begin(), w.running.end(), c) != w.running.end();
+  });
+}
+
+void closure_queue::settle_attempts(std::size_t winner, const closure_ptr& c, clock::time_point now) {
+  for (std::size_t w = 0; w < workers_.size(); ++w) {
+    if (w != winner && take_running(w, c) && cancel_attempt_) cancel_attempt_(w, c);
+  }
+  const bool backup = c->backup_worker == winner;
+  if (backup) backup_wins_.inc();
+  if (const auto it = speculation_.find(c->function); it != speculation_.end()) {
+    auto& runs = it->second;
+    const double seconds = std::chrono::duration<double>(now - (backup ? c->backup_started : c->started)).count();
+    if (runs.recent.size() < recent_runs) {
+      runs.recent.push_back(seconds);
+    } else {
+      runs.recent[runs.next] = seconds;
+      runs.next = (runs.next + 1) % recent_runs;
+    }
+  }
+}
+
+void closure_queue::speculate(const std::string& function, const speculation_options& options) {
+  if (!(options.multiplier >= 1) || options.min_run_time < std::chrono::milliseconds(0)) {
+    throw error(errc::invalid_argument,
+                fmt::format("speculation of '{}': the multiplier must be at least 1 (got {}) and the minimum run time "
+                            "not negative (got {})",
+                            function, options.multiplier, options.min_run_time));
+  }
+  speculation_[function].options = options;
+}
+
+void closure_queue::check_speculation(clock::time_point now) {
+  // A backup takes room a queued closure could take: only when nothing queued may start.
+  if (speculation_.empty() || failing() || held() || closed_ ||
+      (!queue_.empty() && within_window(queue_.front()->number))) {
+    return;
+  }
+  for (std::size_t w = 0; w < workers_.size(); ++w) {
+    for (const auto& c : std::vector(workers_[w].running)) {  // a copy: a backup may go on any list
+      if (c->backup_worker) continue;  // one backup at most
+      const auto it = speculation_.find(c->function);
+      if (it == speculation_.end()) continue;
+      const auto& runs = it->second;
+      if (runs.recent.size() < std::max<std::size_t>(runs.options.min_samples, 1)) continue;
+      std::vector<double> sorted = runs.recent;
+      std::nth_element(sorted.begin(), sorted.begin() + static_cast<std::ptrdiff_t>(sorted.size() / 2), sorted.end());
+      const double median = sorted[sorted.size() / 2];
+      const double running = std::chrono::duration<double>(now - c->started).count();
+      const double min_run_time = std::chrono::duration<double>(runs.options.min_run_time).count();
+      if (running <= std::max(min_run_time, runs.options.multiplier * median)) continue;
+      // The least busy other live worker with room, started.
+      std::optional<std::size_t> best;
+      for (std::size_t b = 0; b < workers_.size(); ++b) {
+        const auto& other = workers_[b];
+        if (b == w || !other.alive || other.takes_from > now || other.running.size() >= options_.closures_per_worker) {
+          continue;
+        }
+        if (!best || other.running.size() < workers_[*best].running.size()) best = b;
+      }
+      if (!best) return;  // no room anywhere
+      c->backup_worker = *best;
+      c->backup_started = now;
+      speculated_.inc();
+      workers_[*best].running.push_back(c);
+      log::info("closure '{}' has run on {} for {:.2f} s, {:.1f}x its function's median: a backup runs on {}",
+                c->function, workers_[w].name, running, median > 0 ? running / median : 0.0, workers_[*best].name);
+      start_(*best, c);
+    }
+  }
+}
+
 void closure_queue::succeeded(std::size_t worker, const closure_ptr& c, value result) {
   if (!take_running(worker, c)) return;
   last_progress_ = clock::now();
+  settle_attempts(worker, c, last_progress_);
   count_finished(*c);
   c->result->set_value(std::move(result));
   settle(c->number);
@@ -191,6 +270,7 @@ void closure_queue::succeeded(std::size_t worker, const closure_ptr& c, value re
 void closure_queue::failed(std::size_t worker, const closure_ptr& c, std::exception_ptr e) {
   if (!take_running(worker, c)) return;
   last_progress_ = clock::now();
+  settle_attempts(worker, c, last_progress_);  // the first outcome is the closure's, a failure too
   count_finished(*c);
   c->result->set_error(e);
   settle(c->number);
@@ -201,7 +281,7 @@ void closure_queue::failed(std::size_t worker, const closure_ptr& c, std::except
 void closure_queue::retry(std::size_t worker, const closure_ptr& c) {
   if (!take_running(worker, c)) return;
   last_progress_ = clock::now();
-  requeue(c);
+  if (!running_anywhere(c)) requeue(c);  // else its other attempt goes on
   dispatch();
 }
 
@@ -244,7 +324,9 @@ void closure_queue::lost(std::size_t worker, const closure_ptr& c) {
   // Still running means no error is pending: recording one stops every running closure of its
   // generation, and a newer generation starts only once it is reported (take_error).
   if (!take_running(worker, c)) return;
-  if (closed_) {
+  if (running_anywhere(c)) {
+    // Its other attempt goes on.
+  } else if (closed_) {
     c->result->set_error(closed_error(), remote_status::cancelled);
     settle(c->number);
   } else {
@@ -307,7 +389,8 @@ std::vector<closure_queue::closure_ptr> closure_queue::stop_running(std::optiona
       if (std::find(generations.begin(), generations.end(), c->generation) == generations.end()) {
         generations.push_back(c->generation);
       }
-      stopped.push_back(c);
+      // Once, though a closure with a backup runs on two workers.
+      if (std::find(stopped.begin(), stopped.end(), c) == stopped.end()) stopped.push_back(c);
       return true;
     });
     if (cancel_) {
@@ -363,6 +446,7 @@ bool closure_queue::done() {
 }
 
 void closure_queue::tick(clock::time_point now) {
+  check_speculation(now);
   check_recovery_timeout(now);
   check_watchdog(now);
   notify_joiners();

@@ -18,6 +18,7 @@
 #include <deque>
 #include <exception>
 #include <functional>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -35,6 +36,9 @@ struct closure {
   std::chrono::steady_clock::time_point started{};  // handed to its worker (the last time)
   std::uint64_t number = 0;  // its place in the order closures were queued (bounded staleness)
   std::uint64_t finished_before = 0;  // closures finished when it was handed to its worker
+  // Speculation: the worker running its backup attempt, and since when (at most one backup).
+  std::optional<std::size_t> backup_worker = std::nullopt;
+  std::chrono::steady_clock::time_point backup_started{};
 };
 
 class closure_queue : public std::enable_shared_from_this<closure_queue> {
@@ -48,12 +52,15 @@ class closure_queue : public std::enable_shared_from_this<closure_queue> {
   /// Tells `worker` to cancel what it still runs of generation `generation`: the queue has resolved
   /// those closures already (cancelled) and ignores their outcomes.
   using cancel_function = std::function<void(std::size_t worker, std::uint64_t generation)>;
+  /// Tells `worker` to cancel its attempt of `c`: another attempt finished first, and the queue
+  /// ignores this one's outcome.
+  using cancel_attempt_function = std::function<void(std::size_t worker, const closure_ptr& c)>;
   using admission_handler = detail::erased_handler<void(std::exception_ptr, std::shared_ptr<detail::remote_state>)>;
   using join_handler = detail::erased_handler<void(std::exception_ptr)>;
 
   /// A queue for workers named `workers` (for the watchdog's lines), all alive at first.
   closure_queue(asio::any_io_executor executor, std::vector<std::string> workers, start_function start,
-                cancel_function cancel = {});
+                cancel_function cancel = {}, cancel_attempt_function cancel_attempt = {});
 
   /// Takes `options`; the staggered start counts from now.
   void set_options(const coordinator_options& options);
@@ -88,6 +95,12 @@ class closure_queue : public std::enable_shared_from_this<closure_queue> {
   /// if the queue is closed. (Were an error waiting to be reported, `c` would not be running.)
   void lost(std::size_t worker, const closure_ptr& c);
 
+  /// Speculative re-runs of `function`'s slow closures, as `options` say (replacing any before).
+  void speculate(const std::string& function, const speculation_options& options);
+  /// Backup attempts started, and closures whose backup finished first. Any thread may read them.
+  const metrics::counter& speculated() const noexcept { return speculated_; }
+  const metrics::counter& backup_wins() const noexcept { return backup_wins_; }
+
   // Faults.
   /// While held (a lost ps being restored), no closure starts; running ones go on, and queued or
   /// retried ones wait. Holds nest: each hold() needs its release().
@@ -107,7 +120,8 @@ class closure_queue : public std::enable_shared_from_this<closure_queue> {
 
   /// The periodic checks (every worker_probe_interval): with no live worker for
   /// worker_recovery_timeout and closures waiting, the error that says so; with work and no closure
-  /// finished for watchdog_timeout, a warning naming what every worker runs.
+  /// finished for watchdog_timeout, a warning naming what every worker runs; backups of slow
+  /// closures of functions with speculation.
   void tick(clock::time_point now = clock::now());
 
   std::size_t queued() const noexcept { return queue_.size(); }
@@ -147,6 +161,13 @@ class closure_queue : public std::enable_shared_from_this<closure_queue> {
   bool admit_waiting();
   /// Takes `c` off `worker`'s running list; false when it is not there (resolved already).
   bool take_running(std::size_t worker, const closure_ptr& c);
+  /// Whether `c` still runs on some worker (its other attempt).
+  bool running_anywhere(const closure_ptr& c) const;
+  /// `c` finished on `winner`: its other attempt, if any, is taken off its worker and cancelled
+  /// there; a backup that won is counted, and the run time goes to the function's recent runs.
+  void settle_attempts(std::size_t winner, const closure_ptr& c, clock::time_point now);
+  /// Starts backups of the slow closures of functions with speculation, where there is room.
+  void check_speculation(clock::time_point now);
   /// Puts `c` in the queue to run again: at the tail (TF), or with bounded staleness in its
   /// number's place, at the head of what waits (the window waits for it).
   void requeue(const closure_ptr& c);
@@ -180,6 +201,17 @@ class closure_queue : public std::enable_shared_from_this<closure_queue> {
   asio::steady_timer staggered_start_;  // wakes the queue when the next worker's start comes
   start_function start_;
   cancel_function cancel_;
+  cancel_attempt_function cancel_attempt_;
+  // Speculation, per function: its options and its recent run times (seconds; a ring).
+  struct function_runs {
+    speculation_options options;
+    std::vector<double> recent;
+    std::size_t next = 0;  // where the next run time goes once `recent` is full
+  };
+  static constexpr std::size_t recent_runs = 32;
+  std::map<std::string, function_runs, std::less<>> speculation_;
+  metrics::counter speculated_;
+  metrics::counter backup_wins_;
   coordinator_options options_;
   std::vector<worker_slot> workers_;
   std::size_t next_worker_ = 0;  // where the search for a free worker starts (fairness)

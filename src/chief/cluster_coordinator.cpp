@@ -30,6 +30,12 @@ auto async_admit(std::shared_ptr<detail::coordinator_core> core, std::shared_ptr
 
 metrics::coordinator_metrics cluster_coordinator::metrics() const { return core_->metrics(); }
 
+void cluster_coordinator::speculate_erased(const std::string& function, const speculation_options& options) {
+  detail::on_chief(core_, [function, options](detail::coordinator_core& core) {
+    core.queue().speculate(function, options);
+  }).get();
+}
+
 cluster_coordinator::cluster_coordinator(parameter_server_strategy& strategy) : core_(strategy.core()) {
   adopt(std::nullopt);
 }

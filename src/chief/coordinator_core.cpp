@@ -143,6 +143,8 @@ metrics::coordinator_metrics coordinator_core::metrics() const {
   m.closure_staleness.p50 = static_cast<std::uint64_t>(metrics::quantile_bound(staleness, 0.5));
   m.closure_staleness.p99 = static_cast<std::uint64_t>(metrics::quantile_bound(staleness, 0.99));
   m.closure_staleness.max = static_cast<std::uint64_t>(queue_->staleness_max().value());
+  m.speculated_closures = queue_->speculated().value();
+  m.backup_wins = queue_->backup_wins().value();
   return m;
 }
 
@@ -159,7 +161,18 @@ void coordinator_core::wire_events() {
       [weak](std::size_t worker, std::uint64_t generation) {
         auto self = weak.lock();
         if (!self) return;
-        asio::co_spawn(self->executor_, cancel_on(self->connections_->worker(worker), generation), asio::detached);
+        wire::CancelClosures cancel;
+        cancel.set_generation(generation);
+        asio::co_spawn(self->executor_, cancel_on(self->connections_->worker(worker), std::move(cancel)),
+                       asio::detached);
+      },
+      [weak](std::size_t worker, const std::shared_ptr<chief::closure>& c) {
+        auto self = weak.lock();
+        if (!self) return;
+        wire::CancelClosures cancel;
+        cancel.add_closures(c->number);
+        asio::co_spawn(self->executor_, cancel_on(self->connections_->worker(worker), std::move(cancel)),
+                       asio::detached);
       });
   auto& r = metrics::process_registry();
   registered_.push_back(r.add("pscoro_coordinator_queued_closures", "Closures waiting in the queue (TF: queued_closures).",
@@ -173,6 +186,10 @@ void coordinator_core::wire_events() {
                               {}, queue_->staleness()));
   registered_.push_back(r.add("pscoro_coordinator_closure_staleness_max",
                               "The largest closure staleness so far.", {}, queue_->staleness_max()));
+  registered_.push_back(r.add("pscoro_coordinator_speculated_closures_total",
+                              "Backup attempts started for slow closures (speculation).", {}, queue_->speculated()));
+  registered_.push_back(r.add("pscoro_coordinator_backup_wins_total",
+                              "Closures whose backup attempt finished first.", {}, queue_->backup_wins()));
   chief::cluster_connections::events events;
   events.ps_lost = [weak](std::size_t ps, const std::string& reason) {
     if (auto self = weak.lock()) self->lost_ps(ps, reason);
@@ -289,6 +306,7 @@ asio::awaitable<void> coordinator_core::run(std::shared_ptr<coordinator_core> se
   call->set_name(c->function);
   call->set_signature(c->signature);
   call->set_generation(c->generation);
+  call->set_closure(c->number);
   for (const auto& arg : c->args) wire::encode_value(request, *call->add_args(), arg);
 
   std::string lost;
@@ -309,12 +327,12 @@ asio::awaitable<void> coordinator_core::run(std::shared_ptr<coordinator_core> se
   self->queue_->lost(worker, c);
 }
 
-asio::awaitable<void> coordinator_core::cancel_on(std::shared_ptr<net::peer> worker, std::uint64_t generation) {
+asio::awaitable<void> coordinator_core::cancel_on(std::shared_ptr<net::peer> worker, wire::CancelClosures cancel) {
   // On the open connection only: a worker that is gone runs nothing of ours any more.
   auto connection = worker->connection();
   if (!connection) co_return;
   wire::frame request;
-  request.message.mutable_request()->mutable_cancel_closures()->set_generation(generation);
+  *request.message.mutable_request()->mutable_cancel_closures() = std::move(cancel);
   // The answer says nothing we need (a worker that does not know the request refuses it, and its
   // closures run to their end, with nobody waiting for them).
   (void)co_await connection->async_call(std::move(request), as_tuple(use_awaitable));

@@ -96,8 +96,8 @@ class coordinator_core : public std::enable_shared_from_this<coordinator_core> {
   /// Sends closure `c` to `worker` and hands its outcome to the queue.
   static asio::awaitable<void> run(std::shared_ptr<coordinator_core> self, std::size_t worker,
                                    std::shared_ptr<chief::closure> c);
-  /// Tells `worker` to cancel its running closures of `generation` (closure_queue::cancel_function).
-  static asio::awaitable<void> cancel_on(std::shared_ptr<net::peer> worker, std::uint64_t generation);
+  /// Sends `cancel` to `worker` (closure_queue::cancel_function and cancel_attempt_function).
+  static asio::awaitable<void> cancel_on(std::shared_ptr<net::peer> worker, wire::CancelClosures cancel);
   void finish(std::size_t worker, const std::shared_ptr<chief::closure>& c, const wire::frame& response);
   /// What a closure's failure to reach a ps means (TF's rule: a few such failures per ps are
   /// transient connectivity failures, and the closure runs again).

@@ -324,7 +324,15 @@ asio::awaitable<wire::frame> worker_service::handle(wire::frame request) {
     co_return response;
   }
   if (body.body_case() == wire::Request::kCancelClosures) {
-    const auto generation = body.cancel_closures().generation();
+    const auto& cancel_closures = body.cancel_closures();
+    if (cancel_closures.closures_size() > 0) {
+      const std::vector<std::uint64_t> numbers(cancel_closures.closures().begin(), cancel_closures.closures().end());
+      if (const auto count = cancel_numbered(numbers)) {
+        log::info("cancelled {} running closure(s): another attempt of each finished first", count);
+      }
+      co_return response;
+    }
+    const auto generation = cancel_closures.generation();
     if (const auto count = cancel(generation)) {
       log::info("cancelled {} running closure(s) of generation {}: an earlier closure failed", count, generation);
     }
@@ -342,6 +350,7 @@ asio::awaitable<wire::frame> worker_service::run_function(wire::frame request) {
   const auto& call = request.message.request().run_function();
   auto closure = std::make_shared<running_closure>();
   closure->generation = call.generation();
+  closure->number = call.closure();
   running_.push_back(closure);
   wire::frame response;
   std::exception_ptr failure;
@@ -375,16 +384,28 @@ std::size_t worker_service::cancel(std::optional<std::uint64_t> generation) {
   std::size_t count = 0;
   for (const auto& closure : std::vector(running_)) {  // a copy: emit() may resume what it cancels
     if (closure->cancelled || (generation && closure->generation != *generation)) continue;
-    closure->cancelled = true;
-    closure->signal.emit(asio::cancellation_type::terminal);
+    cancel_one(*closure);
     ++count;
   }
-  // A cancelled closure waiting for a connection to a ps (one that restarts, say) stops waiting
-  // now rather than at the end of connect_timeout.
-  if (count) {
-    for (const auto& p : ps_->peers()) p->wake_waiters();
+  return count;
+}
+
+std::size_t worker_service::cancel_numbered(std::span<const std::uint64_t> numbers) {
+  std::size_t count = 0;
+  for (const auto& closure : std::vector(running_)) {  // a copy: emit() may resume what it cancels
+    if (closure->cancelled || std::find(numbers.begin(), numbers.end(), closure->number) == numbers.end()) continue;
+    cancel_one(*closure);
+    ++count;
   }
   return count;
+}
+
+void worker_service::cancel_one(running_closure& closure) {
+  closure.cancelled = true;
+  closure.signal.emit(asio::cancellation_type::terminal);
+  // A cancelled closure waiting for a connection to a ps (one that restarts, say) stops waiting
+  // now rather than at the end of connect_timeout.
+  for (const auto& p : ps_->peers()) p->wake_waiters();
 }
 
 }  // namespace pscoro::worker

@@ -22,6 +22,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <span>
 #include <string>
 #include <string_view>
 #include <typeinfo>
@@ -76,6 +77,7 @@ class worker_service {
   // slot is `signal`'s, so that the chief can cancel it.
   struct running_closure {
     std::uint64_t generation = 0;
+    std::uint64_t number = 0;  // RunFunction.closure
     asio::cancellation_signal signal;
     bool cancelled = false;
   };
@@ -87,6 +89,10 @@ class worker_service {
   asio::awaitable<value> run(const wire::frame& request, const wire::RunFunction& call);
   /// Cancels the running closures of `generation` (every one when it is empty); returns how many.
   std::size_t cancel(std::optional<std::uint64_t> generation);
+  /// Cancels the running closures numbered `numbers`; returns how many.
+  std::size_t cancel_numbered(std::span<const std::uint64_t> numbers);
+  /// Cancels `closure`: its next pscoro operation throws errc::cancelled.
+  void cancel_one(running_closure& closure);
   /// Builds the iterator; the failure of the user's dataset function comes back as a status, naming
   /// the function; a request that is not valid here throws.
   asio::awaitable<wire::Status> create_iterator(const wire::CreateIterator& create);

@@ -1407,3 +1407,29 @@ TEST_CASE("with TF_COORDINATOR_SCHEDULE_START_DELAY and _MAX set, closures run a
     }
   });
 }
+
+TEST_CASE("speculation: closures held by a hung worker get backups on the other, and join returns before it is taken for lost") {
+  local_cluster cluster(1, 2, bind_test_functions);
+  hang hung;
+  coordinator_options options;
+  options.closures_per_worker = 2;
+  options.worker_probe_interval = std::chrono::milliseconds(20);  // how often slow closures are looked for
+  cluster.run_chief(
+      [&](parameter_server_strategy&, cluster_coordinator& coordinator) -> asio::awaitable<void> {
+        coordinator.speculate(add_one, {.multiplier = 4, .min_samples = 8, .min_run_time = std::chrono::milliseconds(50)});
+        std::vector<remote_value<std::int64_t>> results;
+        for (int i = 0; i < 20; ++i) results.push_back(coordinator.schedule(add_one, i));  // its recent runs
+        co_await coordinator.join();
+        hung.start(cluster, "worker", 1);
+        for (int i = 20; i < 60; ++i) results.push_back(coordinator.schedule(add_one, i));
+        co_await coordinator.join();  // what worker 1 holds ran again on worker 0
+        for (int i = 0; i < 60; ++i) CHECK(co_await results[static_cast<std::size_t>(i)].get() == i + 1);
+        const auto m = coordinator.metrics();
+        // The heartbeats' timeout is seconds away: the backups, not the loss, finished the closures.
+        CHECK(m.worker_failures == 0);
+        CHECK(m.speculated_closures >= 1);
+        CHECK(m.backup_wins == m.speculated_closures);
+        hung.release();  // its late results are ignored
+      },
+      options);
+}

@@ -35,7 +35,8 @@ struct fake_cluster {
     for (std::size_t i = 0; i < workers; ++i) names.push_back("worker:" + std::to_string(i));
     queue = std::make_shared<closure_queue>(
         io.get_executor(), std::move(names), [this](std::size_t w, const auto& c) { started.push_back({w, c}); },
-        [this](std::size_t w, std::uint64_t generation) { cancels.push_back({w, generation}); });
+        [this](std::size_t w, std::uint64_t generation) { cancels.push_back({w, generation}); },
+        [this](std::size_t w, const auto& c) { cancelled_attempts.push_back({w, c}); });
     queue->set_options(options);
   }
 
@@ -55,6 +56,7 @@ struct fake_cluster {
   asio::io_context io;
   std::vector<handed> started;
   std::vector<std::pair<std::size_t, std::uint64_t>> cancels;  // (worker, generation) told to cancel
+  std::vector<handed> cancelled_attempts;  // (worker, closure) told to cancel its attempt
   std::shared_ptr<closure_queue> queue;
 };
 
@@ -490,4 +492,120 @@ TEST_CASE("staggered start: closing the queue stops waiting for a worker's start
   cluster.queue->close();
   cluster.io.run();  // returns: no timer left waiting
   CHECK(cluster.queue->queued() == 0);
+}
+
+namespace {
+
+// Speculates closures of "f" in `cluster` as `options` say, after `samples` quick runs of it.
+void speculate_after(fake_cluster& cluster, speculation_options options, int samples) {
+  cluster.queue->speculate("f", options);
+  for (int i = 0; i < samples; ++i) {
+    const auto c = cluster.schedule("f");
+    const auto started = cluster.take_started();
+    REQUIRE(started.size() == 1);
+    cluster.queue->succeeded(started[0].worker, c, value{});
+  }
+}
+
+}  // namespace
+
+TEST_CASE("speculation: a closure slower than its function's recent runs gets a backup, and the first outcome wins") {
+  fake_cluster cluster(2, coordinator_options{.closures_per_worker = 1});
+  speculate_after(cluster, {.multiplier = 2, .min_samples = 3, .min_run_time = {}}, 3);
+  const auto slow = cluster.schedule("f");
+  auto started = cluster.take_started();
+  REQUIRE(started.size() == 1);
+  const std::size_t primary = started[0].worker;
+  // Not yet slow: no backup.
+  cluster.queue->tick(slow->started);
+  CHECK(cluster.take_started().empty());
+  // Far past twice the median of runs that took microseconds: a backup on the other worker.
+  cluster.queue->tick(slow->started + std::chrono::seconds(1));
+  started = cluster.take_started();
+  REQUIRE(started.size() == 1);
+  CHECK(started[0].c == slow);
+  const std::size_t backup = started[0].worker;
+  CHECK(backup != primary);
+  CHECK(cluster.queue->speculated().value() == 1);
+  // Only one backup per closure.
+  cluster.queue->tick(slow->started + std::chrono::seconds(2));
+  CHECK(cluster.take_started().empty());
+  // The backup finishes first: the closure has its value, the primary's attempt is cancelled on
+  // its worker and its late outcome ignored.
+  cluster.queue->succeeded(backup, slow, std::int64_t{7});
+  CHECK(slow->result->status() == remote_status::ready);
+  CHECK(slow->result->result<std::int64_t>() == 7);
+  REQUIRE(cluster.cancelled_attempts.size() == 1);
+  CHECK(cluster.cancelled_attempts[0].worker == primary);
+  CHECK(cluster.cancelled_attempts[0].c == slow);
+  CHECK(cluster.queue->backup_wins().value() == 1);
+  CHECK(cluster.queue->in_flight() == 0);
+  cluster.queue->failed(primary, slow, failure("late"));
+  CHECK(slow->result->result<std::int64_t>() == 7);
+  CHECK(cluster.queue->done());
+}
+
+TEST_CASE("speculation: no backup before enough samples, before the minimum run time, or for other functions") {
+  fake_cluster cluster(2, coordinator_options{.closures_per_worker = 1});
+  speculate_after(cluster, {.multiplier = 2, .min_samples = 3, .min_run_time = std::chrono::seconds(5)}, 2);
+  const auto c = cluster.schedule("f");
+  REQUIRE(cluster.take_started().size() == 1);
+  cluster.queue->tick(c->started + std::chrono::seconds(10));  // 2 samples of 3
+  CHECK(cluster.take_started().empty());
+  cluster.queue->succeeded(0, c, value{});
+  const auto next = cluster.schedule("f");
+  REQUIRE(cluster.take_started().size() == 1);
+  cluster.queue->tick(next->started + std::chrono::seconds(4));  // 3 samples, but under 5 s
+  CHECK(cluster.take_started().empty());
+  cluster.queue->tick(next->started + std::chrono::seconds(6));
+  CHECK(cluster.take_started().size() == 1);
+  const auto other = cluster.schedule("g");  // no room now, and "g" is not speculated anyway
+  cluster.queue->succeeded(0, next, value{});
+  const auto started = cluster.take_started();
+  REQUIRE(started.size() == 1);
+  CHECK(started[0].c == other);
+  cluster.queue->tick(other->started + std::chrono::hours(1));
+  CHECK(cluster.take_started().empty());
+  CHECK(cluster.queue->speculated().value() == 1);
+}
+
+TEST_CASE("speculation: a lost primary does not run a third time while its backup runs; a lost backup leaves the primary") {
+  fake_cluster cluster(3, coordinator_options{.closures_per_worker = 1});
+  speculate_after(cluster, {.multiplier = 2, .min_samples = 1, .min_run_time = {}}, 1);
+  const auto c = cluster.schedule("f");
+  auto started = cluster.take_started();
+  REQUIRE(started.size() == 1);
+  const std::size_t primary = started[0].worker;
+  cluster.queue->tick(c->started + std::chrono::seconds(1));
+  started = cluster.take_started();
+  REQUIRE(started.size() == 1);
+  const std::size_t backup = started[0].worker;
+  cluster.queue->worker_lost(primary);
+  cluster.queue->lost(primary, c);
+  CHECK(cluster.take_started().empty());  // not queued again: the backup runs it
+  CHECK(cluster.queue->queued() == 0);
+  cluster.queue->succeeded(backup, c, std::int64_t{1});
+  CHECK(c->result->status() == remote_status::ready);
+  CHECK(cluster.cancelled_attempts.empty());  // nothing else ran it
+
+  // The other way round: the backup's worker is lost, the primary goes on and finishes.
+  const auto d = cluster.schedule("f");
+  started = cluster.take_started();
+  REQUIRE(started.size() == 1);
+  const std::size_t first = started[0].worker;
+  cluster.queue->tick(d->started + std::chrono::seconds(1));
+  started = cluster.take_started();
+  REQUIRE(started.size() == 1);
+  cluster.queue->worker_lost(started[0].worker);
+  cluster.queue->lost(started[0].worker, d);
+  CHECK(cluster.queue->queued() == 0);
+  cluster.queue->succeeded(first, d, std::int64_t{2});
+  CHECK(d->result->result<std::int64_t>() == 2);
+  CHECK(cluster.queue->done());
+}
+
+TEST_CASE("speculation: a multiplier below 1 is refused") {
+  fake_cluster cluster(1);
+  CHECK_THROWS_WITH(cluster.queue->speculate("f", {.multiplier = 0.5, .min_samples = 1, .min_run_time = {}}),
+                    doctest::Contains("the multiplier must be at least 1"));
 }
