@@ -27,7 +27,11 @@ closure_queue::closure_queue(asio::any_io_executor executor, std::vector<std::st
                              cancel_function cancel)
     : executor_(std::move(executor)), start_(std::move(start)), cancel_(std::move(cancel)) {
   workers_.reserve(workers.size());
-  for (auto& name : workers) workers_.push_back(worker_slot{std::move(name), {}, true});
+  for (auto& name : workers) {
+    workers_.push_back(worker_slot{std::move(name), {}, true});
+    worker_metrics_.push_back(std::make_unique<worker_metrics>());
+    worker_metrics_.back()->up.set(1);
+  }
 }
 
 std::size_t closure_queue::in_flight() const noexcept {
@@ -51,6 +55,7 @@ std::shared_ptr<detail::remote_state> closure_queue::schedule(closure_ptr c) {
   }
   c->generation = generation_;
   queue_.push_back(std::move(c));
+  scheduled_counter_.inc();
   dispatch();
   return result;
 }
@@ -85,6 +90,7 @@ bool closure_queue::admit_waiting() {
     producer.c->generation = generation_;
     producer.admitted(nullptr, producer.c->result);
     queue_.push_back(std::move(producer.c));
+    scheduled_counter_.inc();
     admitted = true;
   }
   return admitted;
@@ -102,6 +108,9 @@ void closure_queue::dispatch() {
 void closure_queue::publish() noexcept {
   queued_gauge_.set(static_cast<std::int64_t>(queue_.size()));
   inflight_gauge_.set(static_cast<std::int64_t>(in_flight()));
+  for (std::size_t i = 0; i < workers_.size(); ++i) {
+    worker_metrics_[i]->in_flight.set(static_cast<std::int64_t>(workers_[i].running.size()));
+  }
 }
 
 void closure_queue::release() {
@@ -131,12 +140,15 @@ void closure_queue::start_closures() {
 }
 
 void closure_queue::worker_up(std::size_t worker) {
+  if (!workers_.at(worker).alive) worker_metrics_[worker]->restarts.inc();
+  worker_metrics_[worker]->up.set(1);
   workers_.at(worker).alive = true;
   dispatch();
 }
 
 void closure_queue::worker_lost(std::size_t worker) {
   workers_.at(worker).alive = false;
+  worker_metrics_.at(worker)->up.set(0);
   dispatch();
 }
 
@@ -151,6 +163,7 @@ bool closure_queue::take_running(std::size_t worker, const closure_ptr& c) {
 void closure_queue::succeeded(std::size_t worker, const closure_ptr& c, value result) {
   if (!take_running(worker, c)) return;
   last_progress_ = clock::now();
+  worker_metrics_[worker]->succeeded.inc();
   c->result->set_value(std::move(result));
   dispatch();
 }
@@ -158,6 +171,7 @@ void closure_queue::succeeded(std::size_t worker, const closure_ptr& c, value re
 void closure_queue::failed(std::size_t worker, const closure_ptr& c, std::exception_ptr e) {
   if (!take_running(worker, c)) return;
   last_progress_ = clock::now();
+  worker_metrics_[worker]->failed.inc();
   c->result->set_error(e);
   record_error(std::move(e), c->generation);
   dispatch();

@@ -113,6 +113,18 @@ class closure_queue : public std::enable_shared_from_this<closure_queue> {
   /// queued() and in_flight() as gauges any thread may read (a scrape), set after every change.
   const metrics::gauge& queued_gauge() const noexcept { return queued_gauge_; }
   const metrics::gauge& inflight_gauge() const noexcept { return inflight_gauge_; }
+  /// Closures taken into the queue (schedule, or admitted when there was room), as a counter.
+  const metrics::counter& scheduled_counter() const noexcept { return scheduled_counter_; }
+
+  /// What one worker did, as metrics any thread may read, updated with every change.
+  struct worker_metrics {
+    metrics::counter succeeded;  ///< outcomes: the closure returned
+    metrics::counter failed;     ///< outcomes: the closure failed (retries and losses are neither)
+    metrics::counter restarts;   ///< times it came back after a loss
+    metrics::gauge in_flight;    ///< handed to it, no outcome yet
+    metrics::gauge up;           ///< 1 while it may take closures
+  };
+  const worker_metrics& worker_stats(std::size_t worker) const { return *worker_metrics_.at(worker); }
 
  private:
   struct worker_slot {
@@ -172,6 +184,8 @@ class closure_queue : public std::enable_shared_from_this<closure_queue> {
   std::vector<join_handler> joiners_;
   metrics::gauge queued_gauge_;
   metrics::gauge inflight_gauge_;
+  metrics::counter scheduled_counter_;
+  std::vector<std::unique_ptr<worker_metrics>> worker_metrics_;  // atomics: neither copied nor moved
 };
 
 }  // namespace pscoro::chief
