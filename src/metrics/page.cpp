@@ -89,7 +89,7 @@ function table(head, rows) {
 }
 function pairs(list) {
   const dl = el("dl");
-  for (const [k, v] of list) dl.append(el("dt", {}, k), el("dd", {}, v));
+  for (const [k, v] of list) dl.append(el("dt", {}, k), el("dd", {"data-field": k}, v));
   return dl;
 }
 
@@ -189,7 +189,7 @@ async function refresh() {
     setStatus("live", `Live: updated ${new Date().toLocaleTimeString()}, every ${REFRESH_MS / 1000} s.`);
   } catch (e) {
     if (!failedSince) failedSince = new Date();
-    setStatus("unreachable", `${who} is unreachable since ${failedSince.toLocaleTimeString()} (${e.message}): the job has ended or the task is down. The page shows the last data it had.`);
+    setStatus("unreachable", `${who} is unreachable since ${failedSince.toLocaleTimeString()} (${e.message}): the job has ended, or the task stopped. The page shows the last data it had.`);
   } finally {
     setTimeout(refresh, REFRESH_MS);
   }
