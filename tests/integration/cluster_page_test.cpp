@@ -1,9 +1,10 @@
 // The chief's JSON document (/api/cluster) of a live cluster in one process (2 workers, 1 ps, real
 // loopback TCP): what the page draws comes from the metrics the chief keeps, the progress report,
-// the summary writer and the log, and the responder serves it.
+// the summary writer, the checkpoint manager and the log, and the responder serves it.
 #include "local_cluster.hpp"
 #include "test_support.hpp"
 
+#include <pscoro/checkpoint.hpp>
 #include <pscoro/coordinator.hpp>
 #include <pscoro/progress.hpp>
 #include <pscoro/summary.hpp>
@@ -49,13 +50,17 @@ nlohmann::json document_at(std::chrono::steady_clock::time_point base, std::chro
 
 using namespace cluster_page_test;
 
-TEST_CASE("the chief's document lists every worker and ps, the queue, the job's progress, curves and warnings") {
+TEST_CASE("the chief's document lists every worker and ps, the queue, the job's progress, curves, checkpoint and warnings") {
   local_cluster cluster(1, 2, bind_increment);
   scratch_dir logs;
   cluster.run_chief([&](parameter_server_strategy& strategy, cluster_coordinator& coordinator) -> asio::awaitable<void> {
     const xt::xarray<float> zeros = xt::zeros<float>({8, 4});
     auto v = co_await strategy.scope().create_variable("v", zeros);
-    (void)v;
+    checkpoint ckpt(strategy);
+    ckpt.track(v);
+    ckpt.set_step(3);
+    checkpoint_manager manager(ckpt, logs.dir / "checkpoints");
+    const auto saved = co_await manager.save();
     progress_options quiet;
     quiet.output = [](std::string_view) {};
     pscoro::progress report(100, quiet);
@@ -124,7 +129,11 @@ TEST_CASE("the chief's document lists every worker and ps, the queue, the job's 
     }
     CHECK(warned);
     CHECK(first["problems"]["logged"].get<std::uint64_t>() >= 1);
-    CHECK(first["checkpoint"].is_null());
+    const auto& newest = first["checkpoint"];
+    CHECK(newest["path"] == saved.string());
+    CHECK(newest["step"] == 3);
+    CHECK(newest["seconds"].get<double>() >= 0);
+    CHECK(newest["time"].get<double>() <= first["time"].get<double>());
 
     // Two seconds later by the clock the document is given, 10 more steps and 20 more closures:
     // rates over those two seconds, and the time left at that rate.

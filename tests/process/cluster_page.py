@@ -4,7 +4,8 @@ Debian's python3-selenium.
 usage: cluster_page.py CHIEF_URL PS_URL LAUNCHER_PID SCREENSHOT
 
 Loads a ps's page (its own view), then the chief's page and waits until it shows both workers up,
-the ps and a loss curve of two points or more; saves a screenshot; ends the job (SIGTERM to the
+the ps, a loss curve of two points or more, the newest checkpoint and the job's rate; saves a
+screenshot; ends the job (SIGTERM to the
 launcher) and waits until the page, still open, says that the chief is unreachable, keeping the
 last data it had. Every wait polls the DOM up to a generous deadline: a slow machine makes the test
 longer, never wrong. Prints one line per check and exits 1 at the first failure, with the DOM.
@@ -89,6 +90,8 @@ try:
     wait_until("the workers have finished closures", lambda: any(
         row.find_elements(By.TAG_NAME, "td")[3].text not in ("0", "–")
         for row in driver.find_elements(By.CSS_SELECTOR, "tr[data-worker]")))
+    wait_until("the newest checkpoint is shown", lambda: (attribute(
+        'dd[data-field="newest"]', "textContent") or "").endswith(".safetensors"))
     # A rate needs two documents a second or more apart: the page's second fetch has one.
     wait_until("the job's steps/s and the time left are shown", lambda: all(
         attribute(f'section[data-job-state] dd[data-field="{field}"]', "textContent") not in (None, "–")

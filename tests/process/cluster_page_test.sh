@@ -25,7 +25,7 @@ fi
 
 echo "--- a live cluster serving its pages"
 PSCORO_METRICS_PORT=0 "$launch" --ps 1 --workers 2 -- "$fashion" --steps 10000000 --log-every 100000 \
-  --logdir "$work/logs" > "$work/run.log" 2>&1 &
+  --logdir "$work/logs" --checkpoint-dir "$work/checkpoints" --checkpoint-every 200 > "$work/run.log" 2>&1 &
 job=$!
 declare -A url
 for task in chief:0 ps:0; do
