@@ -2,11 +2,8 @@
 
 #include "common/log.hpp"
 
-#include <fmt/format.h>
-
 #include <algorithm>
 #include <cmath>
-#include <ctime>
 
 namespace pscoro::metrics {
 
@@ -23,14 +20,19 @@ json number(double v) { return std::isfinite(v) ? json(v) : json(nullptr); }
 
 json optional_number(const std::optional<double>& v) { return v ? number(*v) : json(nullptr); }
 
-// The series read at one moment, looked up by name and labels.
+// The series read at one moment, looked up by name and labels (a chief of many workers looks up
+// several series per worker: by name first, then among that name's few label sets).
 class series_index {
  public:
-  explicit series_index(std::vector<sample> all) : all_(std::move(all)) {}
+  explicit series_index(std::vector<sample> all) : all_(std::move(all)) {
+    for (const auto& s : all_) by_name_[s.name].push_back(&s);
+  }
 
   std::optional<double> get(std::string_view name, const labels& want = {}) const {
-    for (const auto& s : all_) {
-      if (s.name == name && s.label_set == want) return s.value;
+    const auto found = by_name_.find(name);
+    if (found == by_name_.end()) return std::nullopt;
+    for (const auto* s : found->second) {
+      if (s->label_set == want) return s->value;
     }
     return std::nullopt;
   }
@@ -39,16 +41,17 @@ class series_index {
   }
   // The sum over every series of `name` (a family with labels, as a total).
   std::optional<double> total(std::string_view name) const {
-    std::optional<double> sum;
-    for (const auto& s : all_) {
-      if (s.name == name) sum = sum.value_or(0) + s.value;
-    }
+    const auto found = by_name_.find(name);
+    if (found == by_name_.end()) return std::nullopt;
+    double sum = 0;
+    for (const auto* s : found->second) sum += s->value;
     return sum;
   }
   const std::vector<sample>& all() const noexcept { return all_; }
 
  private:
   std::vector<sample> all_;
+  std::map<std::string, std::vector<const sample*>, std::less<>> by_name_;
 };
 
 }  // namespace
