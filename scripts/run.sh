@@ -109,6 +109,7 @@ case "${1:-}" in
     packages+=(slurm-wlm munge)  # the Slurm process test runs a real one-node Slurm
     packages+=(libtorch-dev libopenblas0-serial)  # the torch and dlrm tests (<pscoro/torch.hpp>)
     packages+=(curl)             # the metrics test scrapes /metrics (it installs promtool itself)
+    packages+=(chromium chromium-driver python3-selenium)  # the cluster page in a real browser
     install_missing
     # torch=enabled, not the default auto: a build set up by `example` before libtorch was
     # installed is then reconfigured, and finds it (a fresh one would anyway).

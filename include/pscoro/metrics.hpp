@@ -171,6 +171,9 @@ class PSCORO_API registry {
   std::optional<double> value(std::string_view name, const labels& label_set = {}) const;
   /// The count and sum of histogram `name` with exactly `label_set`, or nothing.
   std::optional<histogram::snapshot> histogram_value(std::string_view name, const labels& label_set = {}) const;
+  /// Every series read at one moment, sorted by name and labels (summed as in expose()): counters
+  /// and gauges as they are, a histogram as two counters, NAME_count and NAME_sum.
+  std::vector<sample> samples() const;
 
  private:
   struct entry;
@@ -186,8 +189,9 @@ class PSCORO_API registry {
 PSCORO_API registry& process_registry();
 
 /// Serves a registry's exposition at http://HOST:PORT/metrics on a thread and io_context of its own,
-/// so a scrape never waits for a task's protocol executor, nor that executor for a scrape. It answers
-/// GET /metrics only (HTTP/1.0 or 1.1, one request per connection): 404 for another path, 405 for
+/// so a scrape never waits for a task's protocol executor, nor that executor for a scrape. Beside it,
+/// the task's page at `/` and the page's JSON document at `/api/cluster` (docs/api.md, The cluster
+/// page). It answers GET only (HTTP/1.0 or 1.1, one request per connection): 404 for another path, 405 for
 /// another method, 400 for a request it cannot parse or whose head exceeds 8 KiB; a client that
 /// takes more than `timeout` for its exchange is dropped, and at most 64 connections are served at
 /// once (more are closed at accept).

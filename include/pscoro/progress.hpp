@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <deque>
 #include <functional>
+#include <memory>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -44,6 +45,9 @@ struct progress_options {
 };
 
 /// Reports a loop of `total` steps (0: unknown, shown without ETA or bar). Use from one thread.
+/// The first reporter of a process that is alive also sets the gauges pscoro_progress_step and
+/// pscoro_progress_total_steps in metrics::process_registry(), where the chief's page reads the job's
+/// step, rate and ETA.
 ///
 ///   pscoro::progress bar(steps, {.label = "chief: ", .print_every = 500});
 ///   for (...) bar.update(step + 1, loss);
@@ -83,6 +87,8 @@ class PSCORO_API progress {
   std::int64_t printed_step_ = -1;
   std::deque<double> losses_;
   std::size_t drawn_width_ = 0;  // redraw style: characters of the line on screen, 0 if none
+  struct published;
+  std::shared_ptr<published> published_;  // the gauges, when this reporter is the process's first
 };
 
 }  // namespace pscoro

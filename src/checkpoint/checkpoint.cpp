@@ -13,6 +13,7 @@
 #include "common/id_hash.hpp"
 #include "common/log.hpp"
 #include "common/regular_file.hpp"
+#include "metrics/cluster_view.hpp"
 #include "wire/values.hpp"
 
 #include <asio/co_spawn.hpp>
@@ -2105,7 +2106,11 @@ asio::awaitable<fs::path> checkpoint_manager::save(std::int64_t number) {
   const fs::path path = directory_ / fmt::format("{}{}{}", file_prefix, number, file_suffix);
   const auto& last = checkpoint_->state_->last_file;
   const bool incremental = full_every_ > 1 && last && last->save_id != 0 && last->depth + 1 < full_every_;
+  const auto started = std::chrono::steady_clock::now();
   co_await checkpoint_->save(path, {.incremental = incremental});
+  metrics::process_view().note_checkpoint(
+      path.string(), checkpoint_->step_, std::chrono::system_clock::now(),
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count());
   if (max_to_keep_ > 0) {
     // The newest max_to_keep, and every file one of them builds on (an unreadable file builds on
     // nothing: a restore of it fails on its own).

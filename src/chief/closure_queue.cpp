@@ -31,7 +31,11 @@ closure_queue::closure_queue(asio::any_io_executor executor, std::vector<std::st
       cancel_(std::move(cancel)),
       cancel_attempt_(std::move(cancel_attempt)) {
   workers_.reserve(workers.size());
-  for (auto& name : workers) workers_.push_back(worker_slot{std::move(name), {}, true});
+  for (auto& name : workers) {
+    workers_.push_back(worker_slot{std::move(name), {}, true});
+    worker_metrics_.push_back(std::make_unique<worker_metrics>());
+    worker_metrics_.back()->up.set(1);
+  }
 }
 
 void closure_queue::set_options(const coordinator_options& options) {
@@ -69,6 +73,7 @@ std::shared_ptr<detail::remote_state> closure_queue::schedule(closure_ptr c) {
   c->generation = generation_;
   number(*c);
   queue_.push_back(std::move(c));
+  scheduled_counter_.inc();
   dispatch();
   return result;
 }
@@ -104,6 +109,7 @@ bool closure_queue::admit_waiting() {
     number(*producer.c);
     producer.admitted(nullptr, producer.c->result);
     queue_.push_back(std::move(producer.c));
+    scheduled_counter_.inc();
     admitted = true;
   }
   return admitted;
@@ -121,6 +127,9 @@ void closure_queue::dispatch() {
 void closure_queue::publish() noexcept {
   queued_gauge_.set(static_cast<std::int64_t>(queue_.size()));
   inflight_gauge_.set(static_cast<std::int64_t>(in_flight()));
+  for (std::size_t i = 0; i < workers_.size(); ++i) {
+    worker_metrics_[i]->in_flight.set(static_cast<std::int64_t>(workers_[i].running.size()));
+  }
 }
 
 void closure_queue::release() {
@@ -166,12 +175,15 @@ void closure_queue::start_closures() {
 }
 
 void closure_queue::worker_up(std::size_t worker) {
+  if (!workers_.at(worker).alive) worker_metrics_[worker]->restarts.inc();
+  worker_metrics_[worker]->up.set(1);
   workers_.at(worker).alive = true;
   dispatch();
 }
 
 void closure_queue::worker_lost(std::size_t worker) {
   workers_.at(worker).alive = false;
+  worker_metrics_.at(worker)->up.set(0);
   dispatch();
 }
 
@@ -262,6 +274,7 @@ void closure_queue::succeeded(std::size_t worker, const closure_ptr& c, value re
   last_progress_ = clock::now();
   settle_attempts(worker, c, last_progress_);
   count_finished(*c);
+  worker_metrics_[worker]->succeeded.inc();
   c->result->set_value(std::move(result));
   settle(c->number);
   dispatch();
@@ -272,6 +285,7 @@ void closure_queue::failed(std::size_t worker, const closure_ptr& c, std::except
   last_progress_ = clock::now();
   settle_attempts(worker, c, last_progress_);  // the first outcome is the closure's, a failure too
   count_finished(*c);
+  worker_metrics_[worker]->failed.inc();
   c->result->set_error(e);
   settle(c->number);
   record_error(std::move(e), c->generation);

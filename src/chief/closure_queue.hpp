@@ -138,6 +138,18 @@ class closure_queue : public std::enable_shared_from_this<closure_queue> {
   const metrics::gauge& staleness_max() const noexcept { return staleness_max_; }
   /// The staleness histogram's bounds: every value to 16, then powers of two to 2^20.
   static std::vector<double> staleness_bounds();
+  /// Closures taken into the queue (schedule, or admitted when there was room), as a counter.
+  const metrics::counter& scheduled_counter() const noexcept { return scheduled_counter_; }
+
+  /// What one worker did, as metrics any thread may read, updated with every change.
+  struct worker_metrics {
+    metrics::counter succeeded;  ///< outcomes: the closure returned
+    metrics::counter failed;     ///< outcomes: the closure failed (retries and losses are neither)
+    metrics::counter restarts;   ///< times it came back after a loss
+    metrics::gauge in_flight;    ///< handed to it, no outcome yet
+    metrics::gauge up;           ///< 1 while it may take closures
+  };
+  const worker_metrics& worker_stats(std::size_t worker) const { return *worker_metrics_.at(worker); }
 
  private:
   struct worker_slot {
@@ -239,6 +251,8 @@ class closure_queue : public std::enable_shared_from_this<closure_queue> {
   std::uint64_t finished_ = 0;  // closures that ran and finished (succeeded or failed)
   metrics::histogram staleness_{staleness_bounds()};
   metrics::gauge staleness_max_;
+  metrics::counter scheduled_counter_;
+  std::vector<std::unique_ptr<worker_metrics>> worker_metrics_;  // atomics: neither copied nor moved
 };
 
 }  // namespace pscoro::chief

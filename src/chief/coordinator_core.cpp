@@ -1,5 +1,6 @@
 #include "chief/coordinator_core.hpp"
 
+#include "metrics/cluster_view.hpp"
 #include "metrics/library.hpp"
 
 #include "common/environment.hpp"
@@ -80,6 +81,18 @@ std::shared_ptr<coordinator_core> coordinator_core::make(asio::any_io_executor e
   auto core = std::shared_ptr<coordinator_core>(
       new coordinator_core(std::move(executor), cluster, std::move(options), std::move(self), std::move(spec_address)));
   core->wire_events();
+  {
+    // Who the page is about: the chief, and every task of the cluster with its address.
+    metrics::task_view view{fmt::format("{}:{}", task_type, index), "chief", {}, {}, {}};
+    const auto& spec = core->cluster_;
+    for (const auto& peer : core->connections_->ps()) {
+      view.ps.emplace_back(peer->task(), spec.task_address("ps", static_cast<int>(view.ps.size())));
+    }
+    for (std::size_t i = 0; i < core->connections_->num_workers(); ++i) {
+      view.workers.emplace_back(core->connections_->worker(i)->task(), spec.task_address("worker", static_cast<int>(i)));
+    }
+    metrics::process_view().set_task(std::move(view));
+  }
   if (metrics_port) {
     // Where the chief's address says (a loopback host kept, any other: every interface), or on
     // loopback when the cluster spec gives the chief no address.
@@ -190,6 +203,34 @@ void coordinator_core::wire_events() {
                               "Backup attempts started for slow closures (speculation).", {}, queue_->speculated()));
   registered_.push_back(r.add("pscoro_coordinator_backup_wins_total",
                               "Closures whose backup attempt finished first.", {}, queue_->backup_wins()));
+  registered_.push_back(r.add("pscoro_coordinator_scheduled_closures_total",
+                              "Closures taken into the queue (scheduled).", {}, queue_->scheduled_counter()));
+  for (std::size_t i = 0; i < connections_->num_workers(); ++i) {
+    const auto& stats = queue_->worker_stats(i);
+    const auto task = connections_->worker(i)->task();
+    const metrics::labels worker{{"worker", task}};
+    const auto closures_help = "Closures a worker finished, by outcome (succeeded, failed).";
+    registered_.push_back(r.add("pscoro_coordinator_worker_closures_total", closures_help,
+                                {{"worker", task}, {"outcome", "succeeded"}}, stats.succeeded));
+    registered_.push_back(r.add("pscoro_coordinator_worker_closures_total", closures_help,
+                                {{"worker", task}, {"outcome", "failed"}}, stats.failed));
+    registered_.push_back(r.add("pscoro_coordinator_worker_inflight_closures",
+                                "Closures sent to a worker without an outcome yet.", worker, stats.in_flight));
+    registered_.push_back(r.add("pscoro_coordinator_worker_up", "1 while a worker may take closures, else 0.", worker,
+                                stats.up));
+    registered_.push_back(r.add("pscoro_coordinator_worker_restarts_total",
+                                "Times a worker came back after it was lost.", worker, stats.restarts));
+  }
+  for (std::size_t i = 0; i < connections_->ps().size(); ++i) {
+    const metrics::labels ps{{"ps", connections_->ps()[i]->task()}};
+    registered_.push_back(r.add("pscoro_coordinator_ps_variables",
+                                "Variable shards the chief placed on a parameter server.", ps,
+                                placement_.usage(i).shards));
+    registered_.push_back(r.add("pscoro_coordinator_ps_variable_bytes",
+                                "Bytes of the variable shards the chief placed on a parameter server (values; "
+                                "optimizer slots not counted).",
+                                ps, placement_.usage(i).bytes));
+  }
   chief::cluster_connections::events events;
   events.ps_lost = [weak](std::size_t ps, const std::string& reason) {
     if (auto self = weak.lock()) self->lost_ps(ps, reason);
@@ -222,6 +263,7 @@ void coordinator_core::wire_events() {
 }
 
 void coordinator_core::close(std::optional<int> job_exit_code) {
+  metrics::process_view().set_job_state(job_exit_code.value_or(0) == 0 ? "finished" : "failed");
   queue_->close();
   connections_->close(strategy_options_.keep_servers ? std::nullopt : job_exit_code);
 }

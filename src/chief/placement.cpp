@@ -140,6 +140,11 @@ asio::awaitable<sharded_variable_ref> variable_placement::create(std::string nam
     std::rethrow_exception(failure);
   }
   variables_.push_back(ref);
+  for (const auto& shard : ref.shards) {
+    auto& used = *usage_.at(static_cast<std::size_t>(shard.ps_task));
+    used.shards.add(1);
+    used.bytes.add(static_cast<std::int64_t>(num_elements(shard.shape) * size_of(shard.type)));
+  }
   co_return ref;
 }
 
@@ -236,6 +241,10 @@ asio::awaitable<hash_table_ref> variable_placement::create_table(std::string nam
   }
   tables_.push_back({ref, std::move(parts)});
   co_return ref;
+}
+
+variable_placement::variable_placement(std::shared_ptr<client::ps_client> ps) : ps_(std::move(ps)) {
+  for (std::size_t i = 0; i < ps_->peers().size(); ++i) usage_.push_back(std::make_unique<ps_usage>());
 }
 
 variable_placement::held_on variable_placement::held_by(int ps_task) const {

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <pscoro/hash_table_options.hpp>
+#include <pscoro/metrics.hpp>
 #include <pscoro/strategy.hpp>
 
 #include "chief/restore_on_create.hpp"
@@ -20,7 +21,15 @@ namespace pscoro::chief {
 
 class variable_placement {
  public:
-  explicit variable_placement(std::shared_ptr<client::ps_client> ps) : ps_(std::move(ps)) {}
+  explicit variable_placement(std::shared_ptr<client::ps_client> ps);
+
+  /// What the variables created so far placed on one ps, as gauges any thread may read: their
+  /// shards and the bytes of their values (optimizer slots, made by the ps, are not counted).
+  struct ps_usage {
+    metrics::gauge shards;
+    metrics::gauge bytes;
+  };
+  const ps_usage& usage(std::size_t ps) const { return *usage_.at(ps); }
 
   void set_partitioner(variable_partitioner partitioner) { partitioner_ = std::move(partitioner); }
 
@@ -83,6 +92,7 @@ class variable_placement {
   std::vector<created_table> tables_;
   std::vector<std::weak_ptr<restore_on_create>> restorers_;
   std::size_t next_ = 0;
+  std::vector<std::unique_ptr<ps_usage>> usage_;  // by ps index; atomics: neither copied nor moved
 };
 
 /// What a ps needs to fill a shard of variable `name` (of full shape `shape`) that starts at row

@@ -9,6 +9,7 @@
 #include <atomic>
 #include <cstdio>
 #include <ctime>
+#include <deque>
 #include <mutex>
 #include <string>
 #include <vector>
@@ -61,6 +62,9 @@ struct output_state {
   std::string task;
   log_sink sink;
   bool complained = false;
+  // The page's "recent warnings and errors": a ring, so a flood of warnings costs no memory.
+  std::deque<log::problem> problems;
+  std::uint64_t problems_logged = 0;
 };
 output_state& output() {
   static auto* state = new output_state;
@@ -114,6 +118,12 @@ namespace {
 
 // With the lock held.
 void emit(output_state& out, const log_record& r, bool json) {
+  if (r.level >= log_level::warning) {
+    if (out.problems.size() >= log::kept_problems) out.problems.pop_front();
+    // A message may be long (bytes a peer sent): the page needs its start.
+    out.problems.push_back({r.level, std::string(r.task), r.time, std::string(r.message.substr(0, 1000))});
+    ++out.problems_logged;
+  }
   if (out.sink) {
     try {
       out.sink(r);
@@ -184,6 +194,13 @@ void set_task_if_unset(std::string task) {
   std::lock_guard lock(out.mutex);
   if (out.task.empty()) out.task = std::move(task);
   complain_once(out, s);
+}
+
+std::vector<problem> recent_problems(std::uint64_t* logged) {
+  auto& out = output();
+  std::lock_guard lock(out.mutex);
+  if (logged) *logged = out.problems_logged;
+  return {out.problems.begin(), out.problems.end()};
 }
 
 void write(level l, std::string_view message) {

@@ -9,9 +9,11 @@
 
 #include <chrono>
 #include <cstddef>
+#include <cstdint>
 #include <string>
 #include <string_view>
 #include <utility>
+#include <vector>
 
 namespace pscoro::log {
 
@@ -26,6 +28,19 @@ void set_task(std::string task);
 void set_task_if_unset(std::string task);
 /// The line for `record` in text or JSON (format_log_line picks by PSCORO_LOG_FORMAT).
 std::string format_line(const log_record& record, bool json);
+
+/// A warning or an error this process logged, kept for its page.
+struct problem {
+  log_level level;
+  std::string task;
+  std::chrono::system_clock::time_point time;
+  std::string message;
+};
+/// How many warnings and errors recent_problems() keeps.
+inline constexpr std::size_t kept_problems = 32;
+/// The last kept_problems warnings and errors logged (whatever the sink), oldest first, and in
+/// `logged` how many were logged in all. Thread-safe.
+std::vector<problem> recent_problems(std::uint64_t* logged = nullptr);
 
 template <class... Args>
 void debug(fmt::format_string<Args...> f, Args&&... args) {

@@ -1,10 +1,12 @@
-// A small HTTP/1.x responder for GET /metrics on an io_context and thread of its own. It reads one
+// A small HTTP/1.x responder for GET /metrics, the page (GET /) and its JSON document
+// (GET /api/cluster) on an io_context and thread of its own. It reads one
 // request head (at most 8 KiB, within the timeout), answers it, and closes: a scrape every few
 // seconds needs no keep-alive, and one exchange per connection keeps the state to a socket and a
 // timer. Anything it cannot take gets a short status line and the connection closed.
 #include <pscoro/metrics.hpp>
 
 #include "common/address.hpp"
+#include "metrics/cluster_view.hpp"
 #include "metrics/http.hpp"
 
 #include <asio/co_spawn.hpp>
@@ -56,9 +58,15 @@ http_reply answer_http(std::string_view head) {
       (version != "HTTP/1.1" && version != "HTTP/1.0") || target.empty() || target.front() != '/') {
     return {"400 Bad Request", "400 Bad Request: expected 'GET /metrics HTTP/1.1'\n"};
   }
-  if (method != "GET") return {"405 Method Not Allowed", "405 Method Not Allowed: only GET /metrics\n", false, true};
-  if (target.substr(0, target.find('?')) != "/metrics") return {"404 Not Found", "404 Not Found: only /metrics\n"};
-  return {"200 OK", {}, true};
+  if (method != "GET") {
+    return {"405 Method Not Allowed", "405 Method Not Allowed: only GET /, /api/cluster and /metrics\n",
+            resource::none, true};
+  }
+  const auto path = target.substr(0, target.find('?'));
+  if (path == "/metrics") return {"200 OK", {}, resource::metrics};
+  if (path == "/") return {"200 OK", {}, resource::page};
+  if (path == "/api/cluster") return {"200 OK", {}, resource::cluster};
+  return {"404 Not Found", "404 Not Found: only /, /api/cluster and /metrics\n"};
 }
 
 struct exposer::impl {
@@ -111,11 +119,30 @@ struct exposer::impl {
       r = answer_http(std::string_view(head).substr(0, n));
     }
     if (!ec || ec == asio::error::not_found) {
-      if (r.metrics) r.body = self->served.expose();
-      auto response = fmt::format("HTTP/1.1 {}\r\nContent-Type: {}\r\nContent-Length: {}\r\n{}Connection: close\r\n\r\n",
-                                  r.status,
-                                  r.metrics ? "text/plain; version=0.0.4; charset=utf-8" : "text/plain; charset=utf-8",
-                                  r.body.size(), r.allow_get ? "Allow: GET\r\n" : "");
+      std::string_view type = "text/plain; charset=utf-8";
+      switch (r.served) {
+        case resource::none: break;
+        case resource::metrics:
+          r.body = self->served.expose();
+          type = "text/plain; version=0.0.4; charset=utf-8";
+          break;
+        case resource::page:
+          r.body = page_html();
+          type = "text/html; charset=utf-8";
+          break;
+        case resource::cluster:
+          // Messages of the log may hold bytes a peer sent: invalid UTF-8 becomes U+FFFD.
+          r.body = process_view()
+                       .document(self->served, std::chrono::system_clock::now(), std::chrono::steady_clock::now())
+                       .dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+          type = "application/json";
+          break;
+      }
+      // The page and its document change every second: a cache must not keep them.
+      auto response = fmt::format(
+          "HTTP/1.1 {}\r\nContent-Type: {}\r\nContent-Length: {}\r\n{}{}Connection: close\r\n\r\n", r.status, type,
+          r.body.size(), r.allow_get ? "Allow: GET\r\n" : "",
+          r.served == resource::page || r.served == resource::cluster ? "Cache-Control: no-store\r\n" : "");
       response += r.body;
       (void)co_await asio::async_write(*socket, asio::buffer(response), as_tuple(use_awaitable));
       std::error_code ignored;

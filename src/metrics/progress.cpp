@@ -1,12 +1,15 @@
+#include <pscoro/metrics.hpp>
 #include <pscoro/progress.hpp>
 
 #include <fmt/format.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdio>
 #include <numeric>
+#include <vector>
 
 namespace pscoro {
 namespace {
@@ -38,7 +41,21 @@ std::string bar(std::int64_t step, std::int64_t total) {
   return out;
 }
 
+// Whether a reporter publishes its step now: one at a time, or the gauges would add up the steps
+// of two loops.
+std::atomic<bool> step_published{false};
+
 }  // namespace
+
+struct progress::published {
+  metrics::gauge step;
+  metrics::gauge total;
+  std::vector<metrics::registry::registration> registered;  // last: goes before what it lists
+  ~published() {
+    registered.clear();
+    step_published.store(false);
+  }
+};
 
 progress::progress(std::int64_t total, progress_options options)
     : total_(total), options_(std::move(options)), step_(options_.initial_step) {
@@ -55,12 +72,24 @@ progress::progress(std::int64_t total, progress_options options)
     };
   }
   start_ = now();
+  if (!step_published.exchange(true)) {
+    published_ = std::make_shared<published>();
+    published_->step.set(step_);
+    published_->total.set(total_);
+    auto& r = metrics::process_registry();
+    published_->registered.push_back(
+        r.add("pscoro_progress_step", "Steps done, as the program's progress report counts them.", {}, published_->step));
+    published_->registered.push_back(r.add("pscoro_progress_total_steps",
+                                           "Steps the program's progress report expects in all (0: unknown).", {},
+                                           published_->total));
+  }
 }
 
 std::chrono::steady_clock::time_point progress::now() const { return options_.clock(); }
 
 void progress::update(std::int64_t step, std::optional<double> loss) {
   step_ = step;
+  if (published_) published_->step.set(step);
   if (loss) {
     losses_.push_back(*loss);
     while (losses_.size() > std::max<std::size_t>(options_.loss_window, 1)) losses_.pop_front();

@@ -367,6 +367,26 @@ std::optional<histogram::snapshot> registry::histogram_value(std::string_view na
   return s->second.buckets;
 }
 
+std::vector<sample> registry::samples() const {
+  std::map<std::string, family> all;
+  {
+    const std::lock_guard lock(mutex_);
+    all = state_->read();
+  }
+  std::vector<sample> out;
+  for (auto& [name, f] : all) {
+    for (auto& [set, v] : f.series) {
+      if (f.type != metric_type::histogram) {
+        out.push_back({name, f.help, f.type, set, v.value});
+        continue;
+      }
+      out.push_back({name + "_count", f.help, metric_type::counter, set, static_cast<double>(v.buckets.count)});
+      out.push_back({name + "_sum", f.help, metric_type::counter, set, v.buckets.sum});
+    }
+  }
+  return out;
+}
+
 registry& process_registry() {
   static registry* the = new registry;  // never destroyed: metrics of static objects unregister late
   return *the;

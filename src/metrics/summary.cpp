@@ -3,6 +3,7 @@
 #include <pscoro/data_formats.hpp>
 #include <pscoro/error.hpp>
 
+#include "metrics/cluster_view.hpp"
 #include "summary.pb.h"
 
 #include <fmt/format.h>
@@ -165,6 +166,8 @@ void summary_writer::scalar(std::string_view tag, double value, std::int64_t ste
   auto event = event_with_value(tag, step);
   event.mutable_summary()->mutable_value(0)->set_simple_value(static_cast<float>(value));
   state_->write(event);
+  // The page draws the curves of what the program writes (as float, as TensorBoard would).
+  metrics::process_view().record_scalar(tag, step, static_cast<float>(value));
 }
 
 void summary_writer::histogram(std::string_view tag, std::span<const double> values, std::int64_t step) {

@@ -1,6 +1,7 @@
 #include <pscoro/server.hpp>
 
 #include "common/log.hpp"
+#include "metrics/cluster_view.hpp"
 #include "metrics/library.hpp"
 #include "net/handshake_gate.hpp"
 #include "net/peer.hpp"
@@ -72,6 +73,7 @@ struct server::impl : std::enable_shared_from_this<impl> {
   std::function<void(int exit_code)> on_shutdown;
 
   std::optional<std::uint16_t> metrics_port;
+  std::string chief_page;  // the chief's page, linked from this task's page, when it can be known
 
   impl(asio::any_io_executor ex, const simple_cluster_resolver& resolver, server_options options)
       : executor(ex), transport(net::with_environment(options.transport)), acceptor(ex) {
@@ -104,6 +106,17 @@ struct server::impl : std::enable_shared_from_this<impl> {
         break;
       }
     }
+    // Every task serves its page on the same fixed port (PSCORO_METRICS_PORT=9100 in a deployment):
+    // the chief's is then on the chief's host. A port picked free (0) is known only to the chief.
+    if (metrics_port && *metrics_port != 0) {
+      for (const auto& chief_job : {"chief", "master"}) {
+        if (!spec.has_job(chief_job)) continue;
+        const auto host = common::split_address(spec.task_address(chief_job, spec.task_indices(chief_job).front()),
+                                                chief_job).first;
+        chief_page = fmt::format("http://{}/", common::format_address(host, std::to_string(*metrics_port)));
+        break;
+      }
+    }
     if (job == "ps") {
       ps.emplace(task, options);
       // A year or more is never (milliseconds::max() would overflow the timer's nanoseconds).
@@ -121,6 +134,7 @@ struct server::impl : std::enable_shared_from_this<impl> {
       const auto shown_host = common::split_address(reachable_address(), task).first;
       metrics::serve_process_metrics(task, listen_host, shown_host, *metrics_port);
     }
+    metrics::process_view().set_task({task, job, chief_page, {}, {}});
     asio::co_spawn(executor, accept_loop(shared_from_this()), asio::detached);
     if (!chief_address.empty()) asio::co_spawn(executor, announce(shared_from_this()), asio::detached);
     if (ps && idle_buffers_release.count() > 0) {

@@ -1,5 +1,6 @@
 // The metrics responder's request side: answer_http on any request head. It must answer every
-// input with one of its four statuses, serve the page only for GET /metrics, and never crash; the
+// input with one of its four statuses, serve something only for GET /metrics, / or /api/cluster,
+// and never crash; the
 // socket side bounds the head at 8 KiB, so inputs here are any bytes up to that.
 #include "metrics/http.hpp"
 
@@ -24,8 +25,13 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   if (s != "200 OK" && s != "400 Bad Request" && s != "404 Not Found" && s != "405 Method Not Allowed") {
     broken("an unknown status", head);
   }
-  if (reply.metrics != (s == "200 OK")) broken("the page without 200, or 200 without the page", head);
-  if (reply.metrics && !head.starts_with("GET /metrics")) broken("the page for another request", head);
+  using pscoro::metrics::resource;
+  if ((reply.served != resource::none) != (s == "200 OK")) broken("a body without 200, or 200 without one", head);
+  if (reply.served == resource::metrics && !head.starts_with("GET /metrics")) broken("the exposition for another request", head);
+  if (reply.served == resource::page && !head.starts_with("GET / ") && !head.starts_with("GET /?")) {
+    broken("the page for another request", head);
+  }
+  if (reply.served == resource::cluster && !head.starts_with("GET /api/cluster")) broken("the document for another request", head);
   if (reply.allow_get != (s == "405 Method Not Allowed")) broken("Allow without 405", head);
   return 0;
 }

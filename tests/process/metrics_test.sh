@@ -59,7 +59,14 @@ for task in "${!url[@]}"; do
     "v('process_resident_memory_bytes') > 0" "v('process_cpu_seconds_total') > 0"
   base=${url[$task]%/metrics}
   check "$task answers 404 for another path" \
-    test "$(curl -s --max-time 30 -o /dev/null -w '%{http_code}' "$base/")" = 404
+    test "$(curl -s --max-time 30 -o /dev/null -w '%{http_code}' "$base/nothing")" = 404
+  check "$task serves its page at /" \
+    test "$(curl -s --max-time 30 -o /dev/null -w '%{http_code} %{content_type}' "$base/")" = "200 text/html; charset=utf-8"
+  check "$task serves its page's document at /api/cluster" /usr/bin/python3 -c '
+import json, sys
+d = json.load(sys.stdin)
+assert d["task"] == sys.argv[1] and d["view"] == ("chief" if sys.argv[1] == "chief:0" else "task"), d
+' "$task" < <(curl -sS --max-time 30 "$base/api/cluster")
   check "$task answers 405 for POST" \
     test "$(curl -s --max-time 30 -o /dev/null -w '%{http_code}' -X POST "${url[$task]}")" = 405
 done

@@ -7,6 +7,7 @@
 #include <pscoro/metrics.hpp>
 #include <pscoro/server.hpp>
 
+#include "metrics/cluster_view.hpp"
 #include "metrics/http.hpp"
 #include "metrics/library.hpp"
 
@@ -18,6 +19,7 @@
 
 #include <fmt/format.h>
 
+#include <cmath>
 #include <mutex>
 #include <thread>
 #include <vector>
@@ -144,14 +146,28 @@ TEST_CASE("the process registry has the process's memory and CPU time") {
   CHECK(*rss > 0);
 }
 
-TEST_CASE("the responder answers GET /metrics and says what it does not serve") {
-  CHECK(metrics::answer_http("GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n").metrics);
-  CHECK(metrics::answer_http("GET /metrics?name[]=x HTTP/1.0\r\n\r\n").metrics);
-  CHECK(metrics::answer_http("GET / HTTP/1.1\r\n\r\n").status == "404 Not Found");
-  CHECK(metrics::answer_http("GET /metricsx HTTP/1.1\r\n\r\n").status == "404 Not Found");
-  const auto post = metrics::answer_http("POST /metrics HTTP/1.1\r\n\r\n");
-  CHECK(post.status == "405 Method Not Allowed");
-  CHECK(post.allow_get);
+TEST_CASE("the responder answers GET /metrics, / and /api/cluster and says what it does not serve") {
+  using metrics::resource;
+  CHECK(metrics::answer_http("GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n").served == resource::metrics);
+  CHECK(metrics::answer_http("GET /metrics?name[]=x HTTP/1.0\r\n\r\n").served == resource::metrics);
+  CHECK(metrics::answer_http("GET / HTTP/1.1\r\n\r\n").served == resource::page);
+  CHECK(metrics::answer_http("GET /?refresh=1 HTTP/1.1\r\n\r\n").served == resource::page);
+  CHECK(metrics::answer_http("GET /api/cluster HTTP/1.1\r\n\r\n").served == resource::cluster);
+  CHECK(metrics::answer_http("GET /api/cluster?pretty HTTP/1.0\r\n\r\n").served == resource::cluster);
+  for (const char* unknown : {"GET /metricsx HTTP/1.1\r\n\r\n", "GET /api HTTP/1.1\r\n\r\n",
+                              "GET /api/cluster/ HTTP/1.1\r\n\r\n", "GET /api/task HTTP/1.1\r\n\r\n",
+                              "GET //api/cluster HTTP/1.1\r\n\r\n", "GET /index.html HTTP/1.1\r\n\r\n",
+                              "GET /../etc/passwd HTTP/1.1\r\n\r\n"}) {
+    const auto r = metrics::answer_http(unknown);
+    CHECK_MESSAGE(r.status == "404 Not Found", unknown);
+    CHECK_MESSAGE(r.served == resource::none, unknown);
+  }
+  for (const char* method : {"POST /metrics", "POST /api/cluster", "PUT /", "DELETE /", "HEAD /", "OPTIONS /api/cluster"}) {
+    const auto post = metrics::answer_http(std::string(method) + " HTTP/1.1\r\n\r\n");
+    CHECK_MESSAGE(post.status == "405 Method Not Allowed", method);
+    CHECK_MESSAGE(post.allow_get, method);
+    CHECK_MESSAGE(post.served == resource::none, method);
+  }
   for (const char* bad : {"", "\r\n\r\n", "GET\r\n\r\n", "GET /metrics\r\n\r\n", "GET /metrics HTTP/2.0\r\n\r\n",
                           "GET  /metrics HTTP/1.1\r\n\r\n", "GET /metrics HTTP/1.1 x\r\n\r\n",
                           "G(T /metrics HTTP/1.1\r\n\r\n", "GET metrics HTTP/1.1\r\n\r\n"}) {
@@ -303,6 +319,22 @@ TEST_CASE("a server asked for metrics in code (metrics_port 0) serves the proces
   // The ps registered its metrics: a page a Prometheus server can take at once.
   CHECK(contains(response, "\npscoro_ps_variables 0\n"));
   CHECK(contains(response, "pscoro_ps_operation_seconds_count{operation=\"read\"} 0\n"));
+  // Its own view at /api/cluster: the task, its series, what it holds; no chief it could link to
+  // (its metrics port was picked free).
+  const auto api = exchange(port, "GET /api/cluster HTTP/1.1\r\n\r\n");
+  REQUIRE(starts_with(api, "HTTP/1.1 200 OK\r\n"));
+  const auto view = nlohmann::json::parse(api.substr(api.find("\r\n\r\n") + 4));
+  INFO(view.dump(2));
+  CHECK(view["view"] == "task");
+  CHECK(view["task"] == "ps:0");
+  CHECK(view["role"] == "ps");
+  CHECK(view["chief_page"].is_null());
+  CHECK(view["ps"]["variables"] == 0);
+  CHECK(view["ps"]["bytes"] == 0);
+  bool listed = false;
+  for (const auto& series : view["series"]) listed = listed || series["name"] == "pscoro_ps_variables";
+  CHECK(listed);
+  CHECK_FALSE(view.contains("workers"));
 }
 
 TEST_CASE("quantile_bound: the smallest bound holding at least that share of the observations") {
@@ -318,3 +350,40 @@ TEST_CASE("quantile_bound: the smallest bound holding at least that share of the
   CHECK(pscoro::metrics::quantile_bound(s, 0.99) == 4);
   CHECK(pscoro::metrics::quantile_bound(s, 1.0) == 8);   // above the last bound: the last bound
 }
+TEST_CASE("a server with a fixed metrics port links to the chief's page on the chief's host") {
+  metrics::view_state state;
+  state.set_task({"worker:1", "worker", "http://10.0.0.1:9100/", {}, {}});
+  metrics::registry r;
+  auto doc = state.document(r, std::chrono::system_clock::now(), std::chrono::steady_clock::now());
+  CHECK(doc["chief_page"] == "http://10.0.0.1:9100/");
+  CHECK(doc["view"] == "task");
+  // A second server's view does not replace the first; a chief's does.
+  state.set_task({"ps:0", "ps", "", {}, {}});
+  CHECK(state.document(r, std::chrono::system_clock::now(), std::chrono::steady_clock::now())["task"] == "worker:1");
+  state.set_task({"chief:0", "chief", "", {{"ps:0", "h:1"}}, {{"worker:0", "h:2"}}});
+  doc = state.document(r, std::chrono::system_clock::now(), std::chrono::steady_clock::now());
+  CHECK(doc["view"] == "chief");
+  CHECK(doc["workers"][0]["state"] == "unknown");  // no series says yet
+  CHECK(doc["ps"][0]["address"] == "h:1");
+}
+
+TEST_CASE("a scalar curve keeps its whole shape in bounded points, and its last value exactly") {
+  metrics::view_state state;
+  const std::int64_t steps = 100'000;
+  for (std::int64_t step = 1; step <= steps; ++step) state.record_scalar("loss", step, 1.0 / static_cast<double>(step));
+  state.record_scalar("nan", 1, std::nan(""));
+  for (std::size_t i = 0; i < metrics::view_state::max_curves + 5; ++i) state.record_scalar(fmt::format("t{}", i), 1, 1);
+  metrics::registry r;
+  const auto doc = state.document(r, std::chrono::system_clock::now(), std::chrono::steady_clock::now());
+  const auto& loss = doc["scalars"]["loss"];
+  const auto& points = loss["points"];
+  CHECK(points.size() <= metrics::view_state::max_points);
+  CHECK(points.size() >= metrics::view_state::max_points / 4);
+  CHECK(points.front()[0] == 1);
+  CHECK(points.back()[0].get<std::int64_t>() > steps * 9 / 10);  // it reaches the end of the run
+  for (std::size_t i = 1; i < points.size(); ++i) CHECK(points[i][0] > points[i - 1][0]);
+  CHECK(loss["last_step"] == steps);
+  CHECK(doc["scalars"]["nan"]["last_value"].is_null());  // JSON has no NaN
+  CHECK(doc["scalars"].size() == metrics::view_state::max_curves);
+}
+
