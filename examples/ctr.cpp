@@ -272,6 +272,11 @@ struct options {
   std::size_t closures_per_worker = 4;
   std::int64_t log_every = 500;
   std::string logdir;
+  std::string checkpoint_dir;
+  std::int64_t checkpoint_every = 1000;
+  std::size_t max_to_keep = 3;
+  std::size_t full_every = 1;        // hash tables: one save in N whole, the others incremental
+  std::string on_ps_loss = "fail";  // or "restore": from the newest checkpoint, in place
 
   bool raw_ids() const { return ids == "raw"; }
   bool hashed() const { return embedding == "hash"; }
@@ -376,6 +381,35 @@ asio::awaitable<int> run_chief(pscoro::parameter_server_strategy& strategy, cons
   }
   m.numeric = co_await scope.create_variable<float>("ctr/numeric", numeric_shape, pscoro::initializers::zeros{});
   m.bias = co_await scope.create_variable<float>("ctr/bias", bias_shape, pscoro::initializers::zeros{});
+  // With a checkpoint directory: resume from its newest checkpoint, and save one every
+  // checkpoint_every steps (hash tables: only their changed rows, but one save in full_every).
+  pscoro::checkpoint ckpt(strategy);
+  if (o.hashed()) {
+    for (const auto& table : m.tables) ckpt.track(table);
+  } else {
+    ckpt.track(m.wide).track(m.factors);
+  }
+  ckpt.track(m.numeric).track(m.bias);
+  std::optional<pscoro::checkpoint_manager> manager;
+  std::int64_t first_step = 0;
+  if (!o.checkpoint_dir.empty()) {
+    manager.emplace(ckpt, o.checkpoint_dir, o.max_to_keep, o.full_every);
+    // --on-ps-loss restore: a ps that dies and comes back (pscoro-launch --restart-ps) gets its
+    // shards and table parts from the newest checkpoint; the other ps keep theirs.
+    if (o.on_ps_loss == "restore") {
+      manager->restore_lost_ps({.wait_for_ps = std::chrono::minutes(5),
+                                .on_restored = [](const pscoro::ps_restore_report& r) {
+                                  std::printf("chief: %s restored from %s (step %lld) in %.1f s\n", r.ps.c_str(),
+                                              r.checkpoint.c_str(), static_cast<long long>(r.step), r.seconds);
+                                  std::fflush(stdout);
+                                }});
+    }
+    if (const auto latest = manager->latest_checkpoint()) {
+      co_await ckpt.restore(*latest);
+      first_step = std::min(ckpt.step(), o.steps);
+      std::printf("chief: resumed from %s at step %lld\n", latest->c_str(), static_cast<long long>(first_step));
+    }
+  }
   // Every worker builds its input pipeline now, before any step can ask it for a batch.
   const auto batches = co_await coordinator.create_per_worker_dataset(train_data).iter();
 
@@ -404,7 +438,7 @@ asio::awaitable<int> run_chief(pscoro::parameter_server_strategy& strategy, cons
       }
     }
   };
-  for (std::int64_t step = 0; step < o.steps; ++step) {
+  for (std::int64_t step = first_step; step < o.steps; ++step) {
     if (o.ttl > 0 && step % clock_every == 0) {
       co_await field_tables::advance_clocks(m.tables, static_cast<std::uint64_t>(step));
     }
@@ -413,12 +447,20 @@ asio::awaitable<int> run_chief(pscoro::parameter_server_strategy& strategy, cons
                                                 : coordinator.schedule(train_step, m.wide, m.factors, m.numeric,
                                                                        m.bias, batches, o.learning_rate));
     if (in_flight.size() > window) co_await retire_oldest();
+    if (manager && ((step + 1) % o.checkpoint_every == 0 || step + 1 == o.steps)) {
+      while (!in_flight.empty()) co_await retire_oldest();
+      co_await coordinator.join();  // a consistent snapshot: no step is updating the model
+      ckpt.set_step(step + 1);
+      const auto path = co_await manager->save(step + 1);
+      std::printf("chief: saved %s\n", path.c_str());
+      std::fflush(stdout);
+    }
   }
   while (!in_flight.empty()) co_await retire_oldest();
   co_await coordinator.join();
   const std::chrono::duration<double> took = std::chrono::steady_clock::now() - started;
-  std::printf("chief: trained %lld steps in %.1f s: %.1f steps/s\n", static_cast<long long>(o.steps), took.count(),
-              static_cast<double>(o.steps) / took.count());
+  std::printf("chief: trained %lld steps in %.1f s: %.1f steps/s\n", static_cast<long long>(o.steps - first_step),
+              took.count(), static_cast<double>(o.steps - first_step) / took.count());
 
   // Test data with the generator's true probabilities: fresh lines far beyond the training lines
   // (raw ids: the lines right after them, the stream's next day).
@@ -502,6 +544,18 @@ int main(int argc, char** argv) {
   app.add_option("--closures-per-worker", o.closures_per_worker, "closures in flight per worker")->check(CLI::PositiveNumber);
   app.add_option("--log-every", o.log_every, "print the loss every N steps")->check(CLI::PositiveNumber);
   app.add_option("--logdir", o.logdir, "write TensorBoard events (loss, learning rate, test AUC) here");
+  auto* checkpoint_dir = app.add_option("--checkpoint-dir", o.checkpoint_dir,
+                                        "save checkpoints here, and resume from the newest one found at the start");
+  app.add_option("--checkpoint-every", o.checkpoint_every, "steps between checkpoints")->check(CLI::PositiveNumber);
+  app.add_option("--max-to-keep", o.max_to_keep, "checkpoints kept (0: all)");
+  app.add_option("--full-every", o.full_every,
+                 "--embedding hash: one checkpoint in N holds the tables whole, the others only the rows changed")
+      ->check(CLI::PositiveNumber);
+  app.add_option("--on-ps-loss", o.on_ps_loss,
+                 "what a lost ps does: fail the run (TF's way), or restore it in place from the newest checkpoint "
+                 "(with --checkpoint-dir; the ps must come back at its address)")
+      ->check(CLI::IsMember({"fail", "restore"}))
+      ->needs(checkpoint_dir);
   if (const auto stop = pscoro::tools::parse_command_line(app, argc, argv)) return *stop;
   if (o.raw_ids() && o.format != "tsv") {
     std::fprintf(stderr, "ctr: --ids raw: the data is written as TSV only\n");

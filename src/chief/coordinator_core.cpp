@@ -449,10 +449,18 @@ asio::awaitable<void> coordinator_core::confirm_ps_failure(std::shared_ptr<coord
   // chief's own connection reports it. A Heartbeat settles it: when the ps is gone, the connection
   // closes first (lost_ps fails the run and resolves this closure with that failure; failed()
   // below then finds it no longer running); the heartbeat timeout bounds a ps that hangs.
+  self->restored_losses_.resize(self->connections_->ps().size(), 0);
+  const std::uint64_t losses_before = self->restored_losses_[ps];
   if (auto connection = self->connections_->ps().at(ps)->connection()) {
     wire::frame ping;
     ping.message.mutable_request()->mutable_heartbeat();
     (void)co_await connection->async_call(std::move(ping), as_tuple(use_awaitable));
+  }
+  // The ps was lost, and a restorer took it in hand (it is being restored, or is back): what the
+  // workers met was that loss, so the closure runs again once the ps is restored.
+  if (self->restored_losses_[ps] != losses_before) {
+    self->queue_->retry(worker, c);
+    co_return;
   }
   self->queue_->failed(worker, c, std::move(failure));
 }
@@ -468,6 +476,8 @@ void coordinator_core::lost_ps(std::size_t index, const std::string& reason) {
                  "their values)",
                  task, reason);
     restoring_[index] = 1;
+    restored_losses_.resize(connections_->ps().size(), 0);
+    ++restored_losses_[index];
     restores_in_progress_.fetch_add(1, std::memory_order_release);
     queue_->hold();
     asio::co_spawn(executor_, restore_lost_ps(shared_from_this(), index, std::move(restorer)), asio::detached);
@@ -534,6 +544,10 @@ asio::awaitable<void> coordinator_core::restore_lost_ps(std::shared_ptr<coordina
     }
     log::error("lost {}, and restoring it failed: {}", task, why);
     self->fail_run(index, failure);
+  } else if (index < self->transient_ps_failures_.size()) {
+    // What workers met of this ps until the chief saw it lost was the loss, restored now: not
+    // transient failures counted against TF's tolerance for the rest of the run.
+    self->transient_ps_failures_[index] = 0;
   }
   self->queue_->release();
 }

@@ -138,6 +138,7 @@ class coordinator_core : public std::enable_shared_from_this<coordinator_core> {
   std::vector<int> transient_ps_failures_;  // per ps: closures that failed reaching it (TF's counters)
   std::weak_ptr<chief::lost_ps_restorer> ps_restorer_;
   std::vector<char> restoring_;  // per ps: being restored (its failures are the loss's, not transient)
+  std::vector<std::uint64_t> restored_losses_;  // per ps: losses a restorer took in hand
   std::atomic<int> restores_in_progress_{0};  // restoring_'s ones, for other threads
   // The options the strategy's coordinators share, once the first one is made. Coordinators may
   // be made on any thread: this is the one piece of the chief a mutex guards (set once, read at

@@ -3,11 +3,14 @@
 # with kill -9 after a checkpoint and pscoro-launch --restart-ps starts it again at its address.
 # The same chief restores ps:1 alone from the newest checkpoint and finishes the run: the accuracy
 # is reached, and every step ran (the --count-runs table on ps:0, not in any checkpoint, was never
-# rolled back: no step is counted less than once).
-# usage: ps_restore_test.sh PSCORO_LAUNCH FASHION_MNIST
+# rolled back: no step is counted less than once). Then the CTR example on raw ids and hash tables,
+# saved incrementally: ps:1 killed after a save, restored from the newest file through its chain,
+# and the run ends with its test AUC.
+# usage: ps_restore_test.sh PSCORO_LAUNCH FASHION_MNIST CTR
 set -uo pipefail
 launch=$1
 example=$2
+ctr=$3
 source "$(dirname "$0")/checks.sh"
 # 3000 steps, a checkpoint every 500; the sanitizer build asks for fewer (both reach the accuracy).
 steps=${PSCORO_PS_RESTORE_STEPS:-3000}
@@ -34,4 +37,29 @@ else
 fi
 grep -E 'restor|lost|saved|test accuracy|ran:' "$log" | grep -v 'INFO'
 [ "$failed" -eq 0 ] || cat "$log"
+
+echo "--- the CTR example on hash tables, saved incrementally (one save in 3 whole)"
+ctr_log=$work/ctr.log
+# 30,000 raw-id lines, 105 steps of 256; a save every 20 steps. The model's quality is ctr_hash's
+# to check: a loose bound.
+"$launch" --ps 2 --workers 2 --restart-ps -- "$ctr" --ids raw --embedding hash --data-dir "$work/data" \
+  --train-examples 30000 --files 2 --batch-size 256 --test-examples 5000 --max-auc-gap 0.5 --log-every 20 \
+  --checkpoint-dir "$work/ctr-ckpt" --checkpoint-every 20 --full-every 3 --on-ps-loss restore > "$ctr_log" 2>&1 &
+launcher=$!
+if check "it saves step 60 (an increment on 40, itself on the whole save of 20)" \
+  wait_for "$ctr_log" "^\[chief\] chief: saved $work/ctr-ckpt/ckpt-60.safetensors$"; then
+  kill -9 "$(pid_of "$ctr_log" ps-1)"
+  wait_exit "$launcher" 300
+  check "the job exits 0 (got $code)" test "$code" -eq 0
+  # The newest save before the chief saw the loss (one may end after the kill: it read ps:1 before).
+  newest=$(sed -nE -e '/lost ps:1/q' -e 's/^\[chief\] chief: saved .*ckpt-([0-9]+)\.safetensors$/\1/p' "$ctr_log" | tail -n 1)
+  check "the same chief restored ps:1's table parts from the newest checkpoint (step $newest)" \
+    grep -qE "^\[chief\] chief: ps:1 restored from $work/ctr-ckpt/ckpt-$newest.safetensors \(step $newest\) in [0-9.]+ s$" \
+    "$ctr_log"
+  check "and finished: its test AUC is printed" grep -qE '^\[chief\] chief: test AUC 0\.[0-9]{4}' "$ctr_log"
+else
+  kill -9 "$launcher" 2>/dev/null
+fi
+grep -E 'restor|lost|saved|test AUC' "$ctr_log" | grep -v 'INFO'
+[ "$failed" -eq 0 ] || cat "$ctr_log"
 finish
