@@ -7,6 +7,8 @@ usage: /usr/bin/python3 deploy_manifests.py check DEPLOY_DIR RUN_SH
        /usr/bin/python3 deploy_manifests.py job-pods JOBS_YAML NAMESPACE
          "TYPE<tab>INDEX<tab>NAME=VALUE..." for every pod of jobs.yaml that gets TF_CONFIG: its
          environment as Kubernetes gives it (HOSTNAME, JOB_COMPLETION_INDEX, the container's env)
+       /usr/bin/python3 deploy_manifests.py trainjob-pods TRAINJOB_YAML NAMESPACE
+         the same for trainjob.yaml's pods, as Trainer v2's JobSet makes them
        /usr/bin/python3 deploy_manifests.py dockerfile DOCKERFILE meson-options|entrypoint|runtime-packages
 
 TF_CONFIG as the training operator (kubeflow/training-operator, kubeflow.org/v1) makes it, from
@@ -17,6 +19,13 @@ the Evaluator too, is a job of the cluster, lowercased; task i of type t in name
 "tfjob-port" of the container named "tensorflow" (2222 without one); JSON as Go's encoding/json
 writes it (no spaces, map keys sorted, struct fields in order: cluster, task, environment "cloud");
 no TF_CONFIG at all for a job of one replica; only the "tensorflow" container gets it.
+
+Pods of a TrainJob (Kubeflow Trainer v2) as its JobSet (kubernetes-sigs/jobset, v1alpha2) makes
+them: the JobSet is named as the TrainJob; replicated job r makes Jobs <jobset>-r-<job index>, whose
+pods have hostname <jobset>-r-<job index>-<completion index>, the JobSet's name as subdomain (its
+headless Service's), and the labels jobset.sigs.k8s.io/jobset-name and jobset.sigs.k8s.io/job-index.
+trainer_crd_schemas.yaml, beside this file, holds the parts of Trainer v2's CRD schemas the
+manifests are validated against (and says where they come from).
 """
 import json
 import os
@@ -37,6 +46,11 @@ MIN_SECRET_BYTES = 16
 NOT_FOR_BUILDING = {"doctest-dev", "libbenchmark-dev", "openssl", "dataset-fashion-mnist", "python3",
                     "python3-protobuf", "python3-crc32c", "python3-numpy", "python3-yaml", "iproute2",
                     "nftables", "slurm-wlm", "munge"}
+
+TRAINER_API = "trainer.kubeflow.org/v1alpha1"
+TRAINJOB_REPLICATED_JOBS = ["chief", "ps", "worker", "evaluator"]
+RFC_1035_LABEL = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
+SCHEMAS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "trainer_crd_schemas.yaml")
 
 results = []
 
@@ -118,6 +132,44 @@ def check_pod(label, pod, container_name, image, secret, claim, needs_secret, ne
         check(f"{label}: no checkpoint volume", not claim_mounts, claim_mounts)
 
 
+def schema_errors(value, schema, path="$"):
+    """What the API server's structural validation of a custom resource would refuse in value: an
+    unknown field (kubectl's strict field validation, the default since Kubernetes 1.27), a wrong
+    type, a missing required field, a value outside an enum or a bound."""
+    errors = []
+    kind = schema.get("type")
+    types = {"object": dict, "array": list, "string": str, "boolean": bool}
+    if kind == "integer":
+        if not isinstance(value, int) or isinstance(value, bool):
+            return [f"{path}: {value!r} is not an integer"]
+    elif kind in types and not isinstance(value, types[kind]):
+        return [f"{path}: {value!r} is not of type {kind}"]
+    if "enum" in schema and value not in schema["enum"]:
+        errors.append(f"{path}: {value!r} is not one of {schema['enum']}")
+    if "minimum" in schema and value < schema["minimum"]:
+        errors.append(f"{path}: {value} is under the minimum {schema['minimum']}")
+    if "minLength" in schema and len(value) < schema["minLength"]:
+        errors.append(f"{path}: shorter than {schema['minLength']}")
+    if "maxLength" in schema and len(value) > schema["maxLength"]:
+        errors.append(f"{path}: longer than {schema['maxLength']}")
+    if "maxItems" in schema and len(value) > schema["maxItems"]:
+        errors.append(f"{path}: more than {schema['maxItems']} items")
+    if kind == "array":
+        for i, item in enumerate(value):
+            errors += schema_errors(item, schema.get("items", {}), f"{path}[{i}]")
+    if kind == "object" and not schema.get("x-kubernetes-preserve-unknown-fields"):
+        properties = schema.get("properties", {})
+        if len(value) < schema.get("minProperties", 0):
+            errors.append(f"{path}: fewer than {schema['minProperties']} fields")
+        errors += [f"{path}: no field {name!r} (unknown field)" for name in value if name not in properties]
+        errors += [f"{path}: required field {name!r} is missing" for name in schema.get("required", [])
+                   if name not in value]
+        for name, field in value.items():
+            if name in properties:
+                errors += schema_errors(field, properties[name], f"{path}.{name}")
+    return errors
+
+
 def secret_keys(secret):
     return set(secret.get("stringData", {})) | set(secret.get("data", {}))
 
@@ -137,8 +189,9 @@ def check_manifests(deploy, run_sh):
         "checkpoints.yaml": [("v1", "PersistentVolumeClaim")],
         "tfjob.yaml": [("kubeflow.org/v1", "TFJob")],
         "jobs.yaml": [("v1", "Service")] + [("batch/v1", "Job")] * 4,
+        "trainjob.yaml": [(TRAINER_API, "TrainingRuntime"), (TRAINER_API, "TrainJob")],
     }
-    check("the manifests are secret.yaml, checkpoints.yaml, tfjob.yaml and jobs.yaml, of the kinds they say",
+    check("the manifests are secret.yaml, checkpoints.yaml, tfjob.yaml, jobs.yaml and trainjob.yaml, of the kinds they say",
           kinds == expected_kinds, kinds)
     if kinds != expected_kinds:
         return
@@ -251,7 +304,78 @@ def check_manifests(deploy, run_sh):
     check("jobs.yaml: the chief trains as many steps as in tfjob.yaml", option(chief_args, "--steps") == steps,
           chief_args)
 
+    check_trainjob(parsed["trainjob.yaml"], by_name, image, secret, claim)
+
     check_dockerfile(os.path.join(deploy, "Dockerfile"), run_sh, image)
+
+
+def check_trainjob(documents_, jobs, image, secret, claim):
+    """trainjob.yaml: valid against Trainer v2's CRD schemas, and the same Jobs as jobs.yaml's, but
+    for the names JobSet gives them (the JobSet's subdomain, the TrainJob's name from a label)."""
+    runtime, trainjob = documents_
+    with open(SCHEMAS) as f:
+        schemas = yaml.safe_load(f)
+    for document in documents_:
+        errors = schema_errors(document, schemas[document["kind"]])
+        check(f"trainjob.yaml: the {document['kind']} is valid against Trainer v2's CRD schema", not errors, errors)
+    name = trainjob["metadata"]["name"]
+    check(f"trainjob.yaml: the TrainJob's name ({name}) is an RFC 1035 label of at most 63 characters (its CRD's rule)",
+          RFC_1035_LABEL.match(name) is not None and len(name) <= 63, name)
+    reference = trainjob["spec"]["runtimeRef"]
+    check("trainjob.yaml: the TrainJob runs the TrainingRuntime beside it",
+          reference.get("kind") == "TrainingRuntime" and reference.get("name") == runtime["metadata"]["name"]
+          and reference.get("apiGroup", "trainer.kubeflow.org") == "trainer.kubeflow.org", reference)
+    jobset = runtime["spec"]["template"]["spec"]
+    network = jobset.get("network", {})
+    check("trainjob.yaml: the JobSet gives pods DNS names, published before they are ready, under its own subdomain",
+          network.get("enableDNSHostnames") is True and network.get("publishNotReadyAddresses") is True
+          and "subdomain" not in network, network)
+    check("trainjob.yaml: a Job that fails fails the JobSet (failurePolicy.maxRestarts 0)",
+          jobset.get("failurePolicy", {}).get("maxRestarts") == 0 and not jobset.get("failurePolicy", {}).get("rules"),
+          jobset.get("failurePolicy"))
+    replicated = {r["name"]: r for r in jobset["replicatedJobs"]}
+    check(f"trainjob.yaml: replicated jobs {TRAINJOB_REPLICATED_JOBS}, one Job each",
+          [r["name"] for r in jobset["replicatedJobs"]] == TRAINJOB_REPLICATED_JOBS
+          and all(r.get("replicas", 1) == 1 for r in jobset["replicatedJobs"]), list(replicated))
+    from_label = {"jobset-name": "metadata.labels['jobset.sigs.k8s.io/jobset-name']",
+                  "job-index": "metadata.labels['jobset.sigs.k8s.io/job-index']"}
+    for rname, rjob in replicated.items():
+        job = rjob["template"]["spec"]
+        pod = job["template"]
+        container = pod["spec"]["containers"][0]
+        twin = jobs[f"fashion-mnist-{rname}"]["spec"]  # jobs.yaml's Job for the same role
+        check(f"TrainJob {rname}: an Indexed Job (JobSet's DNS hostnames need one)",
+              job.get("completionMode") == "Indexed", job.get("completionMode"))
+        in_cluster = rname != "evaluator"
+        check_pod(f"TrainJob {rname}", pod, "pscoro", image, secret, claim, needs_secret=in_cluster,
+                  needs_checkpoints=rname in ("chief", "evaluator"))
+        check(f"TrainJob {rname}: no subdomain of its own (the JobSet's Service is the subdomain)",
+              "subdomain" not in pod["spec"], pod["spec"].get("subdomain"))
+        # Apart from the names, each Job is jobs.yaml's: counts, restarts, command, arguments, ports.
+        defaults = {"completions": 1, "parallelism": 1, "backoffLimit": 6, "podFailurePolicy": None}  # batch/v1's
+        differ = {k: (job.get(k, d), twin.get(k, d)) for k, d in defaults.items() if job.get(k, d) != twin.get(k, d)}
+        check(f"TrainJob {rname}: completions, parallelism, backoffLimit and podFailurePolicy as jobs.yaml's",
+              not differ, differ)
+        twin_container = twin["template"]["spec"]["containers"][0]
+        fields = ["command", "args", "ports", "resources", "volumeMounts"]
+        check(f"TrainJob {rname}: its container runs as jobs.yaml's ({', '.join(fields)}; restartPolicy)",
+              all(container.get(k) == twin_container.get(k) for k in fields)
+              and pod["spec"].get("restartPolicy") == twin["template"]["spec"].get("restartPolicy"),
+              {k: container.get(k) for k in fields if container.get(k) != twin_container.get(k)})
+        if not in_cluster:
+            continue
+        env = env_of(container)
+        twin_env = env_of(twin_container)
+        sources = {k: env.get(k, {}).get("valueFrom", {}).get("fieldRef", {}).get("fieldPath")
+                   for k in ("PSCORO_JOB", "PSCORO_SERVICE", "PSCORO_JOBSET_JOB_INDEX")}
+        check(f"TrainJob {rname}: PSCORO_JOB and PSCORO_SERVICE are the JobSet's name, PSCORO_JOBSET_JOB_INDEX "
+              "its Job index (labels, downward API)",
+              sources == {"PSCORO_JOB": from_label["jobset-name"], "PSCORO_SERVICE": from_label["jobset-name"],
+                          "PSCORO_JOBSET_JOB_INDEX": from_label["job-index"]}, sources)
+        rest = {k: v for k, v in env.items() if k not in sources}
+        twin_rest = {k: v for k, v in twin_env.items() if k not in ("PSCORO_JOB", "PSCORO_SERVICE")}
+        check(f"TrainJob {rname}: the rest of its environment is jobs.yaml's", rest == twin_rest,
+              {"trainjob.yaml": rest, "jobs.yaml": twin_rest})
 
 
 def dockerfile_stages(path):
@@ -399,6 +523,33 @@ def job_pods(path, namespace):
             print("\t".join([task_type, str(i)] + pod_env))
 
 
+def trainjob_pods(path, namespace):
+    runtime, trainjob = documents(path)
+    jobset = trainjob["metadata"]["name"]
+    for rjob in runtime["spec"]["template"]["spec"]["replicatedJobs"]:
+        spec = rjob["template"]["spec"]
+        container = spec["template"]["spec"]["containers"][0]
+        for job_index in range(rjob.get("replicas", 1)):
+            labels = {"jobset.sigs.k8s.io/jobset-name": jobset, "jobset.sigs.k8s.io/job-index": str(job_index)}
+            env = []
+            for entry in container.get("env", []):
+                field = entry.get("valueFrom", {}).get("fieldRef", {}).get("fieldPath")
+                if field is None:
+                    value = entry["value"]
+                elif field == "metadata.namespace":
+                    value = namespace
+                else:
+                    label = re.fullmatch(r"metadata\.labels\['(.+)'\]", field)
+                    value = labels[label.group(1)]  # a label JobSet does not set is a KeyError: a failed check
+                env.append(f"{entry['name']}={value}")
+            task_type = next((e.split("=", 1)[1] for e in env if e.startswith("PSCORO_TASK_TYPE=")), None)
+            if task_type is None:
+                continue  # the evaluator: no TF_CONFIG
+            for i in range(spec.get("completions", 1)):
+                pod_env = [f"HOSTNAME={jobset}-{rjob['name']}-{job_index}-{i}", f"JOB_COMPLETION_INDEX={i}"] + env
+                print("\t".join([task_type, str(i)] + pod_env))
+
+
 def main():
     command = sys.argv[1]
     if command == "check":
@@ -411,6 +562,8 @@ def main():
         tfjob_tf_configs(sys.argv[2], sys.argv[3], sys.argv[4] if len(sys.argv) > 4 else "")
     elif command == "job-pods":
         job_pods(sys.argv[2], sys.argv[3])
+    elif command == "trainjob-pods":
+        trainjob_pods(sys.argv[2], sys.argv[3])
     elif command == "dockerfile":
         build, runtime = dockerfile_stages(sys.argv[2])
         field = sys.argv[3]

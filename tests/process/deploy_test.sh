@@ -3,9 +3,12 @@
 # - every YAML document parses (Debian's python3-yaml) and has the structure the docs promise:
 #   replicas, restart policies, the secret mounted where PSCORO_AUTH_SECRET_FILE points, the
 #   checkpoint claim at the chief's and evaluator's --checkpoint-dir, ports, one image, uid 1000;
+#   trainjob.yaml's TrainingRuntime and TrainJob are valid against Kubeflow Trainer v2's CRD
+#   schemas (the parts vendored in trainer_crd_schemas.yaml);
 # - every replica's TF_CONFIG, as the training operator makes it for tfjob.yaml (see
-#   deploy_manifests.py) and as tf_config_from_pod.sh makes it for jobs.yaml's pods (run under
-#   dash with each pod's hostname, index and environment), is read by pscoro's own resolver
+#   deploy_manifests.py) and as tf_config_from_pod.sh makes it for jobs.yaml's and trainjob.yaml's
+#   pods (run under dash with each pod's hostname, index and environment, as a Job or Trainer v2's
+#   JobSet gives them), is read by pscoro's own resolver
 #   (resolve_task): each pod is the task it should be, at its Service's address; a ps or worker
 #   really listens on all interfaces at the container's port with the cluster secret, the chief's
 #   strategy accepts the cluster (TF's checks), and the evaluator may not coordinate;
@@ -13,7 +16,7 @@
 #   entrypoint and every program the manifests run, and its runtime packages hold every shared
 #   library the given binaries load (ldd, dpkg -S).
 # What it cannot check: that the image builds (no registry to pull debian:bookworm from) and that
-# a real operator or cluster runs it.
+# a real operator, Trainer or cluster runs it.
 # usage: deploy_test.sh SOURCE_ROOT RESOLVE_TASK [BINARY...]
 #   (RESOLVE_TASK and each BINARY: programs whose shared libraries the image must provide)
 set -uo pipefail
@@ -81,6 +84,17 @@ while IFS=$'\t' read -r -a fields; do
   check "Job pod $type $index: '$want' (got '$got')" test "$got" = "$want"
 done < "$work/pods.txt"
 
+echo "--- trainjob.yaml: tf_config_from_pod.sh's TF_CONFIG in Trainer v2's JobSet pods, resolved by pscoro"
+manifests trainjob-pods "$deploy/trainjob.yaml" default > "$work/trainjob_pods.txt"
+check "trainjob.yaml has 6 pods with TF_CONFIG" test "$(wc -l < "$work/trainjob_pods.txt")" -eq 6
+while IFS=$'\t' read -r -a fields; do
+  type=${fields[0]} index=${fields[1]}
+  want=$(expect "$type" "$index" "fashion-mnist-$type-0-$index.fashion-mnist.default.svc:2222")
+  got=$(env -i PATH="$PATH" "${fields[@]:2}" PSCORO_AUTH_SECRET_FILE="$work/secret" \
+    "${pod[@]}" sh "$deploy/tf_config_from_pod.sh" "$resolve" 2>&1)
+  check "TrainJob pod $type $index: '$want' (got '$got')" test "$got" = "$want"
+done < "$work/trainjob_pods.txt"
+
 # A pod set up wrongly stops before the program starts, saying what is wrong.
 mapfile -t worker_env < <(awk -F'\t' '$1 == "worker" && $2 == 1' "$work/pods.txt" | cut -f3- | tr '\t' '\n')
 pod_fails() {  # pod_fails PATTERN VARIABLE=VALUE...: worker 1 with these changes exits 2 saying PATTERN
@@ -96,6 +110,10 @@ check "tf_config_from_pod.sh: a hostname the Service does not name fails" \
 check "tf_config_from_pod.sh: an index past the replicas fails" \
   pod_fails "there are 3 worker tasks" HOSTNAME=fashion-mnist-worker-3 JOB_COMPLETION_INDEX=3
 check "tf_config_from_pod.sh: a missing variable is named" pod_fails "PSCORO_SERVICE is not set" PSCORO_SERVICE=
+check "tf_config_from_pod.sh: with PSCORO_JOBSET_JOB_INDEX, a hostname without JobSet's Job index fails" \
+  pod_fails "the others find worker 1 as 'fashion-mnist-worker-0-1'" PSCORO_JOBSET_JOB_INDEX=0
+check "tf_config_from_pod.sh: a PSCORO_JOBSET_JOB_INDEX that is no number fails" \
+  pod_fails "PSCORO_JOBSET_JOB_INDEX is 'x'" PSCORO_JOBSET_JOB_INDEX=x
 check "tf_config_from_pod.sh: without JOB_COMPLETION_INDEX the hostname's ordinal (a StatefulSet's) is the index" \
   test "$(env -i PATH="$PATH" "${worker_env[@]}" JOB_COMPLETION_INDEX= sh "$deploy/tf_config_from_pod.sh" \
     sh -c 'echo "$TF_CONFIG"' | grep -o '"task":.*')" = '"task":{"type":"worker","index":1}}'
