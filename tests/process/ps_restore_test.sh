@@ -5,7 +5,7 @@
 # is reached, and every step ran (the --count-runs table on ps:0, not in any checkpoint, was never
 # rolled back: no step is counted less than once). Then the CTR example on raw ids and hash tables,
 # saved incrementally: ps:1 killed after a save, restored from the newest file through its chain,
-# and the run ends with its test AUC.
+# and the run ends with its test AUC (PSCORO_PS_RESTORE_CTR=0: not this part).
 # usage: ps_restore_test.sh PSCORO_LAUNCH FASHION_MNIST CTR
 set -uo pipefail
 launch=$1
@@ -37,6 +37,7 @@ else
 fi
 grep -E 'restor|lost|saved|test accuracy|ran:' "$log" | grep -v 'INFO'
 [ "$failed" -eq 0 ] || cat "$log"
+[ "${PSCORO_PS_RESTORE_CTR:-1}" = 1 ] || finish
 
 echo "--- the CTR example on hash tables, saved incrementally (one save in 3 whole)"
 ctr_log=$work/ctr.log
