@@ -201,7 +201,7 @@ bool closure_queue::running_anywhere(const closure_ptr& c) const {
   });
 }
 
-void closure_queue::settle_attempts(std::size_t winner, const closure_ptr& c, clock::time_point now) {
+void closure_queue::end_other_attempts(std::size_t winner, const closure_ptr& c, clock::time_point now) {
   for (std::size_t w = 0; w < workers_.size(); ++w) {
     if (w != winner && take_running(w, c) && cancel_attempt_) cancel_attempt_(w, c);
   }
@@ -272,7 +272,7 @@ void closure_queue::check_speculation(clock::time_point now) {
 void closure_queue::succeeded(std::size_t worker, const closure_ptr& c, value result) {
   if (!take_running(worker, c)) return;
   last_progress_ = clock::now();
-  settle_attempts(worker, c, last_progress_);
+  end_other_attempts(worker, c, last_progress_);
   count_finished(*c);
   worker_metrics_[worker]->succeeded.inc();
   c->result->set_value(std::move(result));
@@ -283,7 +283,7 @@ void closure_queue::succeeded(std::size_t worker, const closure_ptr& c, value re
 void closure_queue::failed(std::size_t worker, const closure_ptr& c, std::exception_ptr e) {
   if (!take_running(worker, c)) return;
   last_progress_ = clock::now();
-  settle_attempts(worker, c, last_progress_);  // the first outcome is the closure's, a failure too
+  end_other_attempts(worker, c, last_progress_);  // the first outcome is the closure's, a failure too
   count_finished(*c);
   worker_metrics_[worker]->failed.inc();
   c->result->set_error(e);

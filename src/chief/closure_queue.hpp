@@ -34,7 +34,8 @@ struct closure {
   std::shared_ptr<detail::remote_state> result;
   std::uint64_t generation = 0;  // errors of closures from before the last report are not reported again
   std::chrono::steady_clock::time_point started{};  // handed to its worker (the last time)
-  std::uint64_t number = 0;  // its place in the order closures were queued (bounded staleness)
+  std::uint64_t number = 0;  // its place in the order closures were queued (bounded staleness);
+                             // RunFunction.closure names it to its workers
   std::uint64_t finished_before = 0;  // closures finished when it was handed to its worker
   // Speculation: the worker running its backup attempt, and since when (at most one backup).
   std::optional<std::size_t> backup_worker = std::nullopt;
@@ -177,7 +178,7 @@ class closure_queue : public std::enable_shared_from_this<closure_queue> {
   bool running_anywhere(const closure_ptr& c) const;
   /// `c` finished on `winner`: its other attempt, if any, is taken off its worker and cancelled
   /// there; a backup that won is counted, and the run time goes to the function's recent runs.
-  void settle_attempts(std::size_t winner, const closure_ptr& c, clock::time_point now);
+  void end_other_attempts(std::size_t winner, const closure_ptr& c, clock::time_point now);
   /// Starts backups of the slow closures of functions with speculation, where there is room.
   void check_speculation(clock::time_point now);
   /// Puts `c` in the queue to run again: at the tail (TF), or with bounded staleness in its
