@@ -14,17 +14,74 @@
 #include <charconv>
 #include <cstdio>
 #include <deque>
+#include <filesystem>
+#include <fstream>
+#include <limits>
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
+#include <sstream>
+#include <string>
 
 namespace pscoro::metrics {
 
 namespace {
 
-// Resident and virtual memory from /proc/self/statm (pages), CPU time from getrusage.
+// When this process started, in seconds since the Unix epoch (Prometheus's
+// process_start_time_seconds): field 22 of /proc/self/stat (clock ticks after boot) plus the boot
+// time in /proc/stat. Read once: it never changes.
+std::optional<double> process_start_time() {
+  std::ifstream stat("/proc/self/stat");
+  std::string line;
+  if (!std::getline(stat, line)) return std::nullopt;
+  // The command name (field 2) is in parentheses and may hold spaces: count fields after the last ')'.
+  const auto close = line.rfind(')');
+  if (close == std::string::npos) return std::nullopt;
+  std::istringstream fields(line.substr(close + 1));
+  std::string field;
+  for (int i = 3; i <= 22; ++i) {
+    if (!(fields >> field)) return std::nullopt;
+  }
+  double ticks = 0;
+  if (std::from_chars(field.data(), field.data() + field.size(), ticks).ec != std::errc{}) return std::nullopt;
+  std::ifstream boot("/proc/stat");
+  std::string key;
+  double btime = -1;
+  while (boot >> key) {
+    if (key == "btime") {
+      boot >> btime;
+      break;
+    }
+    boot.ignore(std::numeric_limits<std::streamsize>::max(), '\n');
+  }
+  const long hertz = ::sysconf(_SC_CLK_TCK);
+  if (btime < 0 || hertz <= 0) return std::nullopt;
+  return btime + ticks / static_cast<double>(hertz);
+}
+
+// Resident and virtual memory from /proc/self/statm (pages), CPU time from getrusage, open file
+// descriptors from /proc/self/fd and their limit, and the start time: Prometheus's process series.
 std::vector<sample> process_samples() {
   std::vector<sample> out;
+  static const std::optional<double> started = process_start_time();
+  if (started) {
+    out.push_back({"process_start_time_seconds", "Start time of the process since unix epoch in seconds.",
+                   metric_type::gauge, {}, *started});
+  }
+  std::error_code ec;
+  std::size_t open = 0;
+  for (std::filesystem::directory_iterator it("/proc/self/fd", ec), end; !ec && it != end; it.increment(ec)) ++open;
+  if (!ec) {
+    // The iterator's own descriptor is among them while it reads: not one of the program's.
+    out.push_back({"process_open_fds", "Number of open file descriptors.", metric_type::gauge, {},
+                   static_cast<double>(open > 0 ? open - 1 : 0)});
+  }
+  rlimit files{};
+  if (::getrlimit(RLIMIT_NOFILE, &files) == 0) {
+    out.push_back({"process_max_fds", "Maximum number of open file descriptors.", metric_type::gauge, {},
+                   static_cast<double>(files.rlim_cur)});
+  }
   const double page = static_cast<double>(::sysconf(_SC_PAGESIZE));
   if (std::FILE* statm = std::fopen("/proc/self/statm", "r")) {
     unsigned long long size = 0, resident = 0;

@@ -19,6 +19,10 @@
 
 #include <fmt/format.h>
 
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <chrono>
 #include <cmath>
 #include <mutex>
 #include <thread>
@@ -135,7 +139,7 @@ TEST_CASE("a collector's samples are read at each exposition") {
   CHECK(contains(r.expose(), "y_value 2\n"));
 }
 
-TEST_CASE("the process registry has the process's memory and CPU time") {
+TEST_CASE("the process registry has Prometheus's process series: memory, CPU time, descriptors, start time") {
   // The library registers its process collector when it first counts anything.
   metrics::dataset_bytes_read().inc(0);
   const auto text = metrics::process_registry().expose();
@@ -144,6 +148,23 @@ TEST_CASE("the process registry has the process's memory and CPU time") {
   const auto rss = metrics::process_registry().value("process_resident_memory_bytes");
   REQUIRE(rss.has_value());
   CHECK(*rss > 0);
+  // A descriptor opened now is counted, and closing it takes it off again.
+  const auto open_before = metrics::process_registry().value("process_open_fds");
+  REQUIRE(open_before.has_value());
+  const int fd = ::open("/dev/null", O_RDONLY);
+  REQUIRE(fd >= 0);
+  CHECK(metrics::process_registry().value("process_open_fds") == *open_before + 1);
+  ::close(fd);
+  CHECK(metrics::process_registry().value("process_open_fds") == *open_before);
+  const auto limit = metrics::process_registry().value("process_max_fds");
+  REQUIRE(limit.has_value());
+  CHECK(*limit >= *open_before);
+  // Started before now, and not before this year.
+  const auto started = metrics::process_registry().value("process_start_time_seconds");
+  REQUIRE(started.has_value());
+  const double now = std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+  CHECK(*started <= now + 1);
+  CHECK(*started > now - 86400 * 365);
 }
 
 TEST_CASE("the responder answers GET /metrics, / and /api/cluster and says what it does not serve") {
