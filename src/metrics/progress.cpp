@@ -50,6 +50,10 @@ std::atomic<bool> step_published{false};
 struct progress::published {
   metrics::gauge step;
   metrics::gauge total;
+  // As of the last update: the mean loss of the report's window (NaN: none yet) and the steps per
+  // second since the report started. Doubles: read through a collector, not gauges of int64.
+  std::atomic<double> loss{std::nan("")};
+  std::atomic<double> steps_per_second{0};
   std::vector<metrics::registry::registration> registered;  // last: goes before what it lists
   ~published() {
     registered.clear();
@@ -82,6 +86,19 @@ progress::progress(std::int64_t total, progress_options options)
     published_->registered.push_back(r.add("pscoro_progress_total_steps",
                                            "Steps the program's progress report expects in all (0: unknown).", {},
                                            published_->total));
+    published_->registered.push_back(r.add_collector([shown = std::weak_ptr<published>(published_)] {
+      std::vector<metrics::sample> out;
+      const auto p = shown.lock();
+      if (!p) return out;
+      out.push_back({"pscoro_progress_steps_per_second", "Steps per second since the progress report started.",
+                     metrics::metric_type::gauge, {}, p->steps_per_second.load(std::memory_order_relaxed)});
+      const double loss = p->loss.load(std::memory_order_relaxed);
+      if (!std::isnan(loss)) {
+        out.push_back({"pscoro_progress_loss", "The mean loss of the progress report's last steps.",
+                       metrics::metric_type::gauge, {}, loss});
+      }
+      return out;
+    }));
   }
 }
 
@@ -89,10 +106,14 @@ std::chrono::steady_clock::time_point progress::now() const { return options_.cl
 
 void progress::update(std::int64_t step, std::optional<double> loss) {
   step_ = step;
-  if (published_) published_->step.set(step);
   if (loss) {
     losses_.push_back(*loss);
     while (losses_.size() > std::max<std::size_t>(options_.loss_window, 1)) losses_.pop_front();
+  }
+  if (published_) {
+    published_->step.set(step);
+    published_->steps_per_second.store(steps_per_second(), std::memory_order_relaxed);
+    if (const auto mean = average_loss()) published_->loss.store(*mean, std::memory_order_relaxed);
   }
   const bool last = total_ > 0 && step >= total_;
   if (redraw_) {

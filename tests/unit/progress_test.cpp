@@ -3,6 +3,7 @@
 // averaged over a window.
 #include "test_support.hpp"
 
+#include <pscoro/metrics.hpp>
 #include <pscoro/progress.hpp>
 
 #include <chrono>
@@ -162,4 +163,25 @@ TEST_CASE("lines style never redraws, and interrupt does nothing there") {
   progress p(10, t.options(progress_options::style::lines));
   p.interrupt();
   CHECK(t.out.empty());
+}
+
+TEST_CASE("the process's first report publishes its step, total, steps/s and mean loss as metrics") {
+  fake_terminal t;
+  auto o = t.options(progress_options::style::lines);
+  o.loss_window = 2;
+  progress p(10, o);
+  auto& r = metrics::process_registry();
+  CHECK(r.value("pscoro_progress_total_steps") == 10);
+  CHECK_FALSE(r.value("pscoro_progress_loss").has_value());  // no loss yet
+  t.now += 2s;
+  p.update(4, 1.0);
+  t.now += 2s;
+  p.update(8, 3.0);
+  CHECK(r.value("pscoro_progress_step") == 8);
+  CHECK(r.value("pscoro_progress_steps_per_second") == doctest::Approx(2.0));  // 8 steps in 4 s
+  CHECK(r.value("pscoro_progress_loss") == doctest::Approx(2.0));              // mean of the window
+  // A second report while the first lives publishes nothing: the series stay the first one's.
+  progress second(100, o);
+  second.update(50, 9.0);
+  CHECK(r.value("pscoro_progress_step") == 8);
 }
