@@ -1,13 +1,15 @@
 // What each example's chief does once its strategy exists, shared by fashion_mnist, ctr and dlrm.
 #pragma once
 
+#include <pscoro/log.hpp>
 #include <pscoro/strategy.hpp>
 
 #include <asio/awaitable.hpp>
 #include <asio/co_spawn.hpp>
 #include <asio/io_context.hpp>
 
-#include <cstdio>
+#include <fmt/format.h>
+
 #include <exception>
 #include <utility>
 
@@ -25,7 +27,7 @@ inline int run_chief_to_end(asio::io_context& io, pscoro::parameter_server_strat
       try {
         std::rethrow_exception(e);
       } catch (const std::exception& failure) {
-        std::fprintf(stderr, "chief: %s\n", failure.what());
+        pscoro::print_line(fmt::format("chief: {}", failure.what()), pscoro::log_level::error);
       }
       exit_code = 1;
     }

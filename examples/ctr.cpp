@@ -41,7 +41,6 @@
 #include <array>
 #include <chrono>
 #include <cmath>
-#include <cstdio>
 #include <deque>
 #include <filesystem>
 #include <optional>
@@ -368,16 +367,18 @@ asio::awaitable<int> run_chief(pscoro::parameter_server_strategy& strategy, cons
     for (std::size_t f = 0; f < fields; ++f) {
       m.tables.push_back(co_await scope.create_hash_table<float>(field_table_name(f), table_opts));
     }
-    std::printf("chief: %zu hash tables of rows [weight, %zu factors] (%s); %lld steps of %lld examples on %zu workers\n",
-                fields, factor_size, field_tables::describe_policies(o.admission_min_count, o.ttl).c_str(),
-                static_cast<long long>(o.steps), static_cast<long long>(o.batch_size), strategy.num_workers());
+    pscoro::print_line(
+        fmt::format("chief: {} hash tables of rows [weight, {} factors] ({}); {} steps of {} examples on {} workers",
+                    fields, factor_size, field_tables::describe_policies(o.admission_min_count, o.ttl).c_str(),
+                    static_cast<long long>(o.steps), static_cast<long long>(o.batch_size), strategy.num_workers()));
   } else {
     m.wide = co_await scope.create_sharded_variable<float>("ctr/wide", wide_shape, pscoro::initializers::zeros{});
     m.factors = co_await scope.create_sharded_variable<float>(
         "ctr/factors", factor_shape, pscoro::initializers::random_normal{.stddev = 0.01, .seed = 1});
-    std::printf("chief: factors %zu x %zu in %zu shards, wide in %zu shards; %lld steps of %lld examples on %zu workers\n",
-                rows, factor_size, m.factors.num_shards(), m.wide.num_shards(), static_cast<long long>(o.steps),
-                static_cast<long long>(o.batch_size), strategy.num_workers());
+    pscoro::print_line(
+        fmt::format("chief: factors {} x {} in {} shards, wide in {} shards; {} steps of {} examples on {} workers",
+                    rows, factor_size, m.factors.num_shards(), m.wide.num_shards(), static_cast<long long>(o.steps),
+                    static_cast<long long>(o.batch_size), strategy.num_workers()));
   }
   m.numeric = co_await scope.create_variable<float>("ctr/numeric", numeric_shape, pscoro::initializers::zeros{});
   m.bias = co_await scope.create_variable<float>("ctr/bias", bias_shape, pscoro::initializers::zeros{});
@@ -399,15 +400,14 @@ asio::awaitable<int> run_chief(pscoro::parameter_server_strategy& strategy, cons
     if (o.on_ps_loss == "restore") {
       manager->restore_lost_ps({.wait_for_ps = std::chrono::minutes(5),
                                 .on_restored = [](const pscoro::ps_restore_report& r) {
-                                  std::printf("chief: %s restored from %s (step %lld) in %.1f s\n", r.ps.c_str(),
-                                              r.checkpoint.c_str(), static_cast<long long>(r.step), r.seconds);
-                                  std::fflush(stdout);
+                                  pscoro::print_line(fmt::format("chief: {} restored from {} (step {}) in {:.1f} s",
+                                                                 r.ps, r.checkpoint.string(), r.step, r.seconds));
                                 }});
     }
     if (const auto latest = manager->latest_checkpoint()) {
       co_await ckpt.restore(*latest);
       first_step = std::min(ckpt.step(), o.steps);
-      std::printf("chief: resumed from %s at step %lld\n", latest->c_str(), static_cast<long long>(first_step));
+      pscoro::print_line(fmt::format("chief: resumed from {} at step {}", latest->string(), first_step));
     }
   }
   // Every worker builds its input pipeline now, before any step can ask it for a batch.
@@ -423,15 +423,16 @@ asio::awaitable<int> run_chief(pscoro::parameter_server_strategy& strategy, cons
   const std::size_t in_flight_at_most = o.closures_per_worker * strategy.num_workers();
   const std::size_t window = o.ttl > 0 ? field_tables::clock_window(in_flight_at_most)
                                        : std::max<std::size_t>(64, 4 * in_flight_at_most);
+  // "chief: step 500/3000 loss 0.6123 812.3 steps/s ETA 3s" every log_every steps (a redrawn line
+  // on a terminal): the loss is the mean of the last 100 steps'.
+  pscoro::progress report(o.steps, {.label = "chief: ", .print_every = o.log_every});
   std::deque<std::pair<std::int64_t, pscoro::remote_value<double>>> in_flight;
   auto retire_oldest = [&]() -> asio::awaitable<void> {
     auto [step, loss] = std::move(in_flight.front());
     in_flight.pop_front();
     const double value = co_await loss.get();
+    report.update(step, value);
     if (step % o.log_every == 0 || step == o.steps) {
-      std::printf("chief: step %lld/%lld loss %.4f\n", static_cast<long long>(step), static_cast<long long>(o.steps),
-                  value);
-      std::fflush(stdout);
       if (summaries) {
         summaries->scalar("train/loss", value, step);
         summaries->scalar("train/learning_rate", o.learning_rate, step);
@@ -452,15 +453,15 @@ asio::awaitable<int> run_chief(pscoro::parameter_server_strategy& strategy, cons
       co_await coordinator.join();  // a consistent snapshot: no step is updating the model
       ckpt.set_step(step + 1);
       const auto path = co_await manager->save(step + 1);
-      std::printf("chief: saved %s\n", path.c_str());
-      std::fflush(stdout);
+      pscoro::print_line(fmt::format("chief: saved {}", path.string()));
     }
   }
   while (!in_flight.empty()) co_await retire_oldest();
   co_await coordinator.join();
+  report.finish();
   const std::chrono::duration<double> took = std::chrono::steady_clock::now() - started;
-  std::printf("chief: trained %lld steps in %.1f s: %.1f steps/s\n", static_cast<long long>(o.steps - first_step),
-              took.count(), static_cast<double>(o.steps - first_step) / took.count());
+  pscoro::print_line(fmt::format("chief: trained {} steps in {:.1f} s: {:.1f} steps/s", o.steps - first_step,
+                                 took.count(), static_cast<double>(o.steps - first_step) / took.count()));
 
   // Test data with the generator's true probabilities: fresh lines far beyond the training lines
   // (raw ids: the lines right after them, the stream's next day).
@@ -481,15 +482,16 @@ asio::awaitable<int> run_chief(pscoro::parameter_server_strategy& strategy, cons
   } else {
     co_await evaluate(criteo::make_test_set(criteo::generator(seed), count));
   }
-  std::printf("chief: test AUC %.4f, ground truth %.4f (gap %.4f) on %zu examples\n", model_auc, best_auc,
-              best_auc - model_auc, examples);
+  pscoro::print_line(fmt::format("chief: test AUC {:.4f}, ground truth {:.4f} (gap {:.4f}) on {} examples", model_auc,
+                                 best_auc, best_auc - model_auc, examples));
   if (summaries) {
     summaries->scalar("test/auc", model_auc, o.steps);
     summaries->scalar("test/ground_truth_auc", best_auc, o.steps);
     summaries->close();
   }
   if (best_auc - model_auc > o.max_auc_gap) {
-    std::printf("chief: the AUC gap %.4f is above the allowed %.3f\n", best_auc - model_auc, o.max_auc_gap);
+    pscoro::print_line(
+        fmt::format("chief: the AUC gap {:.4f} is above the allowed {:.3f}", best_auc - model_auc, o.max_auc_gap));
     co_return 1;
   }
   co_return 0;
@@ -542,7 +544,7 @@ int main(int argc, char** argv) {
   app.add_option("--max-auc-gap", o.max_auc_gap,
                  "exit 1 if the test AUC ends further than this below the truth's (raw ids: 0.05 unless set)");
   app.add_option("--closures-per-worker", o.closures_per_worker, "closures in flight per worker")->check(CLI::PositiveNumber);
-  app.add_option("--log-every", o.log_every, "print the loss every N steps")->check(CLI::PositiveNumber);
+  app.add_option("--log-every", o.log_every, "print progress (mean loss, steps/s, ETA) every N steps")->check(CLI::PositiveNumber);
   app.add_option("--logdir", o.logdir, "write TensorBoard events (loss, learning rate, test AUC) here");
   auto* checkpoint_dir = app.add_option("--checkpoint-dir", o.checkpoint_dir,
                                         "save checkpoints here, and resume from the newest one found at the start");
@@ -558,11 +560,11 @@ int main(int argc, char** argv) {
       ->needs(checkpoint_dir);
   if (const auto stop = pscoro::tools::parse_command_line(app, argc, argv)) return *stop;
   if (o.raw_ids() && o.format != "tsv") {
-    std::fprintf(stderr, "ctr: --ids raw: the data is written as TSV only\n");
+    pscoro::print_line("ctr: --ids raw: the data is written as TSV only", pscoro::log_level::error);
     return 2;
   }
   if (!o.hashed() && (o.admission_min_count > 0 || o.ttl > 0)) {
-    std::fprintf(stderr, "ctr: --admission-min-count and --ttl need --embedding hash\n");
+    pscoro::print_line("ctr: --admission-min-count and --ttl need --embedding hash", pscoro::log_level::error);
     return 2;
   }
   if (o.raw_ids()) {
@@ -583,9 +585,9 @@ int main(int argc, char** argv) {
                                                          o.files, format)
                            : criteo::write_training_data(criteo::generator(seed), o.data_dir, o.train_examples, o.files,
                                                          format);
-      std::printf("chief: training data in %s (%lld lines in %zu %s files)\n", dir.c_str(),
-                  static_cast<long long>(o.train_examples), o.files, format == criteo::file_format::tsv ? "TSV" : "TFRecord");
-      std::fflush(stdout);
+      pscoro::print_line(fmt::format("chief: training data in {} ({} lines in {} {} files)", dir.c_str(),
+                                     static_cast<long long>(o.train_examples), o.files,
+                                     format == criteo::file_format::tsv ? "TSV" : "TFRecord"));
     };
     if (o.prepare_only) {
       write_data(criteo::file_format::tsv);
@@ -615,7 +617,7 @@ int main(int argc, char** argv) {
     pscoro::parameter_server_strategy strategy(io.get_executor(), resolver, pscoro::min_size_partitioner{256 << 10, 2});
     return examples::run_chief_to_end(io, strategy, run_chief(strategy, o));
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "ctr: %s\n", e.what());
+    pscoro::print_line(fmt::format("ctr: {}", e.what()), pscoro::log_level::error);
     return 1;
   }
 }

@@ -52,7 +52,6 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
-#include <cstdio>
 #include <ctime>
 #include <deque>
 #include <filesystem>
@@ -249,8 +248,7 @@ class model_pool {
   std::unique_ptr<replica> take(const variable_map& variables) {
     if (idle_.empty()) {
       ++made_;
-      std::printf("worker: model %zu made (as many steps in flight)\n", made_);
-      std::fflush(stdout);
+      pscoro::print_line(fmt::format("worker: model {} made (as many steps in flight)", made_));
       return std::make_unique<replica>(dlrm(dim_, hidden_, first_order_scale_), variables);
     }
     auto r = std::move(idle_.back());
@@ -331,29 +329,16 @@ std::vector<float> labels_of(const std::vector<Example>& examples) {
   return out;
 }
 
-// The training loss as the chief prints it, every log_every steps: the mean over the steps since
-// the last line, not one batch's loss. One batch of 512 varies by +-0.04 around the mean; an
-// asynchronous run that overshoots (docs/design.md, The DLRM example) shows as a mean that rises
-// and stays up, which single batches hid.
-class loss_window {
- public:
-  // `step` from 0. "chief: step 500/9000 loss 0.4286 (mean of steps 1-500)"
-  void add(const options& o, const char* what, std::int64_t step, double loss) {
-    sum_ += loss;
-    ++count_;
-    if ((step + 1) % o.log_every != 0 && step + 1 != o.steps) return;
-    std::printf("chief: %s %lld/%lld loss %.4f (mean of steps %lld-%lld)\n", what, static_cast<long long>(step + 1),
-                static_cast<long long>(o.steps), sum_ / static_cast<double>(count_),
-                static_cast<long long>(step + 2 - count_), static_cast<long long>(step + 1));
-    std::fflush(stdout);
-    sum_ = 0;
-    count_ = 0;
-  }
-
- private:
-  double sum_ = 0;
-  std::int64_t count_ = 0;
-};
+// The training progress as the chief prints it, every log_every steps: the loss is the mean over
+// the steps since the last line, not one batch's loss. One batch of 512 varies by +-0.04 around the
+// mean; an asynchronous run that overshoots (docs/design.md, The DLRM example) shows as a mean that
+// rises and stays up, which single batches hid.
+// "chief: step 500/9000 loss 0.4286 41.2 steps/s ETA 3:23" (a redrawn line on a terminal)
+pscoro::progress training_progress(const options& o, std::string label) {
+  return pscoro::progress(
+      o.steps,
+      {.label = std::move(label), .print_every = o.log_every, .loss_window = static_cast<std::size_t>(o.log_every)});
+}
 
 // Which hidden units of the two MLPs (after their ReLU) fire for some test example. A unit that
 // fires for none is dead: its gradient is 0 for every input, so training cannot revive it. A run
@@ -410,7 +395,7 @@ result train_reference(const options& o, const dlrm& initial, const torch::Tenso
   auto batches = training_batches(o, {.worker_index = 0, .num_workers = 1}).make_iterator();
   const auto start = std::chrono::steady_clock::now();
   const double cpu_start = cpu_now();
-  loss_window window;
+  auto training = training_progress(o, "chief: reference ");
   for (std::int64_t step = 0; step < o.steps; ++step) {
     const auto b = batches.next();
     if (!b) throw std::runtime_error("the reference's training data ended");
@@ -420,8 +405,9 @@ result train_reference(const options& o, const dlrm& initial, const torch::Tenso
     const torch::Tensor loss = torch::binary_cross_entropy_with_logits(model->forward(b->dense, rows), b->labels);
     loss.backward();
     optimizer.step();
-    window.add(o, "reference step", step, loss.item<double>());
+    training.update(step + 1, loss.item<double>());
   }
+  training.finish();
   result out;
   out.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   out.cpu_seconds = cpu_now() - cpu_start;
@@ -460,13 +446,13 @@ int report(const options& o, const std::optional<result>& cluster, const std::op
            double bound, std::size_t workers) {
   int code = 0;
   const result& judged = cluster ? *cluster : *reference;  // the reference when it ran alone
-  std::printf("chief: test AUC %.4f (bound %.4f)\n", judged.auc, bound);
+  pscoro::print_line(fmt::format("chief: test AUC {:.4f} (bound {:.4f})", judged.auc, bound));
   const auto line = [&](const char* what, const result& r) {
-    std::printf("chief: %-36s test AUC %.4f  %7.1f steps/s  (%lld steps of %lld in %.1f s", what, r.auc,
-                static_cast<double>(o.steps) / r.seconds, static_cast<long long>(o.steps),
-                static_cast<long long>(o.batch_size), r.seconds);
-    if (r.cpu_seconds >= 0) std::printf(", %.1f s CPU", r.cpu_seconds);
-    std::printf(")\n");
+    std::string text = fmt::format("chief: {:<36} test AUC {:.4f}  {:7.1f} steps/s  ({} steps of {} in {:.1f} s", what,
+                                   r.auc, static_cast<double>(o.steps) / r.seconds, static_cast<long long>(o.steps),
+                                   static_cast<long long>(o.batch_size), r.seconds);
+    if (r.cpu_seconds >= 0) text += fmt::format(", {:.1f} s CPU", r.cpu_seconds);
+    pscoro::print_line(text + ")");
   };
   if (cluster) {
     const std::string mode =
@@ -474,17 +460,18 @@ int report(const options& o, const std::optional<result>& cluster, const std::op
     line(fmt::format("cluster ({} workers, {}):", workers, mode).c_str(), *cluster);
   }
   if (reference) line("reference (one process, libtorch):", *reference);
-  if (cluster) std::printf("chief: cluster: %s\n", cluster->units.c_str());
-  if (cluster) std::printf("chief: cluster: %s\n", cluster->staleness.c_str());
-  if (reference) std::printf("chief: reference: %s\n", reference->units.c_str());
-  std::fflush(stdout);
+  if (cluster) pscoro::print_line(fmt::format("chief: cluster: {}", cluster->units.c_str()));
+  if (cluster) pscoro::print_line(fmt::format("chief: cluster: {}", cluster->staleness.c_str()));
+  if (reference) pscoro::print_line(fmt::format("chief: reference: {}", reference->units.c_str()));
   if (bound - judged.auc > o.max_auc_gap) {
-    std::printf("chief: the AUC gap %.4f to the bound is above the allowed %.3f\n", bound - judged.auc, o.max_auc_gap);
+    pscoro::print_line(fmt::format("chief: the AUC gap {:.4f} to the bound is above the allowed {:.3f}",
+                                   bound - judged.auc, o.max_auc_gap));
     code = 1;
   }
   if (cluster && reference && std::abs(cluster->auc - reference->auc) > o.max_reference_gap) {
-    std::printf("chief: the cluster's AUC is %.4f from the reference's, more than the allowed %.3f\n",
-                cluster->auc - reference->auc, o.max_reference_gap);
+    pscoro::print_line(
+        fmt::format("chief: the cluster's AUC is {:.4f} from the reference's, more than the allowed {:.3f}",
+                    cluster->auc - reference->auc, o.max_reference_gap));
     code = 1;
   }
   return code;
@@ -571,18 +558,19 @@ asio::awaitable<int> run_chief(pscoro::parameter_server_strategy& strategy, cons
         pscoro::initializers::random_normal{.stddev = o.init_stddev, .seed = static_cast<std::uint64_t>(o.seed)},
         o.admission_min_count, o.ttl);
     for (const auto& name : field_table_names()) e.tables.push_back(co_await scope.create_hash_table<float>(name, table_options));
-    std::printf("chief: %lld hash tables of rows [%lld + 1] (%s); %s; %lld steps of %lld examples on %zu workers\n",
-                static_cast<long long>(fields), static_cast<long long>(o.dim),
-                field_tables::describe_policies(o.admission_min_count, o.ttl).c_str(), mlps.c_str(),
-                static_cast<long long>(o.steps), static_cast<long long>(o.batch_size), strategy.num_workers());
+    pscoro::print_line(
+        fmt::format("chief: {} hash tables of rows [{} + 1] ({}); {}; {} steps of {} examples on {} workers",
+                    static_cast<long long>(fields), static_cast<long long>(o.dim),
+                    field_tables::describe_policies(o.admission_min_count, o.ttl).c_str(), mlps.c_str(),
+                    static_cast<long long>(o.steps), static_cast<long long>(o.batch_size), strategy.num_workers()));
   } else {
     e.fixed = co_await scope.create_sharded_variable("dlrm/embedding",
                                                      pscoro::to_xarray<float>(pscoro::from_torch(initial.table)));
-    std::printf("chief: embedding %lld x (%lld + 1) in %zu shards; %s; %lld steps of %lld examples on %zu workers\n",
-                static_cast<long long>(o.rows), static_cast<long long>(o.dim), e.fixed.num_shards(), mlps.c_str(),
-                static_cast<long long>(o.steps), static_cast<long long>(o.batch_size), strategy.num_workers());
+    pscoro::print_line(
+        fmt::format("chief: embedding {} x ({} + 1) in {} shards; {}; {} steps of {} examples on {} workers",
+                    static_cast<long long>(o.rows), static_cast<long long>(o.dim), e.fixed.num_shards(), mlps.c_str(),
+                    static_cast<long long>(o.steps), static_cast<long long>(o.batch_size), strategy.num_workers()));
   }
-  std::fflush(stdout);
   // Every worker builds its input pipeline now, before any step can ask it for a batch.
   const auto batches = co_await coordinator.create_per_worker_dataset(train_data).iter();
 
@@ -593,13 +581,13 @@ asio::awaitable<int> run_chief(pscoro::parameter_server_strategy& strategy, cons
       o.ttl > 0 ? field_tables::clock_window(o.closures_per_worker * strategy.num_workers()) : static_cast<std::size_t>(o.steps);
   const std::int64_t clock_every = field_tables::clock_every(o.ttl);
   std::deque<pscoro::remote_value<double>> losses;
-  loss_window printed;
+  auto training = training_progress(o, "chief: ");
   std::int64_t retired = 0;
   const auto retire_oldest = [&]() -> asio::awaitable<void> {
     auto loss = std::move(losses.front());
     losses.pop_front();
     const double value = co_await loss.get();
-    printed.add(o, "step", retired++, value);
+    training.update(++retired, value);
   };
   for (std::int64_t step = 0; step < o.steps; ++step) {
     if (o.ttl > 0 && step % clock_every == 0) co_await field_tables::advance_clocks(e.tables, static_cast<std::uint64_t>(step));
@@ -609,6 +597,7 @@ asio::awaitable<int> run_chief(pscoro::parameter_server_strategy& strategy, cons
   }
   while (!losses.empty()) co_await retire_oldest();
   co_await coordinator.join();
+  training.finish();
   result cluster;
   cluster.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   cluster.cpu_seconds = -1;  // spread over the ps and workers
@@ -697,21 +686,23 @@ int main(int argc, char** argv) {
   app.add_option("--max-staleness", o.max_staleness,
                  "a step starts only once every step more than N before it has finished (-1: no bound)")
       ->check(CLI::Range(-1LL, 1LL << 40));
-  app.add_option("--log-every", o.log_every, "print the mean training loss of the last N steps every N steps")
+  app.add_option("--log-every", o.log_every,
+                 "print progress (the mean training loss of the last N steps, steps/s, ETA) every N steps")
       ->check(CLI::PositiveNumber);
   app.add_flag("--no-reference", o.no_reference, "train on the cluster only, not the single-process reference");
   app.add_flag("--reference-only", o.reference_only, "train the single-process reference only (no cluster)");
   if (const auto stop = pscoro::tools::parse_command_line(app, argc, argv)) return *stop;
   if (o.raw_ids() && o.format != "tsv") {
-    std::fprintf(stderr, "dlrm: --ids raw: the data is written as TSV only\n");
+    pscoro::print_line("dlrm: --ids raw: the data is written as TSV only", pscoro::log_level::error);
     return 2;
   }
   if (!o.hashed() && (o.admission_min_count > 0 || o.ttl > 0)) {
-    std::fprintf(stderr, "dlrm: --admission-min-count and --ttl need --embedding hash\n");
+    pscoro::print_line("dlrm: --admission-min-count and --ttl need --embedding hash", pscoro::log_level::error);
     return 2;
   }
   if (o.hashed() && o.reference_only) {
-    std::fprintf(stderr, "dlrm: --reference-only: the reference trains a fixed table, not --embedding hash\n");
+    pscoro::print_line("dlrm: --reference-only: the reference trains a fixed table, not --embedding hash",
+                       pscoro::log_level::error);
     return 2;
   }
   if (o.raw_ids()) {
@@ -731,9 +722,9 @@ int main(int argc, char** argv) {
                                                                  o.train_examples, o.files, o.file_format())
                                    : criteo::write_training_data(criteo::generator(seed), o.data_dir, o.train_examples,
                                                                  o.files, o.file_format());
-      std::printf("chief: training data in %s (%lld lines in %zu %s files)\n", dir.c_str(),
-                  static_cast<long long>(o.train_examples), o.files, o.format == "tsv" ? "TSV" : "TFRecord");
-      std::fflush(stdout);
+      pscoro::print_line(fmt::format("chief: training data in {} ({} lines in {} {} files)", dir.c_str(),
+                                     static_cast<long long>(o.train_examples), o.files,
+                                     o.format == "tsv" ? "TSV" : "TFRecord"));
     };
     if (o.reference_only) {
       write_data();
@@ -781,7 +772,7 @@ int main(int argc, char** argv) {
     pscoro::parameter_server_strategy strategy(io.get_executor(), resolver, pscoro::min_size_partitioner{256 << 10, 2});
     return examples::run_chief_to_end(io, strategy, run_chief(strategy, o));
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "dlrm: %s\n", e.what());
+    pscoro::print_line(fmt::format("dlrm: {}", e.what()), pscoro::log_level::error);
     return 1;
   }
 }

@@ -23,9 +23,10 @@
 #include <asio/co_spawn.hpp>
 #include <asio/io_context.hpp>
 
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <cmath>
-#include <cstdio>
 #include <deque>
 #include <numeric>
 #include <optional>
@@ -121,8 +122,8 @@ int train_one_thread(const options& o) {
   xt::xarray<float> x = xt::xarray<float>::from_shape({batch_size, pixels});
   xt::xarray<std::int64_t> labels = xt::xarray<std::int64_t>::from_shape({batch_size});
   std::size_t next = n;
-  std::printf("one thread: %lld steps of %lld images\n", static_cast<long long>(o.steps),
-              static_cast<long long>(o.batch_size));
+  pscoro::print_line(fmt::format("one thread: {} steps of {} images", static_cast<long long>(o.steps),
+                                 static_cast<long long>(o.batch_size)));
   pscoro::progress report(o.steps, {.label = "one thread: ", .print_every = o.log_every});
   for (std::int64_t step = 0; step < o.steps; ++step) {
     for (std::size_t r = 0; r < batch_size; ++r) {
@@ -142,9 +143,9 @@ int train_one_thread(const options& o) {
   }
   report.finish();
   const auto [acc, images] = accuracy(test, w, b);
-  std::printf("one thread: test accuracy %.4f on %zu images\n", acc, images);
+  pscoro::print_line(fmt::format("one thread: test accuracy {:.4f} on {} images", acc, images));
   if (acc < o.min_accuracy) {
-    std::printf("one thread: accuracy %.4f is below the required %.2f\n", acc, o.min_accuracy);
+    pscoro::print_line(fmt::format("one thread: accuracy {:.4f} is below the required {:.2f}", acc, o.min_accuracy));
     return 1;
   }
   return 0;
@@ -161,8 +162,9 @@ asio::awaitable<int> run_chief(pscoro::parameter_server_strategy& strategy, cons
   const xt::xarray<float> zero_bias = xt::zeros<float>({classes});
   auto w = co_await scope.create_variable("softmax/weights", zero_weights);
   auto b = co_await scope.create_variable("softmax/bias", zero_bias);
-  std::printf("chief: weights on ps:%d, bias on ps:%d; %lld steps of %lld images on %zu workers\n", w.ps_task(),
-              b.ps_task(), static_cast<long long>(o.steps), static_cast<long long>(o.batch_size), strategy.num_workers());
+  pscoro::print_line(fmt::format("chief: weights on ps:{}, bias on ps:{}; {} steps of {} images on {} workers",
+                                 w.ps_task(), b.ps_task(), static_cast<long long>(o.steps),
+                                 static_cast<long long>(o.batch_size), strategy.num_workers()));
   // With a checkpoint directory: resume from its newest checkpoint, and save one every
   // checkpoint_every steps (the sidecar evaluator watches the directory).
   pscoro::checkpoint ckpt(strategy);
@@ -174,17 +176,17 @@ asio::awaitable<int> run_chief(pscoro::parameter_server_strategy& strategy, cons
     // --on-ps-loss restore: a ps that dies and comes back (pscoro-launch --restart-ps) gets its
     // variables from the newest checkpoint; the other ps keep theirs, and training goes on.
     if (o.on_ps_loss == "restore") {
-      manager->restore_lost_ps({.wait_for_ps = std::chrono::minutes(5),
-                                .on_restored = [](const pscoro::ps_restore_report& r) {
-                                  std::printf("chief: %s restored from %s (step %lld) in %.1f s\n", r.ps.c_str(),
-                                              r.checkpoint.c_str(), static_cast<long long>(r.step), r.seconds);
-                                  std::fflush(stdout);
-                                }});
+      manager->restore_lost_ps(
+          {.wait_for_ps = std::chrono::minutes(5), .on_restored = [](const pscoro::ps_restore_report& r) {
+             pscoro::print_line(fmt::format("chief: {} restored from {} (step {}) in {:.1f} s", r.ps.c_str(),
+                                            r.checkpoint.c_str(), static_cast<long long>(r.step), r.seconds));
+           }});
     }
     if (const auto latest = manager->latest_checkpoint()) {
       co_await ckpt.restore(*latest);
       first_step = std::min(ckpt.step(), o.steps);
-      std::printf("chief: resumed from %s at step %lld\n", latest->c_str(), static_cast<long long>(first_step));
+      pscoro::print_line(
+          fmt::format("chief: resumed from {} at step {}", latest->c_str(), static_cast<long long>(first_step)));
     }
   }
   // Every worker builds its input pipeline now, before any step can ask it for a batch.
@@ -200,7 +202,7 @@ asio::awaitable<int> run_chief(pscoro::parameter_server_strategy& strategy, cons
   std::optional<pscoro::summary_writer> summaries;
   if (!o.logdir.empty()) {
     summaries.emplace(o.logdir);
-    std::printf("chief: TensorBoard events in %s\n", summaries->path().c_str());
+    pscoro::print_line(fmt::format("chief: TensorBoard events in {}", summaries->path().c_str()));
   }
   // "chief: step 500/3000 loss 0.6123 812.3 steps/s ETA 3s" every log_every steps (a redrawn
   // line on a terminal): the loss is the mean of the last 100 steps'.
@@ -242,8 +244,7 @@ asio::awaitable<int> run_chief(pscoro::parameter_server_strategy& strategy, cons
       ckpt.set_step(step + 1);
       const auto path = co_await manager->save(step + 1);
       report.interrupt();  // on a terminal, the progress line ends first
-      std::printf("chief: saved %s\n", path.c_str());
-      std::fflush(stdout);
+      pscoro::print_line(fmt::format("chief: saved {}", path.c_str()));
     }
   }
   while (!in_flight.empty()) co_await retire_oldest();
@@ -259,30 +260,32 @@ asio::awaitable<int> run_chief(pscoro::parameter_server_strategy& strategy, cons
       const auto n = counts(static_cast<std::size_t>(step));
       (n == 0 ? never : n == 1 ? once : again) += 1;
     }
-    std::printf("chief: steps %lld-%lld ran: %lld once, %lld again after a worker was lost, %lld never\n",
-                static_cast<long long>(first_step + 1), static_cast<long long>(o.steps), static_cast<long long>(once),
-                static_cast<long long>(again), static_cast<long long>(never));
+    pscoro::print_line(fmt::format("chief: steps {}-{} ran: {} once, {} again after a worker was lost, {} never",
+                                   static_cast<long long>(first_step + 1), static_cast<long long>(o.steps),
+                                   static_cast<long long>(once), static_cast<long long>(again),
+                                   static_cast<long long>(never)));
   }
 
   const auto weights = co_await w.read();
   const auto bias = co_await b.read();
   const auto [acc, images] = accuracy(load_split(o.data_dir, "t10k"), weights, bias);
-  std::printf("chief: test accuracy %.4f on %zu images\n", acc, images);
+  pscoro::print_line(fmt::format("chief: test accuracy {:.4f} on {} images", acc, images));
   const auto staleness = coordinator.metrics().closure_staleness;
-  std::printf("chief: steps that finished while a step ran: p50 <= %llu, p99 <= %llu, max %llu (bound: %s)\n",
-              static_cast<unsigned long long>(staleness.p50), static_cast<unsigned long long>(staleness.p99),
-              static_cast<unsigned long long>(staleness.max),
-              o.max_staleness >= 0 ? std::to_string(o.max_staleness).c_str() : "none");
+  pscoro::print_line(
+      fmt::format("chief: steps that finished while a step ran: p50 <= {}, p99 <= {}, max {} (bound: {})",
+                  static_cast<unsigned long long>(staleness.p50), static_cast<unsigned long long>(staleness.p99),
+                  static_cast<unsigned long long>(staleness.max),
+                  o.max_staleness >= 0 ? std::to_string(o.max_staleness).c_str() : "none"));
   if (summaries) {
     summaries->scalar("test/accuracy", acc, o.steps);
     summaries->close();
   }
   if (never > 0) {
-    std::printf("chief: %lld steps never ran\n", static_cast<long long>(never));
+    pscoro::print_line(fmt::format("chief: {} steps never ran", static_cast<long long>(never)));
     co_return 1;
   }
   if (acc < o.min_accuracy) {
-    std::printf("chief: accuracy %.4f is below the required %.2f\n", acc, o.min_accuracy);
+    pscoro::print_line(fmt::format("chief: accuracy {:.4f} is below the required {:.2f}", acc, o.min_accuracy));
     co_return 1;
   }
   co_return 0;
@@ -332,7 +335,8 @@ int main(int argc, char** argv) {
     // evaluates the chief's checkpoints as they appear, until the last step's.
     if (resolver.task_type() == "evaluator") {
       if (o.checkpoint_dir.empty()) {
-        std::fprintf(stderr, "fashion_mnist: the evaluator task evaluates checkpoints: give it --checkpoint-dir\n");
+        pscoro::print_line("fashion_mnist: the evaluator task evaluates checkpoints: give it --checkpoint-dir",
+                           pscoro::log_level::error);
         return 2;
       }
       return run_sidecar_evaluator({.checkpoint_dir = o.checkpoint_dir, .data_dir = o.data_dir, .until_step = o.steps});
@@ -352,7 +356,7 @@ int main(int argc, char** argv) {
     pscoro::parameter_server_strategy strategy(io.get_executor(), resolver);
     return examples::run_chief_to_end(io, strategy, run_chief(strategy, o));
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "fashion_mnist: %s\n", e.what());
+    pscoro::print_line(fmt::format("fashion_mnist: {}", e.what()), pscoro::log_level::error);
     return 1;
   }
 }

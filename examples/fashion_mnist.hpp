@@ -6,14 +6,16 @@
 #include <pscoro/checkpoint.hpp>
 #include <pscoro/data_formats.hpp>
 #include <pscoro/dataset.hpp>
+#include <pscoro/log.hpp>
 
 #include <xtensor/xarray.hpp>
+
+#include <fmt/format.h>
 
 #include <algorithm>
 #include <array>
 #include <chrono>
 #include <cmath>
-#include <cstdio>
 #include <memory>
 #include <string>
 #include <thread>
@@ -225,20 +227,21 @@ inline int run_sidecar_evaluator(const evaluator_options& o) {
         const auto w = reader.read<float>("softmax/weights");
         const auto b = reader.read<float>("softmax/bias");
         const auto [acc, images] = accuracy(test, w, b);
-        std::printf("evaluator: %s step %lld test accuracy %.4f on %zu images\n", path.filename().c_str(),
-                    static_cast<long long>(reader.step()), acc, images);
-        std::fflush(stdout);
+        pscoro::print_line(fmt::format("evaluator: {} step {} test accuracy {:.4f} on {} images",
+                                       path.filename().c_str(), static_cast<long long>(reader.step()), acc, images));
         if (o.until_step > 0 && reader.step() >= o.until_step) return 0;
       } catch (const pscoro::error& e) {
         if (e.code() != pscoro::errc::not_found) {
-          std::fprintf(stderr, "evaluator: %s\n", e.what());
+          pscoro::print_line(fmt::format("evaluator: {}", e.what()), pscoro::log_level::error);
           return 1;
         }
-        std::printf("evaluator: %s was pruned before it could be read\n", path.filename().c_str());
+        pscoro::print_line(fmt::format("evaluator: {} was pruned before it could be read", path.filename().c_str()));
       }
     }
     if (std::chrono::steady_clock::now() - last_news > std::chrono::duration<double>(o.timeout)) {
-      std::fprintf(stderr, "evaluator: no new checkpoint in %s for %.0f s\n", o.checkpoint_dir.c_str(), o.timeout);
+      pscoro::print_line(
+          fmt::format("evaluator: no new checkpoint in {} for {:.0f} s", o.checkpoint_dir.c_str(), o.timeout),
+          pscoro::log_level::error);
       return 1;
     }
     std::this_thread::sleep_for(std::chrono::duration<double>(o.poll));

@@ -6,6 +6,7 @@
 #include <pscoro/hash_table.hpp>
 #include <pscoro/hash_table_options.hpp>
 #include <pscoro/initializers.hpp>
+#include <pscoro/log.hpp>
 #include <pscoro/metrics.hpp>
 
 #include <asio/awaitable.hpp>
@@ -17,7 +18,6 @@
 #include <condition_variable>
 #include <cstddef>
 #include <cstdint>
-#include <cstdio>
 #include <mutex>
 #include <stop_token>
 #include <string>
@@ -104,9 +104,9 @@ class table_report {
       if (held < tables.size() || (rows == last_rows && bytes == last_bytes)) continue;
       last_rows = rows;
       last_bytes = bytes;
-      std::printf("%s: its part of the hash tables holds %.0f rows in %.1f MiB (%.0f bytes per row)\n", task.c_str(),
-                  rows, bytes / (1 << 20), rows > 0 ? bytes / rows : 0.0);
-      std::fflush(stdout);
+      pscoro::print_line(
+          fmt::format("{}: its part of the hash tables holds {:.0f} rows in {:.1f} MiB ({:.0f} bytes per row)",
+                      task.c_str(), rows, bytes / (1 << 20), rows > 0 ? bytes / rows : 0.0));
     }
   }
 

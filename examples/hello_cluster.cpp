@@ -10,7 +10,8 @@
 #include <asio/co_spawn.hpp>
 #include <asio/io_context.hpp>
 
-#include <cstdio>
+#include <fmt/format.h>
+
 #include <cstdlib>
 #include <exception>
 #include <numeric>
@@ -41,12 +42,14 @@ asio::awaitable<int> run_chief(pscoro::parameter_server_strategy& strategy, int 
   const auto values = co_await pscoro::cluster_coordinator::fetch(results);
   const auto final_total = co_await total.read();
   double sum = 0;
-  std::printf("chief: %d closures on %zu workers returned", steps, strategy.num_workers());
+  std::string returned = fmt::format("chief: {} closures on {} workers returned", steps, strategy.num_workers());
   for (const double v : values) {
-    std::printf(" %g", v);
+    returned += fmt::format(" {:g}", v);
     sum += v;
   }
-  std::printf("\nchief: total on ps:%d is %g, the sum of the results %g\n", total.ps_task(), final_total(0), sum);
+  pscoro::print_line(returned);
+  pscoro::print_line(
+      fmt::format("chief: total on ps:{} is {:g}, the sum of the results {:g}", total.ps_task(), final_total(0), sum));
   co_return final_total(0) == sum ? 0 : 1;
 }
 
@@ -71,7 +74,7 @@ int main(int argc, char** argv) {
     if (failure) std::rethrow_exception(failure);
     return exit_code;
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "hello_cluster: %s\n", e.what());
+    pscoro::print_line(fmt::format("hello_cluster: {}", e.what()), pscoro::log_level::error);
     return 1;
   }
 }

@@ -12,6 +12,7 @@
 
 #include <pscoro/error.hpp>
 
+#include <cstdio>
 #include <cstdlib>
 #include <exception>
 #include <ostream>
@@ -24,6 +25,7 @@
 #include <utility>
 
 #include <cxxabi.h>
+#include <unistd.h>
 
 #include <doctest/doctest.h>
 
@@ -124,6 +126,34 @@ inline std::string message_of(std::exception_ptr e) {
   } catch (const std::exception& x) {
     return x.what();
   }
+}
+
+/// What `f` writes on stdout (a file meanwhile, not a terminal), flushed.
+template <class F>
+std::string stdout_of(F&& f) {
+  std::fflush(stdout);
+  std::FILE* file = std::tmpfile();
+  if (!file) throw std::runtime_error("stdout_of: no temporary file");
+  const int saved = ::dup(STDOUT_FILENO);
+  ::dup2(::fileno(file), STDOUT_FILENO);
+  try {
+    std::forward<F>(f)();
+  } catch (...) {
+    std::fflush(stdout);
+    ::dup2(saved, STDOUT_FILENO);
+    ::close(saved);
+    std::fclose(file);
+    throw;
+  }
+  std::fflush(stdout);
+  ::dup2(saved, STDOUT_FILENO);
+  ::close(saved);
+  std::rewind(file);
+  std::string text;
+  char buffer[4096];
+  for (std::size_t n; (n = std::fread(buffer, 1, sizeof buffer, file)) > 0;) text.append(buffer, n);
+  std::fclose(file);
+  return text;
 }
 
 }  // namespace pscoro::testing

@@ -5,7 +5,11 @@
 // Every task runs the same program with its own TF_CONFIG. Servers (ps, workers) bind port 0 and
 // report their real port on stdout ("pscoro: ps:0 listening on 127.0.0.1:40123"), so there is no
 // pick-then-bind race; once all have reported, the chief starts with the real addresses. Output
-// lines are prefixed with the task ("[ps-0] "). The chief ends the job when it closes: the servers
+// lines are prefixed with the task ("[ps-0] "); with PSCORO_LOG_FORMAT=json every line is a JSON log
+// line instead: a task's JSON line as it is, any other line of a task wrapped in one, and the
+// launcher's own lines as task "launcher". When the launcher's stdout is a terminal the chief is told
+// so (PSCORO_PROGRESS_TTY=1) and its redrawn progress line is drawn there, below the other lines
+// (text format only). The chief ends the job when it closes: the servers
 // exit on their own with its code (code 0 is never a failure); those still running a grace period
 // after the chief's exit (at once, when a signal ended the chief) get SIGTERM, then SIGKILL after
 // another; the launcher exits with the chief's code (128 + signal for a signal).
@@ -22,6 +26,9 @@
 // notice and report it (a lost ps fails the chief with a message naming it), with the chief's code
 // if it exits meanwhile, else the task's.
 #include "command_line.hpp"
+
+// Before Asio: <pscoro/config.hpp> sets up Asio's coroutine support for clang.
+#include <pscoro/log.hpp>
 
 #include <nlohmann/json.hpp>
 
@@ -44,6 +51,8 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <array>
+#include <chrono>
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
@@ -54,6 +63,7 @@
 #include <optional>
 #include <regex>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -63,6 +73,90 @@ namespace {
 
 using asio::experimental::as_tuple;
 using asio::use_awaitable;
+
+// What the launcher writes on its stdout, its own lines and its tasks': one line at a time, except
+// the chief's progress line, redrawn in place below them on a terminal.
+class console {
+ public:
+  // The launcher's own line: "pscoro-launch: <message>", or a JSON log line of task "launcher".
+  void say(pscoro::log_level level, std::string_view message) {
+    const bool problem = level >= pscoro::log_level::warning;
+    if (json_) {
+      write_line(pscoro::format_log_line({level, "launcher", std::chrono::system_clock::now(), message}), problem);
+    } else {
+      write_line(fmt::format("pscoro-launch: {}", message), problem);
+    }
+  }
+
+  // A whole line a task wrote: "[label] <line>", or under JSON the task's JSON line as it is (its
+  // record names the task already), or any other line wrapped in a JSON log line of `task`.
+  void relay_line(const std::string& label, const std::string& task, std::string_view line) {
+    if (!json_) {
+      write_line(fmt::format("[{}] {}", label, line), false);
+    } else if (is_json_object(line)) {
+      write_line(line, false);
+    } else {
+      write_line(pscoro::format_log_line({pscoro::log_level::info, task, std::chrono::system_clock::now(), line}),
+                 false);
+    }
+  }
+
+  // What a task draws after a `\r`: redrawn in place, padded over a longer previous text.
+  void redraw(const std::string& label, const std::string& task, std::string_view text) {
+    if (json_) {
+      if (!text.empty()) relay_line(label, task, text);
+      return;
+    }
+    if (!drawn_label_.empty() && drawn_label_ != label) end_redrawn_line();
+    std::string out = fmt::format("\r[{}] {}", label, text);
+    const std::size_t width = out.size() - 1;
+    if (width < drawn_width_) out.append(drawn_width_ - width, ' ');
+    std::fwrite(out.data(), 1, out.size(), stdout);
+    std::fflush(stdout);
+    drawn_label_ = label;
+    drawn_width_ = width;
+  }
+
+  // Other output starts on a line of its own; the next redraw draws a fresh line.
+  void end_redrawn_line() {
+    if (drawn_label_.empty()) return;
+    std::fputc('\n', stdout);
+    std::fflush(stdout);
+    drawn_label_.clear();
+    drawn_width_ = 0;
+  }
+
+  bool json() const noexcept { return json_; }
+
+  // A JSON line's message (the line itself when it is not a JSON log line): where the launcher
+  // looks for a server's port.
+  static std::string message_of(const std::string& line) {
+    if (line.empty() || line.front() != '{') return line;
+    const auto record = nlohmann::json::parse(line, nullptr, false);
+    if (record.is_object()) {
+      if (const auto m = record.find("message"); m != record.end() && m->is_string()) return m->get<std::string>();
+    }
+    return line;
+  }
+
+ private:
+  static bool is_json_object(std::string_view line) {
+    return !line.empty() && line.front() == '{' &&
+           nlohmann::json::parse(line.begin(), line.end(), nullptr, false).is_object();
+  }
+
+  void write_line(std::string_view line, bool to_stderr) {
+    end_redrawn_line();
+    std::FILE* stream = to_stderr ? stderr : stdout;
+    std::fwrite(line.data(), 1, line.size(), stream);
+    std::fputc('\n', stream);
+    std::fflush(stream);
+  }
+
+  bool json_ = pscoro::log_format_is_json();
+  std::string drawn_label_;  // whose line is drawn unfinished, none if empty
+  std::size_t drawn_width_ = 0;
+};
 
 struct task {
   task(std::string j, int i, std::string l) : job(std::move(j)), index(i), label(std::move(l)) {}
@@ -86,9 +180,11 @@ class launcher {
     std::chrono::milliseconds delay{500};        // before a restart, against crash loops
   };
 
-  launcher(asio::io_context& io, int num_ps, int num_workers, std::string host, std::vector<std::string> command,
-           std::chrono::seconds grace, std::chrono::seconds startup_timeout, restart_policy restarts)
+  launcher(asio::io_context& io, console& out, int num_ps, int num_workers, std::string host,
+           std::vector<std::string> command, std::chrono::seconds grace, std::chrono::seconds startup_timeout,
+           restart_policy restarts)
       : io_(io),
+        out_(out),
         host_(std::move(host)),
         command_(std::move(command)),
         grace_(grace),
@@ -106,8 +202,8 @@ class launcher {
     startup_timer_.expires_after(startup_timeout_);
     startup_timer_.async_wait([this](std::error_code ec) {
       if (ec || chief_started_ || stopping_) return;
-      std::fprintf(stderr, "pscoro-launch: servers did not report their ports within %llds\n",
-                   static_cast<long long>(startup_timeout_.count()));
+      out_.say(pscoro::log_level::error, fmt::format("servers did not report their ports within {}s",
+                                                     static_cast<long long>(startup_timeout_.count())));
       stop_all(1);
     });
   }
@@ -153,9 +249,8 @@ class launcher {
 
   void restart(task& t) {
     ++t.restarts;
-    std::printf("pscoro-launch: restarting %s in %lld ms (restart %d)\n", t.label.c_str(),
-                static_cast<long long>(restarts_.delay.count()), t.restarts);
-    std::fflush(stdout);
+    out_.say(pscoro::log_level::info, fmt::format("restarting {} in {} ms (restart {})", t.label,
+                                                  static_cast<long long>(restarts_.delay.count()), t.restarts));
     auto timer = std::make_shared<asio::steady_timer>(io_, restarts_.delay);
     timer->async_wait([this, timer, &t](std::error_code ec) {
       if (ec || stopping_) return;
@@ -177,6 +272,7 @@ class launcher {
       ::dup2(fds[1], STDOUT_FILENO);
       ::dup2(fds[1], STDERR_FILENO);
       ::setenv("TF_CONFIG", tf_config.c_str(), 1);
+      if (t.job == "chief" && progress_on_terminal_) ::setenv("PSCORO_PROGRESS_TTY", "1", 1);
       std::vector<char*> argv;
       for (const auto& arg : command_) argv.push_back(const_cast<char*>(arg.c_str()));
       argv.push_back(nullptr);
@@ -186,31 +282,57 @@ class launcher {
     }
     ::close(fds[1]);
     t.pid = pid;
-    std::printf("pscoro-launch: started %s (pid %d)\n", t.label.c_str(), pid);
-    std::fflush(stdout);
+    out_.say(pscoro::log_level::info, fmt::format("started {} (pid {})", t.label, pid));
     ++open_relays_;
-    asio::co_spawn(io_, relay_output(t.label, fds[0]), asio::detached);
+    asio::co_spawn(io_, relay_output(t.label, fmt::format("{}:{}", t.job, t.index), fds[0]), asio::detached);
   }
 
-  // Copies the child's lines to stdout with its label; notes a server's reported address.
-  asio::awaitable<void> relay_output(std::string label, int fd) {
+  // Copies the child's lines to stdout with its label; notes a server's reported address. Text after
+  // a `\r` (a progress line redrawn) is redrawn at once, not held until the line ends.
+  asio::awaitable<void> relay_output(std::string label, std::string task, int fd) {
     asio::posix::stream_descriptor pipe(io_, fd);
-    asio::streambuf buffer;
     static const std::regex listening(R"(^pscoro: (\w+):(\d+) listening on (\S+)$)");
+    std::string pending;     // what follows the last line end or `\r` read
+    bool redrawing = false;  // `pending` follows a `\r`
+    std::string drawn;       // what was redrawn last, not drawn again when its `\r` or line end comes
+    const auto redraw = [&](const std::string& text) {
+      if (text != drawn) out_.redraw(label, task, text);
+      drawn = text;
+    };
+    std::array<char, 4096> chunk;
     for (;;) {
-      auto [ec, n] = co_await asio::async_read_until(pipe, buffer, '\n', as_tuple(use_awaitable));
+      auto [ec, n] = co_await pipe.async_read_some(asio::buffer(chunk), as_tuple(use_awaitable));
       if (ec) break;
-      std::string line(asio::buffers_begin(buffer.data()), asio::buffers_begin(buffer.data()) + n);
-      buffer.consume(n);
-      std::printf("[%s] %s", label.c_str(), line.c_str());
-      std::fflush(stdout);
-      std::smatch m;
-      line.pop_back();
-      if (std::regex_match(line, m, listening)) on_listening(m[1], std::stoi(m[2]), m[3]);
+      pending.append(chunk.data(), n);
+      std::size_t start = 0;
+      for (auto end = pending.find_first_of("\r\n"); end != std::string::npos;
+           end = pending.find_first_of("\r\n", start)) {
+        const std::string piece = pending.substr(start, end - start);
+        start = end + 1;
+        if (pending[end] == '\r') {
+          if (!piece.empty()) redraw(piece);
+          redrawing = true;
+          continue;
+        }
+        if (redrawing) {
+          if (!piece.empty()) redraw(piece);
+          out_.end_redrawn_line();
+          redrawing = false;
+          drawn.clear();
+          continue;
+        }
+        out_.relay_line(label, task, piece);
+        std::smatch m;
+        const std::string message = out_.json() ? console::message_of(piece) : piece;
+        if (std::regex_match(message, m, listening)) on_listening(m[1], std::stoi(m[2]), m[3]);
+      }
+      pending.erase(0, start);
+      if (redrawing && !pending.empty() && !out_.json()) redraw(pending);
     }
-    if (buffer.size()) {
-      std::printf("[%s] %.*s\n", label.c_str(), static_cast<int>(buffer.size()),
-                  static_cast<const char*>(buffer.data().data()));
+    if (redrawing) {
+      out_.end_redrawn_line();
+    } else if (!pending.empty()) {
+      out_.relay_line(label, task, pending);
     }
     if (--open_relays_ == 0 && finishing_) io_.stop();
   }
@@ -234,7 +356,7 @@ class launcher {
       if (signal == SIGCHLD) {
         reap();
       } else {
-        std::fprintf(stderr, "pscoro-launch: signal %d, stopping the cluster\n", signal);
+        out_.say(pscoro::log_level::warning, fmt::format("signal {}, stopping the cluster", signal));
         stop_all(128 + signal);
       }
       if (!all_exited()) watch_signals();
@@ -248,8 +370,7 @@ class launcher {
       for (auto& t : tasks_) {
         if (t.pid != pid) continue;
         t.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-        std::printf("pscoro-launch: %s exited with %d\n", t.label.c_str(), *t.exit_code);
-        std::fflush(stdout);
+        out_.say(pscoro::log_level::info, fmt::format("{} exited with {}", t.label, *t.exit_code));
         if (stopping_ || chief_ended_) continue;  // a server exiting after the chief: expected
         if (restartable(t)) {
           restart(t);
@@ -259,8 +380,8 @@ class launcher {
           // A server ends cleanly while the chief runs when the chief has ended the job (Shutdown):
           // the chief's own exit follows, and its code is the job's.
         } else if (!chief_started_) {
-          std::fprintf(stderr, "pscoro-launch: %s ended before the chief started; stopping the cluster\n",
-                       t.label.c_str());
+          out_.say(pscoro::log_level::error,
+                   fmt::format("{} ended before the chief started; stopping the cluster", t.label));
           stop_all(*t.exit_code == 0 ? 1 : *t.exit_code);
         } else {
           fail_later(t);
@@ -291,8 +412,8 @@ class launcher {
   // A server ended for good while the chief runs: the chief gets the grace period to notice and
   // report it (its exit then ends the job), then the job fails with the task's code.
   void fail_later(const task& t) {
-    std::fprintf(stderr, "pscoro-launch: %s ended before the chief; stopping the cluster in %llds\n", t.label.c_str(),
-                 static_cast<long long>(grace_.count()));
+    out_.say(pscoro::log_level::error, fmt::format("{} ended before the chief; stopping the cluster in {}s", t.label,
+                                                   static_cast<long long>(grace_.count())));
     if (failure_timer_) return;
     failure_timer_.emplace(io_, grace_);
     failure_timer_->async_wait([this, code = *t.exit_code == 0 ? 1 : *t.exit_code](std::error_code ec) {
@@ -338,7 +459,8 @@ class launcher {
       if (ec) return;
       for (const auto& t : tasks_) {
         if (!t.exit_code) {
-          std::fprintf(stderr, "pscoro-launch: %s did not stop within the grace period; killing it\n", t.label.c_str());
+          out_.say(pscoro::log_level::warning,
+                   fmt::format("{} did not stop within the grace period; killing it", t.label));
           ::kill(t.pid, SIGKILL);
         }
       }
@@ -346,6 +468,9 @@ class launcher {
   }
 
   asio::io_context& io_;
+  console& out_;
+  // The chief redraws its progress line when it reaches a terminal through this launcher.
+  bool progress_on_terminal_ = ::isatty(STDOUT_FILENO) == 1 && !out_.json();
   std::string host_;
   std::vector<std::string> command_;
   std::chrono::seconds grace_;
@@ -430,6 +555,7 @@ int main(int argc, char** argv) {
   app.allow_extras(false);
   if (const auto stop = pscoro::tools::parse_command_line(app, argc, argv)) return *stop;
 
+  console out;
   try {
     std::optional<job_secret> secret;
     if (const char* given = std::getenv("PSCORO_AUTH_SECRET_FILE"); !given || !*given) {
@@ -437,13 +563,14 @@ int main(int argc, char** argv) {
       ::setenv("PSCORO_AUTH_SECRET_FILE", secret->path().c_str(), 1);  // every task inherits it
     }
     asio::io_context io;
-    launcher l(io, num_ps, num_workers, host, command, std::chrono::seconds(grace), std::chrono::seconds(startup_timeout),
-               restarts);
+    launcher l(io, out, num_ps, num_workers, host, command, std::chrono::seconds(grace),
+               std::chrono::seconds(startup_timeout), restarts);
     l.start();
     io.run();
+    out.end_redrawn_line();
     return l.exit_code();
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "pscoro-launch: %s\n", e.what());
+    out.say(pscoro::log_level::error, e.what());
     return 1;
   }
 }

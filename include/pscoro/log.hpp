@@ -5,7 +5,9 @@
 // the level, the task (`chief:0`, `ps:1`, `worker:0`; `-` until the process has a role) and the
 // message. PSCORO_LOG_LEVEL (debug, info, warning, error; default info) drops what is below it;
 // PSCORO_LOG_FORMAT=json makes each line one JSON object instead. A program with a logger of its
-// own routes the records there with set_log_sink: pscoro then writes nothing on stderr.
+// own routes the records there with set_log_sink: pscoro then writes nothing on stderr. A program's
+// own output (its results, progress lines) goes through print_line, so that a JSON run writes
+// nothing but JSON lines.
 #pragma once
 
 #include <pscoro/config.hpp>
@@ -51,5 +53,17 @@ PSCORO_API log_level current_log_level() noexcept;
 /// The line pscoro writes on stderr for `record` (its format by PSCORO_LOG_FORMAT), without the
 /// final line break: a sink that only wants to prefix or redirect the lines formats with this.
 PSCORO_API std::string format_log_line(const log_record& record);
+
+/// Whether PSCORO_LOG_FORMAT asks for JSON lines.
+PSCORO_API bool log_format_is_json() noexcept;
+
+/// Writes one line of the program's own output (a result, a progress line, the port a server got)
+/// on stdout, or on stderr from warning up, and flushes it: the text as it is with the text format,
+/// which scripts and tests read, and the line log_record would give with PSCORO_LOG_FORMAT=json
+/// (its time, level and this process's task), so that a JSON run writes nothing but JSON. It is the
+/// program's output, not a log record: no level threshold drops it and no sink takes it.
+///
+///   pscoro::print_line(fmt::format("chief: test accuracy {:.4f} on {} images", accuracy, n));
+PSCORO_API void print_line(std::string_view text, log_level level = log_level::info);
 
 }  // namespace pscoro

@@ -2,7 +2,10 @@
 // second, the time left and the loss averaged over the last steps.
 //
 // On a terminal it redraws one line (`\r`, Keras's progress bar); when the output is a pipe or a
-// file it prints a plain line every few steps instead, which logs and scripts can read:
+// file it prints a plain line every few steps instead (through print_line: a JSON record under
+// PSCORO_LOG_FORMAT=json), which logs and scripts can read. PSCORO_PROGRESS_TTY=1 says that stdout,
+// a pipe, ends at a terminal (pscoro-launch sets it for the chief when its own stdout is one). A
+// plain line:
 //
 //   chief: step 500/3000 loss 0.6123 812.3 steps/s ETA 3s
 #pragma once
@@ -23,7 +26,8 @@ namespace pscoro {
 
 struct progress_options {
   enum class style {
-    automatic,  ///< redraw when stdout is a terminal and output is not replaced; else lines
+    automatic,  ///< redraw when stdout is a terminal (or PSCORO_PROGRESS_TTY=1), output is not
+                ///< replaced and the log format is text; else lines
     redraw,     ///< one line redrawn in place
     lines,      ///< a line every print_every steps
   };
@@ -38,7 +42,7 @@ struct progress_options {
   /// The loss shown is the mean of the last this many losses.
   std::size_t loss_window = 100;
   style output_style = style::automatic;
-  /// Where the text goes (default: stdout, flushed each time).
+  /// Where the text goes (default: stdout, flushed each time; whole lines through print_line).
   std::function<void(std::string_view)> output{};
   /// The time (default: std::chrono::steady_clock::now); tests pass their own.
   std::function<std::chrono::steady_clock::time_point()> clock{};

@@ -143,7 +143,7 @@ class PSCORO_API server {
 
 /// Runs this process as the ps or worker task of `resolver` until the chief ends the job, or until
 /// SIGINT or SIGTERM: makes an io_context, lets `configure` bind worker functions, starts the
-/// server and prints "pscoro: <task> listening on <host:port>" on stdout (the launcher reads the
+/// server and prints "pscoro: <task> listening on <host:port>" with print_line (the launcher reads the
 /// port from it). Returns the process exit code: the chief's when it ended the job (so an srun or
 /// sbatch job ends with the chief's code), 128 + the signal after SIGINT or SIGTERM (as a shell
 /// reports it), 1 when the server cannot start.

@@ -176,6 +176,21 @@ log_level current_log_level() noexcept {
 
 std::string format_log_line(const log_record& record) { return log::format_line(record, settings().json); }
 
+bool log_format_is_json() noexcept { return settings().json; }
+
+void print_line(std::string_view text, log_level level) {
+  const auto now = std::chrono::system_clock::now();
+  const auto& s = settings();
+  auto& out = output();
+  std::lock_guard lock(out.mutex);
+  complain_once(out, s);
+  std::string line = s.json ? log::format_line({level, out.task, now, text}, true) : std::string(text);
+  line += '\n';
+  std::FILE* stream = level >= log_level::warning ? stderr : stdout;
+  std::fwrite(line.data(), 1, line.size(), stream);
+  std::fflush(stream);
+}
+
 namespace log {
 
 bool enabled(level l) noexcept { return l >= current_log_level(); }

@@ -1,3 +1,6 @@
+#include "common/environment.hpp"
+
+#include <pscoro/log.hpp>
 #include <pscoro/metrics.hpp>
 #include <pscoro/progress.hpp>
 
@@ -45,6 +48,18 @@ std::string bar(std::int64_t step, std::int64_t total) {
 // of two loops.
 std::atomic<bool> step_published{false};
 
+// Whether the automatic style redraws: stdout is a terminal, or a pipe the launcher relays to its
+// own terminal (PSCORO_PROGRESS_TTY=1). JSON lines never get a redrawn line between them.
+bool redraw_by_default() {
+  if (log_format_is_json()) return false;
+  if (::isatty(::fileno(stdout)) == 1) return true;
+  try {
+    return common::flag_from_environment("PSCORO_PROGRESS_TTY", "stdout ends at a terminal").value_or(false);
+  } catch (const std::exception&) {
+    return false;  // a typo costs the bar, not the training
+  }
+}
+
 }  // namespace
 
 struct progress::published {
@@ -67,10 +82,16 @@ progress::progress(std::int64_t total, progress_options options)
   switch (options_.output_style) {
     case progress_options::style::redraw: redraw_ = true; break;
     case progress_options::style::lines: redraw_ = false; break;
-    case progress_options::style::automatic: redraw_ = !options_.output && ::isatty(::fileno(stdout)) == 1; break;
+    case progress_options::style::automatic: redraw_ = !options_.output && redraw_by_default(); break;
   }
   if (!options_.output) {
     options_.output = [](std::string_view text) {
+      // A whole line is output like a result (a JSON object with PSCORO_LOG_FORMAT=json); a
+      // redrawn one goes out as it is.
+      if (text.size() > 1 && text.back() == '\n' && text.front() != '\r') {
+        print_line(text.substr(0, text.size() - 1));
+        return;
+      }
       std::fwrite(text.data(), 1, text.size(), stdout);
       std::fflush(stdout);
     };

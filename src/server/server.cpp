@@ -27,7 +27,6 @@
 #include <fmt/chrono.h>
 
 #include <algorithm>
-#include <cstdio>
 #include <functional>
 #include <map>
 #include <optional>
@@ -459,8 +458,8 @@ int run_server(const simple_cluster_resolver& resolver, const std::function<void
     log::set_task(s.task());
     if (configure) configure(s);
     s.start();
-    std::printf("pscoro: %s listening on %s\n", s.task().c_str(), s.address().c_str());
-    std::fflush(stdout);
+    // The launcher reads this line (the message, under PSCORO_LOG_FORMAT=json) for the port.
+    print_line(fmt::format("pscoro: {} listening on {}", s.task(), s.address()));
     asio::signal_set signals(io, SIGINT, SIGTERM);
     signals.async_wait([&](std::error_code ec, int signal) {
       if (ec) return;

@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # Real processes: what a user sees of a run (issue 17). Log lines carry an ISO-8601 UTC time, the
-# level and the task, the chief's too; PSCORO_LOG_FORMAT=json makes each one a JSON object; a bad
+# level and the task, the chief's too; PSCORO_LOG_FORMAT=json makes every line a JSON object, the
+# launcher's and the programs' own output (progress, results) included; a bad
 # PSCORO_LOG_LEVEL is warned about. A TensorBoard event file read back by an independent reader
 # (Python, Debian's python3-protobuf and python3-crc32c) holds exactly the scalars and histograms
-# written; fashion_mnist --logdir writes its curves there and reports progress in plain lines.
+# written; fashion_mnist --logdir writes its curves there and reports progress in plain lines, or
+# in a bar redrawn on the launcher's terminal.
 # usage: observe_test.sh PSCORO_LAUNCH HELLO_CLUSTER FASHION_MNIST WRITE_SUMMARIES PROTO_DIR
 set -uo pipefail
 launch=$1
@@ -27,26 +29,69 @@ check "the servers name themselves" \
 check "every log line has the form" \
   test "$(grep -E '(DEBUG|INFO|WARNING|ERROR) \[' "$work/text.log" | grep -cvE "^\[[a-z]+(-[0-9]+)?\] $iso (DEBUG|INFO|WARNING|ERROR) \[(chief|ps|worker):[0-9]+\] ")" -eq 0
 
-echo "--- PSCORO_LOG_FORMAT=json: one JSON object a line"
+echo "--- PSCORO_LOG_FORMAT=json: one JSON object a line, every task's and the launcher's"
 PSCORO_LOG_FORMAT=json PSCORO_LOG_LEVEL=debug "$launch" --ps 1 --workers 1 -- "$hello" 3 > "$work/json.log" 2>&1
 code=$?
 check "the job exits 0 (got $code)" test "$code" -eq 0
 check "the job runs" grep -q 'chief: total on ps:0' "$work/json.log"
-sed -nE 's/^\[[a-z]+(-[0-9]+)?\] (\{.*)$/\2/p' "$work/json.log" > "$work/json.lines"
-check "every task logged JSON" /usr/bin/python3 - "$work/json.lines" <<'PY'
+# json_lines LOG [PYTHON]: every line of LOG is a JSON log line, from the chief, ps:0, worker:0 and
+# the launcher at least; PYTHON then checks the list `records` further.
+json_lines() {
+  /usr/bin/python3 - "$1" "${2:-}" <<'PY'
 import json, re, sys
 tasks = set()
 lines = open(sys.argv[1]).read().splitlines()
-assert lines, "no JSON lines"
+assert lines, "no lines"
+records = []
 for line in lines:
-    record = json.loads(line)
-    assert list(record) == ["time", "level", "task", "message"], record
+    try:
+        record = json.loads(line)
+    except ValueError as e:
+        sys.exit(f"not JSON ({e}): {line!r}")
+    assert isinstance(record, dict) and list(record) == ["time", "level", "task", "message"], line
     assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z", record["time"]), record
     assert record["level"] in ("DEBUG", "INFO", "WARNING", "ERROR"), record
     tasks.add(record["task"])
-assert {"chief:0", "ps:0", "worker:0"} <= tasks, tasks
+    records.append(record)
+assert {"chief:0", "ps:0", "worker:0", "launcher"} <= tasks, tasks
+exec(sys.argv[2])
 print(f"{len(lines)} JSON lines from {sorted(tasks)}")
 PY
+}
+check "every line is a JSON log line" json_lines "$work/json.log" '
+messages = {(r["task"], r["message"]) for r in records}
+assert any(t == "ps:0" and re.fullmatch(r"pscoro: ps:0 listening on 127\.0\.0\.1:\d+", m) for t, m in messages), messages
+assert any(t == "launcher" and re.fullmatch(r"started chief \(pid \d+\)", m) for t, m in messages), messages
+assert any(t == "chief:0" and m.startswith("chief: total on ps:0 is ") for t, m in messages), messages'
+[ "$failed" -eq 0 ] || cat "$work/json.log"
+
+echo "--- fashion_mnist under PSCORO_LOG_FORMAT=json: its progress and its results are JSON lines too"
+PSCORO_LOG_FORMAT=json "$launch" --ps 2 --workers 2 -- "$fashion" --steps 300 > "$work/fashion-json.log" 2>&1
+code=$?
+check "the training exits 0 (got $code)" test "$code" -eq 0
+check "every line is a JSON log line" json_lines "$work/fashion-json.log" '
+chief = [r["message"] for r in records if r["task"] == "chief:0"]
+assert any(re.fullmatch(r"chief: step 300/300 loss [0-9.]+ [0-9.]+ steps/s done in [0-9:]+s?", m) for m in chief), chief
+assert any(re.fullmatch(r"chief: test accuracy 0\.[0-9]+ on 10000 images", m) for m in chief), chief
+assert any(r["task"] == "launcher" and r["message"] == "worker-1 exited with 0" for r in records), records'
+[ "$failed" -eq 0 ] || cat "$work/fashion-json.log"
+
+echo "--- on a terminal the chief's progress line is redrawn in place, below the other tasks' lines"
+# script(1) gives the launcher a terminal; the chief's stdout stays the launcher's pipe.
+script -qec "'$launch' --ps 1 --workers 1 -- '$fashion' --steps 300 --log-every 100 --min-accuracy 0.5" /dev/null \
+  > "$work/tty.log" 2>&1
+code=$?
+check "the training exits 0 (got $code)" test "$code" -eq 0
+check "the chief's bar is redrawn, and its last state stays on a line of its own" /usr/bin/python3 - "$work/tty.log" <<'PY'
+import re, sys
+text = open(sys.argv[1], newline="").read()  # with its \r
+assert re.search(r"\r\[chief\] chief: \[=*>?\.*\] step \d+/300 loss [0-9.]+ [0-9.]+ steps/s ETA", text), "no redrawn bar"
+assert re.search(r"\r\[chief\] chief: \[={30}\] step 300/300 loss [0-9.]+ [0-9.]+ steps/s done in [0-9:]+s? *\r*\n", text), \
+    "no last bar"
+assert not re.search(r"^\[chief\] chief: step ", text, re.M), "plain progress lines on a terminal"
+assert re.search(r"^\[chief\] chief: test accuracy 0\.\d+ on 10000 images\r*$", text, re.M), "no result line"
+PY
+[ "$failed" -eq 0 ] || cat -A "$work/tty.log"
 
 echo "--- a bad PSCORO_LOG_LEVEL is warned about, and the default kept"
 PSCORO_LOG_LEVEL=verbose "$launch" --ps 1 --workers 1 -- "$hello" 3 > "$work/bad.log" 2>&1

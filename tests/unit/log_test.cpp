@@ -173,6 +173,17 @@ TEST_CASE("the lines a sink formats with format_log_line are pscoro's own") {
   CHECK(to_string(log_level::debug) == "DEBUG");
 }
 
+TEST_CASE("print_line writes a program's line on stdout as it is, whatever the level threshold and sink") {
+  level_guard level;
+  set_log_level(log_level::error);
+  capture_sink sink;
+  // PSCORO_LOG_FORMAT is unset in the test environment: text, the line as it is.
+  const auto out = pscoro::testing::stdout_of([] { print_line("chief: test accuracy 0.8231 on 10000 images"); });
+  CHECK(out == "chief: test accuracy 0.8231 on 10000 images\n");
+  CHECK(sink.records.empty());
+  CHECK_FALSE(log_format_is_json());
+}
+
 TEST_CASE("an environment choice is matched without case, and a bad one names the choices") {
   ::setenv("PSCORO_TEST_CHOICE", "Warning", 1);
   CHECK(common::choice_from_environment("PSCORO_TEST_CHOICE", {"debug", "info", "warning"}) == std::size_t{2});

@@ -8,6 +8,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <cstdlib>
 #include <limits>
 #include <vector>
 
@@ -184,4 +185,23 @@ TEST_CASE("the process's first report publishes its step, total, steps/s and mea
   progress second(100, o);
   second.update(50, 9.0);
   CHECK(r.value("pscoro_progress_step") == 8);
+}
+
+TEST_CASE("on a pipe it prints lines, unless PSCORO_PROGRESS_TTY=1 says the pipe ends at a terminal") {
+  const auto run = [] {
+    progress_options o;
+    o.label = "chief: ";
+    o.print_every = 2;
+    progress report(2, std::move(o));
+    report.update(2, 0.5);
+    report.finish();
+  };
+  const auto lines = pscoro::testing::stdout_of(run);
+  CHECK(starts_with(lines, "chief: step 2/2 loss 0.5000 "));
+  CHECK(lines.ends_with("\n"));
+  CHECK(!contains(lines, "\r"));
+  pscoro::testing::scoped_environment tty("PSCORO_PROGRESS_TTY", "1");
+  const auto redrawn = pscoro::testing::stdout_of(run);
+  CHECK(starts_with(redrawn, "\rchief: [==============================] step 2/2 loss 0.5000 "));
+  CHECK(redrawn.ends_with("\n"));
 }
