@@ -1,4 +1,4 @@
-// Metrics benchmark (issue 17 §5): what metrics cost the no-op closure throughput and a 4 KiB
+// Metrics benchmark: what metrics cost the no-op closure throughput and a 4 KiB
 // variable read, as ratios measured in one run. Three modes take turns round by round, so that the
 // machine's drift falls on all of them alike: metrics off (metrics::set_enabled(false): no update,
 // no clock read for timings), on (the default), and on while a thread scrapes /metrics without a

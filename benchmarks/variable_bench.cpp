@@ -8,7 +8,7 @@
 // Everything runs on 127.0.0.1 (2 hardware threads shared by all), so pscoro and the raw figures
 // cross the same kernel path. Quote the ratios, not the absolute times.
 //
-// --mode kernels: small requests while a big optimizer step runs on the ps (issue 16). A ps and a
+// --mode kernels: small requests while a big optimizer step runs on the ps. A ps and a
 // worker as processes; the chief applies 256 MiB Adagrad steps to one variable in a loop while the
 // worker, over its own connection, reads a 4 KiB variable and a 4-byte one (a heartbeat-sized
 // request) every millisecond; then the same reads with the ps idle. Latency is counted from when

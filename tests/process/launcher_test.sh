@@ -58,7 +58,7 @@ check "and says so" grep -qE '^one thread: accuracy 0\.[0-9]+ is below the requi
 
 echo "--- killing a worker stops the group with its code"
 # The kill comes once training runs: a worker lost while the chief still creates the per-worker
-# datasets fails the chief today (exit 1; noted on issue 16), which is not what this checks.
+# datasets fails the chief today (exit 1, a known gap), which is not what this checks.
 "$launch" --ps 1 --workers 2 --grace-period 2 -- "$example" --steps 100000000 --log-every 20 > "$work/kill.log" 2>&1 &
 launcher=$!
 if wait_for "$work/kill.log" 'chief: step 20/'; then

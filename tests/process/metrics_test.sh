@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Real processes: every task of a live cluster serves its metrics when PSCORO_METRICS_PORT is set
-# (issue 17 §1). Each logs its URL; each page is scraped while the cluster runs and checked by two
+# Real processes: every task of a live cluster serves its metrics when PSCORO_METRICS_PORT is set.
+# Each logs its URL; each page is scraped while the cluster runs and checked by two
 # independent readers: Debian's promtool (`promtool check metrics`, installed here with apt when it
 # can be) and a strict Python parser of the 0.0.4 format (parse_metrics.py), which also checks the
 # values: closures run, ps operations, per-peer traffic, dataset input, process memory and CPU.

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Real processes: what a user sees of a run (issue 17). Log lines carry an ISO-8601 UTC time, the
+# Real processes: what a user sees of a run. Log lines carry an ISO-8601 UTC time, the
 # level and the task, the chief's too; PSCORO_LOG_FORMAT=json makes every line a JSON object, the
 # launcher's and the programs' own output (progress, results) included; a bad
 # PSCORO_LOG_LEVEL is warned about. A TensorBoard event file read back by an independent reader
