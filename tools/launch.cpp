@@ -180,6 +180,9 @@ class launcher {
     std::chrono::milliseconds delay{500};        // before a restart, against crash loops
   };
 
+  /// Where to keep a Prometheus file_sd file of every task's metrics address (none: no file).
+  void write_file_sd(std::filesystem::path path) { file_sd_ = std::move(path); }
+
   launcher(asio::io_context& io, console& out, int num_ps, int num_workers, std::string host,
            std::vector<std::string> command, std::chrono::seconds grace, std::chrono::seconds startup_timeout,
            restart_policy restarts)
@@ -325,6 +328,9 @@ class launcher {
         std::smatch m;
         const std::string message = out_.json() ? console::message_of(piece) : piece;
         if (std::regex_match(message, m, listening)) on_listening(m[1], std::stoi(m[2]), m[3]);
+        // "<task> metrics at http://<host:port>/metrics", as server.cpp logs it.
+        static const std::regex metrics_at(R"((\w+:\d+) metrics at http://(\S+)/metrics$)");
+        if (std::regex_search(message, m, metrics_at)) on_metrics(m[1], m[2]);
       }
       pending.erase(0, start);
       if (redrawing && !pending.empty() && !out_.json()) redraw(pending);
@@ -335,6 +341,28 @@ class launcher {
       out_.relay_line(label, task, pending);
     }
     if (--open_relays_ == 0 && finishing_) io_.stop();
+  }
+
+  // A task serves its metrics at `address` (host:port): the file_sd file gets it, and the chief's
+  // address is where its cluster page is.
+  void on_metrics(const std::string& task, const std::string& address) {
+    if (task == "chief:0") out_.say(pscoro::log_level::info, fmt::format("cluster page at http://{}/", address));
+    if (file_sd_.empty()) return;
+    metrics_at_[task] = address;
+    // Prometheus's file_sd format: target groups, each with its labels. Written beside and renamed
+    // into place, so Prometheus never reads half a file.
+    nlohmann::json groups = nlohmann::json::array();
+    for (const auto& [name, at] : metrics_at_) {
+      groups.push_back({{"targets", {at}}, {"labels", {{"task", name}, {"job", name.substr(0, name.find(':'))}}}});
+    }
+    const std::filesystem::path partial = file_sd_.string() + ".tmp";
+    std::ofstream(partial) << groups.dump(2) << '\n';
+    std::error_code ec;
+    std::filesystem::rename(partial, file_sd_, ec);
+    if (ec) {
+      out_.say(pscoro::log_level::warning,
+               fmt::format("cannot write the Prometheus file_sd file {}: {}", file_sd_.string(), ec.message()));
+    }
   }
 
   void on_listening(const std::string& job, int index, const std::string& address) {
@@ -489,6 +517,8 @@ class launcher {
   bool stopping_ = false;
   bool chief_ended_ = false;  // the chief exited with a code: the servers exit on their own
   int exit_code_ = 0;
+  std::filesystem::path file_sd_;
+  std::map<std::string, std::string> metrics_at_;  // task -> host:port of its metrics
 };
 
 // A fresh cluster secret for one job, in a file only this user can read; removed with the object.
@@ -551,6 +581,10 @@ int main(int argc, char** argv) {
   app.add_flag("--restart-chief", restarts.chief, "start a chief killed by a signal again");
   app.add_option("--max-restarts", restarts.max_restarts, "restarts per task before its end fails the job")
       ->check(CLI::NonNegativeNumber);
+  std::string file_sd;
+  app.add_option("--prometheus-file-sd", file_sd,
+                 "keep a Prometheus file_sd JSON file of every task's metrics address here (every task serves "
+                 "metrics then: PSCORO_METRICS_PORT=0 unless set)");
   app.add_option("command", command, "the program every task runs, and its arguments")->required();
   app.allow_extras(false);
   if (const auto stop = pscoro::tools::parse_command_line(app, argc, argv)) return *stop;
@@ -563,8 +597,10 @@ int main(int argc, char** argv) {
       ::setenv("PSCORO_AUTH_SECRET_FILE", secret->path().c_str(), 1);  // every task inherits it
     }
     asio::io_context io;
+    if (!file_sd.empty()) ::setenv("PSCORO_METRICS_PORT", "0", 0);  // every task inherits it
     launcher l(io, out, num_ps, num_workers, host, command, std::chrono::seconds(grace),
                std::chrono::seconds(startup_timeout), restarts);
+    if (!file_sd.empty()) l.write_file_sd(file_sd);
     l.start();
     io.run();
     out.end_redrawn_line();

@@ -143,4 +143,52 @@ wait_exit $! 120
 check "the job exits 0 (got $code)" test "$code" -eq 0
 check "it ran" grep -q "chief: ran 10 closures" "$work/off.log"
 check "no task serves metrics" bash -c '! grep -q "metrics at" "$0"' "$work/off.log"
+
+echo "--- pscoro-launch --prometheus-file-sd: a real Prometheus finds every task from that file alone"
+rm -f "$work/release"
+env -u PSCORO_METRICS_PORT "$launch" --ps 1 --workers 2 --prometheus-file-sd "$work/targets.json" -- \
+  "$program" 10 "$work/data.txt" "$work/release" > "$work/sd.log" 2>&1 &
+job=$!
+check "the chief ran its closures" wait_for "$work/sd.log" "chief: ran 10 closures"
+check "the launcher says where the cluster page is" \
+  grep -qE '^pscoro-launch: cluster page at http://127\.0\.0\.1:[0-9]+/$' "$work/sd.log"
+check "the file names the 4 tasks, each with its job" /usr/bin/python3 -c '
+import json, sys
+groups = json.load(open(sys.argv[1]))
+tasks = sorted((g["labels"]["task"], g["labels"]["job"]) for g in groups for _ in g["targets"])
+assert tasks == [("chief:0", "chief"), ("ps:0", "ps"), ("worker:0", "worker"), ("worker:1", "worker")], tasks
+' "$work/targets.json"
+if command -v prometheus > /dev/null; then
+  prom_port=$(/usr/bin/python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+  cat > "$work/prometheus.yml" <<YAML
+scrape_configs:
+  - job_name: pscoro
+    scrape_interval: 1s
+    file_sd_configs:
+      - files: ["$work/targets.json"]
+        refresh_interval: 1s
+YAML
+  prometheus --config.file="$work/prometheus.yml" --storage.tsdb.path="$work/prometheus" \
+    --web.listen-address="127.0.0.1:$prom_port" > "$work/prometheus.log" 2>&1 &
+  prometheus=$!
+  # up{task=...} == 1 for every task: scraped, from the file's targets and labels alone.
+  up_everywhere() {
+    curl -sS --fail --max-time 5 "http://127.0.0.1:$prom_port/api/v1/query?query=up" 2> /dev/null |
+      /usr/bin/python3 -c '
+import json, sys
+result = json.load(sys.stdin)["data"]["result"]
+up = sorted(r["metric"]["task"] for r in result if r["value"][1] == "1")
+sys.exit(up != ["chief:0", "ps:0", "worker:0", "worker:1"])'
+  }
+  deadline=$((SECONDS + 90))
+  until up_everywhere || [ "$SECONDS" -ge "$deadline" ]; do sleep 0.5; done
+  check "Prometheus scrapes all 4 tasks (up == 1, labelled by task)" up_everywhere
+  kill "$prometheus" 2> /dev/null
+  wait "$prometheus" 2> /dev/null
+else
+  echo "(no prometheus binary: the file's contents are checked, not a scrape)"
+fi
+touch "$work/release"
+wait_exit "$job" 120
+check "the job exits 0 once released (got $code)" test "$code" -eq 0
 finish
