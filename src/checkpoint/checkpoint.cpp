@@ -2107,7 +2107,31 @@ asio::awaitable<fs::path> checkpoint_manager::save(std::int64_t number) {
   const auto& last = checkpoint_->state_->last_file;
   const bool incremental = full_every_ > 1 && last && last->save_id != 0 && last->depth + 1 < full_every_;
   const auto started = std::chrono::steady_clock::now();
-  co_await checkpoint_->save(path, {.incremental = incremental});
+  // A ps lost during the save fails it (a read meets a closed connection, or a ps that holds nothing
+  // yet). When a restorer took that loss in hand (restore_lost_ps), the save waits for the restore
+  // and is made again, up to 3 times; the file is written only by a save that read everything.
+  const auto chief = checkpoint_->state_->core.lock();
+  for (int attempt = 1;; ++attempt) {
+    const std::uint64_t losses = chief ? chief->ps_losses_in_hand() : 0;
+    std::exception_ptr failure;
+    try {
+      co_await checkpoint_->save(path, {.incremental = incremental});
+    } catch (...) {
+      failure = std::current_exception();
+    }
+    if (!failure) break;
+    if (!chief || attempt == 3 || chief->ps_losses_in_hand() == losses) std::rethrow_exception(failure);
+    std::string why = "unknown error";
+    try {
+      std::rethrow_exception(failure);
+    } catch (const std::exception& e) {
+      why = e.what();
+    } catch (...) {
+    }
+    log::warning("checkpoint {}: a ps was lost during the save ({}); saving again once it is restored", path.string(),
+                 why);
+    co_await checkpoint_->state_->wait_for_ps_restores();
+  }
   metrics::process_view().note_checkpoint(
       path.string(), checkpoint_->step_, std::chrono::system_clock::now(),
       std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count());

@@ -446,8 +446,9 @@ void closure_queue::join(join_handler handler) {
 }
 
 void closure_queue::notify_joiners() {
-  // TF: join returns (or raises) only when no closure is running.
-  if (joiners_.empty() || in_flight() > 0 || (!queue_.empty() && !pending_error_)) return;
+  // TF: join returns (or raises) only when no closure is running. Nor while the queue is held: a
+  // lost ps is being restored, and what a program reads after join() must be there.
+  if (joiners_.empty() || in_flight() > 0 || ((!queue_.empty() || held()) && !pending_error_)) return;
   auto error = take_error();
   auto joiners = std::move(joiners_);
   joiners_.clear();
@@ -456,7 +457,7 @@ void closure_queue::notify_joiners() {
 
 bool closure_queue::done() {
   if (auto e = take_error()) std::rethrow_exception(e);
-  return queue_.empty() && in_flight() == 0;
+  return queue_.empty() && in_flight() == 0 && !held();
 }
 
 void closure_queue::tick(clock::time_point now) {

@@ -74,9 +74,11 @@ class closure_queue : public std::enable_shared_from_this<closure_queue> {
   /// Queues `c` when there is room: `admitted` gets its result state then, or the pending error
   /// instead. Producers are admitted in order.
   void schedule_when_room(closure_ptr c, admission_handler admitted);
-  /// Completes once no closure runs and none waits to run, with the pending error (then cleared).
+  /// Completes once no closure runs, none waits to run and the queue is not held, with the pending
+  /// error (then cleared).
   void join(join_handler handler);
-  /// True when nothing is queued or running; throws the pending error (then cleared).
+  /// True when nothing is queued or running and the queue is not held; throws the pending error
+  /// (then cleared).
   bool done();
 
   // Workers.

@@ -478,6 +478,7 @@ void coordinator_core::lost_ps(std::size_t index, const std::string& reason) {
     restoring_[index] = 1;
     restored_losses_.resize(connections_->ps().size(), 0);
     ++restored_losses_[index];
+    losses_in_hand_.fetch_add(1, std::memory_order_release);
     restores_in_progress_.fetch_add(1, std::memory_order_release);
     queue_->hold();
     asio::co_spawn(executor_, restore_lost_ps(shared_from_this(), index, std::move(restorer)), asio::detached);

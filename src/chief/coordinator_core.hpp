@@ -58,6 +58,9 @@ class coordinator_core : public std::enable_shared_from_this<coordinator_core> {
   void set_ps_restorer(std::weak_ptr<chief::lost_ps_restorer> restorer) { ps_restorer_ = std::move(restorer); }
   /// Whether a lost ps is being restored now (its variables are not all there yet). Any thread.
   bool restoring_ps() const noexcept { return restores_in_progress_.load(std::memory_order_acquire) > 0; }
+  /// How many ps losses a lost_ps_restorer has taken in hand so far (restored, or being restored).
+  /// Any thread.
+  std::uint64_t ps_losses_in_hand() const noexcept { return losses_in_hand_.load(std::memory_order_acquire); }
   const std::shared_ptr<client::ps_client>& ps() const noexcept { return ps_; }
 
   /// Takes `options`; TF_CLUSTER_COORDINATOR_WATCH_DOG_TIMEOUT and
@@ -140,6 +143,7 @@ class coordinator_core : public std::enable_shared_from_this<coordinator_core> {
   std::vector<char> restoring_;  // per ps: being restored (its failures are the loss's, not transient)
   std::vector<std::uint64_t> restored_losses_;  // per ps: losses a restorer took in hand
   std::atomic<int> restores_in_progress_{0};  // restoring_'s ones, for other threads
+  std::atomic<std::uint64_t> losses_in_hand_{0};  // restored_losses_'s sum, for other threads
   // The options the strategy's coordinators share, once the first one is made. Coordinators may
   // be made on any thread: this is the one piece of the chief a mutex guards (set once, read at
   // construction only; never protocol state).

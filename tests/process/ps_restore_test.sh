@@ -52,8 +52,9 @@ if check "it saves step 60 (an increment on 40, itself on the whole save of 20)"
   kill -9 "$(pid_of "$ctr_log" ps-1)"
   wait_exit "$launcher" 300
   check "the job exits 0 (got $code)" test "$code" -eq 0
-  # The newest save before the chief saw the loss (one may end after the kill: it read ps:1 before).
-  newest=$(sed -nE -e '/lost ps:1/q' -e 's/^\[chief\] chief: saved .*ckpt-([0-9]+)\.safetensors$/\1/p' "$ctr_log" | tail -n 1)
+  # The newest save before the restore (a save under way at the kill may still end: it read ps:1
+  # before; one that meets the loss is made again after the restore).
+  newest=$(sed -nE -e '/is back and restored/q' -e 's/^\[chief\] chief: saved .*ckpt-([0-9]+)\.safetensors$/\1/p' "$ctr_log" | tail -n 1)
   check "the same chief restored ps:1's table parts from the newest checkpoint (step $newest)" \
     grep -qE "^\[chief\] chief: ps:1 restored from $work/ctr-ckpt/ckpt-$newest.safetensors \(step $newest\) in [0-9.]+ s$" \
     "$ctr_log"
