@@ -300,6 +300,7 @@ void closure_queue::retry(std::size_t worker, const closure_ptr& c) {
 }
 
 void closure_queue::requeue(const closure_ptr& c) {
+  c->backup_worker.reset();  // no attempt of it runs now: it may get a backup again when it runs
   if (!options_.max_staleness) {
     queue_.push_back(c);
     return;
