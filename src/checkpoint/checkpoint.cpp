@@ -13,6 +13,7 @@
 #include "common/id_hash.hpp"
 #include "common/log.hpp"
 #include "common/regular_file.hpp"
+#include "common/text.hpp"
 #include "metrics/cluster_view.hpp"
 #include "wire/values.hpp"
 
@@ -2121,15 +2122,8 @@ asio::awaitable<fs::path> checkpoint_manager::save(std::int64_t number) {
     }
     if (!failure) break;
     if (!chief || attempt == 3 || chief->ps_losses_in_hand() == losses) std::rethrow_exception(failure);
-    std::string why = "unknown error";
-    try {
-      std::rethrow_exception(failure);
-    } catch (const std::exception& e) {
-      why = e.what();
-    } catch (...) {
-    }
     log::warning("checkpoint {}: a ps was lost during the save ({}); saving again once it is restored", path.string(),
-                 why);
+                 common::what_of(failure));
     co_await checkpoint_->state_->wait_for_ps_restores();
   }
   metrics::process_view().note_checkpoint(

@@ -418,14 +418,7 @@ std::vector<closure_queue::closure_ptr> closure_queue::stop_running(std::optiona
 void closure_queue::cancel(const closure& c) {
   settle(c.number);
   // TF's message, plus the cause: whoever awaits this value learns why without a join().
-  std::string cause;
-  try {
-    std::rethrow_exception(pending_error_);
-  } catch (const std::exception& e) {
-    cause = e.what();
-  } catch (...) {
-    cause = "an unknown error";
-  }
+  const std::string cause = common::what_of(pending_error_, "an unknown error");
   c.result->set_error(std::make_exception_ptr(error(
                           errc::cancelled, fmt::format("The corresponding function '{}' is cancelled. Please "
                                                        "reschedule the function. (An earlier function failed: {})",

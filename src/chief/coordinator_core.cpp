@@ -5,6 +5,7 @@
 
 #include "common/environment.hpp"
 #include "common/log.hpp"
+#include "common/text.hpp"
 #include "net/security.hpp"
 #include "wire/connection.hpp"
 #include "wire/values.hpp"
@@ -536,14 +537,7 @@ asio::awaitable<void> coordinator_core::restore_lost_ps(std::shared_ptr<coordina
   self->restoring_[index] = 0;
   self->restores_in_progress_.fetch_sub(1, std::memory_order_release);
   if (failure) {
-    std::string why = "unknown error";
-    try {
-      std::rethrow_exception(failure);
-    } catch (const std::exception& e) {
-      why = e.what();
-    } catch (...) {
-    }
-    log::error("lost {}, and restoring it failed: {}", task, why);
+    log::error("lost {}, and restoring it failed: {}", task, common::what_of(failure));
     self->fail_run(index, failure);
   } else if (index < self->transient_ps_failures_.size()) {
     // What workers met of this ps until the chief saw it lost was the loss, restored now: not

@@ -3,6 +3,7 @@
 
 #include <fmt/format.h>
 
+#include <exception>
 #include <iterator>
 #include <string>
 #include <string_view>
@@ -21,6 +22,17 @@ std::string join(const Range& items, std::string_view separator) {
     fmt::format_to(std::back_inserter(out), "{}", item);
   }
   return out;
+}
+
+/// What `failure` says (its what()), for a message; `fallback` for an exception of no std type.
+inline std::string what_of(const std::exception_ptr& failure, std::string_view fallback = "unknown error") {
+  try {
+    std::rethrow_exception(failure);
+  } catch (const std::exception& e) {
+    return e.what();
+  } catch (...) {
+  }
+  return std::string(fallback);
 }
 
 }  // namespace pscoro::common
