@@ -14,6 +14,7 @@
 #include <cerrno>
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -173,6 +174,7 @@ void hash_bucket::erase(std::int64_t id, std::uint64_t mixed) noexcept {
     if (e.tag == tag && id_of(slab_->at(e.record)) == id) break;
     at = next(at);
   }
+  set_last_named(slab_->at(map_[at].record), released_mark);
   slab_->release(map_[at].record);
   --size_;
   // Backward shift: move each following entry of the run back into the hole when its home does not
@@ -394,6 +396,23 @@ std::uint64_t hash_table_part::bytes_for_rows(std::uint64_t rows) const noexcept
   return rows * (layout_.bytes() + 14);
 }
 
+template <class F>
+void hash_table_part::find_each(std::span<const std::int64_t> ids, const std::uint64_t* mixes, F&& f) {
+  // Three stages, each a cache miss taken early: the bucket (its map's address) 3 * ahead ids
+  // before an id's turn, its map entry 2 * ahead before, its record ahead before.
+  constexpr std::size_t ahead = 16;
+  const std::size_t n = ids.size();
+  for (std::size_t k = 0; k < std::min(3 * ahead, n); ++k) __builtin_prefetch(&bucket_of(mixes[k]));
+  for (std::size_t k = 0; k < std::min(2 * ahead, n); ++k) bucket_of(mixes[k]).prefetch(mixes[k]);
+  for (std::size_t k = 0; k < std::min(ahead, n); ++k) bucket_of(mixes[k]).prefetch_record(mixes[k]);
+  for (std::size_t k = 0; k < n; ++k) {
+    if (k + 3 * ahead < n) __builtin_prefetch(&bucket_of(mixes[k + 3 * ahead]));
+    if (k + 2 * ahead < n) bucket_of(mixes[k + 2 * ahead]).prefetch(mixes[k + 2 * ahead]);
+    if (k + ahead < n) bucket_of(mixes[k + ahead]).prefetch_record(mixes[k + ahead]);
+    f(k, find_live(ids[k], mixes[k]));
+  }
+}
+
 void hash_table_part::lookup(std::span<const std::int64_t> ids, bool insert, std::byte* out, std::uint64_t room) {
   const std::size_t row_bytes = layout_.row_bytes;
   // This thread's tables, kept between requests (a steady stream of lookups allocates nothing).
@@ -406,21 +425,9 @@ void hash_table_part::lookup(std::span<const std::int64_t> ids, bool insert, std
   found.resize(ids.size());
   if (insert) previous.resize(ids.size());
   missing.clear();
-  // Held ids first, the usual case: each one's map entry is loaded `ahead` ids before its turn,
-  // its record half as many; its row is copied out and it is named now while its record is in
-  // cache (an insert refused below names it back).
-  // Three stages, each a cache miss taken early: the bucket (its map's address), the map entry, the
-  // record.
-  constexpr std::size_t ahead = 16;
-  const std::size_t n = ids.size();
-  for (std::size_t k = 0; k < std::min(3 * ahead, n); ++k) __builtin_prefetch(&bucket_of(mixes[k]));
-  for (std::size_t k = 0; k < std::min(2 * ahead, n); ++k) bucket_of(mixes[k]).prefetch(mixes[k]);
-  for (std::size_t k = 0; k < std::min(ahead, n); ++k) bucket_of(mixes[k]).prefetch_record(mixes[k]);
-  for (std::size_t k = 0; k < n; ++k) {
-    if (k + 3 * ahead < n) __builtin_prefetch(&bucket_of(mixes[k + 3 * ahead]));
-    if (k + 2 * ahead < n) bucket_of(mixes[k + 2 * ahead]).prefetch(mixes[k + 2 * ahead]);
-    if (k + ahead < n) bucket_of(mixes[k + ahead]).prefetch_record(mixes[k + ahead]);
-    std::byte* r = find_live(ids[k], mixes[k]);
+  // Held ids first, the usual case: each one's row is copied out and it is named now while its
+  // record is in cache (an insert refused below names it back).
+  find_each(ids, mixes.data(), [&](std::size_t k, std::byte* r) {
     found[k] = r;
     if (r) {
       std::memcpy(out + k * row_bytes, r + record_layout::header_bytes, row_bytes);
@@ -433,7 +440,7 @@ void hash_table_part::lookup(std::span<const std::int64_t> ids, bool insert, std
     } else {
       missing.push_back(k);
     }
-  }
+  });
   // A refusal below leaves the held rows as they were: named back, last first (a repeated id's
   // first time holds its time before the request).
   const auto name_back = [&] {
@@ -540,7 +547,21 @@ void hash_table_part::lay_out_slots(const optimizer& opt) {
 
 void hash_table_part::apply_gradients(const optimizer& opt, std::span<const std::int64_t> ids,
                                       const std::byte* gradients) {
-  check_held(ids);
+  // This thread's tables, kept between requests (a steady stream of steps allocates nothing).
+  thread_local std::vector<std::uint64_t> mixes;
+  thread_local std::vector<std::uint64_t> seen_bits;
+  thread_local std::vector<std::uint64_t> repeated_bits;
+  thread_local std::vector<std::byte*> once;          // rows of ids named once, stepped from the request's rows
+  thread_local std::vector<std::uint32_t> once_at;    // their positions in the request
+  thread_local std::vector<std::uint32_t> again;      // positions of ids that may be named again
+  thread_local std::vector<std::byte*> again_rows;    // their rows (nullptr: not held)
+  thread_local common::id_map seen(0);
+  thread_local std::vector<std::uint32_t> index;
+  thread_local std::vector<std::byte*> stepped;
+  thread_local std::vector<std::byte> summed;
+  const std::size_t n = ids.size();
+  mixes.resize(n);
+  check_held(ids, mixes.data());
   kernels::check_optimizer(opt);
   if (slot_owner_ && optimizer_name(*slot_owner_) != optimizer_name(opt)) {
     throw error(errc::failed_precondition,
@@ -548,71 +569,74 @@ void hash_table_part::apply_gradients(const optimizer& opt, std::span<const std:
                             "optimizer per table)",
                             name_, task_, optimizer_name(*slot_owner_), optimizer_name(opt)));
   }
+  // Checked: nothing refuses from here on.
+  if (n == 0) return;
+  if (!slot_owner_) lay_out_slots(opt);  // moves the records: before any is found
+  // Repeated ids' gradients are summed first, in input order (the dense path's arithmetic: the
+  // first row copied, the others added in turn), and stepped once. Most ids come once: a bitmap
+  // of at least 16 bits per id, indexed by the id's mix and small enough to stay in cache, sends
+  // those straight to their step with the request's gradient row; the ids whose bit is hit twice
+  // (the repeated ones, and about 1 in 16 others by collision) are told apart exactly below.
+  const std::size_t bits = std::max<std::size_t>(std::bit_ceil(16 * n), 64);
+  const std::uint64_t bit_mask = bits - 1;
+  seen_bits.assign(bits / 64, 0);
+  repeated_bits.assign(bits / 64, 0);
+  for (std::size_t k = 0; k < n; ++k) {
+    const std::uint64_t at = mixes[k] & bit_mask;
+    const std::uint64_t bit = std::uint64_t{1} << (at % 64);
+    if (seen_bits[at / 64] & bit) repeated_bits[at / 64] |= bit;
+    seen_bits[at / 64] |= bit;
+  }
+  once.clear();
+  once_at.clear();
+  again.clear();
+  again_rows.clear();
+  find_each(ids, mixes.data(), [&](std::size_t k, std::byte* r) {
+    const std::uint64_t at = mixes[k] & bit_mask;
+    const bool maybe_again = (repeated_bits[at / 64] >> (at % 64) & 1) != 0;
+    if (!r) {
+      ++counts_.gradients_dropped;
+      return;
+    }
+    hash_bucket::set_last_named(r, clock_);
+    note_changed(r);
+    if (maybe_again) {
+      again.push_back(static_cast<std::uint32_t>(k));
+      again_rows.push_back(r + record_layout::header_bytes);
+    } else {
+      once.push_back(r + record_layout::header_bytes);
+      once_at.push_back(static_cast<std::uint32_t>(k));
+    }
+  });
+  if (once.empty() && again.empty()) return;
+  if (kernels::counts_steps(opt)) ++steps_;
+  kernels::apply_records(opt, type_, once, steps_, gradients, options_.dim, once_at);
+  if (again.empty()) return;
+  // The ids that may come again: numbered in first-seen order by their row, their gradients summed.
   const std::size_t row_bytes = layout_.row_bytes;
-  // Repeated ids' gradients summed first, in input order, into one row per held id (the dense
-  // path's arithmetic: the first row copied, the others added in turn).
-  // This thread's tables, kept between requests.
-  thread_local common::id_map seen(0);
-  thread_local std::vector<std::int64_t> distinct;
-  thread_local std::vector<std::uint32_t> index;
-  thread_local std::vector<std::byte*> records;
-  thread_local std::vector<std::uint32_t> compact;
-  thread_local std::vector<std::byte*> stepped;
-  thread_local std::vector<std::byte> summed;
-  thread_local std::vector<char> started;
-  seen.reset(ids.size());
-  distinct.clear();
-  index.resize(ids.size());
-  constexpr std::size_t ahead = 16;
-  for (std::size_t k = 0; k < ids.size(); ++k) {
-    if (k + ahead < ids.size()) seen.prefetch(ids[k + ahead]);
-    index[k] = seen.index_of(ids[k]);
-    if (index[k] == distinct.size()) distinct.push_back(ids[k]);
-  }
-  if (!slot_owner_ && !distinct.empty()) lay_out_slots(opt);
-  records.resize(distinct.size());
-  for (std::size_t u = 0; u < distinct.size(); ++u) {
-    if (u + ahead < distinct.size()) {
-      const std::uint64_t next = common::mix_id(distinct[u + ahead]);
-      bucket_of(next).prefetch(next);
-    }
-    const std::uint64_t mixed = common::mix_id(distinct[u]);
-    records[u] = find_live(distinct[u], mixed);
-  }
-  // Compact: held ids only, each with its summed gradient.
-  compact.assign(distinct.size(), ~std::uint32_t{0});
+  seen.reset(again.size());
+  index.resize(again.size());
   stepped.clear();
-  for (std::size_t u = 0; u < distinct.size(); ++u) {
-    if (records[u]) {
-      compact[u] = static_cast<std::uint32_t>(stepped.size());
-      hash_bucket::set_last_named(records[u], clock_);
-      note_changed(records[u]);
-      stepped.push_back(records[u] + record_layout::header_bytes);
-    }
+  for (std::size_t j = 0; j < again.size(); ++j) {
+    index[j] = seen.index_of(ids[again[j]]);
+    if (index[j] == stepped.size()) stepped.push_back(again_rows[j]);
   }
   summed.resize(stepped.size() * row_bytes);
-  started.assign(stepped.size(), 0);
   visit_dtype(type_, [&](auto zero) {
     using T = decltype(zero);
-    const std::size_t n = options_.dim;
-    for (std::size_t k = 0; k < ids.size(); ++k) {
-      const std::uint32_t c = compact[index[k]];
-      if (c == ~std::uint32_t{0}) {
-        ++counts_.gradients_dropped;
-        continue;
-      }
-      const T* from = reinterpret_cast<const T*>(gradients + k * row_bytes);
-      T* into = reinterpret_cast<T*>(summed.data() + std::size_t{c} * row_bytes);
-      if (!started[c]) {
-        started[c] = 1;
-        std::copy(from, from + n, into);
+    const std::size_t dim = options_.dim;
+    std::size_t next = 0;
+    for (std::size_t j = 0; j < again.size(); ++j) {
+      const T* from = reinterpret_cast<const T*>(gradients + std::size_t{again[j]} * row_bytes);
+      T* into = reinterpret_cast<T*>(summed.data() + std::size_t{index[j]} * row_bytes);
+      if (index[j] == next) {
+        ++next;
+        std::copy(from, from + dim, into);
       } else {
-        for (std::size_t i = 0; i < n; ++i) into[i] += from[i];
+        for (std::size_t i = 0; i < dim; ++i) into[i] += from[i];
       }
     }
   });
-  if (stepped.empty()) return;
-  if (kernels::counts_steps(opt)) ++steps_;
   kernels::apply_records(opt, type_, stepped, steps_, summed.data(), options_.dim);
 }
 
@@ -789,26 +813,24 @@ std::uint64_t hash_table_part::advance_clock(std::uint64_t now) {
     invalid(fmt::format("hash table '{}': the clock cannot go back from {} to {}", name_, clock_, now));
   }
   clock_ = now;
-  if (!std::holds_alternative<eviction::ttl>(options_.eviction) || buckets_.empty()) return 0;
-  // Idle rows are gone from now on (expired() hides them); their memory comes back bucket by
-  // bucket, about sweep_rows rows' worth per call, so that a clock moved every step costs the ps a
-  // bounded pause however large the part.
+  if (!std::holds_alternative<eviction::ttl>(options_.eviction) || rows_ == 0) return 0;
+  // Idle rows are gone from now on (expired() hides them); their memory comes back as sweeps
+  // reach them, sweep_rows records per call, so that a clock moved every step costs the ps a
+  // bounded pause however large the part. A sweep reads the records in the slab's order, where
+  // one through the buckets' maps took a cache miss per row: the clock is moved every few steps,
+  // and over a part of every table that walk cost the ps more than the steps' lookups.
+  const std::uint32_t records = slab_->allocated();
+  const std::uint64_t visits = std::min<std::uint64_t>(records, sweep_rows);
   std::uint64_t dropped = 0;
-  std::uint64_t visited = 0;
-  std::vector<std::int64_t> idle;
-  for (std::size_t swept = 0; swept < buckets_.size() && (swept == 0 || visited < sweep_rows); ++swept) {
-    hash_bucket& bucket = buckets_[sweep_cursor_];
-    sweep_cursor_ = (sweep_cursor_ + 1) % buckets_.size();
-    visited += bucket.size();
-    idle.clear();
-    bucket.for_each([&](const std::byte* r) {
-      if (expired(r)) idle.push_back(hash_bucket::id_of(r));
-    });
-    for (const std::int64_t id : idle) {
-      bucket.erase(id, common::mix_id(id));
-      note_dropped(id);
-    }
-    dropped += idle.size();
+  for (std::uint64_t v = 0; v < visits; ++v) {
+    if (sweep_cursor_ >= records) sweep_cursor_ = 0;
+    const std::byte* r = slab_->at(sweep_cursor_++);
+    if (hash_bucket::released(r) || !expired(r)) continue;
+    const std::int64_t id = hash_bucket::id_of(r);
+    const std::uint64_t mixed = common::mix_id(id);
+    bucket_of(mixed).erase(id, mixed);  // gives r back to the slab
+    note_dropped(id);
+    ++dropped;
   }
   rows_ -= dropped;
   counts_.evicted += dropped;

@@ -70,6 +70,8 @@ class record_slab {
   /// A record's index, its bytes unset. Throws errc::resource_exhausted past most() records.
   std::uint32_t allocate();
   void release(std::uint32_t i) noexcept;
+  /// Records ever handed out, held or released: every index below it is one.
+  std::uint32_t allocated() const noexcept { return allocated_; }
   /// Memory the slab takes: what it has committed.
   std::uint64_t bytes_held() const noexcept { return committed_ + sizeof(*this); }
   /// A slab of records of `record_bytes` bytes (more: new slots) holding these records at the same
@@ -161,6 +163,9 @@ class hash_bucket {
   static std::int64_t id_of(const std::byte* record) noexcept;
   static std::uint64_t last_named(const std::byte* record) noexcept;
   static void set_last_named(std::byte* record, std::uint64_t clock) noexcept;
+  /// Whether a record of the slab is one erase() gave back (its last-named time says so: a held
+  /// row's is a clock, below 2^63), so that a walk in the slab's order can tell held from free.
+  static bool released(const std::byte* record) noexcept { return last_named(record) == released_mark; }
 
  private:
   struct entry {
@@ -168,6 +173,7 @@ class hash_bucket {
     std::uint32_t record;  // empty_entry: no entry
   };
   static constexpr std::uint32_t empty_entry = ~std::uint32_t{0};
+  static constexpr std::uint64_t released_mark = ~std::uint64_t{0};
 
   std::size_t home(std::uint32_t tag) const noexcept {
     return static_cast<std::size_t>((std::uint64_t{tag} * map_.size()) >> 32);
@@ -273,12 +279,12 @@ class hash_table_part {
   void apply_gradients(const optimizer& opt, std::span<const std::int64_t> ids, const std::byte* gradients);
   /// Sets the table's clock to `now` (never backwards: errc::invalid_argument). With eviction::ttl,
   /// the rows not named for more than max_idle ticks are gone at once (a lookup or a step finds
-  /// them no more), and their memory comes back as sweeps reach them: each call sweeps buckets in
-  /// turn until about sweep_rows rows are visited (a part of fewer rows is swept whole). Returns
-  /// the rows this call's sweep dropped.
+  /// them no more), and their memory comes back as sweeps reach them: each call sweeps the next
+  /// sweep_rows records of the slab, in its order (a part of fewer records is swept whole).
+  /// Returns the rows this call's sweep dropped.
   std::uint64_t advance_clock(std::uint64_t now);
-  /// Rows a clock advance visits at most (one bucket more), so that moving the clock every step
-  /// pauses the ps for a bounded time however large the part.
+  /// Records a clock advance visits at most, so that moving the clock every step pauses the ps for
+  /// a bounded time however large the part.
   static constexpr std::uint64_t sweep_rows = 65'536;
 
   /// The slot rows each record holds (those of slot_owner(); 0 before any step).
@@ -349,6 +355,10 @@ class hash_table_part {
   bool expired(const std::byte* record) const noexcept;
   /// The record of `id` if it is held and not expired; an expired one is dropped on the way.
   std::byte* find_live(std::int64_t id, std::uint64_t mixed);
+  /// Calls f(k, find_live(ids[k], mixes[k])) for each id in order, each id's bucket, map entry and
+  /// record loaded a few ids before its turn (a find's cache misses, taken early).
+  template <class F>
+  void find_each(std::span<const std::int64_t> ids, const std::uint64_t* mixes, F&& f);
   hash_bucket& bucket_of(std::uint64_t mixed) const {
     return buckets_[slot_of_[common::bucket_of_mix(mixed, options_.buckets)]];
   }
@@ -385,7 +395,7 @@ class hash_table_part {
   std::uint64_t rows_ = 0;
   std::uint64_t bucket_bytes_ = 0;  // the held buckets' maps, kept as they grow
   std::uint64_t clock_ = 0;
-  std::size_t sweep_cursor_ = 0;  // the held bucket the next clock advance sweeps first
+  std::uint32_t sweep_cursor_ = 0;  // the record the next clock advance sweeps first
   std::int64_t steps_ = 0;  // optimizer steps, for adam
   std::optional<optimizer> slot_owner_;
   std::vector<double> slot_initial_values_;

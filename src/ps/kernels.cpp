@@ -197,17 +197,26 @@ class step_math {
     step_rows(var, slots, rows, g, n, rows.size(), [](std::size_t u) { return u; });
   }
   /// Steps record j (its row at records[j], its slots' rows right after it, n elements each) with
-  /// gradient row g + j * n: a hash table's rows, each with its slots in one record.
-  void records(std::span<std::byte* const> records, std::size_t slots, const T* g, std::size_t n) const {
+  /// gradient row g + at(j) * n: a hash table's rows, each with its slots in one record. A record
+  /// spans several cache lines (a 16-float row and its Adagrad slot: three with the header), each a
+  /// miss for a random id: all of them are loaded random_row_prefetch_distance records ahead.
+  template <class Position>
+  void records(std::span<std::byte* const> records, std::size_t slots, const T* g, std::size_t n,
+               Position at) const {
     constexpr std::size_t ahead = common::random_row_prefetch_distance;
+    const std::size_t record_bytes = (1 + slots) * n * sizeof(T);
     std::visit(
         [&](const auto& o) {
           std::array<T*, 2> slot_rows{};  // no optimizer keeps more than two slots
           for (std::size_t j = 0; j < records.size(); ++j) {
-            if (j + ahead < records.size()) __builtin_prefetch(records[j + ahead], 1);
+            if (j + ahead < records.size()) {
+              const std::byte* next = records[j + ahead];
+              for (std::size_t line = 0; line < record_bytes; line += 64) __builtin_prefetch(next + line, 1);
+              __builtin_prefetch(next + record_bytes - 1, 1);
+            }
             T* var = reinterpret_cast<T*>(records[j]);
             for (std::size_t k = 0; k < slots; ++k) slot_rows[k] = var + (k + 1) * n;
-            step(o, var, slot_rows.data(), 0, g + j * n, n);
+            step(o, var, slot_rows.data(), 0, g + at(j) * n, n);
           }
         },
         opt_);
@@ -540,13 +549,19 @@ struct sparse_step_tables {
 }  // namespace
 
 void apply_records(const optimizer& opt, dtype type, std::span<std::byte* const> records, std::int64_t step,
-                   const std::byte* gradients, std::size_t row_elements) {
+                   const std::byte* gradients, std::size_t row_elements, std::span<const std::uint32_t> gradient_rows) {
   const std::size_t slots = slots_of(opt).size();
   if (slots > 2) throw error(errc::internal, "an optimizer keeps more slots than a record has room for");
   visit_dtype(type, [&](auto zero) {
     using T = decltype(zero);
     if constexpr (std::is_floating_point_v<T>) {
-      step_math<T>(opt, step).records(records, slots, reinterpret_cast<const T*>(gradients), row_elements);
+      const auto* g = reinterpret_cast<const T*>(gradients);
+      if (gradient_rows.empty()) {
+        step_math<T>(opt, step).records(records, slots, g, row_elements, [](std::size_t j) { return j; });
+      } else {
+        step_math<T>(opt, step).records(records, slots, g, row_elements,
+                                        [gradient_rows](std::size_t j) -> std::size_t { return gradient_rows[j]; });
+      }
     } else {
       invalid(fmt::format("{} updates float32 or float64 tables, not {}", optimizer_name(opt), name_of(type)));
     }

@@ -73,9 +73,11 @@ void apply_sparse(const optimizer& opt, dtype type, std::byte* variable, std::si
 
 /// One step over the records of a hash table's rows: record k (`records[k]`) holds a row of
 /// `row_elements` values followed by the optimizer's slots (slots_of(opt), in order), each a row of
-/// as many; its gradient row is k of `gradients`. The same arithmetic as apply_sparse on distinct
-/// ids, so a table and a variable holding the same rows end equal, bit for bit.
+/// as many; its gradient row is k of `gradients`, or gradient_rows[k] when given (as many as
+/// records). The same arithmetic as apply_sparse on distinct ids, so a table and a variable holding
+/// the same rows end equal, bit for bit.
 void apply_records(const optimizer& opt, dtype type, std::span<std::byte* const> records, std::int64_t step,
-                   const std::byte* gradients, std::size_t row_elements);
+                   const std::byte* gradients, std::size_t row_elements,
+                   std::span<const std::uint32_t> gradient_rows = {});
 
 }  // namespace pscoro::ps::kernels
