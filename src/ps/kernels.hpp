@@ -71,6 +71,10 @@ void apply_sparse(const optimizer& opt, dtype type, std::byte* variable, std::si
                   std::span<std::byte* const> slots, std::int64_t step, std::span<const std::int64_t> ids,
                   const std::byte* rows, std::size_t row_elements);
 
+/// The standard normal distribution's quantile of p, for p in (0, 1) (Wichura's AS241: about
+/// 1e-16 relative error). The normal initializers map one uniform draw through it.
+double normal_quantile(double p) noexcept;
+
 /// One step over the records of a hash table's rows: record k (`records[k]`) holds a row of
 /// `row_elements` values followed by the optimizer's slots (slots_of(opt), in order), each a row of
 /// as many; its gradient row is k of `gradients`, or gradient_rows[k] when given (as many as

@@ -74,3 +74,49 @@ TEST_CASE("a sparse step sums repeated ids first, the same with a bit per row or
     }
   }
 }
+
+TEST_CASE("the normal quantile is AS241's, so the normal initializers draw from the normal distribution") {
+  // Reference values from CPython's statistics.NormalDist().inv_cdf, which implements the same
+  // algorithm (AS241): a transcription error in a coefficient shows here.
+  const std::vector<std::pair<double, double>> reference{
+      {1e-300, -37.0470962993612},         {1e-20, -9.262340089798405},  {1e-10, -6.361340902404056},
+      {0.001, -3.090232306167813},         {0.02, -2.0537489106318225},  {0.0749, -1.4402382675279632},
+      {0.075, -1.4395314709384557},        {0.3, -0.5244005127080407},   {0.5, 0.0},
+      {0.6, 0.2533471031357998},           {0.975, 1.9599639845400536},  {0.999999, 4.753424308817089},
+      {0.9999999999999999, 8.209536151601386}};
+  for (const auto& [p, z] : reference) {
+    CAPTURE(p);
+    CHECK(ps::kernels::normal_quantile(p) == doctest::Approx(z).epsilon(1e-14));
+  }
+  // The true quantile at 0.975 is 1.95996398454005423552...
+  CHECK(std::abs(ps::kernels::normal_quantile(0.975) - 1.9599639845400542) < 1e-15);
+  // Symmetric about 1/2, increasing.
+  double previous = -INFINITY;
+  for (int k = 1; k < 1000; ++k) {
+    const double p = k / 1000.0;
+    const double z = ps::kernels::normal_quantile(p);
+    CHECK(z > previous);
+    CHECK(z == doctest::Approx(-ps::kernels::normal_quantile(1.0 - p)).epsilon(1e-12));
+    previous = z;
+  }
+}
+
+TEST_CASE("truncated_normal draws stay within two standard deviations and spread as the truncated normal") {
+  constexpr std::size_t n = 200'000;
+  std::vector<double> values(n);
+  ps::kernels::initialize({initializers::truncated_normal{.mean = 0, .stddev = 1, .seed = 3}, {n}, 0}, dtype::float64,
+                          {n}, reinterpret_cast<std::byte*>(values.data()));
+  double sum = 0;
+  double squares = 0;
+  std::size_t beyond_one = 0;
+  for (const double v : values) {
+    REQUIRE(std::abs(v) <= 2.0);
+    sum += v;
+    squares += v * v;
+    beyond_one += std::abs(v) > 1.0 ? 1 : 0;
+  }
+  // The standard normal truncated to [-2, 2]: mean 0, variance 0.7737, P(|Z| > 1) = 0.2848.
+  CHECK(std::abs(sum / n) < 0.01);
+  CHECK(std::abs(squares / n - 0.7737) < 0.01);
+  CHECK(std::abs(static_cast<double>(beyond_one) / n - 0.2848) < 0.01);
+}
