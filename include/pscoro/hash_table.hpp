@@ -141,8 +141,8 @@ class hash_table {
 
   /// Moves the table's clock to `clock` (steps or event time: never backwards) on every ps; with
   /// eviction::ttl the rows idle for longer than max_idle are gone at once, and each ps sweeps a
-  /// slice of its rows to take their memory back (a small part whole). Returns how many the
-  /// sweeps dropped.
+  /// share of its rows to take their memory back, as far as the clock moved calls for (all of
+  /// them for every max_idle / 4 ticks). Returns how many the sweeps dropped.
   asio::awaitable<std::uint64_t> advance_clock(std::uint64_t clock) const {
     return detail::advance_table_clock(io_, ref_, clock);
   }

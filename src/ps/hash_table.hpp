@@ -280,8 +280,8 @@ class hash_table_part {
   /// Sets the table's clock to `now` (never backwards: errc::invalid_argument). With eviction::ttl,
   /// the rows not named for more than max_idle ticks are gone at once (a lookup or a step finds
   /// them no more), and their memory comes back as sweeps reach them: each call sweeps the next
-  /// sweep_rows records of the slab, in its order (a part of fewer records is swept whole).
-  /// Returns the rows this call's sweep dropped.
+  /// records of the slab, in its order, in proportion to how far the clock moved (the whole part
+  /// for every max_idle / 4 ticks), sweep_rows at most. Returns the rows this call's sweep dropped.
   std::uint64_t advance_clock(std::uint64_t now);
   /// Records a clock advance visits at most, so that moving the clock every step pauses the ps for
   /// a bounded time however large the part.

@@ -236,8 +236,11 @@ TEST_CASE("a clock advance on a large part sweeps a bounded slice; idle rows are
   const auto idle_rows = looked_up(part, idle, false);
   CHECK(std::all_of(idle_rows.begin(), idle_rows.end(), [](float x) { return x == 0.0f; }));
   CHECK(part.export_rows(0, std::numeric_limits<std::uint64_t>::max()).rows.ids.size() == 1000);
-  // Later advances sweep the rest: the part ends holding the 1,000 rows named at 5.
-  for (int advance = 0; advance < 64 && part.rows() > 1000; ++advance) part.advance_clock(11);
+  // An advance that does not move the clock sweeps nothing; later ones sweep the rest, a share
+  // for each tick (the whole part for every max_idle / 4 ticks): before the 1,000 rows named at 5
+  // go at 16, the part holds only them.
+  CHECK(part.advance_clock(11) == 0);
+  for (std::uint64_t now = 12; now < 16 && part.rows() > 1000; ++now) part.advance_clock(now);
   CHECK(part.rows() == 1000);
   CHECK(part.counts().evicted == 199'000);
   CHECK(row_at(looked_up(part, {recent[7]}, false), 0) == row_at(rows, 7));
