@@ -12,8 +12,10 @@
 //   pscoro-launch --ps 2 --workers 2 -- fashion_mnist --steps 3000 --checkpoint-dir ckpts --logdir logs
 //
 // `fashion_mnist --one-thread` trains with the same math and batches in one thread of one process,
-// the data in memory, no cluster: what the cluster is measured against (benchmarks/
-// fashion_mnist_bench runs both from this one binary, so the math is the same machine code).
+// the data in memory, no cluster; `--in-process-threads 2` the same on 2 threads, each step
+// reading the weights and applying its gradient as a worker does: what the cluster is measured
+// against (benchmarks/fashion_mnist_bench runs all three from this one binary, so the math is the
+// same machine code).
 #include <pscoro/pscoro.hpp>
 
 #include "chief.hpp"
@@ -28,9 +30,11 @@
 #include <algorithm>
 #include <cmath>
 #include <deque>
+#include <mutex>
 #include <numeric>
 #include <optional>
 #include <random>
+#include <thread>
 #include <tuple>
 #include <vector>
 
@@ -104,48 +108,73 @@ struct options {
   std::string on_ps_loss = "fail";  // or "restore": from the newest checkpoint, in place
   bool count_runs = false;
   bool one_thread = false;
+  std::size_t in_process_threads = 0;  // 0: the cluster
 };
 
-// The reference: the same steps in this thread on the training split in memory, batches drawn
-// from it reshuffled every epoch, the chief's learning-rate schedule. Prints progress and the test
-// accuracy as the chief does ("one thread: " for "chief: ").
-int train_one_thread(const options& o) {
+// The reference: the same steps on `threads` threads of this process, the training split in
+// memory, each thread drawing batches from its own shuffle of it (reshuffled every epoch), the
+// chief's learning-rate schedule. With more than one thread it is the cluster's math without the
+// cluster: each step copies the weights (a worker's read), computes the gradient from the copy and
+// applies it whole under a lock (the ps's update), so steps overlap as a worker's do. Prints
+// progress and the test accuracy as the chief does ("one thread: " or "2 threads: " for "chief: ").
+int train_in_process(const options& o, std::size_t threads) {
   const auto train = load_split(o.data_dir, "train");
   const auto test = load_split(o.data_dir, "t10k");
   const auto batch_size = static_cast<std::size_t>(o.batch_size);
   const std::size_t n = train.labels.size();
-  std::vector<std::size_t> order(n);
-  std::iota(order.begin(), order.end(), 0);
-  std::mt19937_64 random(42);
+  const std::string label = threads == 1 ? "one thread: " : fmt::format("{} threads: ", threads);
   xt::xarray<float> w = xt::zeros<float>({pixels, classes});
   xt::xarray<float> b = xt::zeros<float>({classes});
-  xt::xarray<float> x = xt::xarray<float>::from_shape({batch_size, pixels});
-  xt::xarray<std::int64_t> labels = xt::xarray<std::int64_t>::from_shape({batch_size});
-  std::size_t next = n;
-  pscoro::print_line(fmt::format("one thread: {} steps of {} images", static_cast<long long>(o.steps),
+  std::mutex model;  // w, b, the steps handed out and done, the progress
+  std::int64_t started = 0;
+  std::int64_t done = 0;
+  pscoro::print_line(fmt::format("{}{} steps of {} images", label, static_cast<long long>(o.steps),
                                  static_cast<long long>(o.batch_size)));
-  pscoro::progress report(o.steps, {.label = "one thread: ", .print_every = o.log_every});
-  for (std::int64_t step = 0; step < o.steps; ++step) {
-    for (std::size_t r = 0; r < batch_size; ++r) {
-      if (next == n) {
-        std::shuffle(order.begin(), order.end(), random);
-        next = 0;
+  pscoro::progress report(o.steps, {.label = label, .print_every = o.log_every});
+  const auto run = [&](std::size_t thread) {
+    std::vector<std::size_t> order(n);
+    std::iota(order.begin(), order.end(), 0);
+    std::mt19937_64 random(42 + thread);
+    std::size_t next = n;
+    xt::xarray<float> x = xt::xarray<float>::from_shape({batch_size, pixels});
+    xt::xarray<std::int64_t> labels = xt::xarray<std::int64_t>::from_shape({batch_size});
+    xt::xarray<float> w_read;
+    xt::xarray<float> b_read;
+    while (true) {
+      std::int64_t step = 0;
+      {
+        const std::lock_guard lock(model);
+        if (started == o.steps) return;
+        step = started++;
+        w_read = w;
+        b_read = b;
       }
-      const std::size_t i = order[next++];
-      std::copy_n(&train.pixels(i, 0), pixels, &x(r, 0));
-      labels(r) = train.labels(i);
+      for (std::size_t r = 0; r < batch_size; ++r) {
+        if (next == n) {
+          std::shuffle(order.begin(), order.end(), random);
+          next = 0;
+        }
+        const std::size_t i = order[next++];
+        std::copy_n(&train.pixels(i, 0), pixels, &x(r, 0));
+        labels(r) = train.labels(i);
+      }
+      const double learning_rate = o.learning_rate * static_cast<double>(o.steps - step) / static_cast<double>(o.steps);
+      const auto math = sgd_step_math(x, labels, w_read, b_read, learning_rate);
+      const std::lock_guard lock(model);
+      w -= math.grad_w;
+      b -= math.grad_b;
+      report.update(++done, math.loss);
     }
-    const double learning_rate = o.learning_rate * static_cast<double>(o.steps - step) / static_cast<double>(o.steps);
-    const auto math = sgd_step_math(x, labels, w, b, learning_rate);
-    w -= math.grad_w;
-    b -= math.grad_b;
-    report.update(step + 1, math.loss);
-  }
+  };
+  std::vector<std::thread> others;
+  for (std::size_t t = 1; t < threads; ++t) others.emplace_back(run, t);
+  run(0);
+  for (auto& t : others) t.join();
   report.finish();
   const auto [acc, images] = accuracy(test, w, b);
-  pscoro::print_line(fmt::format("one thread: test accuracy {:.4f} on {} images", acc, images));
+  pscoro::print_line(fmt::format("{}test accuracy {:.4f} on {} images", label, acc, images));
   if (acc < o.min_accuracy) {
-    pscoro::print_line(fmt::format("one thread: accuracy {:.4f} is below the required {:.2f}", acc, o.min_accuracy));
+    pscoro::print_line(fmt::format("{}accuracy {:.4f} is below the required {:.2f}", label, acc, o.min_accuracy));
     return 1;
   }
   return 0;
@@ -322,13 +351,19 @@ int main(int argc, char** argv) {
                                   "count how often each step runs (a [steps] table on a ps); fail if one never ran");
   // What the cluster is measured against (benchmarks/fashion_mnist_bench), and what a user can time
   // their cluster against: the example's own math, so both run the same machine code.
-  app.add_flag("--one-thread", o.one_thread,
-               "no cluster: the same steps in one thread of this process, the data in memory (the reference)")
-      ->excludes(checkpoint_dir, logdir, count_runs);
+  auto* one_thread = app.add_flag("--one-thread", o.one_thread,
+                                  "no cluster: the same steps in one thread of this process, the data in memory (the "
+                                  "reference)")
+                         ->excludes(checkpoint_dir, logdir, count_runs);
+  app.add_option("--in-process-threads", o.in_process_threads,
+                 "no cluster: the same steps on N threads of this process, each reading the weights, computing its "
+                 "gradient and applying it as a worker does (the reference for N workers)")
+      ->check(CLI::Range(1, 64))
+      ->excludes(one_thread, checkpoint_dir, logdir, count_runs);
   if (const auto stop = pscoro::tools::parse_command_line(app, argc, argv)) return *stop;
 
   try {
-    if (o.one_thread) return train_one_thread(o);
+    if (o.one_thread || o.in_process_threads > 0) return train_in_process(o, o.one_thread ? 1 : o.in_process_threads);
     const auto resolver = pscoro::auto_cluster_resolver();
     if (resolver.task_type() == "ps") return pscoro::run_server(resolver);
     // TF's evaluator (a Kubeflow TFJob Evaluator replica) is a side job, never a second chief: it

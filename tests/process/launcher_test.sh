@@ -44,7 +44,7 @@ for run in $(seq 20); do
   [ "$failed" -eq 0 ] || { cat "$work/quick-$run.log"; break; }
 done
 
-echo "--- --one-thread trains the same model in one process, no cluster (fashion_mnist_bench's reference)"
+echo "--- --one-thread and --in-process-threads 2 train the same model in one process, no cluster (fashion_mnist_bench's references)"
 "$example" --one-thread --steps 300 --log-every 300 --min-accuracy 0.6 > "$work/one.log" 2>&1
 code=$?
 check "it exits 0 (got $code)" test "$code" -eq 0
@@ -54,7 +54,12 @@ check "it learns: test accuracy 0.6 or more" grep -qE '^one thread: test accurac
 code=$?
 check "below --min-accuracy it exits 1 (got $code)" test "$code" -eq 1
 check "and says so" grep -qE '^one thread: accuracy 0\.[0-9]+ is below the required 0\.99$' "$work/one-low.log"
-[ "$failed" -eq 0 ] || cat "$work/one.log" "$work/one-low.log"
+"$example" --in-process-threads 2 --steps 300 --log-every 300 --min-accuracy 0.6 > "$work/two.log" 2>&1
+code=$?
+check "--in-process-threads 2 exits 0 (got $code)" test "$code" -eq 0
+check "and trains its 300 steps on 2 threads" grep -qE '^2 threads: step 300/300 loss [0-9.]+ [0-9.]+ steps/s done in [0-9:]+s?$' "$work/two.log"
+check "and learns: test accuracy 0.6 or more" grep -qE '^2 threads: test accuracy 0\.([6-9][0-9]*) on 10000 images$' "$work/two.log"
+[ "$failed" -eq 0 ] || cat "$work/one.log" "$work/one-low.log" "$work/two.log"
 
 echo "--- killing a worker stops the group with its code"
 # The kill comes once training runs: a worker lost while the chief still creates the per-worker
