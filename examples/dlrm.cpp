@@ -34,6 +34,7 @@
 //   pscoro-launch --ps 2 --workers 2 -- dlrm                    # cluster, then reference
 //   pscoro-launch --ps 2 --workers 2 -- dlrm --no-reference     # the cluster alone
 //   dlrm --reference-only                                       # the reference alone, no cluster
+//   pscoro-launch --ps 2 --workers 2 -- dlrm --threaded-reference 2  # and the reference on 2 threads
 //   pscoro-launch --ps 2 --workers 2 -- dlrm --ids raw --embedding hash --ttl 200  # raw ids
 #include <pscoro/pscoro.hpp>
 #include <pscoro/torch.hpp>
@@ -57,9 +58,16 @@
 #include <filesystem>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
+#include <thread>
 #include <vector>
+
+// OpenBLAS's own query (libtorch multiplies through it when Debian's libopenblas0-* is installed;
+// weak: null with another BLAS): 0 for the serial build, which gives wrong products when two
+// threads multiply at once.
+extern "C" int openblas_get_parallel() __attribute__((weak));
 
 namespace {
 
@@ -109,6 +117,7 @@ struct options {
   std::int64_t log_every = 500;
   bool no_reference = false;
   bool reference_only = false;
+  std::size_t threaded_reference = 0;  // threads of the second reference (0: none)
 
   bool raw_ids() const { return ids == "raw"; }
   bool hashed() const { return embedding == "hash"; }
@@ -374,6 +383,24 @@ struct result {
 
 double cpu_now() { return static_cast<double>(std::clock()) / CLOCKS_PER_SEC; }
 
+// A reference's test AUC and live units, from its model and table.
+template <class Example>
+void evaluate_reference(const options& o, dlrm& model, const torch::Tensor& embedding,
+                        const criteo::basic_test_set<Example>& test, result& out) {
+  torch::NoGradGuard no_grad;
+  std::vector<double> scores;
+  live_units live;
+  for (std::size_t first = 0; first < test.examples.size(); first += test_chunk) {
+    const auto b = make_batch(chunk_of(test.examples, first), o.id_of());
+    const torch::Tensor rows =
+        embedding.index_select(0, b.ids.reshape({-1})).reshape({b.ids.size(0), fields, o.dim + 1});
+    append_scores(scores, model->forward(b.dense, rows));
+    live.add(*model, b.dense, rows);
+  }
+  out.units = live.describe();
+  out.auc = criteo::auc(scores, labels_of(test.examples));
+}
+
 // The same model, data and optimizer in this process with libtorch alone: the table a tensor whose
 // lookups give sparse gradients (rows not looked up get none), torch::optim::Adagrad with the ps's
 // Adagrad settings (Keras's: accumulators from 0.1, epsilon 1e-7), one batch after another.
@@ -411,18 +438,94 @@ result train_reference(const options& o, const dlrm& initial, const torch::Tenso
   result out;
   out.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   out.cpu_seconds = cpu_now() - cpu_start;
-  torch::NoGradGuard no_grad;
-  std::vector<double> scores;
-  live_units live;
-  for (std::size_t first = 0; first < test.examples.size(); first += test_chunk) {
-    const auto b = make_batch(chunk_of(test.examples, first), o.id_of());
-    const torch::Tensor rows =
-        embedding.index_select(0, b.ids.reshape({-1})).reshape({b.ids.size(0), fields, o.dim + 1});
-    append_scores(scores, model->forward(b.dense, rows));
-    live.add(*model, b.dense, rows);
+  evaluate_reference(o, model, embedding, test, out);
+  return out;
+}
+
+// The reference on `threads` threads: the cluster's algorithm without the cluster. Each thread
+// trains on its share of the files (a worker's), and each step copies the model and the rows it
+// looks up (a worker's reads), computes the gradients from the copies, and applies them to the
+// shared model and table under a lock with the one Adagrad (the ps's update), so that steps overlap
+// as the workers' do and read values a few steps old. Its steps/s is what the cluster's would be
+// without distribution.
+template <class Example>
+result train_threaded_reference(const options& o, std::size_t threads, const dlrm& initial,
+                                const torch::Tensor& initial_table, const criteo::basic_test_set<Example>& test) {
+  dlrm model(o.dim, o.hidden, o.first_order_gradient_scale);
+  {
+    torch::NoGradGuard no_grad;
+    const auto from = initial->named_parameters();
+    for (auto& p : model->named_parameters()) p.value().copy_(from[p.key()]);
   }
-  out.units = live.describe();
-  out.auc = criteo::auc(scores, labels_of(test.examples));
+  torch::Tensor embedding = initial_table.clone().requires_grad_(true);
+  std::vector<torch::Tensor> parameters = model->parameters();
+  parameters.push_back(embedding);
+  torch::optim::Adagrad optimizer(parameters, torch::optim::AdagradOptions(o.learning_rate)
+                                                  .initial_accumulator_value(o.optimizer().initial_accumulator_value)
+                                                  .eps(o.optimizer().epsilon));
+  std::mutex shared;  // the model, the table, the optimizer, the steps handed out and done, the progress
+  std::int64_t started = 0;
+  std::int64_t done = 0;
+  const auto label = fmt::format("chief: {}-thread reference ", threads);
+  auto training = training_progress(o, label);
+  const auto start = std::chrono::steady_clock::now();
+  std::exception_ptr failure;
+  const auto run = [&](std::size_t thread) {
+    try {
+      dlrm local(o.dim, o.hidden, o.first_order_gradient_scale);
+      const std::vector<torch::Tensor> local_parameters = local->parameters();
+      const std::vector<torch::Tensor> shared_parameters = model->parameters();
+      auto batches =
+          training_batches(o, {.worker_index = static_cast<std::int64_t>(thread),
+                               .num_workers = static_cast<std::int64_t>(threads)})
+              .make_iterator();
+      while (true) {
+        const auto b = batches.next();
+        if (!b) throw std::runtime_error(fmt::format("the {}-thread reference's training data ended", threads));
+        std::int64_t step = 0;
+        torch::Tensor rows;
+        {
+          const std::lock_guard lock(shared);
+          if (started == o.steps) return;
+          step = started++;
+          torch::NoGradGuard no_grad;
+          for (std::size_t k = 0; k < local_parameters.size(); ++k) local_parameters[k].copy_(shared_parameters[k]);
+          rows = embedding.index_select(0, b->ids.reshape({-1}));
+        }
+        rows = rows.reshape({b->ids.size(0), fields, o.dim + 1}).requires_grad_(true);
+        for (const auto& p : local_parameters) p.mutable_grad() = torch::Tensor();
+        const torch::Tensor loss = torch::binary_cross_entropy_with_logits(local->forward(b->dense, rows), b->labels);
+        loss.backward();
+        // The rows' gradient as the table's: sparse, a row per id looked up (repeats summed by
+        // Adagrad), as torch::embedding's with sparse=true.
+        const torch::Tensor table_gradient = torch::sparse_coo_tensor(
+            b->ids.reshape({1, -1}), rows.grad().reshape({-1, o.dim + 1}), embedding.sizes());
+        const double value = loss.item<double>();
+        const std::lock_guard lock(shared);
+        for (std::size_t k = 0; k < local_parameters.size(); ++k) {
+          shared_parameters[k].mutable_grad() = local_parameters[k].grad();
+        }
+        embedding.mutable_grad() = table_gradient;
+        for (auto& group : optimizer.param_groups()) group.options().set_lr(o.learning_rate_at(step));
+        optimizer.step();
+        training.update(++done, value);
+      }
+    } catch (...) {
+      const std::lock_guard lock(shared);
+      if (!failure) failure = std::current_exception();
+      started = o.steps;  // the others stop at their next step
+    }
+  };
+  std::vector<std::thread> others;
+  for (std::size_t t = 1; t < threads; ++t) others.emplace_back(run, t);
+  run(0);
+  for (auto& t : others) t.join();
+  if (failure) std::rethrow_exception(failure);
+  training.finish();
+  result out;
+  out.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  out.cpu_seconds = -1;  // spread over the threads
+  evaluate_reference(o, model, embedding, test, out);
   return out;
 }
 
@@ -443,7 +546,7 @@ initial_values make_initial(const options& o) {
 
 // The verdict on both runs: prints the lines the README shows and returns the exit code.
 int report(const options& o, const std::optional<result>& cluster, const std::optional<result>& reference,
-           double bound, std::size_t workers) {
+           const std::optional<result>& threaded, double bound, std::size_t workers) {
   int code = 0;
   const result& judged = cluster ? *cluster : *reference;  // the reference when it ran alone
   pscoro::print_line(fmt::format("chief: test AUC {:.4f} (bound {:.4f})", judged.auc, bound));
@@ -460,9 +563,26 @@ int report(const options& o, const std::optional<result>& cluster, const std::op
     line(fmt::format("cluster ({} workers, {}):", workers, mode).c_str(), *cluster);
   }
   if (reference) line("reference (one process, libtorch):", *reference);
+  if (threaded) {
+    line(fmt::format("reference (one process, {} threads):", o.threaded_reference).c_str(), *threaded);
+  }
+  if (cluster) {
+    // Steps/s against each reference that ran: the cost of distribution is the ratio to the
+    // threaded one (the same algorithm in one process).
+    std::string ratios;
+    if (reference) ratios += fmt::format("{:.2f}x the one-thread reference", reference->seconds / cluster->seconds);
+    if (threaded) {
+      ratios += fmt::format("{}{:.2f}x the {}-thread reference", ratios.empty() ? "" : ", ",
+                            threaded->seconds / cluster->seconds, o.threaded_reference);
+    }
+    if (!ratios.empty()) pscoro::print_line(fmt::format("chief: cluster steps/s: {}", ratios));
+  }
   if (cluster) pscoro::print_line(fmt::format("chief: cluster: {}", cluster->units.c_str()));
   if (cluster) pscoro::print_line(fmt::format("chief: cluster: {}", cluster->staleness.c_str()));
   if (reference) pscoro::print_line(fmt::format("chief: reference: {}", reference->units.c_str()));
+  if (threaded) {
+    pscoro::print_line(fmt::format("chief: {}-thread reference: {}", o.threaded_reference, threaded->units.c_str()));
+  }
   if (bound - judged.auc > o.max_auc_gap) {
     pscoro::print_line(fmt::format("chief: the AUC gap {:.4f} to the bound is above the allowed {:.3f}",
                                    bound - judged.auc, o.max_auc_gap));
@@ -612,12 +732,18 @@ asio::awaitable<int> run_chief(pscoro::parameter_server_strategy& strategy, cons
   const auto count = static_cast<std::size_t>(o.test_examples);
   double best = 0;
   std::optional<result> reference;
+  std::optional<result> threaded;
   const auto evaluate_both = [&](const auto& test) -> asio::awaitable<void> {
     co_await evaluate(o, variables, e, test, cluster);
     best = criteo::auc(test.truth, labels_of(test.examples));
     // The ps and workers are idle now: the reference has the machine the cluster had. It trains a
     // fixed table: none beside hash tables.
-    if (!o.no_reference && !o.hashed()) reference = train_reference(o, initial.model, initial.table, test);
+    if (!o.no_reference && !o.hashed()) {
+      reference = train_reference(o, initial.model, initial.table, test);
+      if (o.threaded_reference > 0) {
+        threaded = train_threaded_reference(o, o.threaded_reference, initial.model, initial.table, test);
+      }
+    }
   };
   if (o.raw_ids()) {
     const auto test = criteo::make_test_set(criteo::raw_id_generator(seed), count,
@@ -627,7 +753,7 @@ asio::awaitable<int> run_chief(pscoro::parameter_server_strategy& strategy, cons
     const auto test = criteo::make_test_set(criteo::generator(seed), count);
     co_await evaluate_both(test);
   }
-  co_return report(o, cluster, reference, best, strategy.num_workers());
+  co_return report(o, cluster, reference, threaded, best, strategy.num_workers());
 }
 
 }  // namespace
@@ -691,6 +817,10 @@ int main(int argc, char** argv) {
       ->check(CLI::PositiveNumber);
   app.add_flag("--no-reference", o.no_reference, "train on the cluster only, not the single-process reference");
   app.add_flag("--reference-only", o.reference_only, "train the single-process reference only (no cluster)");
+  app.add_option("--threaded-reference", o.threaded_reference,
+                 "after the one-thread reference, train it again on N threads as N workers do (each step reads the "
+                 "model, computes its gradients, applies them under a lock) and report the cluster against both")
+      ->check(CLI::Range(1, 64));
   if (const auto stop = pscoro::tools::parse_command_line(app, argc, argv)) return *stop;
   if (o.raw_ids() && o.format != "tsv") {
     pscoro::print_line("dlrm: --ids raw: the data is written as TSV only", pscoro::log_level::error);
@@ -703,6 +833,16 @@ int main(int argc, char** argv) {
   if (o.hashed() && o.reference_only) {
     pscoro::print_line("dlrm: --reference-only: the reference trains a fixed table, not --embedding hash",
                        pscoro::log_level::error);
+    return 2;
+  }
+  if (o.threaded_reference > 1 && openblas_get_parallel && openblas_get_parallel() == 0) {
+    pscoro::print_line(
+        fmt::format("dlrm: --threaded-reference {} multiplies on {} threads at once, and this process's BLAS is "
+                    "OpenBLAS's serial build (Debian's libopenblas0-serial), which then returns wrong products; "
+                    "run it on the pthread build with one thread a call: install libopenblas0-pthread and run with "
+                    "LD_LIBRARY_PATH=/usr/lib/x86_64-linux-gnu/openblas-pthread OPENBLAS_NUM_THREADS=1",
+                    o.threaded_reference, o.threaded_reference),
+        pscoro::log_level::error);
     return 2;
   }
   if (o.raw_ids()) {
@@ -733,7 +873,11 @@ int main(int argc, char** argv) {
       const auto count = static_cast<std::size_t>(o.test_examples);
       const auto run_alone = [&](const auto& test) {
         const auto reference = train_reference(o, initial.model, initial.table, test);
-        return report(o, std::nullopt, reference, criteo::auc(test.truth, labels_of(test.examples)), 0);
+        std::optional<result> threaded;
+        if (o.threaded_reference > 0) {
+          threaded = train_threaded_reference(o, o.threaded_reference, initial.model, initial.table, test);
+        }
+        return report(o, std::nullopt, reference, threaded, criteo::auc(test.truth, labels_of(test.examples)), 0);
       };
       return o.raw_ids() ? run_alone(criteo::make_test_set(criteo::raw_id_generator(seed), count,
                                                            static_cast<std::uint64_t>(o.train_examples)))
