@@ -5,7 +5,7 @@
 # that the cluster's AUC is near the reference's, that the workers' model pools never grew past
 # the closures in flight; with one worker and one closure at a time, that the cluster takes the
 # reference's steps (the same mean losses, AUC and live hidden units), and that the chief exits 1
-# when the AUC misses the bound.
+# when the AUC misses the bound; and that the 2-thread reference trains, or is refused naming why.
 # usage: dlrm_test.sh PSCORO_LAUNCH DLRM
 set -uo pipefail
 launch=$1
@@ -71,5 +71,18 @@ check "the same hidden units fire (cluster: $(units cluster); reference: $(units
   test -n "$(units cluster)" -a "$(units cluster)" = "$(units reference)"
 check "one model made" test "$(grep -c 'worker: model [0-9]* made' "$work/one.log")" -eq 1
 [ "$failed" -eq 0 ] || cat "$work/one.log"
+
+echo "--- the reference on 2 threads: trained as 2 workers do, or refused, naming why, on a BLAS that cannot multiply on 2 threads"
+"$example" --reference-only --threaded-reference 2 "${small[@]}" --steps 100 --max-auc-gap 0.3 > "$work/threads.log" 2>&1
+code=$?
+if [ "$code" -eq 2 ]; then
+  check "refused: OpenBLAS's serial build is named, and the build to use" \
+    grep -q "OpenBLAS's serial build (Debian's libopenblas0-serial), which then returns wrong products; .*install libopenblas0-pthread" "$work/threads.log"
+else
+  check "it exits 0 (got $code)" test "$code" -eq 0
+  check "and reports both references" \
+    test "$(grep -cE '^chief: reference \(one process, (libtorch|2 threads)\): +test AUC 0\.[0-9]{4}' "$work/threads.log")" -eq 2
+fi
+[ "$failed" -eq 0 ] || cat "$work/threads.log"
 
 finish
