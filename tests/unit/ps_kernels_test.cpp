@@ -84,9 +84,10 @@ TEST_CASE("the normal quantile is AS241's, so the normal initializers draw from 
       {0.075, -1.4395314709384557},        {0.3, -0.5244005127080407},   {0.5, 0.0},
       {0.6, 0.2533471031357998},           {0.975, 1.9599639845400536},  {0.999999, 4.753424308817089},
       {0.9999999999999999, 8.209536151601386}};
-  for (const auto& [p, z] : reference) {
+  for (const auto& point : reference) {
+    const double p = point.first;  // named: clang 14's CAPTURE cannot take a structured binding
     CAPTURE(p);
-    CHECK(ps::kernels::normal_quantile(p) == doctest::Approx(z).epsilon(1e-14));
+    CHECK(ps::kernels::normal_quantile(p) == doctest::Approx(point.second).epsilon(1e-14));
   }
   // The true quantile at 0.975 is 1.95996398454005423552...
   CHECK(std::abs(ps::kernels::normal_quantile(0.975) - 1.9599639845400542) < 1e-15);
