@@ -118,6 +118,7 @@ closure_figures measure_closures_processes(bench::process_cluster& cluster, int 
 // One layout's figures: the raw round trips and the closures with 1 and 2 workers.
 struct layout_figures {
   percentiles raw64, raw4k;
+  double raw_pipelined = 0;  // 64 B exchanges/s with in_flight of them in flight (processes only)
   closure_figures one, two;
 };
 
@@ -131,11 +132,19 @@ void print_layout(std::string_view title, const layout_figures& f, std::size_t i
   latency_row("raw TCP round trip, 4 KiB", f.raw4k);
   latency_row("no-op closure, 1 worker", f.one.latency);
   latency_row("no-op closure, 2 workers", f.two.latency);
-  fmt::print("\n{:<36} {:>21} {:>16}\n", fmt::format("throughput ({} in flight per worker)", in_flight),
-             "closures/s (median)", "/ 20,000 target");
-  fmt::print("{:<36} {:>21.0f} {:>16.2f}\n", "no-op closures, 1 worker", f.one.throughput, f.one.throughput / 20000);
-  fmt::print("{:<36} {:>21.0f} {:>16.2f}\n\n", "no-op closures, 2 workers", f.two.throughput,
-             f.two.throughput / 20000);
+  fmt::print("\n{:<36} {:>21} {:>16} {:>14}\n", fmt::format("throughput ({} in flight per worker)", in_flight),
+             "closures/s (median)", "/ 20,000 target", "/ raw echo");
+  const auto to_raw = [&](double rate) {
+    return f.raw_pipelined > 0 ? fmt::format("{:.2f}", rate / f.raw_pipelined) : std::string("-");
+  };
+  if (f.raw_pipelined > 0) {
+    fmt::print("{:<36} {:>21.0f} {:>16} {:>14}\n", fmt::format("raw pipelined echo, 64 B, {} in flight", in_flight),
+               f.raw_pipelined, "", "1.00");
+  }
+  fmt::print("{:<36} {:>21.0f} {:>16.2f} {:>14}\n", "no-op closures, 1 worker", f.one.throughput,
+             f.one.throughput / 20000, to_raw(f.one.throughput));
+  fmt::print("{:<36} {:>21.0f} {:>16.2f} {:>14}\n\n", "no-op closures, 2 workers", f.two.throughput,
+             f.two.throughput / 20000, to_raw(f.two.throughput));
 }
 
 }  // namespace
@@ -187,6 +196,11 @@ int main(int argc, char** argv) {
     separate.emplace();
     separate->raw64 = summarize(raw_server->exchanges(64, 64, iterations));
     separate->raw4k = summarize(raw_server->exchanges(4096, 4096, iterations));
+    std::vector<double> echo;
+    for (int round = 0; round < rounds; ++round) {
+      echo.push_back(raw_server->pipelined(64, 64, in_flight, static_cast<std::size_t>(closures)));
+    }
+    separate->raw_pipelined = median(std::move(echo));
     separate->one = measure_closures_processes(*processes, 1, in_flight, iterations, closures, rounds);
     separate->two = measure_closures_processes(*processes, 2, in_flight, iterations, closures, rounds);
   }
@@ -207,7 +221,8 @@ int main(int argc, char** argv) {
     fmt::print(" MiB (it rises while the queue fills, then stays flat)\n\n");
   }
   fmt::print("raw TCP round trip at 1 closure in flight bounds latency; throughput is bounded by the\n"
-             "per-closure CPU cost on {} hardware threads shared by chief, ps and workers.\n\n",
+             "per-closure CPU cost on {} hardware threads shared by chief, ps and workers (the raw pipelined\n"
+             "echo: two processes, the same window; target: 1 worker >= 0.5x it).\n\n",
              std::thread::hardware_concurrency());
   return 0;
 }

@@ -234,6 +234,26 @@ class raw_server_process {
     return samples;
   }
 
+  /// Pipelined echo: `window` exchanges kept in flight on one connection (a new request written as
+  /// each answer is read), `count` of them; returns exchanges per second. What a closure stream
+  /// with `window` in flight per worker would reach if it cost only the bytes' trip, one write and
+  /// one read a message on each side.
+  double pipelined(std::size_t request, std::size_t response, std::size_t window, std::size_t count) {
+    auto client = connect(request, response);
+    const auto out = detail::filled_buffer(request, 'x');
+    const auto in = detail::filled_buffer(response, 0);
+    for (std::size_t k = 0; k < window; ++k) detail::write_all(client, out.get(), request);
+    const auto start = clock_type::now();
+    for (std::size_t done = 0; done < count; ++done) {
+      asio::read(client, asio::buffer(in.get(), response));
+      detail::write_all(client, out.get(), request);
+    }
+    const double seconds = std::chrono::duration<double>(clock_type::now() - start).count();
+    for (std::size_t k = 0; k < window; ++k) asio::read(client, asio::buffer(in.get(), response));
+    client.close();
+    return static_cast<double>(count) / seconds;
+  }
+
   /// A connection whose exchanges are `request` bytes answered by `response` bytes.
   asio::ip::tcp::socket connect(std::size_t request, std::size_t response) {
     auto client = detail::connect_to(io_, {asio::ip::address_v4::loopback(), port_});
