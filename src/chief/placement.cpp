@@ -70,6 +70,20 @@ wire::Initializer encode_initializer(const initializer& init, const std::string&
   return out;
 }
 
+template <class Claims>
+asio::awaitable<std::vector<std::shared_ptr<restore_on_create>>> variable_placement::claiming_restorers(Claims claims) {
+  std::vector<std::shared_ptr<restore_on_create>> restorers;
+  std::erase_if(restorers_, [](const auto& r) { return r.expired(); });
+  const auto candidates = restorers_;  // a copy: another creation may add to it while this awaits
+  for (const auto& weak : candidates) {
+    auto restorer = weak.lock();
+    if (!restorer) continue;
+    const bool claimed = co_await claims(*restorer);
+    if (claimed) restorers.push_back(std::move(restorer));
+  }
+  co_return restorers;
+}
+
 asio::awaitable<sharded_variable_ref> variable_placement::create(std::string name, dtype type, shape_type shape,
                                                                  parameter_server_strategy::variable_source source,
                                                                  parameter_server_strategy::placement_request placement) {
@@ -104,15 +118,8 @@ asio::awaitable<sharded_variable_ref> variable_placement::create(std::string nam
   // Checkpoints restored before this variable existed: any mismatch is an error before anything
   // is made, and the source is not evaluated when a saved value replaces it (TF does not run the
   // initializer of a variable restored on creation either).
-  std::vector<std::shared_ptr<restore_on_create>> restorers;
-  std::erase_if(restorers_, [](const auto& r) { return r.expired(); });
-  const auto candidates = restorers_;  // a copy: another creation may add to it while this awaits
-  for (const auto& weak : candidates) {
-    auto restorer = weak.lock();
-    if (!restorer) continue;
-    const bool claimed = co_await restorer->claims(name, type, shape);
-    if (claimed) restorers.push_back(std::move(restorer));
-  }
+  const auto holds_variable = [&](restore_on_create& r) { return r.claims(name, type, shape); };
+  const auto restorers = co_await claiming_restorers(holds_variable);
   if (!restorers.empty()) source = initializer{initializers::zeros{}};
   std::vector<char> created(shards, no);  // char: a vector<bool> element cannot be referred to
   std::exception_ptr failure;
@@ -211,15 +218,8 @@ asio::awaitable<hash_table_ref> variable_placement::create_table(std::string nam
     }
   }
   // Checkpoints restored before this table existed: a mismatch is an error before anything is made.
-  std::vector<std::shared_ptr<restore_on_create>> restorers;
-  std::erase_if(restorers_, [](const auto& r) { return r.expired(); });
-  const auto candidates = restorers_;  // a copy: another creation may add to it while this awaits
-  for (const auto& weak : candidates) {
-    auto restorer = weak.lock();
-    if (!restorer) continue;
-    const bool claimed = co_await restorer->claims_table(ref);
-    if (claimed) restorers.push_back(std::move(restorer));
-  }
+  const auto holds_table = [&](restore_on_create& r) { return r.claims_table(ref); };
+  const auto restorers = co_await claiming_restorers(holds_table);
   std::vector<char> created(num_ps, no);
   std::exception_ptr failure;
   try {

@@ -79,6 +79,11 @@ class variable_placement {
   asio::awaitable<void> create_shards(const sharded_variable_ref& ref, const std::vector<std::size_t>& offsets,
                                       const parameter_server_strategy::variable_source& source,
                                       std::vector<char>& created);
+  /// The live restorers (add_restorer) whose checkpoint holds what is being created, asked in
+  /// turn: claims(restorer) is an awaitable<bool>, and throws on a mismatch (before anything is
+  /// made).
+  template <class Claims>
+  asio::awaitable<std::vector<std::shared_ptr<restore_on_create>>> claiming_restorers(Claims claims);
 
   std::shared_ptr<client::ps_client> ps_;
   variable_partitioner partitioner_;
