@@ -55,6 +55,15 @@ asio::awaitable<void> cluster_connections::connect() {
       if (self && !self->closed_ && self->events_.ps_lost) self->events_.ps_lost(i, reason);
     });
   }
+  for (std::size_t i = 0; i < ps_.size(); ++i) {
+    ps_[i]->on_heartbeat_reply([weak = weak_from_this(), i](const wire::frame& reply) {
+      auto self = weak.lock();
+      const auto& response = reply.message.response();
+      if (self && !self->closed_ && response.has_ps_totals() && self->events_.ps_totals) {
+        self->events_.ps_totals(i, response.ps_totals());
+      }
+    });
+  }
   for (std::size_t i = 0; i < workers_.size(); ++i) {
     workers_[i].peer->on_lost([weak = weak_from_this(), i](const std::string& reason) {
       if (auto self = weak.lock()) self->worker_failed(i, reason);

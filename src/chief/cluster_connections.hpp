@@ -40,6 +40,8 @@ class cluster_connections : public std::enable_shared_from_this<cluster_connecti
     std::function<void(std::size_t worker)> worker_back;
     /// Every probe interval, after the probes start.
     std::function<void()> tick;
+    /// A ps answered a Heartbeat with its totals (every heartbeat interval while it is connected).
+    std::function<void(std::size_t ps, const wire::PsTotals& totals)> ps_totals;
   };
 
   /// The chief `self` (job "chief", its index) of `cluster`; `incarnation` is its session on every

@@ -260,6 +260,9 @@ void coordinator_core::wire_events() {
   events.tick = [weak] {
     if (auto self = weak.lock()) self->queue_->tick();
   };
+  events.ps_totals = [weak](std::size_t ps, const wire::PsTotals& totals) {
+    if (auto self = weak.lock()) self->ps_reported(ps, totals);
+  };
   connections_->set_events(std::move(events));
 }
 
@@ -489,6 +492,43 @@ void coordinator_core::lost_ps(std::size_t index, const std::string& reason) {
   fail_run(index, std::make_exception_ptr(remote_error(
                       make_error_code(errc::unavailable), task,
                       fmt::format("parameter server {} is unavailable: {}", task, reason))));
+}
+
+void coordinator_core::ps_reported(std::size_t index, const wire::PsTotals& totals) {
+  ps_reports_.resize(connections_->ps().size());
+  auto& report = ps_reports_.at(index);
+  if (!report) {
+    // Registered at the first report: until then the page shows nothing rather than zeros.
+    report = std::make_unique<ps_report>();
+    const metrics::labels ps{{"ps", connections_->ps()[index]->task()}};
+    auto& r = metrics::process_registry();
+    report->registered.push_back(r.add("pscoro_coordinator_ps_requests_total",
+                                       "Requests a parameter server served (from every task), as its answers to the "
+                                       "chief's heartbeats report them.",
+                                       ps, report->requests));
+    report->registered.push_back(r.add("pscoro_coordinator_ps_held_variables",
+                                       "Variables and optimizer slots a parameter server holds, as it reports them.",
+                                       ps, report->variables));
+    report->registered.push_back(r.add("pscoro_coordinator_ps_held_bytes",
+                                       "Bytes a parameter server holds for variables, slots and hash tables, as it "
+                                       "reports them.",
+                                       ps, report->held_bytes));
+    report->registered.push_back(r.add("pscoro_coordinator_ps_resident_memory_bytes",
+                                       "Resident memory of a parameter server's process, as it reports it.", ps,
+                                       report->resident_memory));
+  }
+  // A restarted ps counts from 0 again: the counter goes on from where the last one left it.
+  if (totals.incarnation() != report->incarnation) {
+    report->incarnation = totals.incarnation();
+    report->last_requests = 0;
+  }
+  report->requests.inc(totals.requests_served() - std::min(totals.requests_served(), report->last_requests));
+  report->last_requests = std::max(report->last_requests, totals.requests_served());
+  report->variables.set(static_cast<std::int64_t>(totals.variables()));
+  report->held_bytes.set(static_cast<std::int64_t>(totals.held_bytes()));
+  if (totals.resident_memory_bytes() > 0) {
+    report->resident_memory.set(static_cast<std::int64_t>(totals.resident_memory_bytes()));
+  }
 }
 
 void coordinator_core::fail_run(std::size_t index, std::exception_ptr failure) {

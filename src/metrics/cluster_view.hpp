@@ -43,7 +43,8 @@ class view_state {
   static constexpr std::size_t max_curves = 64;
 
   /// The task the page is about. A chief's view replaces a server's (a test that runs a whole
-  /// cluster in one process shows the chief's); a server's replaces nothing.
+  /// cluster in one process shows the chief's) and starts its rates afresh; a server's replaces
+  /// nothing.
   void set_task(task_view task);
   /// "running", "finished" or "failed".
   void set_job_state(std::string state);

@@ -364,7 +364,14 @@ struct server::impl : std::enable_shared_from_this<impl> {
     if (!self) throw error(errc::unavailable, "server stopped");
     if (request.message.request().has_heartbeat()) {
       wire::frame alive;
-      alive.message.mutable_response();
+      auto& answer = *alive.message.mutable_response();
+      // The chief's page shows what a ps serves to everyone (the workers' requests included) and
+      // holds; a worker's heartbeats to a ps need none of it.
+      if (from_chief && self->ps) {
+        auto& totals = *answer.mutable_ps_totals() = self->ps->totals();
+        totals.set_resident_memory_bytes(metrics::resident_memory_bytes().value_or(0));
+        totals.set_incarnation(self->incarnation);
+      }
       co_return alive;
     }
     // The connection is closed when its session ends; this catches what was already on its way.
