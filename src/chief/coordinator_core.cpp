@@ -3,6 +3,7 @@
 #include "metrics/cluster_view.hpp"
 #include "metrics/library.hpp"
 
+#include "common/address.hpp"
 #include "common/environment.hpp"
 #include "common/log.hpp"
 #include "common/text.hpp"
@@ -77,10 +78,22 @@ std::shared_ptr<coordinator_core> coordinator_core::make(asio::any_io_executor e
   options.keep_servers =
       common::flag_from_environment("PSCORO_KEEP_SERVERS", "the servers keep serving when the chief closes")
           .value_or(options.keep_servers);
-  const auto metrics_port = metrics::metrics_port(options.metrics_port);
-  const std::string chief_address = spec_address;
-  auto core = std::shared_ptr<coordinator_core>(
-      new coordinator_core(std::move(executor), cluster, std::move(options), std::move(self), std::move(spec_address)));
+  // Served before the connections are made: every server's Hello carries the page's URL.
+  std::string chief_page;
+  if (const auto metrics_port = metrics::metrics_port(options.metrics_port)) {
+    // Where the chief's address says (a loopback host kept, any other: every interface), or on
+    // loopback when the cluster spec gives the chief no address.
+    const auto task = fmt::format("{}:{}", task_type, index);
+    std::string listen_host = "127.0.0.1", shown_host = "127.0.0.1";
+    if (!spec_address.empty()) {
+      listen_host = common::split_address(net::listen_address_for(spec_address, task), task).first;
+      shown_host = common::split_address(spec_address, task).first;
+    }
+    const auto port = metrics::serve_process_metrics(task, listen_host, shown_host, *metrics_port);
+    chief_page = fmt::format("http://{}/", common::format_address(shown_host, std::to_string(port)));
+  }
+  auto core = std::shared_ptr<coordinator_core>(new coordinator_core(
+      std::move(executor), cluster, std::move(options), std::move(self), std::move(spec_address), chief_page));
   core->wire_events();
   {
     // Who the page is about: the chief, and every task of the cluster with its address.
@@ -94,27 +107,17 @@ std::shared_ptr<coordinator_core> coordinator_core::make(asio::any_io_executor e
     }
     metrics::process_view().set_task(std::move(view));
   }
-  if (metrics_port) {
-    // Where the chief's address says (a loopback host kept, any other: every interface), or on
-    // loopback when the cluster spec gives the chief no address.
-    const auto task = fmt::format("{}:{}", task_type, index);
-    std::string listen_host = "127.0.0.1", shown_host = "127.0.0.1";
-    if (!chief_address.empty()) {
-      listen_host = common::split_address(net::listen_address_for(chief_address, task), task).first;
-      shown_host = common::split_address(chief_address, task).first;
-    }
-    metrics::serve_process_metrics(task, listen_host, shown_host, *metrics_port);
-  }
   return core;
 }
 
 coordinator_core::coordinator_core(asio::any_io_executor executor, cluster_spec cluster, strategy_options options,
-                                   net::task_identity self, std::string spec_address)
+                                   net::task_identity self, std::string spec_address, const std::string& chief_page)
     : executor_(std::move(executor)),
       cluster_(std::move(cluster)),
       strategy_options_(std::move(options)),
       connections_(std::make_shared<chief::cluster_connections>(executor_, cluster_, std::move(self),
-                                                                  std::move(spec_address), strategy_options_.transport)),
+                                                                  std::move(spec_address), strategy_options_.transport,
+                                                                  chief_page)),
       ps_(std::make_shared<client::ps_client>(connections_->ps())),
       placement_(ps_),
       per_worker_(std::make_shared<chief::per_worker_values>(executor_, connections_)) {

@@ -92,7 +92,7 @@ class coordinator_core : public std::enable_shared_from_this<coordinator_core> {
 
  private:
   coordinator_core(asio::any_io_executor executor, cluster_spec cluster, strategy_options options,
-                   net::task_identity self, std::string spec_address);
+                   net::task_identity self, std::string spec_address, const std::string& chief_page);
   /// Wires the parts' events to this core (they hold it weakly).
   void wire_events();
 

@@ -67,6 +67,11 @@ void view_state::set_task(task_view task) {
   }
 }
 
+void view_state::set_chief_page(std::string url) {
+  const std::lock_guard lock(mutex_);
+  if (task_.role != "chief") task_.chief_page = std::move(url);
+}
+
 void view_state::set_job_state(std::string state) {
   const std::lock_guard lock(mutex_);
   job_state_ = std::move(state);

@@ -3,7 +3,7 @@ Debian's python3-selenium.
 
 usage: cluster_page.py CHIEF_URL PS_URL LAUNCHER_PID SCREENSHOT
 
-Loads a ps's page (its own view), then the chief's page and waits
+Loads a ps's page (its own view, linking to the chief's page), then the chief's page and waits
 until it shows both workers up, the ps with what it reports of itself (variables, bytes, memory and
 the requests/s it serves the workers), a loss curve of two points or more, the newest checkpoint and the job's rate; saves a
 screenshot; ends the job (SIGTERM to the
@@ -70,6 +70,8 @@ try:
     wait_until("the ps's page lists its metrics",
                lambda: driver.find_elements(By.CSS_SELECTOR, 'tr[data-series="pscoro_ps_variables"]'))
     wait_until("the ps's page names it", lambda: "ps:0" in driver.find_element(By.ID, "title").text)
+    # The chief told the ps its page's URL (its port was picked free): the ps's page links there.
+    wait_until("the ps's page links to the chief's page", lambda: attribute("#chief-link", "href") == chief_url)
 
     driver.get(chief_url)
     wait_until("the chief's page is live", lambda: attribute("#status", "data-state") == "live")

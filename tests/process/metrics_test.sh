@@ -94,8 +94,21 @@ for task in worker:0 worker:1; do
 done
 check "the two workers took $steps elements in all (got $elements)" test "$elements" -eq "$steps"
 
-echo "--- the chief's page shows what the ps served"
+echo "--- every task's page links to the chief's page at its real, free port; the chief's shows what the ps served"
 chief_page=${url[chief:0]%metrics}
+for task in ps:0 worker:0 worker:1; do
+  base=${url[$task]%/metrics}
+  check "$task's /api/cluster names the chief's page, $chief_page" /usr/bin/python3 -c '
+import json, sys
+d = json.load(sys.stdin)
+assert d["chief_page"] == sys.argv[1], (d["chief_page"], sys.argv[1])
+' "$chief_page" < <(curl -sS --max-time 30 "$base/api/cluster")
+done
+check "the chief's page answers at that URL with the cluster's view" /usr/bin/python3 -c '
+import json, sys
+d = json.load(sys.stdin)
+assert d["view"] == "chief" and d["task"] == "chief:0", (d["view"], d["task"])
+' < <(curl -sS --max-time 30 "${chief_page}api/cluster")
 # The workers sent the ps $steps updates; the chief, one create. The ps says so in its answers to
 # the chief's heartbeats (every second): the chief's view shows it once the next answer is in.
 ps_reported() {

@@ -388,6 +388,20 @@ TEST_CASE("a server with a fixed metrics port links to the chief's page on the c
   CHECK(doc["ps"][0]["address"] == "h:1");
 }
 
+TEST_CASE("a server links to the chief's page at the URL the chief sent; the chief's own view links nowhere") {
+  metrics::view_state state;
+  state.set_task({"worker:0", "worker", "", {}, {}});  // a metrics port picked free: no URL to guess
+  metrics::registry r;
+  CHECK(state.document(r, std::chrono::system_clock::now(), std::chrono::steady_clock::now())["chief_page"].is_null());
+  state.set_chief_page("http://127.0.0.1:41235/");
+  CHECK(state.document(r, std::chrono::system_clock::now(), std::chrono::steady_clock::now())["chief_page"] ==
+        "http://127.0.0.1:41235/");
+  // A whole cluster in one process shows the chief's view, which a server's Hello does not change.
+  state.set_task({"chief:0", "chief", "", {}, {}});
+  state.set_chief_page("http://127.0.0.1:41235/");
+  CHECK(state.document(r, std::chrono::system_clock::now(), std::chrono::steady_clock::now())["chief_page"].is_null());
+}
+
 TEST_CASE("the chief's view shows what each ps reports of itself, null before its first report, and its request rate") {
   metrics::view_state state;
   state.set_task({"chief:0", "chief", "", {{"ps:0", "h:1"}, {"ps:1", "h:2"}}, {}});
