@@ -21,7 +21,8 @@ using asio::experimental::as_tuple;
 using asio::use_awaitable;
 
 cluster_connections::cluster_connections(asio::any_io_executor executor, const cluster_spec& cluster,
-                                         net::task_identity self, std::string spec_address, transport_options transport)
+                                         net::task_identity self, std::string spec_address, transport_options transport,
+                                         const std::string& chief_page)
     : executor_(std::move(executor)),
       self_(std::move(self)),
       task_(task_name(self_.job, self_.index)),
@@ -31,6 +32,7 @@ cluster_connections::cluster_connections(asio::any_io_executor executor, const c
   // The chief's incarnation is its session on every server: a restarted chief starts a new one,
   // which makes the servers drop the old session's variables and iterators.
   auto hello = make_hello(self_, self_.incarnation);
+  hello.set_chief_page(chief_page);
   for (const auto& job : {"ps", "worker"}) {
     auto* entry = hello.add_cluster();
     entry->set_name(job);
@@ -53,6 +55,15 @@ asio::awaitable<void> cluster_connections::connect() {
     ps_[i]->on_lost([weak = weak_from_this(), i](const std::string& reason) {
       auto self = weak.lock();
       if (self && !self->closed_ && self->events_.ps_lost) self->events_.ps_lost(i, reason);
+    });
+  }
+  for (std::size_t i = 0; i < ps_.size(); ++i) {
+    ps_[i]->on_heartbeat_reply([weak = weak_from_this(), i](const wire::frame& reply) {
+      auto self = weak.lock();
+      const auto& response = reply.message.response();
+      if (self && !self->closed_ && response.has_ps_totals() && self->events_.ps_totals) {
+        self->events_.ps_totals(i, response.ps_totals());
+      }
     });
   }
   for (std::size_t i = 0; i < workers_.size(); ++i) {

@@ -40,12 +40,15 @@ class cluster_connections : public std::enable_shared_from_this<cluster_connecti
     std::function<void(std::size_t worker)> worker_back;
     /// Every probe interval, after the probes start.
     std::function<void()> tick;
+    /// A ps answered a Heartbeat with its totals (every heartbeat interval while it is connected).
+    std::function<void(std::size_t ps, const wire::PsTotals& totals)> ps_totals;
   };
 
   /// The chief `self` (job "chief", its index) of `cluster`; `incarnation` is its session on every
-  /// server. `spec_address` is the chief's own address in the cluster spec, or "".
+  /// server. `spec_address` is the chief's own address in the cluster spec, or "". `chief_page`:
+  /// the URL of the chief's page, which its session's Hello tells every server, or "" (none).
   cluster_connections(asio::any_io_executor executor, const cluster_spec& cluster, net::task_identity self,
-                      std::string spec_address, transport_options transport);
+                      std::string spec_address, transport_options transport, const std::string& chief_page = {});
 
   /// Listens for announcements (when the spec gives the chief an address), connects to every ps
   /// and worker, then starts probing lost workers. Set `events` first.

@@ -3,6 +3,7 @@
 #include "metrics/cluster_view.hpp"
 #include "metrics/library.hpp"
 
+#include "common/address.hpp"
 #include "common/environment.hpp"
 #include "common/log.hpp"
 #include "common/text.hpp"
@@ -77,10 +78,22 @@ std::shared_ptr<coordinator_core> coordinator_core::make(asio::any_io_executor e
   options.keep_servers =
       common::flag_from_environment("PSCORO_KEEP_SERVERS", "the servers keep serving when the chief closes")
           .value_or(options.keep_servers);
-  const auto metrics_port = metrics::metrics_port(options.metrics_port);
-  const std::string chief_address = spec_address;
-  auto core = std::shared_ptr<coordinator_core>(
-      new coordinator_core(std::move(executor), cluster, std::move(options), std::move(self), std::move(spec_address)));
+  // Served before the connections are made: every server's Hello carries the page's URL.
+  std::string chief_page;
+  if (const auto metrics_port = metrics::metrics_port(options.metrics_port)) {
+    // Where the chief's address says (a loopback host kept, any other: every interface), or on
+    // loopback when the cluster spec gives the chief no address.
+    const auto task = fmt::format("{}:{}", task_type, index);
+    std::string listen_host = "127.0.0.1", shown_host = "127.0.0.1";
+    if (!spec_address.empty()) {
+      listen_host = common::split_address(net::listen_address_for(spec_address, task), task).first;
+      shown_host = common::split_address(spec_address, task).first;
+    }
+    const auto port = metrics::serve_process_metrics(task, listen_host, shown_host, *metrics_port);
+    chief_page = fmt::format("http://{}/", common::format_address(shown_host, std::to_string(port)));
+  }
+  auto core = std::shared_ptr<coordinator_core>(new coordinator_core(
+      std::move(executor), cluster, std::move(options), std::move(self), std::move(spec_address), chief_page));
   core->wire_events();
   {
     // Who the page is about: the chief, and every task of the cluster with its address.
@@ -94,27 +107,17 @@ std::shared_ptr<coordinator_core> coordinator_core::make(asio::any_io_executor e
     }
     metrics::process_view().set_task(std::move(view));
   }
-  if (metrics_port) {
-    // Where the chief's address says (a loopback host kept, any other: every interface), or on
-    // loopback when the cluster spec gives the chief no address.
-    const auto task = fmt::format("{}:{}", task_type, index);
-    std::string listen_host = "127.0.0.1", shown_host = "127.0.0.1";
-    if (!chief_address.empty()) {
-      listen_host = common::split_address(net::listen_address_for(chief_address, task), task).first;
-      shown_host = common::split_address(chief_address, task).first;
-    }
-    metrics::serve_process_metrics(task, listen_host, shown_host, *metrics_port);
-  }
   return core;
 }
 
 coordinator_core::coordinator_core(asio::any_io_executor executor, cluster_spec cluster, strategy_options options,
-                                   net::task_identity self, std::string spec_address)
+                                   net::task_identity self, std::string spec_address, const std::string& chief_page)
     : executor_(std::move(executor)),
       cluster_(std::move(cluster)),
       strategy_options_(std::move(options)),
       connections_(std::make_shared<chief::cluster_connections>(executor_, cluster_, std::move(self),
-                                                                  std::move(spec_address), strategy_options_.transport)),
+                                                                  std::move(spec_address), strategy_options_.transport,
+                                                                  chief_page)),
       ps_(std::make_shared<client::ps_client>(connections_->ps())),
       placement_(ps_),
       per_worker_(std::make_shared<chief::per_worker_values>(executor_, connections_)) {
@@ -259,6 +262,9 @@ void coordinator_core::wire_events() {
   };
   events.tick = [weak] {
     if (auto self = weak.lock()) self->queue_->tick();
+  };
+  events.ps_totals = [weak](std::size_t ps, const wire::PsTotals& totals) {
+    if (auto self = weak.lock()) self->ps_reported(ps, totals);
   };
   connections_->set_events(std::move(events));
 }
@@ -489,6 +495,43 @@ void coordinator_core::lost_ps(std::size_t index, const std::string& reason) {
   fail_run(index, std::make_exception_ptr(remote_error(
                       make_error_code(errc::unavailable), task,
                       fmt::format("parameter server {} is unavailable: {}", task, reason))));
+}
+
+void coordinator_core::ps_reported(std::size_t index, const wire::PsTotals& totals) {
+  ps_reports_.resize(connections_->ps().size());
+  auto& report = ps_reports_.at(index);
+  if (!report) {
+    // Registered at the first report: until then the page shows nothing rather than zeros.
+    report = std::make_unique<ps_report>();
+    const metrics::labels ps{{"ps", connections_->ps()[index]->task()}};
+    auto& r = metrics::process_registry();
+    report->registered.push_back(r.add("pscoro_coordinator_ps_requests_total",
+                                       "Requests a parameter server served (from every task), as its answers to the "
+                                       "chief's heartbeats report them.",
+                                       ps, report->requests));
+    report->registered.push_back(r.add("pscoro_coordinator_ps_held_variables",
+                                       "Variables and optimizer slots a parameter server holds, as it reports them.",
+                                       ps, report->variables));
+    report->registered.push_back(r.add("pscoro_coordinator_ps_held_bytes",
+                                       "Bytes a parameter server holds for variables, slots and hash tables, as it "
+                                       "reports them.",
+                                       ps, report->held_bytes));
+    report->registered.push_back(r.add("pscoro_coordinator_ps_resident_memory_bytes",
+                                       "Resident memory of a parameter server's process, as it reports it.", ps,
+                                       report->resident_memory));
+  }
+  // A restarted ps counts from 0 again: the counter goes on from where the last one left it.
+  if (totals.incarnation() != report->incarnation) {
+    report->incarnation = totals.incarnation();
+    report->last_requests = 0;
+  }
+  report->requests.inc(totals.requests_served() - std::min(totals.requests_served(), report->last_requests));
+  report->last_requests = std::max(report->last_requests, totals.requests_served());
+  report->variables.set(static_cast<std::int64_t>(totals.variables()));
+  report->held_bytes.set(static_cast<std::int64_t>(totals.held_bytes()));
+  if (totals.resident_memory_bytes() > 0) {
+    report->resident_memory.set(static_cast<std::int64_t>(totals.resident_memory_bytes()));
+  }
 }
 
 void coordinator_core::fail_run(std::size_t index, std::exception_ptr failure) {

@@ -92,7 +92,7 @@ class coordinator_core : public std::enable_shared_from_this<coordinator_core> {
 
  private:
   coordinator_core(asio::any_io_executor executor, cluster_spec cluster, strategy_options options,
-                   net::task_identity self, std::string spec_address);
+                   net::task_identity self, std::string spec_address, const std::string& chief_page);
   /// Wires the parts' events to this core (they hold it weakly).
   void wire_events();
 
@@ -123,6 +123,9 @@ class coordinator_core : public std::enable_shared_from_this<coordinator_core> {
   /// The connection to ps `index` closed without our asking: its variables are gone, and the run
   /// with them, unless a lost_ps_restorer restores them.
   void lost_ps(std::size_t index, const std::string& reason);
+  /// Keeps what ps `index` reported in its answer to a Heartbeat as the chief's series of that ps
+  /// (its requests as a counter that goes on over the ps's restarts), registered at its first report.
+  void ps_reported(std::size_t index, const wire::PsTotals& totals);
   /// Ends the run: ps `index` is lost, for `reason`.
   void fail_run(std::size_t index, std::exception_ptr failure);
   /// Waits for ps `index` to answer again, makes its shards and parts again and has `restorer`
@@ -158,6 +161,17 @@ class coordinator_core : public std::enable_shared_from_this<coordinator_core> {
   metrics::counter ps_restores_;
   metrics::histogram ps_restore_seconds_;
   metrics::gauge ps_restore_step_;  // the step of the checkpoint the last restore used
+  // What a ps reports of itself (wire::PsTotals), as the chief's series of that ps.
+  struct ps_report {
+    metrics::counter requests;  // what its incarnations served, summed
+    metrics::gauge variables;
+    metrics::gauge held_bytes;
+    metrics::gauge resident_memory;
+    std::uint64_t incarnation = 0;    // of its last report
+    std::uint64_t last_requests = 0;  // that incarnation's total at its last report
+    std::vector<metrics::registry::registration> registered;  // last: goes before what it lists
+  };
+  std::vector<std::unique_ptr<ps_report>> ps_reports_;  // per ps, null before its first report
   std::vector<metrics::registry::registration> registered_;  // last: goes before what it lists
 };
 

@@ -63,7 +63,13 @@ void view_state::set_task(task_view task) {
   if (task_.role == "chief") {
     job_state_ = "running";
     started_ = std::chrono::system_clock::now();
+    totals_.clear();  // a new job's totals start again
   }
+}
+
+void view_state::set_chief_page(std::string url) {
+  const std::lock_guard lock(mutex_);
+  if (task_.role != "chief") task_.chief_page = std::move(url);
 }
 
 void view_state::set_job_state(std::string state) {
@@ -161,16 +167,29 @@ json view_state::document(const registry& served, std::chrono::system_clock::tim
     json ps = json::array();
     for (const auto& [task, address] : task_.ps) {
       const labels peer{{"peer", task}};
-      std::optional<double> requests;
+      const labels of_ps{{"ps", task}};
+      std::optional<double> chief_requests;
       if (const auto sent = series.get("pscoro_peer_sent_frames_total", peer)) {
-        requests = rate("requests " + task, *sent, steady_now);
+        chief_requests = rate("chief requests " + task, *sent, steady_now);
       }
-      ps.push_back({{"task", task},
-                    {"address", address},
-                    {"variables", series.get_or("pscoro_coordinator_ps_variables", {{"ps", task}}, 0)},
-                    {"bytes", series.get_or("pscoro_coordinator_ps_variable_bytes", {{"ps", task}}, 0)},
-                    {"chief_requests_per_second", optional_number(requests)},
-                    {"heartbeat_age_seconds", optional_number(series.get("pscoro_peer_heartbeat_age_seconds", peer))}});
+      // What the ps reports of itself in its answers to the chief's heartbeats: every task's
+      // requests, which the chief's own frames do not show.
+      const auto served = series.get("pscoro_coordinator_ps_requests_total", of_ps);
+      std::optional<double> requests;
+      if (served) requests = rate("requests " + task, *served, steady_now);
+      const auto memory = series.get("pscoro_coordinator_ps_resident_memory_bytes", of_ps);
+      ps.push_back(
+          {{"task", task},
+           {"address", address},
+           {"variables", series.get_or("pscoro_coordinator_ps_variables", of_ps, 0)},
+           {"bytes", series.get_or("pscoro_coordinator_ps_variable_bytes", of_ps, 0)},
+           {"held_variables", optional_number(series.get("pscoro_coordinator_ps_held_variables", of_ps))},
+           {"held_bytes", optional_number(series.get("pscoro_coordinator_ps_held_bytes", of_ps))},
+           {"resident_memory_bytes", memory && *memory > 0 ? number(*memory) : json(nullptr)},
+           {"requests_total", optional_number(served)},
+           {"requests_per_second", optional_number(requests)},
+           {"chief_requests_per_second", optional_number(chief_requests)},
+           {"heartbeat_age_seconds", optional_number(series.get("pscoro_peer_heartbeat_age_seconds", peer))}});
     }
     out["ps"] = std::move(ps);
 

@@ -27,7 +27,7 @@ namespace pscoro::metrics {
 struct task_view {
   std::string task;        ///< "chief:0", "ps:1"
   std::string role;        ///< "chief", "ps" or "worker"
-  std::string chief_page;  ///< a server's link to the chief's page, when it knows the chief's address
+  std::string chief_page;  ///< a server's link to the chief's page, when it knows where that is
   /// The chief: every ps and worker of the cluster, task name and address, in index order.
   std::vector<std::pair<std::string, std::string>> ps;
   std::vector<std::pair<std::string, std::string>> workers;
@@ -43,8 +43,12 @@ class view_state {
   static constexpr std::size_t max_curves = 64;
 
   /// The task the page is about. A chief's view replaces a server's (a test that runs a whole
-  /// cluster in one process shows the chief's); a server's replaces nothing.
+  /// cluster in one process shows the chief's) and starts its rates afresh; a server's replaces
+  /// nothing.
   void set_task(task_view task);
+  /// A server's link to the chief's page, as the chief's Hello gives it; nothing on the chief's own
+  /// view (a test that runs a whole cluster in one process shows the chief's).
+  void set_chief_page(std::string url);
   /// "running", "finished" or "failed".
   void set_job_state(std::string state);
   /// A scalar written through summary_writer.

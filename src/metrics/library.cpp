@@ -60,6 +60,23 @@ std::optional<double> process_start_time() {
   return btime + ticks / static_cast<double>(hertz);
 }
 
+struct process_memory {
+  std::uint64_t virtual_size = 0;
+  std::uint64_t resident = 0;
+};
+
+// The process's virtual and resident memory in bytes, from /proc/self/statm (in pages).
+std::optional<process_memory> memory_bytes() {
+  std::FILE* statm = std::fopen("/proc/self/statm", "r");
+  if (!statm) return std::nullopt;
+  unsigned long long size = 0, resident = 0;
+  const bool read = std::fscanf(statm, "%llu %llu", &size, &resident) == 2;
+  std::fclose(statm);
+  const long page = ::sysconf(_SC_PAGESIZE);
+  if (!read || page <= 0) return std::nullopt;
+  return process_memory{size * static_cast<std::uint64_t>(page), resident * static_cast<std::uint64_t>(page)};
+}
+
 // Resident and virtual memory from /proc/self/statm (pages), CPU time from getrusage, open file
 // descriptors from /proc/self/fd and their limit, and the start time: Prometheus's process series.
 std::vector<sample> process_samples() {
@@ -82,16 +99,11 @@ std::vector<sample> process_samples() {
     out.push_back({"process_max_fds", "Maximum number of open file descriptors.", metric_type::gauge, {},
                    static_cast<double>(files.rlim_cur)});
   }
-  const double page = static_cast<double>(::sysconf(_SC_PAGESIZE));
-  if (std::FILE* statm = std::fopen("/proc/self/statm", "r")) {
-    unsigned long long size = 0, resident = 0;
-    if (std::fscanf(statm, "%llu %llu", &size, &resident) == 2) {
-      out.push_back({"process_resident_memory_bytes", "Resident memory size in bytes.", metric_type::gauge, {},
-                     static_cast<double>(resident) * page});
-      out.push_back({"process_virtual_memory_bytes", "Virtual memory size in bytes.", metric_type::gauge, {},
-                     static_cast<double>(size) * page});
-    }
-    std::fclose(statm);
+  if (const auto memory = memory_bytes()) {
+    out.push_back({"process_resident_memory_bytes", "Resident memory size in bytes.", metric_type::gauge, {},
+                   static_cast<double>(memory->resident)});
+    out.push_back({"process_virtual_memory_bytes", "Virtual memory size in bytes.", metric_type::gauge, {},
+                   static_cast<double>(memory->virtual_size)});
   }
   rusage usage{};
   if (::getrusage(RUSAGE_SELF, &usage) == 0) {
@@ -137,6 +149,11 @@ counter& dataset_elements() { return library().dataset_elements; }
 }  // namespace detail
 
 counter& dataset_bytes_read() { return library().dataset_bytes; }
+
+std::optional<std::uint64_t> resident_memory_bytes() {
+  const auto memory = memory_bytes();
+  return memory ? std::optional(memory->resident) : std::nullopt;
+}
 
 peer_traffic& traffic_of(std::string_view task) {
   auto& lib = library();

@@ -38,6 +38,10 @@ struct peer_traffic {
 /// per frame.
 peer_traffic& traffic_of(std::string_view task);
 
+/// This process's resident memory, as process_resident_memory_bytes gives it (/proc/self/statm),
+/// or none where that cannot be read.
+std::optional<std::uint64_t> resident_memory_bytes();
+
 /// Dataset input: elements taken from per-worker iterators and bytes read from files.
 counter& dataset_bytes_read();
 

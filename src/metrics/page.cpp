@@ -137,12 +137,16 @@ function chiefView(d) {
       el("td", {}, w.task), el("td", {}, w.address), el("td", {class: w.state}, w.state), el("td", {}, num(w.closures_succeeded)),
       el("td", {}, num(w.closures_failed)), el("td", {}, num(w.in_flight)),
       el("td", {}, w.heartbeat_age_seconds == null ? "–" : `${w.heartbeat_age_seconds.toFixed(1)} s ago`), el("td", {}, num(w.restarts))))));
-  const ps = section(`Parameter servers (${d.ps.length})`, true, table(
-    ["task", "address", "variables", "bytes held", "chief's requests/s", "last heard"],
-    d.ps.map(p => el("tr", {"data-ps": p.task},
-      el("td", {}, p.task), el("td", {}, p.address), el("td", {}, num(p.variables)), el("td", {}, bytes(p.bytes)),
-      el("td", {}, num(p.chief_requests_per_second, 1)),
-      el("td", {}, p.heartbeat_age_seconds == null ? "–" : `${p.heartbeat_age_seconds.toFixed(1)} s ago`)))));
+  // The chief's placement (shards placed) beside what each ps reports of itself (variables with
+  // their slots, bytes, memory, and the requests of every task).
+  const psColumns = [
+    ["task", p => p.task], ["address", p => p.address], ["shards placed", p => num(p.variables)],
+    ["variables held", p => num(p.held_variables)], ["bytes held", p => bytes(p.held_bytes)],
+    ["memory", p => bytes(p.resident_memory_bytes)], ["requests/s", p => num(p.requests_per_second, 1)],
+    ["chief's requests/s", p => num(p.chief_requests_per_second, 1)],
+    ["last heard", p => p.heartbeat_age_seconds == null ? "–" : `${p.heartbeat_age_seconds.toFixed(1)} s ago`]];
+  const ps = section(`Parameter servers (${d.ps.length})`, true, table(psColumns.map(c => c[0]),
+    d.ps.map(p => el("tr", {"data-ps": p.task}, ...psColumns.map(([name, cell]) => el("td", {"data-field": name}, cell(p)))))));
   const c = d.checkpoint;
   const checkpoint = section("Checkpoint", false, c ? pairs([["newest", c.path], ["step", num(c.step)], ["saved", clock(c.time)],
     ["took", `${num(c.seconds, 3)} s`]]) : el("p", {class: "muted"}, "None saved by this chief."));

@@ -599,6 +599,7 @@ void peer::adopt(std::shared_ptr<wire::connection> fresh) {
     if (alive.expired() || closing_ || !on_lost_) return;
     on_lost_(reason);
   });
+  if (on_heartbeat_reply_) fresh->on_heartbeat_reply(on_heartbeat_reply_);
   fresh->start_heartbeat(options_.heartbeat_interval, options_.heartbeat_timeout);
   connection_ = std::move(fresh);
 }

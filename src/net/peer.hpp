@@ -122,6 +122,12 @@ class peer {
   /// hung past the heartbeat timeout, or the network failed). Set before the first get().
   void on_lost(std::function<void(const std::string& reason)> handler) { on_lost_ = std::move(handler); }
 
+  /// Called with every ok reply to the Heartbeats of this peer's connections, which are then sent
+  /// every heartbeat interval (wire::connection::on_heartbeat_reply). Set before the first get().
+  void on_heartbeat_reply(std::function<void(const wire::frame& reply)> handler) {
+    on_heartbeat_reply_ = std::move(handler);
+  }
+
   /// From now on get() and call() throw `failure` at once instead of connecting (a lost ps: its
   /// state is gone, and retrying for connect_timeout would only delay the error).
   void fail_with(std::exception_ptr failure) { failure_ = std::move(failure); }
@@ -181,6 +187,7 @@ class peer {
   std::shared_ptr<wire::connection> connection_;
   std::shared_ptr<connect_attempt> connecting_;
   std::function<void(const std::string&)> on_lost_;
+  std::function<void(const wire::frame&)> on_heartbeat_reply_;
   bool closing_ = false;  // close() runs: the loss is ours, not the task's
   std::exception_ptr failure_;
   std::shared_ptr<int> lifetime_ = std::make_shared<int>(0);  // expires with the peer

@@ -520,6 +520,7 @@ asio::awaitable<std::exception_ptr> ps_service::on_pool(std::function<void()> jo
 wire::frame ps_service::handle(const wire::frame& request) { return decide(request, {}).response; }
 
 ps_service::decision ps_service::decide(const wire::frame& request, const serving& how) {
+  ++requests_served_;
   decision out;
   if (metrics::enabled()) out.started = std::chrono::steady_clock::now();  // no clock read while they are off
   out.operation = operation_index(request.message.request().body_case());

@@ -130,6 +130,17 @@ class ps_service {
   std::size_t num_hash_tables() const noexcept { return tables_.size(); }
   /// Bytes held for variables, slots and hash tables, as server_options::max_ps_bytes counts them.
   std::uint64_t held_bytes() const noexcept { return store_.held_bytes() + table_bytes_; }
+  /// Requests this ps has decided (answered or refused) since it started, whoever sent them.
+  std::uint64_t requests_served() const noexcept { return requests_served_; }
+  /// What it has served and holds, for the chief's page (the answer to the chief's Heartbeat); the
+  /// process's memory is the server's to add.
+  wire::PsTotals totals() const {
+    wire::PsTotals out;
+    out.set_requests_served(requests_served_);
+    out.set_variables(store_.size());
+    out.set_held_bytes(held_bytes());
+    return out;
+  }
   /// Drops every variable, slot and hash table (the coordinator session that made them ended). A kernel still
   /// running keeps the storage it writes alive until it ends; its request and those waiting for
   /// their variable's turn get errc::aborted.
@@ -242,6 +253,7 @@ class ps_service {
   std::uint64_t generation_ = 0;  // counts clear(): a kernel's request outliving its session
   std::uint64_t offloaded_ = 0;
   std::uint64_t offloaded_scans_ = 0;
+  std::uint64_t requests_served_ = 0;  // not a metric: it counts while metrics are off, too
   std::function<void()> kernel_hook_;
   // Whoever resumes after a kernel or a wait checks it first: the ps may be gone.
   std::shared_ptr<const bool> alive_ = std::make_shared<const bool>(true);

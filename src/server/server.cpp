@@ -72,7 +72,9 @@ struct server::impl : std::enable_shared_from_this<impl> {
   std::function<void(int exit_code)> on_shutdown;
 
   std::optional<std::uint16_t> metrics_port;
-  std::string chief_page;  // the chief's page, linked from this task's page, when it can be known
+  // The chief's page, linked from this task's page, when it can be known: from the chief's Hello,
+  // or before the chief connects, on the chief's host at a fixed metrics port.
+  std::string chief_page;
 
   impl(asio::any_io_executor ex, const simple_cluster_resolver& resolver, server_options options)
       : executor(ex), transport(net::with_environment(options.transport)), acceptor(ex) {
@@ -288,6 +290,12 @@ struct server::impl : std::enable_shared_from_this<impl> {
       self->worker->set_cluster(h);
       self->chief_connected = true;
     }
+    // The chief's page at the URL the chief serves it on (its port may have been picked free):
+    // this task's page links there from now on.
+    if (chief && !h.chief_page().empty() && h.chief_page() != self->chief_page) {
+      self->chief_page = h.chief_page();
+      metrics::process_view().set_chief_page(self->chief_page);
+    }
     log::debug("accepted {}", connection->peer());
     connection->count_traffic(&metrics::traffic_of(task_name(h.job(), h.task_index())));
 
@@ -364,7 +372,14 @@ struct server::impl : std::enable_shared_from_this<impl> {
     if (!self) throw error(errc::unavailable, "server stopped");
     if (request.message.request().has_heartbeat()) {
       wire::frame alive;
-      alive.message.mutable_response();
+      auto& answer = *alive.message.mutable_response();
+      // The chief's page shows what a ps serves to everyone (the workers' requests included) and
+      // holds; a worker's heartbeats to a ps need none of it.
+      if (from_chief && self->ps) {
+        auto& totals = *answer.mutable_ps_totals() = self->ps->totals();
+        totals.set_resident_memory_bytes(metrics::resident_memory_bytes().value_or(0));
+        totals.set_incarnation(self->incarnation);
+      }
       co_return alive;
     }
     // The connection is closed when its session ends; this catches what was already on its way.

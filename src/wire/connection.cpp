@@ -342,10 +342,15 @@ asio::awaitable<void> connection::heartbeat_loop(std::shared_ptr<connection> sel
                               timeout.count()));
       break;
     }
-    if (!ping_sent && now - self->last_received_ >= interval) {
+    // Whoever wants the replies gets one every interval; otherwise any frame tells the peer lives.
+    if (!ping_sent && (self->on_heartbeat_reply_ || now - self->last_received_ >= interval)) {
       frame ping;
       ping.message.mutable_request()->mutable_heartbeat();
-      self->async_call(std::move(ping), [](std::error_code, frame) {});
+      self->async_call(std::move(ping), [weak = std::weak_ptr<connection>(self)](std::error_code ec, frame reply) {
+        const auto c = weak.lock();
+        if (ec || !c || c->closed_ || !c->on_heartbeat_reply_) return;
+        if (reply.message.response().status().code() == 0) c->on_heartbeat_reply_(reply);
+      });
       ping_sent = now;
     }
   }
@@ -369,6 +374,7 @@ void connection::close(const std::string& reason) {
   for (auto& [id, call] : pending) call.handler(make_error_code(errc::unavailable), frame{});
   if (auto on_close = std::move(on_close_)) on_close(reason);
   on_request_ = nullptr;  // breaks the cycle handler -> service -> connection
+  on_heartbeat_reply_ = nullptr;
 }
 
 }  // namespace pscoro::wire

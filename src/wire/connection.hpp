@@ -125,8 +125,15 @@ class connection : public std::enable_shared_from_this<connection> {
 
   /// Sends a Heartbeat request whenever nothing has arrived for `interval`, and closes the
   /// connection when one has had no reply, and nothing else arrived, for `timeout`. A check that
-  /// runs late because this side's executor was busy does not count against the peer.
+  /// runs late because this side's executor was busy does not count against the peer. With a
+  /// handler for the replies (on_heartbeat_reply), one every `interval` whatever else arrives.
   void start_heartbeat(std::chrono::milliseconds interval, std::chrono::milliseconds timeout);
+  /// Hands every ok reply to a Heartbeat to `handler` (the chief reads a ps's totals there); the
+  /// Heartbeats are then sent every interval even while other frames arrive, so that what they
+  /// carry stays fresh. Set before start_heartbeat().
+  void on_heartbeat_reply(std::function<void(const frame& reply)> handler) {
+    on_heartbeat_reply_ = std::move(handler);
+  }
 
   /// Closes the socket, fails pending calls, runs the close handler. Idempotent.
   void close(const std::string& reason);
@@ -155,6 +162,7 @@ class connection : public std::enable_shared_from_this<connection> {
   std::string peer_;
   request_handler on_request_;
   close_handler on_close_;
+  std::function<void(const frame&)> on_heartbeat_reply_;
   std::shared_ptr<buffer_pool> request_buffers_;
   answer_bound answer_bound_;
   bool closed_ = false;

@@ -8,6 +8,7 @@
 #include <pscoro/coordinator.hpp>
 #include <pscoro/progress.hpp>
 #include <pscoro/summary.hpp>
+#include <pscoro/variable.hpp>
 
 #include "common/log.hpp"
 #include "metrics/cluster_view.hpp"
@@ -16,8 +17,11 @@
 #include <asio/io_context.hpp>
 #include <asio/ip/tcp.hpp>
 #include <asio/read.hpp>
+#include <asio/steady_timer.hpp>
+#include <asio/use_awaitable.hpp>
 #include <asio/write.hpp>
 
+#include <chrono>
 #include <filesystem>
 #include <string>
 #include <unistd.h>
@@ -32,6 +36,35 @@ const worker_function<std::int64_t(std::int64_t)> increment{"test.increment"};
 
 void bind_increment(server& s) {
   s.bind(increment, [](std::int64_t x) -> asio::awaitable<std::int64_t> { co_return x + 1; });
+}
+
+// One request to the variable's ps per closure: an update.
+const worker_function<std::int64_t(variable<float>)> push_ones{"test.push_ones"};
+
+void bind_push_ones(server& s) {
+  s.bind(push_ones, [](variable<float> v) -> asio::awaitable<std::int64_t> {
+    const xt::xarray<float> ones = xt::ones<float>(v.shape());
+    co_await v.assign_add(ones);
+    co_return 1;
+  });
+}
+
+// The requests ps `task` served as its answers to the chief's heartbeats last reported them, or -1
+// before its first report.
+double reported_requests(const std::string& task) {
+  return metrics::process_registry().value("pscoro_coordinator_ps_requests_total", {{"ps", task}}).value_or(-1);
+}
+
+// Waits on the chief's executor (its heartbeats' replies arrive there meanwhile) until ps `task`
+// has reported `requests` served, for up to a generous minute; returns what it last reported.
+asio::awaitable<double> until_reported(const std::string& task, double requests) {
+  asio::steady_timer pause(co_await asio::this_coro::executor);
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::minutes(1);
+  while (reported_requests(task) != requests && std::chrono::steady_clock::now() < deadline) {
+    pause.expires_after(std::chrono::milliseconds(20));
+    co_await pause.async_wait(asio::use_awaitable);
+  }
+  co_return reported_requests(task);
 }
 
 struct scratch_dir {
@@ -150,6 +183,54 @@ TEST_CASE("the chief's document lists every worker and ps, the queue, the job's 
   // Closed with exit code 0.
   const auto after = document_at(std::chrono::steady_clock::now(), std::chrono::seconds(0));
   CHECK(after["job"]["state"] == "finished");
+}
+
+TEST_CASE("the chief's document shows the requests a worker sends to a ps, as the ps itself reports them") {
+  // Two ps in one process: the process's own ps series add both up, and the chief's frames to a ps
+  // are its heartbeats. Only what each ps reports of itself tells them apart.
+  local_cluster cluster(2, 1, bind_push_ones);
+  cluster.run_chief([&](parameter_server_strategy& strategy, cluster_coordinator& coordinator) -> asio::awaitable<void> {
+    const xt::xarray<float> zeros = xt::zeros<float>({16, 4});
+    auto v = co_await strategy.scope().create_variable("v", zeros);
+    const auto busy = task_name("ps", v.ps_task());
+    const auto idle = task_name("ps", 1 - v.ps_task());
+    constexpr int steps = 20;
+    for (int i = 0; i < steps; ++i) (void)coordinator.schedule(push_ones, v);
+    co_await coordinator.join();
+    // The ps of `v` served its create and the worker's updates; the other one, nothing.
+    const double busy_served = co_await until_reported(busy, 1 + steps);
+    const double idle_served = co_await until_reported(idle, 0);
+    CHECK(busy_served == 1 + steps);
+    CHECK(idle_served == 0);
+
+    const auto base = std::chrono::steady_clock::now();
+    const auto first = document_at(base, std::chrono::seconds(0));
+    INFO(first.dump(2));
+    REQUIRE(first["ps"].size() == 2);
+    for (const auto& ps : first["ps"]) {
+      const bool holds_v = ps["task"] == busy;
+      CHECK(ps["requests_total"] == (holds_v ? 1 + steps : 0));
+      CHECK(ps["held_variables"] == (holds_v ? 1 : 0));
+      if (holds_v) {
+        CHECK(ps["held_bytes"].get<double>() >= 16 * 4 * 4);
+      } else {
+        CHECK(ps["held_bytes"] == 0);
+      }
+      CHECK(ps["resident_memory_bytes"].get<double>() > 0);
+      CHECK(ps["requests_per_second"].is_null());  // no earlier document to count from
+    }
+
+    // 20 more updates, reported, and the document two seconds later by its clock: 10 requests/s.
+    for (int i = 0; i < steps; ++i) (void)coordinator.schedule(push_ones, v);
+    co_await coordinator.join();
+    const double busy_served_again = co_await until_reported(busy, 1 + 2 * steps);
+    CHECK(busy_served_again == 1 + 2 * steps);
+    const auto second = document_at(base, std::chrono::seconds(2));
+    INFO(second.dump(2));
+    for (const auto& ps : second["ps"]) {
+      CHECK(ps["requests_per_second"] == (ps["task"] == busy ? 10.0 : 0.0));
+    }
+  });
 }
 
 TEST_CASE("the responder serves the page at / and the document at /api/cluster, and 404 elsewhere") {

@@ -3,8 +3,9 @@ Debian's python3-selenium.
 
 usage: cluster_page.py CHIEF_URL PS_URL LAUNCHER_PID SCREENSHOT
 
-Loads a ps's page (its own view), then the chief's page and waits until it shows both workers up,
-the ps, a loss curve of two points or more, the newest checkpoint and the job's rate; saves a
+Loads a ps's page (its own view, linking to the chief's page), then the chief's page and waits
+until it shows both workers up, the ps with what it reports of itself (variables, bytes, memory and
+the requests/s it serves the workers), a loss curve of two points or more, the newest checkpoint and the job's rate; saves a
 screenshot; ends the job (SIGTERM to the
 launcher) and waits until the page, still open, says that the chief is unreachable, keeping the
 last data it had. Every wait polls the DOM up to a generous deadline: a slow machine makes the test
@@ -69,6 +70,8 @@ try:
     wait_until("the ps's page lists its metrics",
                lambda: driver.find_elements(By.CSS_SELECTOR, 'tr[data-series="pscoro_ps_variables"]'))
     wait_until("the ps's page names it", lambda: "ps:0" in driver.find_element(By.ID, "title").text)
+    # The chief told the ps its page's URL (its port was picked free): the ps's page links there.
+    wait_until("the ps's page links to the chief's page", lambda: attribute("#chief-link", "href") == chief_url)
 
     driver.get(chief_url)
     wait_until("the chief's page is live", lambda: attribute("#status", "data-state") == "live")
@@ -81,6 +84,19 @@ try:
     wait_until("the ps is listed, holding variables", lambda: [
         row for row in driver.find_elements(By.CSS_SELECTOR, 'tr[data-ps="ps:0"]')
         if row.find_elements(By.TAG_NAME, "td")[2].text not in ("0", "–")])
+    headers = [th.text for th in driver.find_elements(By.XPATH, "//tr[@data-ps]/ancestor::table//th")]
+    for column in ("variables held", "bytes held", "memory", "requests/s", "chief's requests/s"):
+        if column not in headers:
+            fail(f"the ps table has no '{column}' column: {headers}")
+    print("ok: the ps table has columns for what the ps reports of itself")
+    # What the ps reports in its answers to the chief's heartbeats: its variables, bytes and memory,
+    # and the requests the workers send it, which the chief never sees.
+    def ps_field(name):
+        return attribute(f'tr[data-ps="ps:0"] td[data-field="{name}"]', "textContent")
+    wait_until("the ps reports the variables it holds, their bytes and its memory", lambda: all(
+        ps_field(name) not in (None, "–", "0") for name in ("variables held", "bytes held", "memory")))
+    wait_until("the ps serves the workers' requests: its requests/s is above 0",
+               lambda: ps_field("requests/s") not in (None, "–") and float(ps_field("requests/s")) > 0)
     wait_until("the loss is a curve of two points or more", lambda: int(
         attribute('figure[data-curve="train/loss"] polyline', "data-points") or 0) >= 2)
     points = attribute('figure[data-curve="train/loss"] polyline', "points")

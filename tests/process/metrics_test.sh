@@ -94,6 +94,43 @@ for task in worker:0 worker:1; do
 done
 check "the two workers took $steps elements in all (got $elements)" test "$elements" -eq "$steps"
 
+echo "--- every task's page links to the chief's page at its real, free port; the chief's shows what the ps served"
+chief_page=${url[chief:0]%metrics}
+for task in ps:0 worker:0 worker:1; do
+  base=${url[$task]%/metrics}
+  check "$task's /api/cluster names the chief's page, $chief_page" /usr/bin/python3 -c '
+import json, sys
+d = json.load(sys.stdin)
+assert d["chief_page"] == sys.argv[1], (d["chief_page"], sys.argv[1])
+' "$chief_page" < <(curl -sS --max-time 30 "$base/api/cluster")
+done
+check "the chief's page answers at that URL with the cluster's view" /usr/bin/python3 -c '
+import json, sys
+d = json.load(sys.stdin)
+assert d["view"] == "chief" and d["task"] == "chief:0", (d["view"], d["task"])
+' < <(curl -sS --max-time 30 "${chief_page}api/cluster")
+# The workers sent the ps $steps updates; the chief, one create. The ps says so in its answers to
+# the chief's heartbeats (every second): the chief's view shows it once the next answer is in.
+ps_reported() {
+  curl -sS --fail --max-time 10 "${chief_page}api/cluster" 2> /dev/null | /usr/bin/python3 -c '
+import json, sys
+ps = json.load(sys.stdin)["ps"][0]
+ok = (ps["task"] == "ps:0" and ps["requests_total"] == int(sys.argv[1]) and ps["held_variables"] == 1
+      and (ps["held_bytes"] or 0) >= 8 and (ps["resident_memory_bytes"] or 0) > 0)
+if not ok:
+    print(ps)
+sys.exit(0 if ok else 1)' "$1"
+}
+ps_reported_within() {  # ps_reported_within REQUESTS: polls the chief's view for up to 60 s
+  local deadline=$((SECONDS + 60))
+  until ps_reported "$1" > /dev/null; do
+    [ "$SECONDS" -lt "$deadline" ] || { ps_reported "$1"; return 1; }
+    sleep 0.5
+  done
+}
+check "the chief's view of ps:0 counts the workers' $steps updates and the chief's create, as the ps reports them" \
+  ps_reported_within $((steps + 1))
+
 echo "--- a stopped worker: the chief's pscoro_peer_heartbeat_age_seconds for it grows, a live one's stays low"
 # The closures are done and the chief holds the cluster up, sending Heartbeats to every task (1 s
 # apart by default), so a live worker's age stays within about two intervals. A stopped one's

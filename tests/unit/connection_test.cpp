@@ -9,7 +9,9 @@
 #include <fmt/format.h>
 
 #include <asio/co_spawn.hpp>
+#include <asio/detached.hpp>
 #include <asio/io_context.hpp>
+#include <asio/use_awaitable.hpp>
 #include <asio/use_future.hpp>
 #include <asio/write.hpp>
 
@@ -487,4 +489,55 @@ TEST_CASE("a peer that closes its sending side gets every answer still due, stre
                 "a frame after the last answer");
   REQUIRE(closed);
   CHECK(*closed == "the peer closed the connection");
+}
+
+TEST_CASE("a connection that wants its Heartbeats' replies sends one every interval while other frames arrive") {
+  // The chief's connection to a ps: its replies carry the ps's totals, so a busy connection must
+  // still ask. Here the client keeps a request in flight all the time, so something always
+  // arrives; a connection without the handler would never send a Heartbeat.
+  asio::io_context io;
+  asio::ip::tcp::acceptor acceptor(io, {asio::ip::address_v4::loopback(), 0});
+  asio::ip::tcp::socket client_socket(io);
+  client_socket.connect(acceptor.local_endpoint());
+  auto server = std::make_shared<wire::connection>(acceptor.accept(), wire::frame_limits{}, "the client");
+  auto heartbeats_served = std::make_shared<std::uint64_t>(0);
+  server->start(
+      [heartbeats_served](wire::frame request) -> asio::awaitable<wire::frame> {
+        wire::frame answer;
+        auto& body = *answer.message.mutable_response();
+        if (request.message.request().has_heartbeat()) body.mutable_ps_totals()->set_requests_served(++*heartbeats_served);
+        co_return answer;
+      },
+      nullptr);
+  auto client = std::make_shared<wire::connection>(std::move(client_socket), wire::frame_limits{}, "the server");
+  std::vector<std::uint64_t> replies;
+  client->on_heartbeat_reply([&replies](const wire::frame& reply) {
+    replies.push_back(reply.message.response().ps_totals().requests_served());
+  });
+  client->start(nullptr, nullptr);
+  client->start_heartbeat(std::chrono::milliseconds(20), std::chrono::minutes(1));
+  bool done = false;
+  std::uint64_t calls = 0;
+  asio::co_spawn(
+      io,
+      [&]() -> asio::awaitable<void> {
+        while (!done) {
+          wire::frame request;
+          request.message.mutable_request()->mutable_list_slots();
+          co_await client->async_call(std::move(request), asio::use_awaitable);
+          ++calls;
+        }
+      },
+      asio::detached);
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  while (replies.size() < 3 && std::chrono::steady_clock::now() < deadline) io.run_one_for(std::chrono::milliseconds(100));
+  done = true;
+  INFO(calls, " other requests answered meanwhile");
+  REQUIRE(replies.size() >= 3);
+  CHECK(replies[0] == 1);  // each reply handed over once, in order
+  CHECK(replies[1] == 2);
+  CHECK(replies[2] == 3);
+  CHECK(calls > 0);
+  client->close("done");
+  server->close("done");
 }

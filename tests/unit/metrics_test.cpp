@@ -388,6 +388,55 @@ TEST_CASE("a server with a fixed metrics port links to the chief's page on the c
   CHECK(doc["ps"][0]["address"] == "h:1");
 }
 
+TEST_CASE("a server links to the chief's page at the URL the chief sent; the chief's own view links nowhere") {
+  metrics::view_state state;
+  state.set_task({"worker:0", "worker", "", {}, {}});  // a metrics port picked free: no URL to guess
+  metrics::registry r;
+  CHECK(state.document(r, std::chrono::system_clock::now(), std::chrono::steady_clock::now())["chief_page"].is_null());
+  state.set_chief_page("http://127.0.0.1:41235/");
+  CHECK(state.document(r, std::chrono::system_clock::now(), std::chrono::steady_clock::now())["chief_page"] ==
+        "http://127.0.0.1:41235/");
+  // A whole cluster in one process shows the chief's view, which a server's Hello does not change.
+  state.set_task({"chief:0", "chief", "", {}, {}});
+  state.set_chief_page("http://127.0.0.1:41235/");
+  CHECK(state.document(r, std::chrono::system_clock::now(), std::chrono::steady_clock::now())["chief_page"].is_null());
+}
+
+TEST_CASE("the chief's view shows what each ps reports of itself, null before its first report, and its request rate") {
+  metrics::view_state state;
+  state.set_task({"chief:0", "chief", "", {{"ps:0", "h:1"}, {"ps:1", "h:2"}}, {}});
+  metrics::registry r;
+  // ps:0 has reported (coordinator_core registers these series at a ps's first report); ps:1 not yet.
+  metrics::counter requests;
+  metrics::gauge variables, held, memory;
+  const metrics::labels ps0{{"ps", "ps:0"}};
+  std::vector<metrics::registry::registration> registered;
+  registered.push_back(r.add("pscoro_coordinator_ps_requests_total", "h", ps0, requests));
+  registered.push_back(r.add("pscoro_coordinator_ps_held_variables", "h", ps0, variables));
+  registered.push_back(r.add("pscoro_coordinator_ps_held_bytes", "h", ps0, held));
+  registered.push_back(r.add("pscoro_coordinator_ps_resident_memory_bytes", "h", ps0, memory));
+  requests.inc(100);
+  variables.set(3);
+  held.set(4096);
+  memory.set(50 << 20);
+  const auto base = std::chrono::steady_clock::now();
+  const auto first = state.document(r, std::chrono::system_clock::now(), base);
+  INFO(first.dump(2));
+  const auto& reported = first["ps"][0];
+  CHECK(reported["held_variables"] == 3);
+  CHECK(reported["held_bytes"] == 4096);
+  CHECK(reported["resident_memory_bytes"] == 50 << 20);
+  CHECK(reported["requests_total"] == 100);
+  CHECK(reported["requests_per_second"].is_null());  // no earlier document to count from
+  for (const char* field : {"held_variables", "held_bytes", "resident_memory_bytes", "requests_total",
+                            "requests_per_second"}) {
+    CHECK_MESSAGE(first["ps"][1][field].is_null(), field);
+  }
+  requests.inc(50);
+  const auto second = state.document(r, std::chrono::system_clock::now(), base + std::chrono::seconds(2));
+  CHECK(second["ps"][0]["requests_per_second"] == 25.0);
+}
+
 TEST_CASE("a scalar curve keeps its whole shape in bounded points, and its last value exactly") {
   metrics::view_state state;
   const std::int64_t steps = 100'000;
