@@ -20,8 +20,9 @@ pscoro's benchmarks measure with chief, ps and workers as processes:
 
 Prints one JSON line per operation with the median time (us) of its rounds. By default the
 processes are pinned as pscoro's benchmarks pin theirs (--placement split: the client on the first
-CPU, the servers on the second) and TensorPipe is held to TCP (--transport uv), the path pscoro
-and the raw limits take; --transport shm lets it use shared memory, which only works on one host.
+CPU, the servers on the second) and TensorPipe is held to TCP (--transport uv, --channel), the
+path pscoro and the raw limits take; --transport shm lets it use shared memory, which only works on
+one host.
 """
 import argparse
 import collections
@@ -116,7 +117,9 @@ def windowed_us_per_call(total, window, issue, rounds):
 
 def run_client(args):
     def report(operation, us, **detail):
-        print(json.dumps({"operation": operation, "us": round(us, 2), "rounds": args.rounds, **detail}), flush=True)
+        channel = args.channel if args.transport == "uv" else "default"
+        print(json.dumps({"operation": operation, "us": round(us, 2), "rounds": args.rounds, "transport": args.transport,
+                          "channel": channel, **detail}), flush=True)
 
     scale = args.scale
     report("noop_round_trip", median_us(2000 * scale, lambda: rpc.rpc_sync("ps0", noop), args.rounds))
@@ -186,10 +189,12 @@ def pin_process(placement, role):
 
 
 def backend_options(args):
-    # uv: TensorPipe's TCP transport; basic: tensors travel on that connection. The default set
-    # adds shared memory and cross-memory-attach channels, which only exist between processes of
-    # one host.
-    transports, channels = (["uv"], ["basic"]) if args.transport == "uv" else (None, None)
+    # uv: TensorPipe's TCP transport, with one channel for tensors: basic (on the pipe's own
+    # connection) or mpt_uv (over several TCP connections of its own). TensorPipe picks one channel
+    # per pipe, and neither is fastest for all sizes here (mpt_uv: 64 MiB in ~0.7x basic's time,
+    # 4 KiB in ~5x), so the caller runs both (torch_rpc_bench.py). The default set adds shared
+    # memory and cross-memory-attach paths, which only exist between processes of one host.
+    transports, channels = (["uv"], [args.channel]) if args.transport == "uv" else (None, None)
     return rpc.TensorPipeRpcBackendOptions(num_worker_threads=args.rpc_threads,
                                            init_method=f"tcp://127.0.0.1:{args.port}", rpc_timeout=120,
                                            _transports=transports, _channels=channels)
@@ -204,6 +209,8 @@ def main():
                         help="client on the first CPU and servers on the second (split), all on one, or any")
     parser.add_argument("--transport", choices=("uv", "shm"), default="uv",
                         help="TensorPipe over TCP only (uv), or with its shared-memory paths too (shm)")
+    parser.add_argument("--channel", choices=("basic", "mpt_uv"), default="basic",
+                        help="--transport uv: TensorPipe's channel for tensors")
     parser.add_argument("--rpc-threads", type=int, default=4, help="TensorPipe's RPC thread pool per process")
     parser.add_argument("--serve", type=int, default=0, help=argparse.SUPPRESS)  # rank of a server process
     parser.add_argument("--port", type=int, default=0, help=argparse.SUPPRESS)
