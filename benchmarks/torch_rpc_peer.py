@@ -133,7 +133,6 @@ def run_client(args):
         # to_here, not a scripted read: 150 against 290 us at 4 KiB, alike at 64 MiB
         report(f"read_{name}", median_us(n, held.to_here, args.rounds))
         report(f"assign_{name}", median_us(n, lambda: rpc.rpc_sync("ps0", assign, args=(held, value)), args.rounds))
-        del held
 
     half = ROWS // 2  # the row split of pscoro's fixed_shards_partitioner{2}
     tables = [rpc.remote(server, random_table, args=(half, WIDTH)) for server in SERVERS]
@@ -170,7 +169,6 @@ def run_client(args):
 
     report("embedding_lookup", median_us(10 * scale, embedding_lookup, args.rounds), ids=IDS, width=WIDTH)
     report("scatter_add", median_us(10 * scale, scatter_add, args.rounds), ids=IDS, width=WIDTH)
-    del tables
 
 
 # ---- processes -------------------------------------------------------------------------------
