@@ -6,6 +6,10 @@
 // trip between two processes, placed on the CPUs alike (--placement, process_cluster.hpp). All on
 // 127.0.0.1, so the raw round trip and pscoro cross the same kernel path. Quote the ratios, not the
 // absolute times: the machine is shared and noisy.
+//
+// --json prints, instead of the tables, one JSON object a line per layout and operation (1 worker:
+// noop_round_trip, its p50 latency; noop_throughput, time per closure at --in-flight), with the
+// raw figure beside it: what torch_rpc_bench.py reads to set pscoro beside PyTorch's RPC.
 #include "command_line.hpp"
 #include "local_cluster.hpp"
 #include "process_cluster.hpp"
@@ -147,6 +151,19 @@ void print_layout(std::string_view title, const layout_figures& f, std::size_t i
              f.two.throughput / 20000, to_raw(f.two.throughput));
 }
 
+// The --json lines of one layout: times in microseconds, as torch_rpc_peer.py prints its own.
+void print_json(std::string_view layout, const layout_figures& f, std::size_t in_flight) {
+  fmt::print(R"({{"benchmark": "cluster_bench", "layout": "{}", "operation": "noop_round_trip", "workers": 1, )"
+             R"("us": {:.2f}, "raw_us": {:.2f}}})"
+             "\n",
+             layout, f.one.latency.p50, f.raw64.p50);
+  const auto per_call = [](double rate) { return rate > 0 ? fmt::format("{:.3f}", 1e6 / rate) : std::string("null"); };
+  fmt::print(R"({{"benchmark": "cluster_bench", "layout": "{}", "operation": "noop_throughput", "workers": 1, )"
+             R"("window": {}, "us": {}, "raw_us": {}}})"
+             "\n",
+             layout, in_flight, per_call(f.one.throughput), per_call(f.raw_pipelined));
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -170,6 +187,8 @@ int main(int argc, char** argv) {
                  "processes mode: the chief on one CPU and the ps and workers on the other (split), all on one CPU "
                  "(one), or as the scheduler likes (any); the raw round trips are placed alike")
       ->check(CLI::IsMember({"split", "one", "any"}));
+  bool json = false;
+  app.add_flag("--json", json, "print one JSON line per layout and operation instead of the tables");
   if (const auto stop = pscoro::tools::parse_command_line(app, argc, argv)) return *stop;
   if (flood < 4) flood = 0;  // reported by quarters
   ::setenv("PSCORO_LOG_LEVEL", "warning", 0);
@@ -205,6 +224,11 @@ int main(int argc, char** argv) {
     separate->two = measure_closures_processes(*processes, 2, in_flight, iterations, closures, rounds);
   }
 
+  if (json) {
+    if (threads) print_json("threads", *threads, in_flight);
+    if (separate) print_json("processes", *separate, in_flight);
+    return 0;
+  }
   const std::time_t now = std::time(nullptr);
   fmt::print("pscoro cluster benchmark, {:%Y-%m-%d}, {} hardware threads\n\n", fmt::localtime(now),
              std::thread::hardware_concurrency());

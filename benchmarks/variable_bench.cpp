@@ -20,6 +20,11 @@
 // with insert of 100,000 ids x 16 floats over 2 ps, 90% of them held already and 10% new each
 // time, against embedding_lookup of 100,000 uniform ids of a 1M x 16 variable, in the same
 // rounds; then sparse Adagrad steps of the same ids on each.
+//
+// --json prints, instead of the dense and sparse tables, one JSON object a line per layout,
+// operation, size and ps count (read_4KiB, assign_64MiB, ...: read into a fresh array and assign;
+// embedding_lookup, scatter_add), with the raw figure beside it: what torch_rpc_bench.py reads to
+// set pscoro beside PyTorch's RPC.
 #include "command_line.hpp"
 #include "local_cluster.hpp"
 #include "process_cluster.hpp"
@@ -37,6 +42,9 @@
 #include <ctime>
 #include <optional>
 #include <random>
+#include <string>
+#include <string_view>
+#include <tuple>
 #include <type_traits>
 
 namespace {
@@ -443,6 +451,31 @@ void print_sparse(const std::vector<sparse_figures>& sparse) {
   }
 }
 
+// The --json lines: times in microseconds (medians of rounds), as torch_rpc_peer.py prints its own.
+void print_json(std::string_view layout, const std::vector<dense_figures>& dense,
+                const std::vector<sparse_figures>& sparse) {
+  for (const auto& f : dense) {
+    std::string size = size_name(f.bytes);
+    std::erase(size, ' ');
+    for (const auto& [operation, us, raw_us] : {std::tuple{"read", f.read_us, f.fresh_pull_us},
+                                                 std::tuple{"assign", f.assign_us, f.push_us}}) {
+      fmt::print(R"({{"benchmark": "variable_bench", "layout": "{}", "operation": "{}_{}", "ps": {}, )"
+                 R"("us": {:.2f}, "raw_us": {:.2f}}})"
+                 "\n",
+                 layout, operation, size, f.ps, us, raw_us);
+    }
+  }
+  for (const auto& f : sparse) {
+    for (const auto& [operation, us, raw_us] : {std::tuple{"embedding_lookup", f.lookup_us, f.raw_lookup_us},
+                                                 std::tuple{"scatter_add", f.scatter_us, f.raw_scatter_us}}) {
+      fmt::print(R"({{"benchmark": "variable_bench", "layout": "{}", "operation": "{}", "ps": 2, "ids": {}, )"
+                 R"("width": {}, "us": {:.2f}, "raw_us": {:.2f}}})"
+                 "\n",
+                 layout, operation, f.ids, f.width, us, raw_us);
+    }
+  }
+}
+
 struct pooling_figures {
   double lookup_us;  // embedding_lookup of every id, unpooled: [ids] + row shape
   double sparse_us;  // embedding_lookup_sparse, weighted mean: [rows] + row shape
@@ -802,6 +835,8 @@ int main(int argc, char** argv) {
   std::string sparse_op = "all";
   app.add_option("--sparse-op", sparse_op, "only this sparse operation (to profile one; the others print 0)")
       ->check(CLI::IsMember({"all", "lookup", "scatter_add", "adagrad"}));
+  bool json = false;
+  app.add_flag("--json", json, "print one JSON line per layout, operation and size instead of the tables");
   if (const auto stop = pscoro::tools::parse_command_line(app, argc, argv)) return *stop;
   ::setenv("PSCORO_LOG_LEVEL", "warning", 0);
   if (mode == "kernels") return run_kernel_bench(kernel_threads, millis, kernel_load);
@@ -830,28 +865,35 @@ int main(int argc, char** argv) {
       dense_processes.insert(dense_processes.end(), figures.begin(), figures.end());
     }
   }
-  const double copy_64m = bench::memcpy_bandwidth(64 << 20, 5 * scale);
+  if (!json) {
+    const double copy_64m = bench::memcpy_bandwidth(64 << 20, 5 * scale);
 
-  fmt::print("pscoro variable benchmark, {:%Y-%m-%d}, {} hardware threads; memcpy 64 MiB {:.2f} GB/s\n\n",
-             fmt::localtime(std::time(nullptr)), std::thread::hardware_concurrency(), copy_64m / 1e9);
-  fmt::print("dense: medians of {} rounds; each round measures the raw exchanges (4 KiB: ping-pong; larger: pull =\n"
-             "a 64-byte request answered by the whole buffer, push = the whole buffer answered by 64 bytes; fresh =\n"
-             "the pull into a fresh buffer each time, as read() into a fresh array) right before pscoro. x pull,\n"
-             "x fresh, x push = pscoro time / raw time, per round. faults/op: minor page faults per operation\n"
-             "(/proc/<pid>/stat minflt) of the chief's process and the ps processes'.\n",
-             rounds);
-  if (!dense_threads.empty()) {
-    fmt::print("\nchief and ps as threads of one process (raw: two threads):\n");
-    print_dense(dense_threads);
+    fmt::print("pscoro variable benchmark, {:%Y-%m-%d}, {} hardware threads; memcpy 64 MiB {:.2f} GB/s\n\n",
+               fmt::localtime(std::time(nullptr)), std::thread::hardware_concurrency(), copy_64m / 1e9);
+    fmt::print("dense: medians of {} rounds; each round measures the raw exchanges (4 KiB: ping-pong; larger: pull =\n"
+               "a 64-byte request answered by the whole buffer, push = the whole buffer answered by 64 bytes; fresh =\n"
+               "the pull into a fresh buffer each time, as read() into a fresh array) right before pscoro. x pull,\n"
+               "x fresh, x push = pscoro time / raw time, per round. faults/op: minor page faults per operation\n"
+               "(/proc/<pid>/stat minflt) of the chief's process and the ps processes'.\n",
+               rounds);
+    if (!dense_threads.empty()) {
+      fmt::print("\nchief and ps as threads of one process (raw: two threads):\n");
+      print_dense(dense_threads);
+    }
+    if (!dense_processes.empty()) {
+      fmt::print("\nchief, ps and worker as processes (raw: two processes), placement {}:\n", placement);
+      print_dense(dense_processes);
+    }
+    fmt::print("\nTargets: a 4 KiB read within 2x a raw round trip; 64 MiB: assign <= 1.3x the raw push, read into a\n"
+               "fresh array <= 1.3x the raw pull, read(out) <= 1.0x (the raw pull reuses its buffer, like read(out)).\n");
   }
-  if (!dense_processes.empty()) {
-    fmt::print("\nchief, ps and worker as processes (raw: two processes), placement {}:\n", placement);
-    print_dense(dense_processes);
-  }
-  fmt::print("\nTargets: a 4 KiB read within 2x a raw round trip; 64 MiB: assign <= 1.3x the raw push, read into a\n"
-             "fresh array <= 1.3x the raw pull, read(out) <= 1.0x (the raw pull reuses its buffer, like read(out)).\n");
-  if (dense_only) return 0;
   std::vector<sparse_figures> sparse_threads, sparse_processes;
+  const auto print_all_json = [&] {
+    print_json("threads", dense_threads, sparse_threads);
+    print_json("processes", dense_processes, sparse_processes);
+    return 0;
+  };
+  if (dense_only) return json ? print_all_json() : 0;
   if (mode != "processes") {
     pscoro::testing::local_cluster cluster(2, 1);
     sparse_threads = measure_sparse(
@@ -869,6 +911,7 @@ int main(int argc, char** argv) {
         [&](std::size_t request, std::size_t response, int n) { return raw_server->exchanges(request, response, n); },
         {processes->pid("ps", 0), processes->pid("ps", 1)}, {raw_server->pid()}, sparse_width, sparse_op);
   }
+  if (json) return print_all_json();
   const bool pooled = sparse_width == 0 && sparse_op == "all";
   const auto pooling = pooled ? measure_pooling(scale) : pooling_figures{};
   fmt::print("\nsparse, uniform ids over a 1M-row float table on 2 ps: medians of {} rounds; each round measures the\n"

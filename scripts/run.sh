@@ -7,7 +7,8 @@
 #   scripts/run.sh example hello_cluster   the smallest example: a variable, a worker function
 #   scripts/run.sh test       install what is missing, build, run the whole test suite
 #   scripts/run.sh sanitize   the test suite under AddressSanitizer + UndefinedBehaviorSanitizer
-#   scripts/run.sh bench      the cluster, variable, checkpoint, TLS, metrics and end-to-end benchmarks (print tables of ratios)
+#   scripts/run.sh bench      the cluster, variable, checkpoint, TLS, metrics and end-to-end benchmarks (print tables of ratios),
+#                             and pscoro beside PyTorch's RPC parameter server when Debian's python3-torch is installed
 #   scripts/run.sh fuzz SECONDS [TARGET...]   each libFuzzer target (tests/fuzz), or those named, for SECONDS under ASan + UBSan
 #                                 (clang), from the seed corpus; prints a summary per target
 set -euo pipefail
@@ -145,6 +146,14 @@ case "${1:-}" in
     build/benchmarks/tls_bench
     build/benchmarks/metrics_bench
     build/benchmarks/fashion_mnist_bench
+    # The peer is no dependency of pscoro, so bench does not install it (python3-torch: ~130 MB
+    # beyond libtorch); Debian's python3, the one that sees the package.
+    if /usr/bin/python3 -c 'import torch' 2>/dev/null; then
+      /usr/bin/python3 benchmarks/torch_rpc_bench.py --build build
+    else
+      echo "scripts/run.sh: skipped pscoro beside PyTorch's RPC (benchmarks/torch_rpc_bench.py): /usr/bin/python3 cannot" \
+        "import torch; to run it: sudo apt-get install -y python3-torch"
+    fi
     ;;
   fuzz)
     seconds=${2:-60}
