@@ -75,10 +75,13 @@ double median_sync_us(int iterations, F f) {
   return median(std::move(samples));
 }
 
-/// Where the client receives each answer: into one buffer it reuses (as read(out) does), or into a
+/// Where the client receives each answer: into one buffer it reuses (as read(out) does), the same
+/// in huge pages whatever its size (the best a receiver can do: the kernel's copy into 4 KiB pages
+/// costs more; a reply of a few MiB is below the 4 MiB from which buffers are advised), or into a
 /// fresh allocation per exchange, freed after it (as read() into a fresh array does: the kernel
-/// clears every fresh page before the copy lands in it, and unmaps it after).
-enum class receive_into { reused, fresh };
+/// clears every fresh page before the copy lands in it, and unmaps it after). Every receive goes in
+/// asio's 64 KiB steps.
+enum class receive_into { reused, reused_huge, fresh };
 
 namespace detail {
 struct free_deleter {
@@ -88,9 +91,9 @@ struct free_deleter {
 /// A buffer of `bytes`, not touched: from 4 MiB on advised transparent huge pages, as pscoro's
 /// buffers and fresh results are (src/common/memory.hpp's threshold), so the raw exchanges and
 /// pscoro pay the same per page. Every raw buffer is one of these.
-inline std::unique_ptr<char, free_deleter> fresh_buffer(std::size_t bytes) {
+inline std::unique_ptr<char, free_deleter> fresh_buffer(std::size_t bytes, bool huge_pages = false) {
   constexpr std::size_t huge = std::size_t{2} << 20;
-  const bool advise = bytes >= 2 * huge;
+  const bool advise = huge_pages || bytes >= 2 * huge;
   const std::size_t rounded = advise ? (bytes + huge - 1) / huge * huge : std::max<std::size_t>(bytes, 1);
   std::unique_ptr<char, free_deleter> buffer(
       static_cast<char*>(advise ? std::aligned_alloc(huge, rounded) : std::malloc(rounded)));
@@ -166,13 +169,15 @@ inline void answer_exchanges(asio::ip::tcp::socket& s, std::size_t request, std:
 inline std::vector<double> time_exchanges(asio::ip::tcp::socket& client, std::size_t request, std::size_t response,
                                           int iterations, receive_into where = receive_into::reused) {
   const auto out = filled_buffer(request, 'x');
-  const auto in = filled_buffer(where == receive_into::reused ? response : 0, 0);
+  const bool reused = where != receive_into::fresh;
+  const auto in = fresh_buffer(reused ? response : 0, where == receive_into::reused_huge);
+  if (reused) std::memset(in.get(), 0, response);
   std::vector<double> samples;
   samples.reserve(static_cast<std::size_t>(iterations));
   for (int i = -std::max(1, iterations / 10); i < iterations; ++i) {
     const auto start = clock_type::now();
     write_all(client, out.get(), request);
-    if (where == receive_into::reused) {
+    if (reused) {
       asio::read(client, asio::buffer(in.get(), response));
     } else {
       const auto fresh = fresh_buffer(response);
