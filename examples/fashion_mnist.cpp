@@ -30,6 +30,7 @@
 #include <algorithm>
 #include <cmath>
 #include <deque>
+#include <exception>
 #include <mutex>
 #include <numeric>
 #include <optional>
@@ -131,7 +132,7 @@ int train_in_process(const options& o, std::size_t threads) {
   pscoro::print_line(fmt::format("{}{} steps of {} images", label, static_cast<long long>(o.steps),
                                  static_cast<long long>(o.batch_size)));
   pscoro::progress report(o.steps, {.label = label, .print_every = o.log_every});
-  const auto run = [&](std::size_t thread) {
+  const auto train_steps = [&](std::size_t thread) {
     std::vector<std::size_t> order(n);
     std::iota(order.begin(), order.end(), 0);
     std::mt19937_64 random(42 + thread);
@@ -166,10 +167,21 @@ int train_in_process(const options& o, std::size_t threads) {
       report.update(++done, math.loss);
     }
   };
+  std::exception_ptr failure;  // the first thread's: the others stop at their next step
+  const auto run = [&](std::size_t thread) {
+    try {
+      train_steps(thread);
+    } catch (...) {
+      const std::lock_guard lock(model);
+      if (!failure) failure = std::current_exception();
+      started = o.steps;
+    }
+  };
   std::vector<std::thread> others;
   for (std::size_t t = 1; t < threads; ++t) others.emplace_back(run, t);
   run(0);
   for (auto& t : others) t.join();
+  if (failure) std::rethrow_exception(failure);
   report.finish();
   const auto [acc, images] = accuracy(test, w, b);
   pscoro::print_line(fmt::format("{}test accuracy {:.4f} on {} images", label, acc, images));
