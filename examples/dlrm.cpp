@@ -401,24 +401,44 @@ void evaluate_reference(const options& o, dlrm& model, const torch::Tensor& embe
   out.auc = criteo::auc(scores, labels_of(test.examples));
 }
 
-// The same model, data and optimizer in this process with libtorch alone: the table a tensor whose
-// lookups give sparse gradients (rows not looked up get none), torch::optim::Adagrad with the ps's
-// Adagrad settings (Keras's: accumulators from 0.1, epsilon 1e-7), one batch after another.
-template <class Example>
-result train_reference(const options& o, const dlrm& initial, const torch::Tensor& initial_table,
-                       const criteo::basic_test_set<Example>& test) {
-  dlrm model(o.dim, o.hidden, o.first_order_gradient_scale);
-  {
+// A reference's model, table and optimizer, from the cluster's initial values: the table a tensor
+// whose lookups give sparse gradients (rows not looked up get none), torch::optim::Adagrad with the
+// ps's Adagrad settings (Keras's: accumulators from 0.1, epsilon 1e-7).
+struct reference_model {
+  dlrm model;
+  torch::Tensor embedding;
+  std::vector<torch::Tensor> parameters;  // the model's, then the table
+  torch::optim::Adagrad optimizer;
+
+  reference_model(const options& o, const dlrm& initial, const torch::Tensor& initial_table)
+      : model(o.dim, o.hidden, o.first_order_gradient_scale),
+        embedding(initial_table.clone().requires_grad_(true)),
+        parameters(with_table(model->parameters(), embedding)),
+        optimizer(parameters, torch::optim::AdagradOptions(o.learning_rate)
+                                  .initial_accumulator_value(o.optimizer().initial_accumulator_value)
+                                  .eps(o.optimizer().epsilon)) {
     torch::NoGradGuard no_grad;
     const auto from = initial->named_parameters();
     for (auto& p : model->named_parameters()) p.value().copy_(from[p.key()]);
   }
-  torch::Tensor embedding = initial_table.clone().requires_grad_(true);
-  std::vector<torch::Tensor> parameters = model->parameters();
-  parameters.push_back(embedding);
-  torch::optim::Adagrad optimizer(parameters, torch::optim::AdagradOptions(o.learning_rate)
-                                                  .initial_accumulator_value(o.optimizer().initial_accumulator_value)
-                                                  .eps(o.optimizer().epsilon));
+
+ private:
+  static std::vector<torch::Tensor> with_table(std::vector<torch::Tensor> parameters, const torch::Tensor& table) {
+    parameters.push_back(table);
+    return parameters;
+  }
+};
+
+// The same model, data and optimizer in this process with libtorch alone (reference_model), one
+// batch after another.
+template <class Example>
+result train_reference(const options& o, const dlrm& initial, const torch::Tensor& initial_table,
+                       const criteo::basic_test_set<Example>& test) {
+  reference_model reference(o, initial, initial_table);
+  dlrm& model = reference.model;
+  torch::Tensor& embedding = reference.embedding;
+  std::vector<torch::Tensor>& parameters = reference.parameters;
+  torch::optim::Adagrad& optimizer = reference.optimizer;
   auto batches = training_batches(o, {.worker_index = 0, .num_workers = 1}).make_iterator();
   const auto start = std::chrono::steady_clock::now();
   const double cpu_start = cpu_now();
@@ -451,18 +471,10 @@ result train_reference(const options& o, const dlrm& initial, const torch::Tenso
 template <class Example>
 result train_threaded_reference(const options& o, std::size_t threads, const dlrm& initial,
                                 const torch::Tensor& initial_table, const criteo::basic_test_set<Example>& test) {
-  dlrm model(o.dim, o.hidden, o.first_order_gradient_scale);
-  {
-    torch::NoGradGuard no_grad;
-    const auto from = initial->named_parameters();
-    for (auto& p : model->named_parameters()) p.value().copy_(from[p.key()]);
-  }
-  torch::Tensor embedding = initial_table.clone().requires_grad_(true);
-  std::vector<torch::Tensor> parameters = model->parameters();
-  parameters.push_back(embedding);
-  torch::optim::Adagrad optimizer(parameters, torch::optim::AdagradOptions(o.learning_rate)
-                                                  .initial_accumulator_value(o.optimizer().initial_accumulator_value)
-                                                  .eps(o.optimizer().epsilon));
+  reference_model reference(o, initial, initial_table);
+  dlrm& model = reference.model;
+  torch::Tensor& embedding = reference.embedding;
+  torch::optim::Adagrad& optimizer = reference.optimizer;
   std::mutex shared;  // the model, the table, the optimizer, the steps handed out and done, the progress
   std::int64_t started = 0;
   std::int64_t done = 0;
@@ -564,7 +576,9 @@ int report(const options& o, const std::optional<result>& cluster, const std::op
   }
   if (reference) line("reference (one process, libtorch):", *reference);
   if (threaded) {
-    line(fmt::format("reference (one process, {} threads):", o.threaded_reference).c_str(), *threaded);
+    line(fmt::format("reference (one process, {} thread{}):", o.threaded_reference,
+                     o.threaded_reference == 1 ? "" : "s").c_str(),
+         *threaded);
   }
   if (cluster) {
     // Steps/s against each reference that ran: the cost of distribution is the ratio to the
