@@ -4,10 +4,10 @@
 //
 // Every task runs the same program with its own TF_CONFIG. Servers (ps, workers) bind port 0 and
 // report their real port on stdout ("pscoro: ps:0 listening on 127.0.0.1:40123"), so there is no
-// pick-then-bind race; once all have reported, the chief starts with the real addresses. Output
-// lines are prefixed with the task ("[ps-0] "); with PSCORO_LOG_FORMAT=json every line is a JSON log
-// line instead: a task's JSON line as it is, any other line of a task wrapped in one, and the
-// launcher's own lines as task "launcher". When the launcher's stdout is a terminal the chief is told
+// pick-then-bind race; once all have reported, the chief starts with the real addresses. Every line
+// it writes is a log line in the tasks' format (text, or JSON with PSCORO_LOG_FORMAT=json): a task's
+// log line as it is (it names its task), any other line of a task wrapped in one of that task, and
+// the launcher's own lines as task "launcher". When the launcher's stdout is a terminal the chief is told
 // so (PSCORO_PROGRESS_TTY=1) and its redrawn progress line is drawn there, below the other lines
 // (text format only). The chief ends the job when it closes: the servers
 // exit on their own with its code (code 0 is never a failure); those still running a grace period
@@ -78,22 +78,16 @@ using asio::use_awaitable;
 // the chief's progress line, redrawn in place below them on a terminal.
 class console {
  public:
-  // The launcher's own line: "pscoro-launch: <message>", or a JSON log line of task "launcher".
+  // The launcher's own line: a log line of task "launcher".
   void say(pscoro::log_level level, std::string_view message) {
-    const bool problem = level >= pscoro::log_level::warning;
-    if (json_) {
-      write_line(pscoro::format_log_line({level, "launcher", std::chrono::system_clock::now(), message}), problem);
-    } else {
-      write_line(fmt::format("pscoro-launch: {}", message), problem);
-    }
+    write_line(pscoro::format_log_line({level, "launcher", std::chrono::system_clock::now(), message}),
+               level >= pscoro::log_level::warning);
   }
 
-  // A whole line a task wrote: "[label] <line>", or under JSON the task's JSON line as it is (its
-  // record names the task already), or any other line wrapped in a JSON log line of `task`.
-  void relay_line(const std::string& label, const std::string& task, std::string_view line) {
-    if (!json_) {
-      write_line(fmt::format("[{}] {}", label, line), false);
-    } else if (is_json_object(line)) {
+  // A whole line a task wrote: as it is when it is a log line (its record names the task), any
+  // other line (a crash message, a program that is not pscoro's) wrapped in a log line of `task`.
+  void relay_line(const std::string& task, std::string_view line) {
+    if (message_of(line)) {
       write_line(line, false);
     } else {
       write_line(pscoro::format_log_line({pscoro::log_level::info, task, std::chrono::system_clock::now(), line}),
@@ -104,7 +98,7 @@ class console {
   // What a task draws after a `\r`: redrawn in place, padded over a longer previous text.
   void redraw(const std::string& label, const std::string& task, std::string_view text) {
     if (json_) {
-      if (!text.empty()) relay_line(label, task, text);
+      if (!text.empty()) relay_line(task, text);
       return;
     }
     if (!drawn_label_.empty() && drawn_label_ != label) end_redrawn_line();
@@ -128,21 +122,28 @@ class console {
 
   bool json() const noexcept { return json_; }
 
-  // A JSON line's message (the line itself when it is not a JSON log line): where the launcher
-  // looks for a server's port.
-  static std::string message_of(const std::string& line) {
-    if (line.empty() || line.front() != '{') return line;
-    const auto record = nlohmann::json::parse(line, nullptr, false);
-    if (record.is_object()) {
-      if (const auto m = record.find("message"); m != record.end() && m->is_string()) return m->get<std::string>();
+  // The message of a log line in the format in use (where the launcher looks for a server's port);
+  // none when `line` is not one.
+  std::optional<std::string> message_of(std::string_view line) const {
+    if (json_) {
+      if (line.empty() || line.front() != '{') return std::nullopt;
+      const auto record = nlohmann::json::parse(line.begin(), line.end(), nullptr, false);
+      if (!record.is_object()) return std::nullopt;
+      const auto m = record.find("message");
+      if (m == record.end() || !m->is_string()) return std::nullopt;
+      return m->get<std::string>();
     }
-    return line;
+    return text_message_of(line);
   }
 
  private:
-  static bool is_json_object(std::string_view line) {
-    return !line.empty() && line.front() == '{' &&
-           nlohmann::json::parse(line.begin(), line.end(), nullptr, false).is_object();
+  // "2026-11-23T21:52:21.123Z INFO [ps:0] message" (format_log_line's text form) -> "message".
+  static std::optional<std::string> text_message_of(std::string_view line) {
+    static const std::regex record(
+        R"(^[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}\.[0-9]{3}Z (DEBUG|INFO|WARNING|ERROR) \[[^\]]*\] )");
+    std::match_results<std::string_view::const_iterator> m;
+    if (!std::regex_search(line.begin(), line.end(), m, record)) return std::nullopt;
+    return std::string(m[0].second, line.end());
   }
 
   void write_line(std::string_view line, bool to_stderr) {
@@ -290,8 +291,9 @@ class launcher {
     asio::co_spawn(io_, relay_output(t.label, fmt::format("{}:{}", t.job, t.index), fds[0]), asio::detached);
   }
 
-  // Copies the child's lines to stdout with its label; notes a server's reported address. Text after
-  // a `\r` (a progress line redrawn) is redrawn at once, not held until the line ends.
+  // Copies the child's lines to stdout as log lines of its task; notes a server's reported address.
+  // Text after a `\r` (a progress line redrawn) is redrawn at once under its label, not held until
+  // the line ends.
   asio::awaitable<void> relay_output(std::string label, std::string task, int fd) {
     asio::posix::stream_descriptor pipe(io_, fd);
     static const std::regex listening(R"(^pscoro: (\w+):(\d+) listening on (\S+)$)");
@@ -324,9 +326,9 @@ class launcher {
           drawn.clear();
           continue;
         }
-        out_.relay_line(label, task, piece);
+        out_.relay_line(task, piece);
         std::smatch m;
-        const std::string message = out_.json() ? console::message_of(piece) : piece;
+        const std::string message = out_.message_of(piece).value_or(piece);
         if (std::regex_match(message, m, listening)) on_listening(m[1], std::stoi(m[2]), m[3]);
         // "<task> metrics at http://<host:port>/metrics", as server.cpp logs it.
         static const std::regex metrics_at(R"((\w+:\d+) metrics at http://(\S+)/metrics$)");
@@ -338,7 +340,7 @@ class launcher {
     if (redrawing) {
       out_.end_redrawn_line();
     } else if (!pending.empty()) {
-      out_.relay_line(label, task, pending);
+      out_.relay_line(task, pending);
     }
     if (--open_relays_ == 0 && finishing_) io_.stop();
   }

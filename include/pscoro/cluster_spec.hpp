@@ -189,7 +189,9 @@ class PSCORO_API slurm_cluster_resolver : public simple_cluster_resolver {
 /// The resolver the environment configures: TF_CONFIG's when TF_CONFIG is set (and not blank),
 /// else Slurm's (with default slurm_options) when SLURM_PROCID is set; errc::invalid_argument
 /// naming both variables when neither is. It is sliced to what every resolver has (cluster,
-/// task, rpc layer): make the specific resolver for master() or environment().
+/// task, rpc layer): make the specific resolver for master() or environment(). The process's log
+/// lines (and print_line's) name the task it resolves from then on ("chief:0"), unless they name one
+/// already.
 ///
 ///   const auto resolver = pscoro::auto_cluster_resolver();
 ///   if (resolver.task_type() == "ps") return pscoro::run_server(resolver);

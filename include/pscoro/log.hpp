@@ -6,8 +6,8 @@
 // message. PSCORO_LOG_LEVEL (debug, info, warning, error; default info) drops what is below it;
 // PSCORO_LOG_FORMAT=json makes each line one JSON object instead. A program with a logger of its
 // own routes the records there with set_log_sink: pscoro then writes nothing on stderr. A program's
-// own output (its results, progress lines) goes through print_line, so that a JSON run writes
-// nothing but JSON lines.
+// own output (its results, progress lines) goes through print_line, in the same format, so that
+// every line of a run has the same shape: time, level, task, then the text.
 #pragma once
 
 #include <pscoro/config.hpp>
@@ -58,10 +58,10 @@ PSCORO_API std::string format_log_line(const log_record& record);
 PSCORO_API bool log_format_is_json() noexcept;
 
 /// Writes one line of the program's own output (a result, a progress line, the port a server got)
-/// on stdout, or on stderr from warning up, and flushes it: the text as it is with the text format,
-/// which scripts and tests read, and the line log_record would give with PSCORO_LOG_FORMAT=json
-/// (its time, level and this process's task), so that a JSON run writes nothing but JSON. It is the
-/// program's output, not a log record: no level threshold drops it and no sink takes it.
+/// on stdout, or on stderr from warning up, and flushes it, in the log format: the line a log_record
+/// of this time, level and this process's task gives, text or JSON, so that every line of a run has
+/// one shape (`2026-11-23T21:52:21.123Z INFO [chief:0] chief: test accuracy 0.8231 on 10000 images`).
+/// It is the program's output, not a log record: no level threshold drops it and no sink takes it.
 ///
 ///   pscoro::print_line(fmt::format("chief: test accuracy {:.4f} on {} images", accuracy, n));
 PSCORO_API void print_line(std::string_view text, log_level level = log_level::info);

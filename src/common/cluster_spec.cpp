@@ -1,8 +1,10 @@
 #include <pscoro/cluster_spec.hpp>
 #include <pscoro/error.hpp>
 
-#include <fmt/format.h>
+#include "common/log.hpp"
 #include "common/text.hpp"
+
+#include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
@@ -615,7 +617,8 @@ std::string slurm_cluster_resolver::master(std::string_view task_type, int task_
                            rpc_layer.empty() ? std::string_view(this->rpc_layer()) : rpc_layer);
 }
 
-simple_cluster_resolver auto_cluster_resolver() {
+namespace {
+simple_cluster_resolver resolve_from_environment() {
   if (const char* tf_config = std::getenv("TF_CONFIG"); tf_config != nullptr && !is_blank(tf_config)) {
     return tf_config_cluster_resolver::from_json(tf_config, "TF_CONFIG");
   }
@@ -623,6 +626,17 @@ simple_cluster_resolver auto_cluster_resolver() {
   invalid(fmt::format("No cluster configuration: neither TF_CONFIG nor {} is set (pscoro-launch and Kubeflow set "
                       "TF_CONFIG, srun sets {})",
                       slurm_procid, slurm_procid));
+}
+}  // namespace
+
+simple_cluster_resolver auto_cluster_resolver() {
+  auto resolver = resolve_from_environment();
+  // The environment says which task this process is: its lines say so from here on, before a
+  // server or a chief starts (a chief writing its training data first, say).
+  if (!resolver.task_type().empty() && resolver.task_id()) {
+    log::set_task_if_unset(task_name(resolver.task_type(), *resolver.task_id()));
+  }
+  return resolver;
 }
 
 void validate_parameter_server_cluster(const cluster_spec& spec, std::string_view task_type,

@@ -184,7 +184,7 @@ void print_line(std::string_view text, log_level level) {
   auto& out = output();
   std::lock_guard lock(out.mutex);
   complain_once(out, s);
-  std::string line = s.json ? log::format_line({level, out.task, now, text}, true) : std::string(text);
+  std::string line = log::format_line({level, out.task, now, text}, s.json);
   line += '\n';
   std::FILE* stream = level >= log_level::warning ? stderr : stdout;
   std::fwrite(line.data(), 1, line.size(), stream);

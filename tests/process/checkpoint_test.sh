@@ -25,13 +25,13 @@ wait "$evaluator_pid"
 code=$?
 check "the evaluator exits 0 after the step-1000 checkpoint (got $code)" test "$code" -eq 0
 for step in 250 500 750 1000; do
-  check "the chief saved step $step" grep -q "^\[chief\] chief: saved $work/ckpt/ckpt-$step.safetensors$" "$work/run.log"
+  check "the chief saved step $step" grep -qE "$(line_of chief:0)chief: saved $work/ckpt/ckpt-$step.safetensors$" "$work/run.log"
 done
 check "the newest 2 are kept" test "$(ls "$work/ckpt" | tr '\n' ' ')" = "ckpt-1000.safetensors ckpt-750.safetensors "
 check "the evaluator evaluated the last one" \
-  grep -qE '^evaluator: ckpt-1000.safetensors step 1000 test accuracy 0\.[0-9]{4} on 10000 images$' "$work/eval.log"
-chief_accuracy=$(sed -nE 's/^\[chief\] chief: test accuracy (0\.[0-9]+) on 10000 images$/\1/p' "$work/run.log")
-evaluator_accuracy=$(sed -nE 's/^evaluator: ckpt-1000.safetensors step 1000 test accuracy (0\.[0-9]+) .*/\1/p' "$work/eval.log")
+  grep -qE "$(line_of -)"'evaluator: ckpt-1000.safetensors step 1000 test accuracy 0\.[0-9]{4} on 10000 images$' "$work/eval.log"
+chief_accuracy=$(sed -nE "s/$(line_of chief:0)"'chief: test accuracy (0\.[0-9]+) on 10000 images$/\1/p' "$work/run.log")
+evaluator_accuracy=$(sed -nE "s/$(line_of -)"'evaluator: ckpt-1000.safetensors step 1000 test accuracy (0\.[0-9]+) .*/\1/p' "$work/eval.log")
 check "the evaluator's accuracy is the chief's ($evaluator_accuracy, $chief_accuracy)" \
   test -n "$chief_accuracy" -a "$evaluator_accuracy" = "$chief_accuracy"
 check "an independent reader agrees" /usr/bin/python3 "$here/read_checkpoint.py" "$work/ckpt/ckpt-1000.safetensors" \
@@ -44,10 +44,10 @@ echo "--- a new chief resumes from the newest checkpoint at its step"
 code=$?
 check "the cluster exits 0 (got $code)" test "$code" -eq 0
 check "it resumes at step 1000" \
-  grep -q "^\[chief\] chief: resumed from $work/ckpt/ckpt-1000.safetensors at step 1000$" "$work/resume.log"
+  grep -qE "$(line_of chief:0)chief: resumed from $work/ckpt/ckpt-1000.safetensors at step 1000$" "$work/resume.log"
 check "it runs steps 1001 to 1500 only" \
-  test "$(grep -c '^\[chief\] chief: saved' "$work/resume.log")" -eq 2 -a \
-  "$(grep -c '^\[chief\] chief: step 500/' "$work/resume.log")" -eq 0
+  test "$(grep -cE "$(line_of chief:0)"'chief: saved' "$work/resume.log")" -eq 2 -a \
+  "$(grep -cE "$(line_of chief:0)"'chief: step 500/' "$work/resume.log")" -eq 0
 check "it saved step 1500" test -f "$work/ckpt/ckpt-1500.safetensors"
 [ "$failed" -eq 0 ] || cat "$work/resume.log"
 

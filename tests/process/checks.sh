@@ -52,8 +52,16 @@ wait_exit() {
   code=$?
 }
 
+# line_of TASK: the start of a grep -E or sed -E pattern for a line that TASK (itself a pattern:
+# chief:0, 'worker:[01]', launcher) wrote, up to its message: every line of a run has the log
+# format, "2026-11-29T13:30:40.123Z INFO [chief:0] chief: test accuracy 0.8231 on 10000 images". It
+# holds no group, so a sed's \1 is still the caller's first.
+line_of() {
+  printf '^[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}\\.[0-9]{3}Z [A-Z]+ \\[%s\\] ' "$1"
+}
+
 pid_of() {  # pid_of LOG LABEL: the pid pscoro-launch started LABEL with last
-  sed -nE "s/^pscoro-launch: started $2 \(pid ([0-9]+)\)$/\1/p" "$1" | tail -n 1
+  sed -nE "s/$(line_of launcher)started $2 \(pid ([0-9]+)\)$/\1/p" "$1" | tail -n 1
 }
 
 # stop_process PID / continue_process PID: SIGSTOP and SIGCONT a task. Whatever ends the test, the

@@ -26,7 +26,7 @@ data=(--ids raw --data-dir "$work/data" --train-examples "$lines" --files 4)
 
 echo "--- the raw-id form: Criteo's 40 fields, 64-bit ids, a long tail, ids that come and go"
 "$example" --prepare-only "${data[@]}" > "$work/prepare.out"
-dir=$(sed -n "s/^chief: training data in \(.*\) ($lines lines in 4 TSV files)$/\1/p" "$work/prepare.out")
+dir=$(sed -nE "s/$(line_of -)chief: training data in (.*) \($lines lines in 4 TSV files\)$/\1/p" "$work/prepare.out")
 check "it writes TSV files only, in a directory of their own" \
   test -n "$dir" -a "$(ls "$dir" | tr '\n' ' ')" = "train-00000-of-00004.tsv train-00001-of-00004.tsv train-00002-of-00004.tsv train-00003-of-00004.tsv "
 cat "$dir"/*.tsv > "$work/all.tsv"
@@ -58,15 +58,15 @@ train() {  # train NAME [options...]: a run on 2 ps and 2 workers, its log in $w
   # --max-auc-gap: the chief exits 1 if its AUC ends further below the truth's.
   check "$name: the cluster exits 0, the AUC within $max_gap of the truth's (got $code)" test "$code" -eq 0
   check "$name: the chief reports the AUC and the gap" \
-    grep -qE "^\[chief\] chief: test AUC 0\.[0-9]+, ground truth 0\.[0-9]+ \(gap -?0\.[0-9]+\) on $test_examples examples\$" \
+    grep -qE "$(line_of chief:0)chief: test AUC 0\.[0-9]+, ground truth 0\.[0-9]+ \(gap -?0\.[0-9]+\) on $test_examples examples\$" \
     "$work/$name.log"
-  check "$name: and its steps per second" grep -qE "^\[chief\] chief: trained $steps steps in [0-9.]+ s: [0-9.]+ steps/s\$" \
+  check "$name: and its steps per second" grep -qE "$(line_of chief:0)chief: trained $steps steps in [0-9.]+ s: [0-9.]+ steps/s\$" \
     "$work/$name.log"
   [ "$failed" -eq "$before" ] || cat "$work/$name.log"
 }
-auc_of() { sed -nE 's/^\[chief\] chief: test AUC (0\.[0-9]+), ground truth (0\.[0-9]+) .*/\1/p' "$work/$1.log"; }
-bound_of() { sed -nE 's/^\[chief\] chief: test AUC (0\.[0-9]+), ground truth (0\.[0-9]+) .*/\2/p' "$work/$1.log"; }
-rate_of() { sed -nE 's/^\[chief\] chief: trained .*: ([0-9.]+) steps\/s$/\1/p' "$work/$1.log"; }
+auc_of() { sed -nE "s/$(line_of chief:0)"'chief: test AUC (0\.[0-9]+), ground truth (0\.[0-9]+) .*/\1/p' "$work/$1.log"; }
+bound_of() { sed -nE "s/$(line_of chief:0)"'chief: test AUC (0\.[0-9]+), ground truth (0\.[0-9]+) .*/\2/p' "$work/$1.log"; }
+rate_of() { sed -nE "s/$(line_of chief:0)"'chief: trained .*: ([0-9.]+) steps\/s$/\1/p' "$work/$1.log"; }
 # held NAME: for each ps of run NAME, from its reports (every 0.2 s while they change): the rows
 # its last one held, the most rows of those in the second quarter of the steps (0 if none) and of
 # those in the last quarter with the last one, the last one's bytes per row and MiB.
@@ -75,14 +75,14 @@ held() {
       -v q4="chief: step $((3 * log_every))/$steps " '
     index($0, q2) { quarter = 2 } index($0, q3) { quarter = 3 } index($0, q4) { quarter = 4 }
     /: its part of the hash tables holds [0-9]+ rows in / {
-      for (i = 1; i <= NF; i++) {
+      for (i = 4; i <= NF; i++) {  # after the time, level and [task]
         if ($i == "holds") rows = $(i + 1)
         if ($i == "MiB") mib = $(i - 1)
         if ($i == "bytes") bytes = substr($(i - 1), 2)
       }
-      last[$1] = rows; per_row[$1] = bytes; size[$1] = mib
-      if (quarter == 2 && rows + 0 > q2_most[$1] + 0) q2_most[$1] = rows
-      if (quarter == 4 && rows + 0 > q4_most[$1] + 0) q4_most[$1] = rows
+      last[$3] = rows; per_row[$3] = bytes; size[$3] = mib
+      if (quarter == 2 && rows + 0 > q2_most[$3] + 0) q2_most[$3] = rows
+      if (quarter == 4 && rows + 0 > q4_most[$3] + 0) q4_most[$3] = rows
     }
     END {
       for (ps in last) {
@@ -95,17 +95,17 @@ held() {
 echo "--- one hashed table of 2^19 rows (68 MiB with its Adagrad slots): $steps steps"
 train fixed --embedding fixed --rows 524288
 check "fixed: its table is split over both ps" \
-  grep -qE '^\[chief\] chief: factors 524288 x 16 in 2 shards, wide in 2 shards' "$work/fixed.log"
+  grep -qE "$(line_of chief:0)"'chief: factors 524288 x 16 in 2 shards, wide in 2 shards' "$work/fixed.log"
 
 echo "--- hash tables forgetting ids idle for $ttl steps: the rows held stay flat"
 train ttl --embedding hash --ttl "$ttl" --report-seconds 0.2
 check "ttl: the chief made 26 hash tables, eviction after $ttl idle steps" \
-  grep -qE "^\[chief\] chief: 26 hash tables of rows \[weight, 16 factors\] \(admission: always; eviction: idle for $ttl steps\)" \
+  grep -qE "$(line_of chief:0)chief: 26 hash tables of rows \[weight, 16 factors\] \(admission: always; eviction: idle for $ttl steps\)" \
   "$work/ttl.log"
 held ttl > "$work/ttl.held"
 cat "$work/ttl.held"
 before=$failed
-check "ttl: both ps report the rows they hold" test "$(cut -d' ' -f1 "$work/ttl.held" | tr '\n' ' ')" = "[ps-0] [ps-1] "
+check "ttl: both ps report the rows they hold" test "$(cut -d' ' -f1 "$work/ttl.held" | tr '\n' ' ')" = "[ps:0] [ps:1] "
 while read -r ps last early late per_row _; do
   check "ttl: $ps holds rows ($last), at least 136 bytes each (row and slots: $per_row)" \
     test "$last" -gt 0 -a "$per_row" -ge 136

@@ -18,7 +18,7 @@ prepare() {  # prepare ROOT [options...]: writes the small data set under ROOT a
   "$example" --prepare-only --data-dir "$root" "${small[@]}" "$@" > "$work/prepare.out"
 }
 dir_of() {  # dir_of TSV|TFRecord: the directory the last prepare named for that format
-  sed -n "s/^chief: training data in \(.*\) (2000 lines in 2 $1 files)$/\1/p" "$work/prepare.out"
+  sed -nE "s/$(line_of -)chief: training data in (.*) \(2000 lines in 2 $1 files\)$/\1/p" "$work/prepare.out"
 }
 
 echo "--- the generator writes Criteo TSV: 40 tab-separated fields, labels 0/1, 8-hex categoricals"
@@ -67,12 +67,12 @@ train_small "$work/small" "$work/tfrecord.log" --format tfrecord
 check "it trains from TFRecord (exit $?)" grep -q 'chief: test AUC' "$work/tfrecord.log"
 train_small "$work/small" "$work/gzip.log" --format tfrecord --gzip
 check "it trains from GZIP TFRecord (exit $?)" grep -q 'chief: test AUC' "$work/gzip.log"
-# The progress lines without their rate and time left, which vary from run to run.
-results() { grep -E '^\[chief\] chief: (step|test)' "$1" | sed -E 's| [0-9.]+ steps/s .*$||'; }
+# The progress lines without their time, rate and time left, which vary from run to run.
+results() { grep -E "$(line_of chief:0)"'chief: (step|test)' "$1" | sed -E 's/^[^]]*\] //; s| [0-9.]+ steps/s .*$||'; }
 results "$work/tsv.log" > "$work/tsv.out"
 check "the losses and the AUC print" test "$(wc -l < "$work/tsv.out")" -eq 4
 check "progress lines say the rate and the time left" \
-  grep -qE '^\[chief\] chief: step 20/60 loss [0-9]+\.[0-9]{4} [0-9]+\.[0-9] steps/s ETA [0-9:]+s?$' "$work/tsv.log"
+  grep -qE "$(line_of chief:0)"'chief: step 20/60 loss [0-9]+\.[0-9]{4} [0-9]+\.[0-9] steps/s ETA [0-9:]+s?$' "$work/tsv.log"
 check "TFRecord gives the same losses and AUC as TSV" diff <(results "$work/tfrecord.log") "$work/tsv.out"
 check "GZIP TFRecord too" diff <(results "$work/gzip.log") "$work/tsv.out"
 
@@ -84,7 +84,7 @@ train_small "$work/corrupt" "$work/corrupt.log" --format tfrecord
 code=$?
 check "the cluster exits 1 (got $code)" test "$code" -eq 1
 check "the chief names the file, the byte offset and the cause" \
-  grep -qE '^\[chief\] chief: .*train-00001-of-00002\.tfrecord: corrupt TFRecord at byte [0-9]+: the data.s checksum' \
+  grep -qE "$(line_of chief:0)"'chief: .*train-00001-of-00002\.tfrecord: corrupt TFRecord at byte [0-9]+: the data.s checksum' \
   "$work/corrupt.log"
 [ "$failed" -eq 0 ] || cat "$work/corrupt.log"
 
@@ -103,11 +103,11 @@ echo "--- 2 ps, 2 workers, 1M-row tables, $lines lines: the test AUC within $max
 code=$?
 check "the cluster exits 0 (got $code)" test "$code" -eq 0
 check "the chief wrote $lines lines of training data" \
-  grep -qE "^\[chief\] chief: training data in .* \($lines lines in 8 TSV files\)" "$work/run.log"
+  grep -qE "$(line_of chief:0)chief: training data in .* \($lines lines in 8 TSV files\)" "$work/run.log"
 check "the tables are split over both ps" \
-  grep -qE '^\[chief\] chief: factors 1048576 x 16 in 2 shards, wide in 2 shards' "$work/run.log"
+  grep -qE "$(line_of chief:0)"'chief: factors 1048576 x 16 in 2 shards, wide in 2 shards' "$work/run.log"
 check "the chief reports the AUC and the gap" \
-  grep -qE "^\[chief\] chief: test AUC 0\.[0-9]+, ground truth 0\.[0-9]+ \(gap -?0\.[0-9]+\) on $test_examples examples\$" \
+  grep -qE "$(line_of chief:0)chief: test AUC 0\.[0-9]+, ground truth 0\.[0-9]+ \(gap -?0\.[0-9]+\) on $test_examples examples\$" \
   "$work/run.log"
 [ "$failed" -eq 0 ] || cat "$work/run.log"
 grep -E 'AUC' "$work/run.log"

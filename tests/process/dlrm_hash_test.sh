@@ -29,17 +29,17 @@ code=$?
 # --max-auc-gap: the chief exits 1 if its AUC ends further below the truth's.
 check "the cluster exits 0, the AUC within $max_gap of the truth's (got $code)" test "$code" -eq 0
 check "the chief made 26 hash tables of rows [16 + 1], eviction after $ttl idle steps" \
-  grep -qE "^\[chief\] chief: 26 hash tables of rows \[16 \+ 1\] \(admission: always; eviction: idle for $ttl steps\); MLPs 13-64-16 and 367-64-1 over 351 dot products \([0-9]+ parameters in 8 variables\); $steps steps of $batch examples on 2 workers\$" \
+  grep -qE "$(line_of chief:0)chief: 26 hash tables of rows \[16 \+ 1\] \(admission: always; eviction: idle for $ttl steps\); MLPs 13-64-16 and 367-64-1 over 351 dot products \([0-9]+ parameters in 8 variables\); $steps steps of $batch examples on 2 workers\$" \
   "$work/run.log"
 check "the chief prints the test AUC and the bound on one line" \
-  grep -qE '^\[chief\] chief: test AUC 0\.[0-9]{4} \(bound 0\.[0-9]{4}\)$' "$work/run.log"
+  grep -qE "$(line_of chief:0)"'chief: test AUC 0\.[0-9]{4} \(bound 0\.[0-9]{4}\)$' "$work/run.log"
 check "and the cluster's steps/s, no reference beside hash tables" \
-  test "$(grep -cE '^\[chief\] chief: cluster \(2 workers, asynchronous\): +test AUC 0\.[0-9]{4} +[0-9.]+ steps/s' "$work/run.log") $(grep -c 'reference' "$work/run.log")" = "1 0"
+  test "$(grep -cE "$(line_of chief:0)"'chief: cluster \(2 workers, asynchronous\): +test AUC 0\.[0-9]{4} +[0-9.]+ steps/s' "$work/run.log") $(grep -c 'reference' "$work/run.log")" = "1 0"
 # The last report of each ps: its rows and bytes per row (row and Adagrad slots: 2 x 17 floats).
-held=$(sed -nE 's/^\[(ps-[01])\] ps:[01]: its part of the hash tables holds ([0-9]+) rows in [0-9.]+ MiB \(([0-9]+) bytes per row\)$/\1 \2 \3/p' \
+held=$(sed -nE "s/$(line_of 'ps:[01]')"'(ps:[01]): its part of the hash tables holds ([0-9]+) rows in [0-9.]+ MiB \(([0-9]+) bytes per row\)$/\1 \2 \3/p' \
   "$work/run.log" | sort -s -k1,1 | awk '{ last[$1] = $0 } END { for (ps in last) print last[ps] }' | sort)
 echo "$held"
-check "both ps report the rows they hold" test "$(echo "$held" | cut -d' ' -f1 | tr '\n' ' ')" = "ps-0 ps-1 "
+check "both ps report the rows they hold" test "$(echo "$held" | cut -d' ' -f1 | tr '\n' ' ')" = "ps:0 ps:1 "
 while read -r ps rows per_row; do
   check "$ps holds rows ($rows), at least 136 bytes each ($per_row)" test "${rows:-0}" -gt 0 -a "${per_row:-0}" -ge 136
 done <<< "$held"

@@ -35,7 +35,7 @@ goes_on() {
 long_run() {
   "$launch" --ps "$2" --workers "$3" -- "$example" --steps 1000000 --log-every 100 > "$1" 2>&1 &
   launcher=$!
-  wait_for "$1" '^\[chief\] chief: step 100/'
+  wait_for "$1" "$(line_of chief:0)"'chief: step 100/'
 }
 
 echo "--- kill -9 a random worker 6 times in a $steps-step run: every step runs, training converges"
@@ -44,10 +44,10 @@ log=$work/kill.log
   > "$log" 2>&1 &
 launcher=$!
 kills=0
-last="^\\[chief\\] chief: step $steps/$steps "
+last="$(line_of chief:0)chief: step $steps/$steps "
 for round in 1 2 3 4 5 6; do
   # Kill only while the run is making progress, and only a worker that is back from the last kill.
-  wait_for "$log" "^\[chief\] chief: step [0-9]+/$steps " || break
+  wait_for "$log" "$(line_of chief:0)chief: step [0-9]+/$steps " || break
   grep -qE "$last" "$log" && break
   victim=$((RANDOM % 3))
   pid=$(pid_of "$log" "worker-$victim")
@@ -62,7 +62,7 @@ for round in 1 2 3 4 5 6; do
     sleep 0.1
   done
   # Let it take some steps before the next kill.
-  goes_on "$log" '^\[chief\] chief: step ' "$last" && goes_on "$log" '^\[chief\] chief: step ' "$last"
+  goes_on "$log" "$(line_of chief:0)"'chief: step ' "$last" && goes_on "$log" "$(line_of chief:0)"'chief: step ' "$last"
 done
 wait_exit "$launcher"
 check "the run exits 0 (got $code)" test "$code" -eq 0
@@ -70,10 +70,10 @@ check "a worker was killed at least 5 times while the run went on ($kills)" test
 check "the chief saw each loss" test "$(count "$log" 'WARNING \[chief:0\] lost worker:[0-2]: ')" -ge "$kills"
 check "a killed worker comes back with a fresh iterator" \
   grep -qE 'INFO \[chief:0\] worker:[0-2] is back; 1 iterator\(s\) rebuilt before it takes closures' "$log"
-check "every result resolves in order, up to the last step" grep -qE "^\\[chief\\] chief: step $steps/$steps loss " "$log"
+check "every result resolves in order, up to the last step" grep -qE "$(line_of chief:0)chief: step $steps/$steps loss " "$log"
 check "every step ran at least once" \
-  grep -qE "^\\[chief\\] chief: steps 1-$steps ran: [0-9]+ once, [0-9]+ again after a worker was lost, 0 never\$" "$log"
-check "the model converges (accuracy >= 0.80)" grep -qE '^\[chief\] chief: test accuracy 0\.(8|9)[0-9]+ on 10000 images$' "$log"
+  grep -qE "$(line_of chief:0)chief: steps 1-$steps ran: [0-9]+ once, [0-9]+ again after a worker was lost, 0 never\$" "$log"
+check "the model converges (accuracy >= 0.80)" grep -qE "$(line_of chief:0)"'chief: test accuracy 0\.(8|9)[0-9]+ on 10000 images$' "$log"
 grep -E 'chief: steps|chief: test accuracy|lost worker|is back' "$log"
 [ "$failed" -eq 0 ] || cat "$log"
 
@@ -89,10 +89,10 @@ elif long_run "$log" 1 2; then
   pid=$(pid_of "$log" worker-1)
   stop_process "$pid"
   check "the hung worker is noticed" wait_for "$log" 'WARNING \[chief:0\] lost worker:1: .*heartbeat timeout' 120
-  check "training goes on without it" goes_on "$log" '^\[chief\] chief: step '
+  check "training goes on without it" goes_on "$log" "$(line_of chief:0)"'chief: step '
   continue_process "$pid"
   check "after SIGCONT it rejoins" wait_for "$log" 'INFO \[chief:0\] worker:1 is back; 1 iterator\(s\) rebuilt' 120
-  check "training goes on" goes_on "$log" '^\[chief\] chief: step '
+  check "training goes on" goes_on "$log" "$(line_of chief:0)"'chief: step '
 else
   check "the run started" false
 fi
@@ -114,9 +114,9 @@ if long_run "$log" 2 2; then
   # does, past the transient_ps_failures tolerance: the chief then asks ps:1 itself, and the run
   # ends with the one error of a lost ps either way.
   check "the chief's error names ps:1 as the lost parameter server" \
-    grep -qE '^\[chief\] chief: .*parameter server ps:1 is unavailable' \
+    grep -qE "$(line_of chief:0)"'chief: .*parameter server ps:1 is unavailable' \
     "$log"
-  noticed_iso=$(sed -nE 's/^\[chief\] ([0-9T:.-]+Z) INFO \[chief:0\] the job ends: telling [0-9]+ task\(s\) to exit with code 1$/\1/p' \
+  noticed_iso=$(sed -nE 's/^([0-9T:.-]+Z) INFO \[chief:0\] the job ends: telling [0-9]+ task\(s\) to exit with code 1$/\1/p' \
     "$log" | head -n 1)
   noticed_at=$(date -u -d "${noticed_iso:-1970-01-01T00:00:00Z}" +%s.%N)
   latency=$(awk -v a="$killed_at" -v b="${noticed_at:-0}" 'BEGIN { printf "%.3f", b - a }')
@@ -133,19 +133,19 @@ before=$failed
 "$launch" --ps 2 --workers 2 --restart-chief -- "$example" --steps "$resume_steps" --log-every 100 --count-runs \
   --checkpoint-dir "$work/ckpt" --checkpoint-every "$every" > "$log" 2>&1 &
 launcher=$!
-if wait_for "$log" "^\[chief\] chief: saved $work/ckpt/ckpt-$((2 * every)).safetensors$"; then
+if wait_for "$log" "$(line_of chief:0)chief: saved $work/ckpt/ckpt-$((2 * every)).safetensors$"; then
   first_chief=$(pid_of "$log" chief)
   kill -9 "$first_chief"
   newest=$(ls "$work/ckpt" | sed -nE 's/^ckpt-([0-9]+)\.safetensors$/\1/p' | sort -n | tail -n 1)
   wait_exit "$launcher"
   check "the job exits 0 (got $code)" test "$code" -eq 0
-  check "the launcher started the chief again" grep -q '^pscoro-launch: restarting chief in' "$log"
+  check "the launcher started the chief again" grep -qE "$(line_of launcher)"'restarting chief in' "$log"
   check "it resumed at step $newest, the newest checkpoint's" \
-    grep -q "^\[chief\] chief: resumed from $work/ckpt/ckpt-$newest.safetensors at step $newest$" "$log"
+    grep -qE "$(line_of chief:0)chief: resumed from $work/ckpt/ckpt-$newest.safetensors at step $newest$" "$log"
   check "the servers ended the old coordinator session" \
     test "$(count "$log" 'INFO \[(ps|worker):[01]\] new coordinator session [0-9a-f]{16} .*ending session')" -eq 4
-  check "every later step ran" grep -qE "^\[chief\] chief: steps $((newest + 1))-$resume_steps ran: [0-9]+ once, [0-9]+ again after a worker was lost, 0 never$" "$log"
-  check "the model converges" grep -qE '^\[chief\] chief: test accuracy 0\.(8|9)[0-9]+ on 10000 images$' "$log"
+  check "every later step ran" grep -qE "$(line_of chief:0)chief: steps $((newest + 1))-$resume_steps ran: [0-9]+ once, [0-9]+ again after a worker was lost, 0 never$" "$log"
+  check "the model converges" grep -qE "$(line_of chief:0)"'chief: test accuracy 0\.(8|9)[0-9]+ on 10000 images$' "$log"
   check "it saved the last step" test -f "$work/ckpt/ckpt-$resume_steps.safetensors"
   grep -E 'restarting chief|chief: resumed|new coordinator session|chief: steps|test accuracy' "$log"
 else
@@ -178,7 +178,7 @@ server_cluster() {  # server_cluster WORKER1_ADDRESS
 serve() {  # serve JOB INDEX WORKER1_ADDRESS LOG
   TF_CONFIG="{\"cluster\": $(server_cluster "$3"), \"task\": {\"type\": \"$1\", \"index\": $2}}" "$example" > "$4" 2>&1 &
 }
-address_in() { sed -nE 's/^pscoro: [a-z]+:[0-9]+ listening on (\S+)$/\1/p' "$1"; }
+address_in() { sed -nE "s/$(line_of '[a-z]+:[0-9]+')"'pscoro: [a-z]+:[0-9]+ listening on (\S+)$/\1/p' "$1"; }
 serve ps 0 127.0.0.1:0 "$log/ps0.log"
 serve worker 0 127.0.0.1:0 "$log/worker0.log"
 serve worker 1 127.0.0.1:0 "$log/worker1.log"
@@ -191,7 +191,7 @@ cluster="{\"chief\": [\"127.0.0.1:$chief_port\"], \"ps\": [\"$ps0\"], \"worker\"
 TF_CONFIG="{\"cluster\": $cluster, \"task\": {\"type\": \"chief\", \"index\": 0}}" "$example" --steps 100000 \
   --log-every 100 > "$log/chief.log" 2>&1 &
 chief_pid=$!
-if wait_for "$log/chief.log" '^chief: step 100/'; then
+if wait_for "$log/chief.log" "$(line_of chief:0)"'chief: step 100/'; then
   kill -9 "$worker1_pid"
   serve worker 1 127.0.0.1:0 "$log/worker1-moved.log"  # a new port, and the chief's address to announce to
   wait_for "$log/worker1-moved.log" 'listening on' 60 > /dev/null
@@ -201,7 +201,7 @@ if wait_for "$log/chief.log" '^chief: step 100/'; then
   check "the chief takes it back, iterators first" wait_for "$log/chief.log" 'INFO \[chief:0\] worker:1 is back; 1 iterator\(s\) rebuilt' 60
   check "the worker said it announced itself" grep -q "announced worker:1 at $moved to the chief at 127.0.0.1:$chief_port" \
     "$log/worker1-moved.log"
-  check "training goes on" goes_on "$log/chief.log" '^chief: step '
+  check "training goes on" goes_on "$log/chief.log" "$(line_of chief:0)"'chief: step '
 else
   check "the run started" false
 fi

@@ -105,7 +105,7 @@ runs() {
   local code=$?
   check "$1: the cluster exits 0 (got $code)" test "$code" -eq 0
   check "$1: the chief prints the four results" \
-    grep -qxF "[chief] chief: 4 closures on 2 workers returned 6 12 18 24" "$work/run.log"
+    grep -qE "$(line_of chief:0)chief: 4 closures on 2 workers returned 6 12 18 24\$" "$work/run.log"
   [ "$code" -eq 0 ] || tail -n 20 "$work/run.log"
 }
 

@@ -9,7 +9,7 @@ hello=$3
 source "$(dirname "$0")/checks.sh"
 
 all_gone() {  # all_gone LOG: every pid the launcher started has exited
-  for pid in $(sed -nE 's/^pscoro-launch: started [a-z0-9-]+ \(pid ([0-9]+)\)$/\1/p' "$1"); do
+  for pid in $(sed -nE "s/$(line_of launcher)"'started [a-z0-9-]+ \(pid ([0-9]+)\)$/\1/p' "$1"); do
     if kill -0 "$pid" 2>/dev/null; then echo "pid $pid still runs"; return 1; fi
   done
 }
@@ -18,16 +18,16 @@ echo "--- a short run succeeds, every line prefixed with its task"
 "$launch" --ps 2 --workers 2 -- "$example" --steps 40 --log-every 20 --min-accuracy 0 > "$work/run.log" 2>&1
 code=$?
 check "the launcher exits 0 when the chief does (got $code)" test "$code" -eq 0
-check "both ps report their port" grep -qE '^\[ps-1\] pscoro: ps:1 listening on 127\.0\.0\.1:[0-9]+$' "$work/run.log"
-check "the chief trains" grep -qE '^\[chief\] chief: step 40/40 loss [0-9.]+ [0-9.]+ steps/s done in [0-9:]+s?$' "$work/run.log"
-check "the chief evaluates" grep -qE '^\[chief\] chief: test accuracy 0\.[0-9]+ on 10000 images$' "$work/run.log"
+check "both ps report their port" grep -qE "$(line_of ps:1)"'pscoro: ps:1 listening on 127\.0\.0\.1:[0-9]+$' "$work/run.log"
+check "the chief trains" grep -qE "$(line_of chief:0)"'chief: step 40/40 loss [0-9.]+ [0-9.]+ steps/s done in [0-9:]+s?$' "$work/run.log"
+check "the chief evaluates" grep -qE "$(line_of chief:0)"'chief: test accuracy 0\.[0-9]+ on 10000 images$' "$work/run.log"
 check "the servers are stopped with the chief" all_gone "$work/run.log"
 for task in ps:0 ps:1 worker:0 worker:1; do
   check "$task stops when the chief ends the job" \
     grep -qE "INFO \[$task\] the chief \(chief:0 at [0-9.:]+\) ended the job with exit code 0: $task stops$" "$work/run.log"
   # On its own: the launcher signals only a task still running a grace period after the chief.
   label=${task/:/-}
-  check "$label exits with the chief's code 0, not a signal's" grep -qE "^pscoro-launch: $label exited with 0$" "$work/run.log"
+  check "$label exits with the chief's code 0, not a signal's" grep -qE "$(line_of launcher)$label exited with 0$" "$work/run.log"
 done
 [ "$failed" -eq 0 ] || cat "$work/run.log"
 
@@ -40,7 +40,7 @@ for run in $(seq 20); do
   code=$?
   check "job $run exits 0 (got $code)" test "$code" -eq 0
   check "job $run: each of its 5 tasks exited with 0" \
-    test "$(grep -cE '^pscoro-launch: [a-z]+(-[0-9]+)? exited with ' "$work/quick-$run.log") $(grep -cE '^pscoro-launch: [a-z]+(-[0-9]+)? exited with 0$' "$work/quick-$run.log")" = "5 5"
+    test "$(grep -cE "$(line_of launcher)"'[a-z]+(-[0-9]+)? exited with ' "$work/quick-$run.log") $(grep -cE "$(line_of launcher)"'[a-z]+(-[0-9]+)? exited with 0$' "$work/quick-$run.log")" = "5 5"
   [ "$failed" -eq 0 ] || { cat "$work/quick-$run.log"; break; }
 done
 
@@ -48,17 +48,17 @@ echo "--- --one-thread and --in-process-threads 2 train the same model in one pr
 "$example" --one-thread --steps 300 --log-every 300 --min-accuracy 0.6 > "$work/one.log" 2>&1
 code=$?
 check "it exits 0 (got $code)" test "$code" -eq 0
-check "it trains" grep -qE '^one thread: step 300/300 loss [0-9.]+ [0-9.]+ steps/s done in [0-9:]+s?$' "$work/one.log"
-check "it learns: test accuracy 0.6 or more" grep -qE '^one thread: test accuracy 0\.([6-9][0-9]*) on 10000 images$' "$work/one.log"
+check "it trains" grep -qE "$(line_of -)"'one thread: step 300/300 loss [0-9.]+ [0-9.]+ steps/s done in [0-9:]+s?$' "$work/one.log"
+check "it learns: test accuracy 0.6 or more" grep -qE "$(line_of -)"'one thread: test accuracy 0\.([6-9][0-9]*) on 10000 images$' "$work/one.log"
 "$example" --one-thread --steps 5 --min-accuracy 0.99 > "$work/one-low.log" 2>&1
 code=$?
 check "below --min-accuracy it exits 1 (got $code)" test "$code" -eq 1
-check "and says so" grep -qE '^one thread: accuracy 0\.[0-9]+ is below the required 0\.99$' "$work/one-low.log"
+check "and says so" grep -qE "$(line_of -)"'one thread: accuracy 0\.[0-9]+ is below the required 0\.99$' "$work/one-low.log"
 "$example" --in-process-threads 2 --steps 300 --log-every 300 --min-accuracy 0.6 > "$work/two.log" 2>&1
 code=$?
 check "--in-process-threads 2 exits 0 (got $code)" test "$code" -eq 0
-check "and trains its 300 steps on 2 threads" grep -qE '^2 threads: step 300/300 loss [0-9.]+ [0-9.]+ steps/s done in [0-9:]+s?$' "$work/two.log"
-check "and learns: test accuracy 0.6 or more" grep -qE '^2 threads: test accuracy 0\.([6-9][0-9]*) on 10000 images$' "$work/two.log"
+check "and trains its 300 steps on 2 threads" grep -qE "$(line_of -)"'2 threads: step 300/300 loss [0-9.]+ [0-9.]+ steps/s done in [0-9:]+s?$' "$work/two.log"
+check "and learns: test accuracy 0.6 or more" grep -qE "$(line_of -)"'2 threads: test accuracy 0\.([6-9][0-9]*) on 10000 images$' "$work/two.log"
 [ "$failed" -eq 0 ] || cat "$work/one.log" "$work/one-low.log" "$work/two.log"
 
 echo "--- killing a worker stops the group with its code"
@@ -83,10 +83,10 @@ echo "--- --restart-workers restarts a dead worker where it was, up to --max-res
 launcher=$!
 if wait_for "$work/restart.log" 'chief: step 20/'; then
   first=$(pid_of "$work/restart.log" worker-1)
-  address=$(sed -nE 's/^\[worker-1\] pscoro: worker:1 listening on (\S+)$/\1/p' "$work/restart.log" | head -n 1)
+  address=$(sed -nE "s/$(line_of worker:1)"'pscoro: worker:1 listening on (\S+)$/\1/p' "$work/restart.log" | head -n 1)
   kill -9 "$first"
-  check "the first death is restarted" wait_for "$work/restart.log" '^pscoro-launch: restarting worker-1 in 500 ms \(restart 1\)$'
-  check "at the address it had" wait_for "$work/restart.log" "^\[worker-1\] pscoro: worker:1 listening on $address$"
+  check "the first death is restarted" wait_for "$work/restart.log" "$(line_of launcher)"'restarting worker-1 in 500 ms \(restart 1\)$'
+  check "at the address it had" wait_for "$work/restart.log" "$(line_of worker:1)pscoro: worker:1 listening on $address$"
   check "the chief takes it back" wait_for "$work/restart.log" 'INFO \[chief:0\] worker:1 is back'
   second=$(pid_of "$work/restart.log" worker-1)
   check "as a new process" test -n "$second" -a "$second" != "$first"

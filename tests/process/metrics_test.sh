@@ -188,7 +188,7 @@ env -u PSCORO_METRICS_PORT "$launch" --ps 1 --workers 2 --prometheus-file-sd "$w
 job=$!
 check "the chief ran its closures" wait_for "$work/sd.log" "chief: ran 10 closures"
 check "the launcher says where the cluster page is" \
-  grep -qE '^pscoro-launch: cluster page at http://127\.0\.0\.1:[0-9]+/$' "$work/sd.log"
+  grep -qE "$(line_of launcher)"'cluster page at http://127\.0\.0\.1:[0-9]+/$' "$work/sd.log"
 check "the file names the 4 tasks, each with its job" /usr/bin/python3 -c '
 import json, sys
 groups = json.load(open(sys.argv[1]))

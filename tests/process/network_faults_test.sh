@@ -83,10 +83,10 @@ ip netns exec "$tag-chief" env TF_CONFIG="$(config chief 0)" timeout 900 "$examp
 code=$?
 echo "training over the lossy links took $(($(date +%s) - start)) s"
 check "the chief exits 0 (got $code)" test "$code" -eq 0
-check "every result resolves, up to the last step" grep -qE '^chief: step 300/300 loss ' "$work/chief.log"
-check "every step ran" grep -qE '^chief: steps 1-300 ran: [0-9]+ once, [0-9]+ again after a worker was lost, 0 never$' \
+check "every result resolves, up to the last step" grep -qE "$(line_of chief:0)"'chief: step 300/300 loss ' "$work/chief.log"
+check "every step ran" grep -qE "$(line_of chief:0)"'chief: steps 1-300 ran: [0-9]+ once, [0-9]+ again after a worker was lost, 0 never$' \
   "$work/chief.log"
-check "the model converges" grep -qE '^chief: test accuracy 0\.[7-9][0-9]+ on 10000 images$' "$work/chief.log"
+check "the model converges" grep -qE "$(line_of chief:0)"'chief: test accuracy 0\.[7-9][0-9]+ on 10000 images$' "$work/chief.log"
 grep -E 'chief: (steps|test accuracy)|lost|back' "$work/chief.log"
 dropped=$(for h in "${hosts[@]}"; do ip netns exec "$tag-$h" nft list ruleset 2> /dev/null; done |
   sed -nE 's/.*counter packets ([0-9]+).*/\1/p' | awk '{ n += $1 } END { if (NR) print n }')

@@ -20,22 +20,22 @@ log=$work/run.log
 "$launch" --ps 2 --workers 2 --restart-ps -- "$example" --steps "$steps" --log-every 100 --count-runs \
   --checkpoint-dir "$work/ckpt" --checkpoint-every "$every" --on-ps-loss restore > "$log" 2>&1 &
 launcher=$!
-if check "it saves step $((2 * every))" wait_for "$log" "^\[chief\] chief: saved $work/ckpt/ckpt-$((2 * every)).safetensors$"; then
+if check "it saves step $((2 * every))" wait_for "$log" "$(line_of chief:0)chief: saved $work/ckpt/ckpt-$((2 * every)).safetensors$"; then
   chief=$(pid_of "$log" chief)
   kill -9 "$(pid_of "$log" ps-1)"
   newest=$(ls "$work/ckpt" | sed -nE 's/^ckpt-([0-9]+)\.safetensors$/\1/p' | sort -n | tail -n 1)
   wait_exit "$launcher" 300
   check "the job exits 0 (got $code)" test "$code" -eq 0
-  check "the launcher started ps-1 again" grep -q '^pscoro-launch: restarting ps-1 in' "$log"
-  check "the chief was never started again" test "$(grep -c '^pscoro-launch: started chief' "$log")" -eq 1
+  check "the launcher started ps-1 again" grep -qE "$(line_of launcher)"'restarting ps-1 in' "$log"
+  check "the chief was never started again" test "$(grep -cE "$(line_of launcher)"'started chief' "$log")" -eq 1
   check "the same chief ($chief) restored ps:1 from the newest checkpoint at the kill (step $newest)" \
-    grep -qE "^\[chief\] chief: ps:1 restored from $work/ckpt/ckpt-$newest.safetensors \(step $newest\) in [0-9.]+ s$" "$log"
-  check "every step ran at least once" grep -qE "^\[chief\] chief: steps 1-$steps ran: [0-9]+ once, [0-9]+ again after a worker was lost, 0 never$" "$log"
-  check "the model converges (accuracy >= 0.80)" grep -qE '^\[chief\] chief: test accuracy 0\.[89]' "$log"
+    grep -qE "$(line_of chief:0)chief: ps:1 restored from $work/ckpt/ckpt-$newest.safetensors \(step $newest\) in [0-9.]+ s$" "$log"
+  check "every step ran at least once" grep -qE "$(line_of chief:0)chief: steps 1-$steps ran: [0-9]+ once, [0-9]+ again after a worker was lost, 0 never$" "$log"
+  check "the model converges (accuracy >= 0.80)" grep -qE "$(line_of chief:0)"'chief: test accuracy 0\.[89]' "$log"
 else
   kill -9 "$launcher" 2>/dev/null
 fi
-grep -E 'restor|lost|saved|test accuracy|ran:' "$log" | grep -v 'INFO'
+grep -E 'restor|lost|saved|test accuracy|ran:' "$log" | grep -E '(WARNING|ERROR) \[|\] chief: '
 [ "$failed" -eq 0 ] || cat "$log"
 [ "${PSCORO_PS_RESTORE_CTR:-1}" = 1 ] || finish
 
@@ -48,20 +48,20 @@ ctr_log=$work/ctr.log
   --checkpoint-dir "$work/ctr-ckpt" --checkpoint-every 20 --full-every 3 --on-ps-loss restore > "$ctr_log" 2>&1 &
 launcher=$!
 if check "it saves step 60 (an increment on 40, itself on the whole save of 20)" \
-  wait_for "$ctr_log" "^\[chief\] chief: saved $work/ctr-ckpt/ckpt-60.safetensors$"; then
+  wait_for "$ctr_log" "$(line_of chief:0)chief: saved $work/ctr-ckpt/ckpt-60.safetensors$"; then
   kill -9 "$(pid_of "$ctr_log" ps-1)"
   wait_exit "$launcher" 300
   check "the job exits 0 (got $code)" test "$code" -eq 0
   # The newest save before the restore (a save under way at the kill may still end: it read ps:1
   # before; one that meets the loss is made again after the restore).
-  newest=$(sed -nE -e '/is back and restored/q' -e 's/^\[chief\] chief: saved .*ckpt-([0-9]+)\.safetensors$/\1/p' "$ctr_log" | tail -n 1)
+  newest=$(sed -nE -e '/is back and restored/q' -e "s/$(line_of chief:0)"'chief: saved .*ckpt-([0-9]+)\.safetensors$/\1/p' "$ctr_log" | tail -n 1)
   check "the same chief restored ps:1's table parts from the newest checkpoint (step $newest)" \
-    grep -qE "^\[chief\] chief: ps:1 restored from $work/ctr-ckpt/ckpt-$newest.safetensors \(step $newest\) in [0-9.]+ s$" \
+    grep -qE "$(line_of chief:0)chief: ps:1 restored from $work/ctr-ckpt/ckpt-$newest.safetensors \(step $newest\) in [0-9.]+ s$" \
     "$ctr_log"
-  check "and finished: its test AUC is printed" grep -qE '^\[chief\] chief: test AUC 0\.[0-9]{4}' "$ctr_log"
+  check "and finished: its test AUC is printed" grep -qE "$(line_of chief:0)"'chief: test AUC 0\.[0-9]{4}' "$ctr_log"
 else
   kill -9 "$launcher" 2>/dev/null
 fi
-grep -E 'restor|lost|saved|test AUC' "$ctr_log" | grep -v 'INFO'
+grep -E 'restor|lost|saved|test AUC' "$ctr_log" | grep -E '(WARNING|ERROR) \[|\] chief: '
 [ "$failed" -eq 0 ] || cat "$ctr_log"
 finish

@@ -22,31 +22,30 @@ export PSCORO_AUTH_SECRET_FILE="$work/job-secret"  # pscoro-launch uses it as it
   --checkpoint-dir "$work/ckpt" --checkpoint-every $((steps / 3)) > "$work/job.log" 2>&1 &
 job=$!
 check "the job trains" wait_for "$work/job.log" 'chief: step 200/' 300
-address_of() { sed -nE "s/^\[$1\] pscoro: [a-z]+:[0-9]+ listening on (\S+)$/\1/p" "$work/job.log" | head -n 1; }
+address_of() { sed -nE "s/$(line_of "$1")pscoro: $1 listening on (\S+)$/\1/p" "$work/job.log" | head -n 1; }
 
-# stranger_refused TASK LABEL CODE [ARGS...]: the stranger gets CODE from TASK and nothing more.
+# stranger_refused TASK CODE [ARGS...]: the stranger gets CODE from TASK and nothing more.
 stranger_refused() {
   local out
-  out=$(env -u PSCORO_AUTH_SECRET_FILE "$stranger" "$(address_of "$2")" "$1" "${@:4}" 2>&1)
+  out=$(env -u PSCORO_AUTH_SECRET_FILE "$stranger" "$(address_of "$1")" "$1" "${@:3}" 2>&1)
   local code=$?
-  echo "stranger at $1 (${*:4}): $out" | head -n 3
-  [ "$code" -eq 0 ] && grep -q "^refused: $3: " <<< "$out"
+  echo "stranger at $1 (${*:3}): $out" | head -n 3
+  [ "$code" -eq 0 ] && grep -q "^refused: $2: " <<< "$out"
 }
 for task in ps:0 worker:0 worker:1; do
-  label=${task/:/-}
-  check "$task refuses a stranger without the secret" stranger_refused "$task" "$label" unauthenticated
+  check "$task refuses a stranger without the secret" stranger_refused "$task" unauthenticated
   check "$task refuses a stranger with a wrong secret" \
-    stranger_refused "$task" "$label" unauthenticated --secret-file "$work/wrong-secret"
+    stranger_refused "$task" unauthenticated --secret-file "$work/wrong-secret"
   check "$task refuses an evaluator that holds the secret" \
-    stranger_refused "$task" "$label" "permission denied" --job evaluator --secret-file "$PSCORO_AUTH_SECRET_FILE"
+    stranger_refused "$task" "permission denied" --job evaluator --secret-file "$PSCORO_AUTH_SECRET_FILE"
 done
 check "ps:0 refuses a worker of a session it does not know" \
-  stranger_refused ps:0 ps-0 aborted --job worker --secret-file "$PSCORO_AUTH_SECRET_FILE"
+  stranger_refused ps:0 aborted --job worker --secret-file "$PSCORO_AUTH_SECRET_FILE"
 
 # A chief holding the job's secret whose spec names the live ps's address for its worker too: it
 # finds out before it opens its session anywhere, and the live job goes on (below: no server ever
 # switched sessions).
-wrong_cluster="{\"chief\": [\"127.0.0.1:0\"], \"ps\": [\"$(address_of ps-0)\"], \"worker\": [\"$(address_of ps-0)\"]}"
+wrong_cluster="{\"chief\": [\"127.0.0.1:0\"], \"ps\": [\"$(address_of ps:0)\"], \"worker\": [\"$(address_of ps:0)\"]}"
 TF_CONFIG="{\"cluster\": $wrong_cluster, \"task\": {\"type\": \"chief\", \"index\": 0}}" \
   "$example" --steps 10 > "$work/wrong-chief.log" 2>&1
 code=$?
@@ -55,7 +54,7 @@ check "a chief whose spec names a wrong address fails (exit $code)" test "$code"
 check "naming the task it reached instead" grep -q 'dialled worker:0 but reached ps:0' "$work/wrong-chief.log"
 
 # The program run as the job's evaluator task: a sidecar evaluator of the job's checkpoints.
-cluster="{\"chief\": [\"127.0.0.1:0\"], \"ps\": [\"$(address_of ps-0)\"], \"worker\": [\"$(address_of worker-0)\", \"$(address_of worker-1)\"]}"
+cluster="{\"chief\": [\"127.0.0.1:0\"], \"ps\": [\"$(address_of ps:0)\"], \"worker\": [\"$(address_of worker:0)\", \"$(address_of worker:1)\"]}"
 TF_CONFIG="{\"cluster\": $cluster, \"task\": {\"type\": \"evaluator\", \"index\": 0}}" \
   "$example" --checkpoint-dir "$work/ckpt" --steps "$steps" > "$work/evaluator.log" 2>&1 &
 evaluator=$!
@@ -99,7 +98,7 @@ PSCORO_TLS_CERT_FILE="$tls/node.crt" PSCORO_TLS_KEY_FILE="$tls/node.key" PSCORO_
   > "$work/tls-job.log" 2>&1 &
 tls_job=$!
 check "the TLS job trains" wait_for "$work/tls-job.log" 'chief: step 100/' 300
-tls_address=$(sed -nE "s/^\[ps-0\] pscoro: ps:0 listening on (\S+)$/\1/p" "$work/tls-job.log" | head -n 1)
+tls_address=$(sed -nE "s/$(line_of ps:0)pscoro: ps:0 listening on (\S+)$/\1/p" "$work/tls-job.log" | head -n 1)
 tls_refused() {  # tls_refused DESCRIPTION EXPECTED-TEXT [STRANGER ARGS...]
   local out
   out=$(env -u PSCORO_AUTH_SECRET_FILE "$stranger" "$tls_address" ps:0 "${@:3}" 2>&1)
@@ -125,7 +124,7 @@ if [ "${PSCORO_SECURITY_RESOURCES:-1}" = 1 ]; then
   (ulimit -n 24 && exec env -u PSCORO_AUTH_SECRET_FILE TF_CONFIG="$ps_config" "$example") > "$work/ps.log" 2>&1 &
   ps_pid=$!
   check "the small ps starts" wait_for "$work/ps.log" 'listening on' 60
-  ps_address=$(sed -nE 's/^pscoro: ps:0 listening on (\S+)$/\1/p' "$work/ps.log")
+  ps_address=$(sed -nE "s/$(line_of ps:0)"'pscoro: ps:0 listening on (\S+)$/\1/p' "$work/ps.log")
   /usr/bin/python3 - "$ps_address" "$work/held" <<'PY' &
 import socket, sys, time
 host, port = sys.argv[1].rsplit(":", 1)
@@ -158,7 +157,7 @@ PY
   TF_CONFIG="$ps_config" "$example" > "$work/flooded-ps.log" 2>&1 &
   ps_pid=$!
   check "the ps to flood starts" wait_for "$work/flooded-ps.log" 'listening on' 60
-  ps_address=$(sed -nE 's/^pscoro: ps:0 listening on (\S+)$/\1/p' "$work/flooded-ps.log")
+  ps_address=$(sed -nE "s/$(line_of ps:0)"'pscoro: ps:0 listening on (\S+)$/\1/p' "$work/flooded-ps.log")
   peak_kib() { awk '/^VmHWM:/ {print $2}' "/proc/$ps_pid/status"; }
   before=$(peak_kib)
   /usr/bin/python3 "$(dirname "$0")/hello_flood.py" "$ps_address" 1000 $((253 << 10)) 127.0.0.2 "$work/flooded" &

@@ -136,9 +136,9 @@ PSCORO_SLURM_PORT_BASE=$(free_base 5) timeout 600 srun -n 5 -J pscoro-srun -o "$
 code=$?
 check "srun exits 0 (got $code)" test "$code" -eq 0
 chief_log=$work/srun-0.log
-check "rank 0 is the chief and prints the accuracy" grep -qE '^chief: test accuracy 0\.[0-9]+ on 10000 images$' "$chief_log"
-check "rank 1 is ps:0" grep -qE '^pscoro: ps:0 listening on 127\.0\.0\.1:[0-9]+$' "$work/srun-1.log"
-check "rank 4 is worker:2" grep -qE '^pscoro: worker:2 listening on 127\.0\.0\.1:[0-9]+$' "$work/srun-4.log"
+check "rank 0 is the chief and prints the accuracy" grep -qE "$(line_of chief:0)"'chief: test accuracy 0\.[0-9]+ on 10000 images$' "$chief_log"
+check "rank 1 is ps:0" grep -qE "$(line_of ps:0)"'pscoro: ps:0 listening on 127\.0\.0\.1:[0-9]+$' "$work/srun-1.log"
+check "rank 4 is worker:2" grep -qE "$(line_of worker:2)"'pscoro: worker:2 listening on 127\.0\.0\.1:[0-9]+$' "$work/srun-4.log"
 for rank in 1 2 3 4; do
   check "rank $rank stops when the chief ends the job" grep -qE 'ended the job with exit code 0: (ps|worker):[0-9] stops$' \
     "$work/srun-$rank.log"
@@ -153,7 +153,7 @@ PSCORO_SLURM_PORT_BASE=$(free_base 5) timeout 600 srun -n 5 -J pscoro-fail -o "$
   --steps 20 --log-every 10 --min-accuracy 1.01
 code=$?
 check "srun exits 1 (got $code)" test "$code" -eq 1
-check "the chief says why" grep -qE '^chief: accuracy 0\.[0-9]+ is below the required 1\.01$' "$work/fail-0.log"
+check "the chief says why" grep -qE "$(line_of chief:0)"'chief: accuracy 0\.[0-9]+ is below the required 1\.01$' "$work/fail-0.log"
 check "the servers heard code 1" test "$(grep -lE 'ended the job with exit code 1: ' "$work"/fail-[1-4].log | wc -l)" -eq 4
 job=$(last_job)
 check "Slurm records the job FAILED" test "$(job_field "$job" JobState)" = FAILED
@@ -173,7 +173,7 @@ check "sbatch accepts the script (job '$job')" test -n "$job"
 if [ -n "$job" ] && wait_job "$job"; then
   check "Slurm records the job COMPLETED" test "$(job_field "$job" JobState)" = COMPLETED
   check "with exit code 0:0" test "$(job_field "$job" ExitCode)" = 0:0
-  check "the chief printed the accuracy" grep -qE '^chief: test accuracy 0\.[0-9]+ on 10000 images$' "$work/batch.log"
+  check "the chief printed the accuracy" grep -qE "$(line_of chief:0)"'chief: test accuracy 0\.[0-9]+ on 10000 images$' "$work/batch.log"
   check "every server stopped when the chief ended the job" \
     test "$(grep -cE 'ended the job with exit code 0: (ps|worker):[0-9] stops$' "$work/batch.log")" -eq 4
 else

@@ -13,7 +13,7 @@ here=$(dirname "$0")
 source "$here/checks.sh"
 
 steps=120
-digest_of() { sed -nE 's/^\[chief\] table_trainer: digest ([0-9a-f]{16}) of [0-9]+ rows held$/\1/p' "$1"; }
+digest_of() { sed -nE "s/$(line_of chief:0)"'table_trainer: digest ([0-9a-f]{16}) of [0-9]+ rows held$/\1/p' "$1"; }
 
 echo "--- a run of $steps steps on 2 ps, never interrupted"
 "$launch" --ps 2 --workers 1 -- "$trainer" --steps "$steps" --checkpoint-dir "$work/whole" > "$work/whole.log" 2>&1
@@ -32,7 +32,7 @@ if check "it saves step 40 as an increment on step 20" wait_for "$work/killed.lo
   kill -9 "$(pid_of "$work/killed.log" ps-1)"
   wait_exit "$launcher"
   check "the job fails (got $code)" test "$code" -ne 0
-  check "the chief's error names ps:1" grep -qE '^\[chief\] table_trainer: .*ps:1' "$work/killed.log"
+  check "the chief's error names ps:1" grep -qE "$(line_of chief:0)"'table_trainer: .*ps:1' "$work/killed.log"
   check "it did not finish" test -z "$(digest_of "$work/killed.log")"
 else
   kill -9 "$launcher" 2>/dev/null
@@ -45,7 +45,7 @@ echo "--- a new job on 3 ps resumes from it and ends with the same table"
 code=$?
 check "it exits 0 (got $code)" test "$code" -eq 0
 check "it resumed from step ${newest:-?} on 3 ps" \
-  grep -q "^\[chief\] table_trainer: resumed from $work/ckpt/ckpt-${newest:-x}.safetensors at step ${newest:-x} on 3 ps$" \
+  grep -qE "$(line_of chief:0)table_trainer: resumed from $work/ckpt/ckpt-${newest:-x}.safetensors at step ${newest:-x} on 3 ps$" \
   "$work/resumed.log"
 resumed=$(digest_of "$work/resumed.log")
 grep -E 'resumed|digest' "$work/resumed.log"

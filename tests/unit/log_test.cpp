@@ -12,6 +12,7 @@
 
 #include <atomic>
 #include <cstdlib>
+#include <regex>
 #include <thread>
 #include <vector>
 
@@ -173,13 +174,16 @@ TEST_CASE("the lines a sink formats with format_log_line are pscoro's own") {
   CHECK(to_string(log_level::debug) == "DEBUG");
 }
 
-TEST_CASE("print_line writes a program's line on stdout as it is, whatever the level threshold and sink") {
+TEST_CASE("print_line writes a program's line on stdout in the log format, whatever the level threshold and sink") {
   level_guard level;
   set_log_level(log_level::error);
   capture_sink sink;
-  // PSCORO_LOG_FORMAT is unset in the test environment: text, the line as it is.
+  // PSCORO_LOG_FORMAT is unset in the test environment: text, with time, level and task (this
+  // process's, which other tests may have set) before the line.
   const auto out = pscoro::testing::stdout_of([] { print_line("chief: test accuracy 0.8231 on 10000 images"); });
-  CHECK(out == "chief: test accuracy 0.8231 on 10000 images\n");
+  CAPTURE(out);
+  CHECK(std::regex_match(out, std::regex(R"(\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}\.\d{3}Z INFO \[[^\]]+\] )"
+                                         R"(chief: test accuracy 0\.8231 on 10000 images\n)")));
   CHECK(sink.records.empty());
   CHECK_FALSE(log_format_is_json());
 }

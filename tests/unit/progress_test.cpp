@@ -197,7 +197,9 @@ TEST_CASE("on a pipe it prints lines, unless PSCORO_PROGRESS_TTY=1 says the pipe
     report.finish();
   };
   const auto lines = pscoro::testing::stdout_of(run);
-  CHECK(starts_with(lines, "chief: step 2/2 loss 0.5000 "));
+  // A line in the log format (print_line's): the time, the level and this process's task first.
+  CHECK(contains(lines, " INFO ["));
+  CHECK(contains(lines, "] chief: step 2/2 loss 0.5000 "));
   CHECK(lines.ends_with("\n"));
   CHECK(!contains(lines, "\r"));
   pscoro::testing::scoped_environment tty("PSCORO_PROGRESS_TTY", "1");
