@@ -491,7 +491,8 @@ asio::awaitable<int> run_chief(pscoro::parameter_server_strategy& strategy, cons
   }
   if (best_auc - model_auc > o.max_auc_gap) {
     pscoro::print_line(
-        fmt::format("chief: the AUC gap {:.4f} is above the allowed {:.3f}", best_auc - model_auc, o.max_auc_gap));
+        fmt::format("chief: the AUC gap {:.4f} is above the allowed {:.3f}", best_auc - model_auc, o.max_auc_gap),
+        pscoro::log_level::error);
     co_return 1;
   }
   co_return 0;

@@ -599,7 +599,8 @@ int report(const options& o, const std::optional<result>& cluster, const std::op
   }
   if (bound - judged.auc > o.max_auc_gap) {
     pscoro::print_line(fmt::format("chief: the AUC gap {:.4f} to the bound is above the allowed {:.3f}",
-                                   bound - judged.auc, o.max_auc_gap));
+                                   bound - judged.auc, o.max_auc_gap),
+                       pscoro::log_level::error);
     code = 1;
   }
   if (cluster && reference && std::abs(cluster->auc - reference->auc) > o.max_reference_gap) {

@@ -186,7 +186,8 @@ int train_in_process(const options& o, std::size_t threads) {
   const auto [acc, images] = accuracy(test, w, b);
   pscoro::print_line(fmt::format("{}test accuracy {:.4f} on {} images", label, acc, images));
   if (acc < o.min_accuracy) {
-    pscoro::print_line(fmt::format("{}accuracy {:.4f} is below the required {:.2f}", label, acc, o.min_accuracy));
+    pscoro::print_line(fmt::format("{}accuracy {:.4f} is below the required {:.2f}", label, acc, o.min_accuracy),
+                       pscoro::log_level::error);
     return 1;
   }
   return 0;
@@ -326,7 +327,8 @@ asio::awaitable<int> run_chief(pscoro::parameter_server_strategy& strategy, cons
     co_return 1;
   }
   if (acc < o.min_accuracy) {
-    pscoro::print_line(fmt::format("chief: accuracy {:.4f} is below the required {:.2f}", acc, o.min_accuracy));
+    pscoro::print_line(fmt::format("chief: accuracy {:.4f} is below the required {:.2f}", acc, o.min_accuracy),
+                       pscoro::log_level::error);
     co_return 1;
   }
   co_return 0;

@@ -97,9 +97,17 @@ case "${1:-}" in
       packages+=(libtorch-dev libopenblas0-serial)
       options=(torch=enabled)
     fi
-    install_missing
-    configure_build "${options[@]}"
-    meson compile -C build pscoro-launch "$example"
+    setup() { install_missing && configure_build "${options[@]}" && meson compile -C build pscoro-launch "$example"; }
+    log_format=${PSCORO_LOG_FORMAT:-text}
+    if [ "${log_format,,}" = json ]; then
+      # Every line of a JSON run is a JSON log line: the setup's own output (packages, meson, ninja)
+      # goes to a file, shown only when the setup fails.
+      setup_log=$(mktemp)
+      setup > "$setup_log" 2>&1 || { cat "$setup_log" >&2; rm -f "$setup_log"; exit 1; }
+      rm -f "$setup_log"
+    else
+      setup
+    fi
     extra=()
     # The generated training data: ctr's 1M lines (~1.2 GB as TSV and TFRecord); dlrm reads 2M
     # lines of the same generator as TSV (~500 MB more, a directory of their own).
