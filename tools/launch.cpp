@@ -439,16 +439,22 @@ class launcher {
     });
   }
 
-  // A server ended for good while the chief runs: the chief gets the grace period to notice and
-  // report it (its exit then ends the job), then the job fails with the task's code.
+  // A server ended for good while the chief runs. Either the chief ended the job (it told the
+  // servers to exit with its code, and its own exit follows) or the server failed, and the chief
+  // gets the grace period to notice and report it (its exit then ends the job). Only a chief still
+  // running after that fails the job, with the task's code: a job the chief ended is not reported
+  // as a failure of its servers.
   void fail_later(const task& t) {
-    out_.say(pscoro::log_level::error, fmt::format("{} ended before the chief; stopping the cluster in {}s", t.label,
-                                                   static_cast<long long>(grace_.count())));
     if (failure_timer_) return;
     failure_timer_.emplace(io_, grace_);
-    failure_timer_->async_wait([this, code = *t.exit_code == 0 ? 1 : *t.exit_code](std::error_code ec) {
-      if (!ec) stop_all(code);
-    });
+    failure_timer_->async_wait(
+        [this, label = t.label, code = *t.exit_code == 0 ? 1 : *t.exit_code](std::error_code ec) {
+          if (ec || chief_ended_) return;
+          out_.say(pscoro::log_level::error,
+                   fmt::format("{} ended and the chief did not end the job within {}s; stopping the cluster", label,
+                               static_cast<long long>(grace_.count())));
+          stop_all(code);
+        });
   }
 
   // Every task has exited. What a task wrote last (the chief's result) may still wait in its pipe,

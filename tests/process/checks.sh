@@ -52,12 +52,12 @@ wait_exit() {
   code=$?
 }
 
-# line_of TASK: the start of a grep -E or sed -E pattern for a line that TASK (itself a pattern:
-# chief:0, 'worker:[01]', launcher) wrote, up to its message: every line of a run has the log
-# format, "2026-11-29T13:30:40.123Z INFO [chief:0] chief: test accuracy 0.8231 on 10000 images". It
-# holds no group, so a sed's \1 is still the caller's first.
+# line_of TASK [LEVEL]: the start of a grep -E or sed -E pattern for a line that TASK (itself a
+# pattern: chief:0, 'worker:[01]', launcher) wrote, at LEVEL (default any), up to its message: every
+# line of a run has the log format, "2026-11-29T13:30:40.123Z INFO [chief:0] chief: test accuracy
+# 0.8231 on 10000 images". It holds no group, so a sed's \1 is still the caller's first.
 line_of() {
-  printf '^[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}\\.[0-9]{3}Z [A-Z]+ \\[%s\\] ' "$1"
+  printf '^[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}\\.[0-9]{3}Z %s \\[%s\\] ' "${2:-[A-Z]+}" "$1"
 }
 
 pid_of() {  # pid_of LOG LABEL: the pid pscoro-launch started LABEL with last

@@ -44,6 +44,17 @@ for run in $(seq 20); do
   [ "$failed" -eq 0 ] || { cat "$work/quick-$run.log"; break; }
 done
 
+echo "--- a chief that fails ends the job with its code: the servers exit with it, and are no failure of their own"
+"$launch" --ps 1 --workers 1 -- "$example" --steps 5 --min-accuracy 0.99 > "$work/low.log" 2>&1
+code=$?
+check "the launcher exits with the chief's code 1 (got $code)" test "$code" -eq 1
+check "the chief says why, as an error line" \
+  grep -qE "$(line_of chief:0 ERROR)"'chief: accuracy 0\.[0-9]+ is below the required 0\.99$' "$work/low.log"
+check "each task exited with 1" \
+  test "$(grep -cE "$(line_of launcher)"'(chief|ps-0|worker-0) exited with 1$' "$work/low.log")" -eq 3
+check "the launcher reports no failure of its own" test "$(grep -cE ' (WARNING|ERROR) \[launcher\] ' "$work/low.log")" -eq 0
+[ "$failed" -eq 0 ] || cat "$work/low.log"
+
 echo "--- --one-thread and --in-process-threads 2 train the same model in one process, no cluster (fashion_mnist_bench's references)"
 "$example" --one-thread --steps 300 --log-every 300 --min-accuracy 0.6 > "$work/one.log" 2>&1
 code=$?
@@ -71,7 +82,7 @@ if wait_for "$work/kill.log" 'chief: step 20/'; then
   kill -9 "$victim"
   wait_exit "$launcher"
   check "the launcher exits with the killed worker's code 137 (got $code)" test "$code" = 137
-  check "it says which task failed" grep -q 'worker-1 ended before the chief; stopping the cluster' "$work/kill.log"
+  check "it says which task failed" grep -q 'worker-1 ended and the chief did not end the job within 2s; stopping the cluster' "$work/kill.log"
   check "no task survives" all_gone "$work/kill.log"
 else
   check "the cluster started" false
@@ -93,7 +104,7 @@ if wait_for "$work/restart.log" 'chief: step 20/'; then
   kill -9 "$second"
   wait_exit "$launcher" 60
   check "the second death, past --max-restarts, fails the job with its code 137 (got $code)" test "$code" = 137
-  check "it says so" grep -q 'worker-1 ended before the chief; stopping the cluster in 2s' "$work/restart.log"
+  check "it says so" grep -q 'worker-1 ended and the chief did not end the job within 2s; stopping the cluster' "$work/restart.log"
   check "no task survives" all_gone "$work/restart.log"
 else
   check "the cluster started" false
