@@ -72,8 +72,9 @@ def run(args, ctr_args, label):
             elif m := HELD.search(line):
                 latest[int(m.group(1))] = (int(m.group(2)), float(m.group(3)))
                 if len(latest) == args.ps:
-                    out["trace"].append((round(time.monotonic() - started, 1), step,
-                                         sum(r for r, _ in latest.values()), round(sum(b for _, b in latest.values()), 2)))
+                    rows = sum(r for r, _ in latest.values())
+                    mib = round(sum(b for _, b in latest.values()), 2)
+                    out["trace"].append((round(time.monotonic() - started, 1), step, rows, mib))
             elif m := RATE.search(line):
                 out["steps_per_s"] = float(m.group(3))
             elif m := AUC.search(line):
@@ -96,7 +97,8 @@ def main():
     parser.add_argument("--build", default="build")
     parser.add_argument("--data-dir", default="build/ctr-data")
     parser.add_argument("--hash", action="append", metavar="ARGS",
-                        help="ctr arguments of one hash-table configuration (repeat; default: --ttl 200, 100, 50, 25, 12)")
+                        help="ctr arguments of one hash-table configuration (repeat; default: "
+                             "--ttl 200, 100, 50, 25, 12)")
     parser.add_argument("--seeds", default="2026,2027")
     parser.add_argument("--train-examples", type=int, default=1000000)
     parser.add_argument("--ps", type=int, default=2)
@@ -113,8 +115,9 @@ def main():
     pairs = []
     traces = {}
     width = max(len(c) for c in configs)
-    header = (f"{'hash tables':<{width}} {'seed':>5} {'hash MiB':>9} {'rows held':>10} {'B/row':>6} {'fixed rows':>10} "
-              f"{'fixed MiB':>9} {'AUC hash':>8} {'AUC fixed':>9} {'hash-fixed':>10} {'truth':>6} {'steps/s h/f':>11}")
+    header = (f"{'hash tables':<{width}} {'seed':>5} {'hash MiB':>9} {'rows held':>10} {'B/row':>6} "
+              f"{'fixed rows':>10} {'fixed MiB':>9} {'AUC hash':>8} {'AUC fixed':>9} {'hash-fixed':>10} {'truth':>6} "
+              f"{'steps/s h/f':>11}")
     for seed in seeds:
         for config in configs:
             own, shared = split_config(config)
@@ -127,7 +130,8 @@ def main():
             fixed_rows = int(mib * (1 << 20) / FIXED_ROW_BYTES)
             f = run(args, common + ["--embedding", "fixed", "--rows", str(fixed_rows)],
                     f"fixed {fixed_rows} {' '.join(shared)} seed {seed}")
-            pair = {"config": config, "seed": seed, "hash_mib": mib, "rows_held": rows, "bytes_per_row": mib * (1 << 20) / rows,
+            pair = {"config": config, "seed": seed, "hash_mib": mib, "rows_held": rows,
+                    "bytes_per_row": mib * (1 << 20) / rows,
                     "fixed_rows": fixed_rows, "fixed_mib": fixed_rows * FIXED_ROW_BYTES / (1 << 20),
                     "auc_hash": h["auc"], "auc_fixed": f["auc"], "truth": h["truth"],
                     "rate_ratio": h["steps_per_s"] / f["steps_per_s"]}
@@ -139,7 +143,8 @@ def main():
 
     print(header)
     for p in pairs:
-        print(f"{p['config']:<{width}} {p['seed']:>5} {p['hash_mib']:>9.1f} {p['rows_held']:>10} {p['bytes_per_row']:>6.0f} "
+        print(f"{p['config']:<{width}} {p['seed']:>5} {p['hash_mib']:>9.1f} {p['rows_held']:>10} "
+              f"{p['bytes_per_row']:>6.0f} "
               f"{p['fixed_rows']:>10} {p['fixed_mib']:>9.1f} {p['auc_hash']:>8.4f} {p['auc_fixed']:>9.4f} "
               f"{p['auc_hash'] - p['auc_fixed']:>+10.4f} {p['truth']:>6.4f} {p['rate_ratio']:>11.2f}")
     print()
