@@ -66,6 +66,11 @@ inline std::string describe_policies(std::uint32_t admission_min_count, std::uin
 // clock moves every ttl/16 steps (clock_every), not every step: a move is a request per table (26)
 // to each ps, more than a step's own, and moving it every step cost ctr ~40% of its steps per
 // second.
+// A ttl of the order of the window (16 steps for 2 workers of 4 closures) is only roughly what it
+// says: a row whose next step waits in the window can look idle. In ctr at --ttl 25 and 12, 2 of
+// 30 runs saw the rows held swing (ids evicted while named, back as new rows) and ended
+// 0.010-0.017 AUC low (their reruns did not; benchmarks/RESULTS.md, 2026-11-29 13:38). Keep the
+// ttl well above the window.
 
 /// Steps between two moves of the clock for `ttl`.
 inline std::int64_t clock_every(std::uint64_t ttl) { return std::max<std::int64_t>(1, static_cast<std::int64_t>(ttl / 16)); }
