@@ -47,7 +47,8 @@ def split_config(config):
 AUC = re.compile(r"test AUC ([0-9.]+), ground truth ([0-9.]+)")
 RATE = re.compile(r"trained (\d+) steps in ([0-9.]+) s: ([0-9.]+) steps/s")
 STEP = re.compile(r"chief: step (\d+)/")
-HELD = re.compile(r"\[ps-(\d+)\] ps:\d+: its part of the hash tables holds (\d+) rows in ([0-9.]+) MiB")
+# The ps's message, whatever the launcher's prefix ("[ps-0] ps:0: ..." or "<time> INFO [ps:0] ps:0: ...").
+HELD = re.compile(r"ps:(\d+): its part of the hash tables holds (\d+) rows in ([0-9.]+) MiB")
 
 
 def run(args, ctr_args, label):
