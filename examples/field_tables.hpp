@@ -32,23 +32,31 @@ inline std::string name(const std::string& model, std::size_t field) { return fm
 
 /// What each field's table is made with: rows of `dim` values from `initializer`; with
 /// `admission_min_count` > 0 an id gets a row once seen that often, with `ttl` > 0 a row idle for
-/// that many steps is forgotten.
+/// that many steps is forgotten, with `capacity` > 0 (instead of a ttl) a table holds at most that
+/// many rows per ps, a new one replacing the least recently named of a sample; `buckets` > 0 sets
+/// the tables' virtual buckets (0: the default, 4096; each bucket that holds a row has a map of its
+/// own, so 26 tables of 4096 cost ~20 MiB over 2 ps however few rows they hold).
 inline pscoro::hash_table_options options(std::size_t dim, pscoro::initializer initializer,
-                                          std::uint32_t admission_min_count, std::uint64_t ttl) {
+                                          std::uint32_t admission_min_count, std::uint64_t ttl,
+                                          std::uint64_t capacity = 0, std::uint32_t buckets = 0) {
   pscoro::hash_table_options out{.dim = dim, .initializer = std::move(initializer)};
   // A counting filter of 1 MiB per table and ps, not the 4 MiB default: 26 tables, most of them small.
   if (admission_min_count > 0) {
     out.admission = pscoro::admission::min_count{.count = admission_min_count, .counters = std::size_t{1} << 20};
   }
   if (ttl > 0) out.eviction = pscoro::eviction::ttl{.max_idle = ttl};
+  if (capacity > 0) out.eviction = pscoro::eviction::capacity{.rows_per_ps = capacity};
+  if (buckets > 0) out.buckets = buckets;
   return out;
 }
 
 /// "admission: min_count 2; eviction: idle for 200 steps", as the chiefs print it.
-inline std::string describe_policies(std::uint32_t admission_min_count, std::uint64_t ttl) {
+inline std::string describe_policies(std::uint32_t admission_min_count, std::uint64_t ttl, std::uint64_t capacity = 0) {
   return fmt::format("admission: {}; eviction: {}",
                      admission_min_count > 0 ? fmt::format("min_count {}", admission_min_count) : "always",
-                     ttl > 0 ? fmt::format("idle for {} steps", ttl) : "none");
+                     ttl > 0        ? fmt::format("idle for {} steps", ttl)
+                     : capacity > 0 ? fmt::format("at {} rows per ps, sampled LRU", capacity)
+                                    : "none");
 }
 
 // With --ttl the tables' clock counts the steps scheduled: a step runs while the clock is between
@@ -58,6 +66,11 @@ inline std::string describe_policies(std::uint32_t admission_min_count, std::uin
 // clock moves every ttl/16 steps (clock_every), not every step: a move is a request per table (26)
 // to each ps, more than a step's own, and moving it every step cost ctr ~40% of its steps per
 // second.
+// A ttl of the order of the window (16 steps for 2 workers of 4 closures) is only roughly what it
+// says: a row whose next step waits in the window can look idle. In ctr at --ttl 25 and 12, 2 of
+// 30 runs saw the rows held swing (ids evicted while named, back as new rows) and ended
+// 0.010-0.017 AUC low (their reruns did not; benchmarks/RESULTS.md, 2026-11-29 13:38). Keep the
+// ttl well above the window.
 
 /// Steps between two moves of the clock for `ttl`.
 inline std::int64_t clock_every(std::uint64_t ttl) { return std::max<std::int64_t>(1, static_cast<std::int64_t>(ttl / 16)); }
