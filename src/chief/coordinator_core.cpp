@@ -434,7 +434,7 @@ coordinator_core::ps_failure coordinator_core::classify_ps_failure(const remote_
   // A ps being restored fails whatever reaches it (it is not there, or holds nothing yet); a ps
   // restarted before the chief noticed does not know the session yet (aborted). Either way the
   // closure runs again once the ps is restored.
-  if (index < restoring_.size() && restoring_[index]) return {ps_failure::kind::transient, index};
+  if (index < restoring_.size() && restoring_[index] != restore_state::none) return {ps_failure::kind::transient, index};
   if (failure.code() == errc::aborted && !ps_restorer_.expired()) return {ps_failure::kind::transient, index};
   if (failure.code() != errc::unavailable) return {};
   transient_ps_failures_.resize(ps.size());
@@ -476,13 +476,16 @@ void coordinator_core::lost_ps(std::size_t index, const std::string& reason) {
   ps_failures_.inc();
   if (queue_->has_failed()) return;  // the first loss ended the run; the rest adds nothing
   const auto& task = connections_->ps().at(index)->task();
-  restoring_.resize(connections_->ps().size(), 0);
-  if (restoring_[index]) return;  // lost again while being restored: the restore finds out
+  restoring_.resize(connections_->ps().size(), restore_state::none);
+  if (restoring_[index] != restore_state::none) {
+    restoring_[index] = restore_state::lost_again;  // the restore finds out, and starts over
+    return;
+  }
   if (auto restorer = ps_restorer_.lock()) {
     log::warning("lost {}: {}; its closures wait while it is restored from the newest checkpoint (the other ps keep "
                  "their values)",
                  task, reason);
-    restoring_[index] = 1;
+    restoring_[index] = restore_state::running;
     restored_losses_.resize(connections_->ps().size(), 0);
     ++restored_losses_[index];
     losses_in_hand_.fetch_add(1, std::memory_order_release);
@@ -548,24 +551,56 @@ asio::awaitable<void> coordinator_core::restore_lost_ps(std::shared_ptr<coordina
   std::exception_ptr failure;
   try {
     // The same task at its address again (restarted in place, as pscoro-launch --restart-ps and
-    // Kubernetes do): one connection attempt per probe interval until the wait is over.
+    // Kubernetes do): one connection attempt per probe interval until the wait is over. A ps lost
+    // again while it is being restored (it crashed again, or its node went) is waited for again,
+    // within the same wait, and restored from the start: what it held of the first restore is gone.
     const auto wait = restorer->wait_for_ps();
     const auto deadline = started + wait;
     asio::steady_timer timer(self->executor_);
-    while (!co_await peer->connect_once()) {
-      if (self->connections_->closed()) throw error(errc::cancelled, "the coordinator closed");
+    const auto held = self->placement_.held_by(ps_task);
+    chief::lost_ps_restorer::restored restored;
+    for (;;) {
+      while (!co_await peer->connect_once()) {
+        if (self->connections_->closed()) throw error(errc::cancelled, "the coordinator closed");
+        if (std::chrono::steady_clock::now() >= deadline) {
+          throw remote_error(make_error_code(errc::unavailable), task,
+                             fmt::format("parameter server {} was lost and did not answer at {} within {} ms; its "
+                                         "variables are gone",
+                                         task, peer->address(), wait.count()));
+        }
+        timer.expires_after(std::chrono::milliseconds(250));
+        co_await timer.async_wait(asio::use_awaitable);
+      }
+      // Lost again during the attempt (its calls may then have reached the next incarnation, which
+      // holds part of it): the attempt's outcome, success or failure, is the loss's.
+      std::exception_ptr attempt_failure;
+      std::error_code attempt_code;
+      try {
+        co_await self->placement_.recreate_on(ps_task);
+        restored = co_await restorer->restore_ps(ps_task, held.variables, held.tables);
+      } catch (const std::system_error& e) {
+        attempt_failure = std::current_exception();
+        attempt_code = e.code();
+      } catch (...) {
+        attempt_failure = std::current_exception();
+      }
+      // (Its failure may come before the loss is told: a call that failed unavailable on a closed
+      // connection is the loss too.)
+      const bool lost_again = std::exchange(self->restoring_[index], restore_state::running) ==
+                                  restore_state::lost_again ||
+                              (attempt_code == make_error_code(errc::unavailable) && !peer->connection());
+      if (!lost_again) {
+        if (attempt_failure) std::rethrow_exception(attempt_failure);
+        break;
+      }
       if (std::chrono::steady_clock::now() >= deadline) {
         throw remote_error(make_error_code(errc::unavailable), task,
-                           fmt::format("parameter server {} was lost and did not answer at {} within {} ms; its "
-                                       "variables are gone",
-                                       task, peer->address(), wait.count()));
+                           fmt::format("parameter server {} was lost again while being restored, and the wait of {} "
+                                       "ms for it is over",
+                                       task, wait.count()));
       }
-      timer.expires_after(std::chrono::milliseconds(250));
-      co_await timer.async_wait(asio::use_awaitable);
+      log::warning("{} was lost again while being restored; waiting for it again", task);
     }
-    const auto held = self->placement_.held_by(ps_task);
-    co_await self->placement_.recreate_on(ps_task);
-    const auto restored = co_await restorer->restore_ps(ps_task, held.variables, held.tables);
     const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
     self->ps_restores_.inc();
     self->ps_restore_seconds_.observe(seconds);
@@ -577,7 +612,7 @@ asio::awaitable<void> coordinator_core::restore_lost_ps(std::shared_ptr<coordina
   } catch (...) {
     failure = std::current_exception();
   }
-  self->restoring_[index] = 0;
+  self->restoring_[index] = restore_state::none;
   self->restores_in_progress_.fetch_sub(1, std::memory_order_release);
   if (failure) {
     log::error("lost {}, and restoring it failed: {}", task, common::what_of(failure));

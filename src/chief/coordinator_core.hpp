@@ -143,7 +143,10 @@ class coordinator_core : public std::enable_shared_from_this<coordinator_core> {
   std::shared_ptr<chief::per_worker_values> per_worker_;
   std::vector<int> transient_ps_failures_;  // per ps: closures that failed reaching it (TF's counters)
   std::weak_ptr<chief::lost_ps_restorer> ps_restorer_;
-  std::vector<char> restoring_;  // per ps: being restored (its failures are the loss's, not transient)
+  // Per ps: being restored (its failures are the loss's, not transient), and lost again meanwhile
+  // (the restore's calls may have reached the next incarnation: it starts over).
+  enum class restore_state : char { none, running, lost_again };
+  std::vector<restore_state> restoring_;
   std::vector<std::uint64_t> restored_losses_;  // per ps: losses a restorer took in hand
   std::atomic<int> restores_in_progress_{0};  // restoring_'s ones, for other threads
   std::atomic<std::uint64_t> losses_in_hand_{0};  // restored_losses_'s sum, for other threads

@@ -5,7 +5,10 @@
 # is reached, and every step ran (the --count-runs table on ps:0, not in any checkpoint, was never
 # rolled back: no step is counted less than once). Then the CTR example on raw ids and hash tables,
 # saved incrementally: ps:1 killed after a save, restored from the newest file through its chain,
-# and the run ends with its test AUC (PSCORO_PS_RESTORE_CTR=0: not this part).
+# and the run ends with its test AUC. Last the CTR example on 1M-row tables, large enough that a
+# save and a restore take a while: ps:1 killed during a save, then its replacement killed during its
+# restore; the same chief waits for it again, restores it from the newest complete checkpoint and
+# makes the interrupted save again (PSCORO_PS_RESTORE_CTR=0: not the CTR parts).
 # usage: ps_restore_test.sh PSCORO_LAUNCH FASHION_MNIST CTR
 set -uo pipefail
 launch=$1
@@ -64,4 +67,62 @@ else
 fi
 grep -E 'restor|lost|saved|test AUC' "$ctr_log" | grep -E '(WARNING|ERROR) \[|\] chief: '
 [ "$failed" -eq 0 ] || cat "$ctr_log"
+
+echo "--- the CTR example on 1M-row tables (136 MB a checkpoint): ps:1 killed during a save, then during its restore"
+big_log=$work/big.log
+"$launch" --ps 2 --workers 2 --restart-ps -- "$ctr" --data-dir "$work/data" --train-examples 30000 --files 2 \
+  --batch-size 256 --steps 300 --test-examples 5000 --max-auc-gap 0.5 --log-every 20 \
+  --checkpoint-dir "$work/big-ckpt" --checkpoint-every 20 --on-ps-loss restore > "$big_log" 2>&1 &
+launcher=$!
+# rss_kib PID: the resident memory of a process, in KiB (0 once it is gone).
+rss_kib() { awk '/^VmRSS:/ { print $2 }' "/proc/$1/status" 2>/dev/null || echo 0; }
+if check "it saves step 20" wait_for "$big_log" "$(line_of chief:0)chief: saved $work/big-ckpt/ckpt-20.safetensors$"; then
+  # A save runs while its temporary file exists: ps:1 is stopped then, and killed with the save under way.
+  victim=$(pid_of "$big_log" ps-1)
+  for _ in $(seq 6000); do
+    if ls "$work/big-ckpt" | grep -q '\.tmp-'; then stop_process "$victim"; break; fi
+    sleep 0.01
+  done
+  check "ps:1 stopped while a save was under way (its temporary file is there)" \
+    test -n "$(ls "$work/big-ckpt" | grep '\.tmp-')"
+  newest=$(ls "$work/big-ckpt" | sed -nE 's/^ckpt-([0-9]+)\.safetensors$/\1/p' | sort -n | tail -n 1)
+  kill -9 "$victim"
+  continue_process "$victim" 2> /dev/null
+  # Its replacement: stopped once it holds 16 MiB more than when it started listening (the chief is
+  # making its shards again or restoring them, which takes a fraction of a second: polled every
+  # 10 ms), then killed before the restore can end.
+  second=
+  for _ in $(seq 6000); do
+    second=$(pid_of "$big_log" ps-1)
+    [ "$second" != "$victim" ] && grep -qE "$(line_of ps:1)pscoro: ps:1 listening on " <(sed -n '/restarting ps-1/,$p' "$big_log") &&
+      break
+    sleep 0.01
+  done
+  check "ps-1 is started again, and listens" test -n "$second" -a "$second" != "$victim"
+  idle=$(rss_kib "$second")
+  for _ in $(seq 6000); do
+    [ "$(rss_kib "$second")" -gt $((idle + 16384)) ] && { stop_process "$second"; break; }
+    sleep 0.01
+  done
+  check "its replacement stopped while the chief was restoring it" \
+    test "$(grep -c 'ps:1 is back and restored' "$big_log")" -eq 0 -a "$(rss_kib "$second")" -gt $((idle + 16384))
+  kill -9 "$second"
+  continue_process "$second" 2> /dev/null
+  wait_exit "$launcher" 300
+  check "the job exits 0 (got $code)" test "$code" -eq 0
+  check "the save the kill met is made again" grep -qE "$(line_of chief:0 WARNING)checkpoint .*: a ps was lost during the save" "$big_log"
+  check "the chief waited for ps:1 again when it was lost during its restore" \
+    grep -qE "$(line_of chief:0 WARNING)ps:1 was lost again while being restored; waiting for it again$" "$big_log"
+  check "and restored it from the newest complete checkpoint at the first kill (step $newest)" \
+    grep -qE "$(line_of chief:0)chief: ps:1 restored from $work/big-ckpt/ckpt-$newest.safetensors \(step $newest\) in [0-9.]+ s$" \
+    "$big_log"
+  check "the launcher started ps-1 twice" grep -qE "$(line_of launcher)restarting ps-1 in 500 ms \(restart 2\)$" "$big_log"
+  check "the run makes its last save" grep -qE "$(line_of chief:0)chief: saved $work/big-ckpt/ckpt-300.safetensors$" "$big_log"
+  check "and ends with its test AUC" grep -qE "$(line_of chief:0)"'chief: test AUC 0\.[0-9]{4}' "$big_log"
+  check "no temporary file is left in the checkpoint directory" test "$(ls "$work/big-ckpt" | grep -c '\.tmp-')" -eq 0
+else
+  kill -9 "$launcher" 2>/dev/null
+fi
+grep -E 'restor|lost|saved|test AUC' "$big_log" | grep -E '(WARNING|ERROR) \[|\] chief: ' | cut -c1-300
+[ "$failed" -eq 0 ] || cat "$big_log"
 finish
