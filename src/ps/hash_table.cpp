@@ -138,8 +138,7 @@ std::byte* hash_bucket::find(std::int64_t id, std::uint64_t mixed) const noexcep
   }
 }
 
-void hash_bucket::grow() {
-  const std::size_t capacity = std::max<std::size_t>(8, map_.size() + map_.size() / 2);
+void hash_bucket::rehash(std::size_t capacity) {
   std::vector<entry> old(capacity, entry{0, empty_entry});
   old.swap(map_);
   for (const entry& e : old) {
@@ -151,7 +150,9 @@ void hash_bucket::grow() {
 }
 
 std::byte* hash_bucket::insert(std::int64_t id, std::uint64_t mixed) {
-  if ((std::size_t{size_} + 1) * 10 > map_.size() * 9) grow();
+  if ((std::size_t{size_} + 1) * 10 > map_.size() * 9) {
+    rehash(std::max<std::size_t>(8, map_.size() + map_.size() / 2));
+  }
   const std::uint32_t i = slab_->allocate();
   std::byte* r = slab_->at(i);
   std::memcpy(r, &id, sizeof id);
@@ -193,6 +194,13 @@ void hash_bucket::erase(std::int64_t id, std::uint64_t mixed) noexcept {
     }
   }
   map_[hole] = entry{0, empty_entry};
+  if (std::size_t{size_} * 4 < map_.size()) {
+    try {
+      rehash(size_ == 0 ? 0 : std::max<std::size_t>(8, std::size_t{size_} * 2));
+    } catch (const std::bad_alloc&) {
+      // The smaller map could not be made: the larger one serves as well.
+    }
+  }
 }
 
 std::byte* hash_bucket::sample(std::uint64_t random) const noexcept {
@@ -336,8 +344,14 @@ std::byte* hash_table_part::insert_record(std::uint32_t b, std::int64_t id, std:
   hash_bucket& bucket = buckets_[slot_of_[b]];
   const std::uint64_t before = bucket.bytes_held();
   std::byte* r = bucket.insert(id, mixed);
-  bucket_bytes_ += bucket.bytes_held() - before;  // a map only grows
+  bucket_bytes_ += bucket.bytes_held() - before;  // an insert only grows a map
   return r;
+}
+
+void hash_table_part::erase_record(hash_bucket& bucket, std::int64_t id, std::uint64_t mixed) noexcept {
+  const std::uint64_t before = bucket.bytes_held();
+  bucket.erase(id, mixed);
+  bucket_bytes_ = bucket_bytes_ - before + bucket.bytes_held();  // an erase only shrinks one
 }
 
 void hash_table_part::check_held(std::span<const std::int64_t> ids, std::uint64_t* mixes) const {
@@ -383,7 +397,7 @@ void hash_table_part::evict_one(std::uint32_t near) {
       if (r && (!oldest || hash_bucket::last_named(r) < hash_bucket::last_named(oldest))) oldest = r;
     }
     const std::int64_t id = hash_bucket::id_of(oldest);
-    b.erase(id, common::mix_id(id));
+    erase_record(b, id, common::mix_id(id));
     --rows_;
     ++counts_.evicted;
     note_dropped(id);
@@ -800,7 +814,7 @@ void hash_table_part::drop_rows(std::span<const std::int64_t> ids) {
     const std::uint64_t mixed = common::mix_id(id);
     hash_bucket& bucket = bucket_of(mixed);
     if (!bucket.find(id, mixed)) continue;
-    bucket.erase(id, mixed);
+    erase_record(bucket, id, mixed);
     --rows_;
   }
 }
@@ -836,7 +850,7 @@ std::uint64_t hash_table_part::advance_clock(std::uint64_t now) {
     if (hash_bucket::released(r) || !expired(r)) continue;
     const std::int64_t id = hash_bucket::id_of(r);
     const std::uint64_t mixed = common::mix_id(id);
-    bucket_of(mixed).erase(id, mixed);  // gives r back to the slab
+    erase_record(bucket_of(mixed), id, mixed);  // gives r back to the slab
     note_dropped(id);
     ++dropped;
   }
@@ -855,7 +869,7 @@ std::byte* hash_table_part::find_live(std::int64_t id, std::uint64_t mixed) {
   std::byte* r = bucket.find(id, mixed);
   if (r && expired(r)) {
     // Idle past its time: gone, whether or not a sweep has reached it yet.
-    bucket.erase(id, mixed);
+    erase_record(bucket, id, mixed);
     --rows_;
     ++counts_.evicted;
     note_dropped(id);

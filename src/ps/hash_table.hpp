@@ -112,7 +112,8 @@ class record_slab {
 /// One bucket's map from id to record (in its part's slab). Linear probing over 8-byte entries
 /// (the low half of the id's mix as a tag, which also gives an entry's home, and the record's
 /// index), deleted by shifting back (no tombstones), grown by half at 9/10 full: the map costs
-/// 8.9-13.3 bytes per row.
+/// 8.9-13.3 bytes per row. Under a quarter full it shrinks to half full (to nothing when empty), so
+/// that a table whose rows are evicted gives their map memory back as well as their records.
 class hash_bucket {
  public:
   explicit hash_bucket(record_slab* slab) : slab_(slab) {}
@@ -145,7 +146,8 @@ class hash_bucket {
   }
   /// A new record for `id`, which is not held: its header set (last named 0), the rest unset.
   std::byte* insert(std::int64_t id, std::uint64_t mixed);
-  /// Drops `id`'s record, if held.
+  /// Drops `id`'s record, if held, and shrinks the map left under a quarter full (best effort: with
+  /// no memory for the smaller map, the larger one stays).
   void erase(std::int64_t id, std::uint64_t mixed) noexcept;
   /// A held record chosen by `random` (uniform over the map's entries, retried past empty ones),
   /// or nullptr when the bucket is empty.
@@ -179,7 +181,8 @@ class hash_bucket {
     return static_cast<std::size_t>((std::uint64_t{tag} * map_.size()) >> 32);
   }
   std::size_t next(std::size_t at) const noexcept { return at + 1 == map_.size() ? 0 : at + 1; }
-  void grow();
+  /// The same entries in a map of `capacity` (0: none; else more than size()).
+  void rehash(std::size_t capacity);
 
   record_slab* slab_;
   std::vector<entry> map_;
@@ -372,6 +375,8 @@ class hash_table_part {
   void lay_out_slots(const optimizer& opt);
   /// Inserts `id` into bucket `b`, counting what the bucket grew by.
   std::byte* insert_record(std::uint32_t b, std::int64_t id, std::uint64_t mixed);
+  /// Erases `id` from `bucket`, counting what the bucket shrank by.
+  void erase_record(hash_bucket& bucket, std::int64_t id, std::uint64_t mixed) noexcept;
   /// Sums the held buckets' maps again.
   void count_bucket_bytes() noexcept;
   /// Counts record `r` as changed, for the next incremental save.
@@ -393,7 +398,7 @@ class hash_table_part {
   std::vector<std::uint32_t> slot_of_;   // by bucket number: its index in buckets_, or not_held
   std::vector<std::uint32_t> held_;
   std::uint64_t rows_ = 0;
-  std::uint64_t bucket_bytes_ = 0;  // the held buckets' maps, kept as they grow
+  std::uint64_t bucket_bytes_ = 0;  // the held buckets' maps, kept as they change size
   std::uint64_t clock_ = 0;
   std::uint32_t sweep_cursor_ = 0;  // the record the next clock advance sweeps first
   std::int64_t steps_ = 0;  // optimizer steps, for adam

@@ -246,6 +246,41 @@ TEST_CASE("a clock advance on a large part sweeps a bounded slice; idle rows are
   CHECK(row_at(looked_up(part, {recent[7]}, false), 0) == row_at(rows, 7));
 }
 
+TEST_CASE("evicted rows give their map memory back: a table that turns its rows over stays the same size") {
+  hash_table_options options;
+  options.eviction = eviction::ttl{.max_idle = 10};
+  auto part = table_part(options, 4);
+  const auto empty = part.bytes_held();
+  std::uint64_t clock = 0;
+  // insert_all(first): 20,000 ids from `first` named now; forget_all(): the clock passes them all
+  // and sweeps until none is held.
+  const auto insert_all = [&](std::int64_t first) {
+    std::vector<std::int64_t> ids(20'000);
+    std::iota(ids.begin(), ids.end(), first);
+    std::vector<float> rows(ids.size() * table_dim);
+    part.lookup(ids, true, reinterpret_cast<std::byte*>(rows.data()));
+  };
+  const auto forget_all = [&] {
+    for (int tick = 0; tick < 100 && part.rows() > 0; ++tick) part.advance_clock(clock += 11);
+  };
+  insert_all(0);
+  const auto full = part.bytes_held();
+  forget_all();
+  REQUIRE(part.rows() == 0);
+  const auto forgotten = part.bytes_held();
+  // The maps went (8-byte entries, at most 9/10 full): only the records' slab stays, for reuse.
+  CHECK(full - forgotten >= 20'000 * 8);
+  for (std::int64_t round = 1; round <= 5; ++round) {
+    insert_all(round * 1'000'000);
+    CAPTURE(round);
+    CHECK(part.bytes_held() <= full);
+    forget_all();
+    CHECK(part.bytes_held() == forgotten);
+  }
+  CHECK(forgotten > empty);  // the slab
+  CHECK(part.counts().evicted == 6 * 20'000);
+}
+
 TEST_CASE("at capacity each new row replaces a held one, and the table never holds more") {
   hash_table_options options;
   options.eviction = eviction::capacity{.rows_per_ps = 100};
