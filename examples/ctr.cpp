@@ -263,10 +263,7 @@ struct options {
   double learning_rate = 0.2;
   std::string embedding = "fixed";
   std::int64_t rows = 1 << 20;
-  std::uint32_t admission_min_count = 0;
-  std::uint64_t ttl = 0;
-  std::uint64_t capacity = 0;
-  std::uint32_t buckets = 0;
+  examples::field_tables::policies tables;  // --admission-min-count, --ttl, --capacity, --buckets
   double report_seconds = 5;
   std::int64_t seed = 2026;
   std::int64_t test_examples = 100000;
@@ -315,8 +312,7 @@ pscoro::dataset<batch> training_batches(const options& o, pscoro::input_context 
 // What a field's table is made with (--embedding hash): a row per id, [wide weight, factor], all
 // drawn from N(0, 0.01) (the fixed tables start the wide weights at 0; one initializer per table).
 pscoro::hash_table_options table_options(const options& o) {
-  return examples::field_tables::options(row_size, pscoro::initializers::random_normal{.stddev = 0.01, .seed = 1},
-                                         o.admission_min_count, o.ttl, o.capacity, o.buckets);
+  return o.tables.table_options(row_size, pscoro::initializers::random_normal{.stddev = 0.01, .seed = 1});
 }
 
 // The model's variables: the embedding tables of one kind or the other, the dense weights.
@@ -372,7 +368,7 @@ asio::awaitable<int> run_chief(pscoro::parameter_server_strategy& strategy, cons
     }
     pscoro::print_line(
         fmt::format("chief: {} hash tables of rows [weight, {} factors] ({}); {} steps of {} examples on {} workers",
-                    fields, factor_size, field_tables::describe_policies(o.admission_min_count, o.ttl, o.capacity).c_str(),
+                    fields, factor_size, o.tables.describe().c_str(),
                     static_cast<long long>(o.steps), static_cast<long long>(o.batch_size), strategy.num_workers()));
   } else {
     m.wide = co_await scope.create_sharded_variable<float>("ctr/wide", wide_shape, pscoro::initializers::zeros{});
@@ -420,15 +416,11 @@ asio::awaitable<int> run_chief(pscoro::parameter_server_strategy& strategy, cons
   std::optional<pscoro::summary_writer> summaries;
   if (!o.logdir.empty()) summaries.emplace(o.logdir);
   // Keep the workers busy with a window of scheduled steps and retire each step's result in order;
-  // with --ttl a small one, the tables' clock counting the steps scheduled (field_tables.hpp says why).
-  // --capacity needs the clock as well: a full table replaces the least recently named of a sample,
-  // and with a clock that never moves every row was named at 0 (the replaced row is a random one).
-  const bool clocked = o.ttl > 0 || o.capacity > 0;
-  const std::int64_t clock_every = field_tables::clock_every(o.ttl > 0 ? o.ttl : 64);
+  // with --ttl or --capacity the tables' clock counts the steps scheduled (field_tables.hpp says why).
+  const std::int64_t clock_every = o.tables.clock_every();
   const auto started = std::chrono::steady_clock::now();
   const std::size_t in_flight_at_most = o.closures_per_worker * strategy.num_workers();
-  const std::size_t window = o.ttl > 0 ? field_tables::clock_window(in_flight_at_most)
-                                       : std::max<std::size_t>(64, 4 * in_flight_at_most);
+  const std::size_t window = o.tables.window(in_flight_at_most, std::max<std::size_t>(64, 4 * in_flight_at_most));
   // "chief: step 500/3000 loss 0.6123 812.3 steps/s ETA 3s" every log_every steps (a redrawn line
   // on a terminal): the loss is the mean of the last 100 steps'.
   pscoro::progress report(o.steps, {.label = "chief: ", .print_every = o.log_every});
@@ -446,7 +438,7 @@ asio::awaitable<int> run_chief(pscoro::parameter_server_strategy& strategy, cons
     }
   };
   for (std::int64_t step = first_step; step < o.steps; ++step) {
-    if (clocked && step % clock_every == 0) {
+    if (o.tables.clocked() && step % clock_every == 0) {
       co_await field_tables::advance_clocks(m.tables, static_cast<std::uint64_t>(step));
     }
     in_flight.emplace_back(step + 1, o.hashed() ? coordinator.schedule(train_hash_step, m.tables, m.numeric, m.bias,
@@ -540,14 +532,7 @@ int main(int argc, char** argv) {
                  "the values")
       ->check(CLI::IsMember({"fixed", "hash"}));
   app.add_option("--rows", o.rows, "rows of the hashed embedding tables")->check(CLI::PositiveNumber);
-  app.add_option("--admission-min-count", o.admission_min_count,
-                 "--embedding hash: an id gets a row once seen in this many steps (0: at once)");
-  app.add_option("--ttl", o.ttl, "--embedding hash: forget an id not seen for this many steps (0: never)");
-  app.add_option("--capacity", o.capacity,
-                 "--embedding hash: at this many rows of a table on a ps, a new row replaces the least recently "
-                 "named of 8 of its bucket (0: no limit; not with --ttl)");
-  app.add_option("--buckets", o.buckets, "--embedding hash: virtual buckets per table (0: the default, 4096)")
-      ->check(CLI::Range(0, 1 << 20));
+  o.tables.add_options(app);
   app.add_option("--report-seconds", o.report_seconds,
                  "--embedding hash: each ps reports its part of the tables this often while it changes")
       ->check(CLI::PositiveNumber);
@@ -575,13 +560,8 @@ int main(int argc, char** argv) {
     pscoro::print_line("ctr: --ids raw: the data is written as TSV only", pscoro::log_level::error);
     return 2;
   }
-  if (!o.hashed() && (o.admission_min_count > 0 || o.ttl > 0 || o.capacity > 0 || o.buckets > 0)) {
-    pscoro::print_line("ctr: --admission-min-count, --ttl, --capacity and --buckets need --embedding hash",
-                       pscoro::log_level::error);
-    return 2;
-  }
-  if (o.ttl > 0 && o.capacity > 0) {
-    pscoro::print_line("ctr: one eviction policy: --ttl or --capacity", pscoro::log_level::error);
+  if (const auto refusal = o.tables.refusal(o.hashed()); !refusal.empty()) {
+    pscoro::print_line(fmt::format("ctr: {}", refusal), pscoro::log_level::error);
     return 2;
   }
   if (o.raw_ids()) {

@@ -100,8 +100,7 @@ struct options {
   double first_order_gradient_scale = 30;
   std::string embedding = "fixed";
   std::int64_t rows = 1 << 20;
-  std::uint32_t admission_min_count = 0;
-  std::uint64_t ttl = 0;
+  field_tables::policies tables;  // --admission-min-count, --ttl, --capacity, --buckets
   double report_seconds = 5;
   std::int64_t dim = 16;
   std::int64_t hidden = 64;
@@ -688,15 +687,14 @@ asio::awaitable<int> run_chief(pscoro::parameter_server_strategy& strategy, cons
   if (o.hashed()) {
     // Rows [embedding, first-order weight], all drawn from N(0, init_stddev): a table has one
     // initializer, so the first-order weights do not start at 0 as the fixed table's do.
-    const auto table_options = field_tables::options(
+    const auto table_options = o.tables.table_options(
         static_cast<std::size_t>(o.dim + 1),
-        pscoro::initializers::random_normal{.stddev = o.init_stddev, .seed = static_cast<std::uint64_t>(o.seed)},
-        o.admission_min_count, o.ttl);
+        pscoro::initializers::random_normal{.stddev = o.init_stddev, .seed = static_cast<std::uint64_t>(o.seed)});
     for (const auto& name : field_table_names()) e.tables.push_back(co_await scope.create_hash_table<float>(name, table_options));
     pscoro::print_line(
         fmt::format("chief: {} hash tables of rows [{} + 1] ({}); {}; {} steps of {} examples on {} workers",
                     static_cast<long long>(fields), static_cast<long long>(o.dim),
-                    field_tables::describe_policies(o.admission_min_count, o.ttl).c_str(), mlps.c_str(),
+                    o.tables.describe().c_str(), mlps.c_str(),
                     static_cast<long long>(o.steps), static_cast<long long>(o.batch_size), strategy.num_workers()));
   } else {
     e.fixed = co_await scope.create_sharded_variable("dlrm/embedding",
@@ -709,12 +707,12 @@ asio::awaitable<int> run_chief(pscoro::parameter_server_strategy& strategy, cons
   // Every worker builds its input pipeline now, before any step can ask it for a batch.
   const auto batches = co_await coordinator.create_per_worker_dataset(train_data).iter();
 
-  // Every step scheduled at once and its loss retired in order; with --ttl a small window of them,
-  // the tables' clock counting the steps scheduled (field_tables.hpp says why).
+  // Every step scheduled at once and its loss retired in order; with --ttl or --capacity a window of
+  // them, the tables' clock counting the steps scheduled (field_tables.hpp says why).
   const auto start = std::chrono::steady_clock::now();
   const std::size_t window =
-      o.ttl > 0 ? field_tables::clock_window(o.closures_per_worker * strategy.num_workers()) : static_cast<std::size_t>(o.steps);
-  const std::int64_t clock_every = field_tables::clock_every(o.ttl);
+      o.tables.window(o.closures_per_worker * strategy.num_workers(), static_cast<std::size_t>(o.steps));
+  const std::int64_t clock_every = o.tables.clock_every();
   std::deque<pscoro::remote_value<double>> losses;
   auto training = training_progress(o, "chief: ");
   std::int64_t retired = 0;
@@ -725,7 +723,9 @@ asio::awaitable<int> run_chief(pscoro::parameter_server_strategy& strategy, cons
     training.update(++retired, value);
   };
   for (std::int64_t step = 0; step < o.steps; ++step) {
-    if (o.ttl > 0 && step % clock_every == 0) co_await field_tables::advance_clocks(e.tables, static_cast<std::uint64_t>(step));
+    if (o.tables.clocked() && step % clock_every == 0) {
+      co_await field_tables::advance_clocks(e.tables, static_cast<std::uint64_t>(step));
+    }
     losses.push_back(o.hashed() ? coordinator.schedule(train_hash_step, variables, e.tables, batches, o.learning_rate_at(step))
                                 : coordinator.schedule(train_step, variables, e.fixed, batches, o.learning_rate_at(step)));
     if (losses.size() > window) co_await retire_oldest();
@@ -807,9 +807,7 @@ int main(int argc, char** argv) {
                  "the values (no reference)")
       ->check(CLI::IsMember({"fixed", "hash"}));
   app.add_option("--rows", o.rows, "rows of the hashed embedding table")->check(CLI::PositiveNumber);
-  app.add_option("--admission-min-count", o.admission_min_count,
-                 "--embedding hash: an id gets a row once seen in this many steps (0: at once)");
-  app.add_option("--ttl", o.ttl, "--embedding hash: forget an id not seen for this many steps (0: never)");
+  o.tables.add_options(app);
   app.add_option("--report-seconds", o.report_seconds,
                  "--embedding hash: each ps reports its part of the tables this often while it changes")
       ->check(CLI::PositiveNumber);
@@ -841,8 +839,8 @@ int main(int argc, char** argv) {
     pscoro::print_line("dlrm: --ids raw: the data is written as TSV only", pscoro::log_level::error);
     return 2;
   }
-  if (!o.hashed() && (o.admission_min_count > 0 || o.ttl > 0)) {
-    pscoro::print_line("dlrm: --admission-min-count and --ttl need --embedding hash", pscoro::log_level::error);
+  if (const auto refusal = o.tables.refusal(o.hashed()); !refusal.empty()) {
+    pscoro::print_line(fmt::format("dlrm: {}", refusal), pscoro::log_level::error);
     return 2;
   }
   if (o.hashed() && o.reference_only) {
