@@ -28,8 +28,8 @@
 // example does: one pscoro::hash_table per field (field_tables.hpp), whose row is the value's
 // embedding and first-order weight, looked up through module_variables like the fixed table and
 // stepped by its push; --admission-min-count gives a row only to ids seen that often, --ttl forgets
-// ids idle for that many steps, and each ps reports what its part of the tables holds (rows, bytes
-// per row). The reference trains a fixed table only, so it does not run then.
+// ids idle for that many steps (or --capacity caps the rows per table and ps), and each ps reports
+// what its part of the tables holds (rows, bytes per row). The reference trains a fixed table only, so it does not run then.
 //
 //   pscoro-launch --ps 2 --workers 2 -- dlrm                    # cluster, then reference
 //   pscoro-launch --ps 2 --workers 2 -- dlrm --no-reference     # the cluster alone
