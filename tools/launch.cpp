@@ -86,13 +86,14 @@ class console {
 
   // A whole line a task wrote: as it is when it is a log line (its record names the task), any
   // other line (a crash message, a program that is not pscoro's) wrapped in a log line of `task`.
-  void relay_line(const std::string& task, std::string_view line) {
-    if (message_of(line)) {
+  // Returns what the line says: its message, or the line itself when it was not a log line.
+  std::string relay_line(const std::string& task, std::string_view line) {
+    if (auto message = message_of(line)) {
       write_line(line, false);
-    } else {
-      write_line(pscoro::format_log_line({pscoro::log_level::info, task, std::chrono::system_clock::now(), line}),
-                 false);
+      return std::move(*message);
     }
+    write_line(pscoro::format_log_line({pscoro::log_level::info, task, std::chrono::system_clock::now(), line}), false);
+    return std::string(line);
   }
 
   // What a task draws after a `\r`: redrawn in place, padded over a longer previous text.
@@ -122,8 +123,8 @@ class console {
 
   bool json() const noexcept { return json_; }
 
-  // The message of a log line in the format in use (where the launcher looks for a server's port);
-  // none when `line` is not one.
+ private:
+  // The message of a log line in the format in use; none when `line` is not one.
   std::optional<std::string> message_of(std::string_view line) const {
     if (json_) {
       if (line.empty() || line.front() != '{') return std::nullopt;
@@ -136,11 +137,10 @@ class console {
     return text_message_of(line);
   }
 
- private:
   // "2026-11-23T21:52:21.123Z INFO [ps:0] message" (format_log_line's text form) -> "message".
   static std::optional<std::string> text_message_of(std::string_view line) {
-    static const std::regex record(
-        R"(^[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}\.[0-9]{3}Z (DEBUG|INFO|WARNING|ERROR) \[[^\]]*\] )");
+    static const std::regex record(R"(^[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}\.[0-9]{3}Z )"
+                                   R"((DEBUG|INFO|WARNING|ERROR) \[[^\]]*\] )");
     std::match_results<std::string_view::const_iterator> m;
     if (!std::regex_search(line.begin(), line.end(), m, record)) return std::nullopt;
     return std::string(m[0].second, line.end());
@@ -326,9 +326,8 @@ class launcher {
           drawn.clear();
           continue;
         }
-        out_.relay_line(task, piece);
+        const std::string message = out_.relay_line(task, piece);
         std::smatch m;
-        const std::string message = out_.message_of(piece).value_or(piece);
         if (std::regex_match(message, m, listening)) on_listening(m[1], std::stoi(m[2]), m[3]);
         // "<task> metrics at http://<host:port>/metrics", as server.cpp logs it.
         static const std::regex metrics_at(R"((\w+:\d+) metrics at http://(\S+)/metrics$)");
