@@ -204,6 +204,11 @@ asio::awaitable<void> cluster_connections::end_task(std::shared_ptr<net::peer> t
 
 void cluster_connections::worker_failed(std::size_t index, const std::string& reason) {
   auto& slot = workers_.at(index);
+  if (slot.drained && !closed_ && !reason.empty()) {
+    // Its task may leave once drained (scaled down): nothing of the job is lost with it.
+    log::info("drained {} disconnected: {}", slot.peer->task(), reason);
+    return;
+  }
   if (closed_ || !slot.ready) return;
   log::warning("lost {}: {}; its closures go back to the queue", slot.peer->task(), reason);
   slot.ready = false;
@@ -255,9 +260,23 @@ asio::awaitable<void> cluster_connections::watch_workers(std::weak_ptr<cluster_c
   }
 }
 
+void cluster_connections::drain(std::size_t index) {
+  auto& slot = workers_.at(index);
+  slot.drained = true;
+  slot.ready = false;
+}
+
+void cluster_connections::resume(std::size_t index, bool holds_values) {
+  auto& slot = workers_.at(index);
+  if (!slot.drained) return;
+  slot.drained = false;
+  slot.ready = holds_values && slot.peer->connection();
+  probe(index);  // at once when not ready: it may still be connected
+}
+
 void cluster_connections::probe(std::size_t index) {
   auto& slot = workers_[index];
-  if (closed_ || slot.ready || slot.probing) return;
+  if (closed_ || slot.ready || slot.probing || slot.drained) return;
   slot.probing = true;
   asio::co_spawn(executor_, recover(shared_from_this(), index), asio::detached);
 }
@@ -362,7 +381,7 @@ asio::awaitable<void> cluster_connections::recover(std::shared_ptr<cluster_conne
         auto prepared = self->events_.prepare_worker(index);  // named: g++ 12 (temporaries)
         co_await std::move(prepared);
       }
-      if (!self->closed_ && slot.peer->connection()) {
+      if (!self->closed_ && !slot.drained && slot.peer->connection()) {
         slot.ready = true;
         if (self->events_.worker_back) self->events_.worker_back(index);
       }

@@ -55,6 +55,7 @@ class cluster_connections : public std::enable_shared_from_this<cluster_connecti
   asio::awaitable<void> connect();
   void set_events(events handlers) { events_ = std::move(handlers); }
   void set_probe_interval(std::chrono::milliseconds interval) { probe_interval_ = interval; }
+
   /// Stops listening and probing and closes every connection. With `job_exit_code`, first tells
   /// every ps and worker that the job ended (Shutdown), closing each connection when its task has
   /// answered, or after handshake_timeout; not before connect() confirmed every address of the
@@ -67,6 +68,14 @@ class cluster_connections : public std::enable_shared_from_this<cluster_connecti
   const std::shared_ptr<net::peer>& worker(std::size_t index) const { return workers_.at(index).peer; }
   /// Connected and prepared: may take closures.
   bool ready(std::size_t worker) const { return workers_.at(worker).ready; }
+  /// `worker` is drained (the coordinator's drain()): not ready, never probed, and its loss is no
+  /// failure; its connection stays open while its task keeps it. resume() ends that.
+  void drain(std::size_t worker);
+  bool drained(std::size_t worker) const { return workers_.at(worker).drained; }
+  /// `worker` is drained no more. When `holds_values` (its drain was called off before it dropped
+  /// them) and it is connected, it is ready at once; otherwise it is brought back as a lost
+  /// worker is: reached, prepared, then ready.
+  void resume(std::size_t worker, bool holds_values);
   /// A call to `worker` failed because its connection is gone (`reason`): it is lost until a probe
   /// brings it back. Logged once per loss.
   void worker_failed(std::size_t worker, const std::string& reason);
@@ -79,6 +88,7 @@ class cluster_connections : public std::enable_shared_from_this<cluster_connecti
     std::shared_ptr<net::peer> peer;
     bool ready = true;
     bool probing = false;  // a recovery attempt is under way
+    bool drained = false;
   };
 
   /// Accepts workers announcing themselves (Hello.address) until close().
@@ -87,6 +97,7 @@ class cluster_connections : public std::enable_shared_from_this<cluster_connecti
                                                  asio::ip::tcp::socket socket);
   /// Worker `index` says it can be reached at `address` now: use that, and bring it back at once.
   void announced(std::size_t index, const std::string& address);
+
   /// While connect() waits, logs every waiting_report_interval which task it still waits for, for
   /// how long and how many are connected, until `timer` is cancelled (a job whose tasks start slowly is not minutes of
   /// silence).

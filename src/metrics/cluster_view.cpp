@@ -150,10 +150,11 @@ json view_state::document(const registry& served, std::chrono::system_clock::tim
     for (const auto& [task, address] : task_.workers) {
       const labels worker{{"worker", task}};
       const auto up = series.get("pscoro_coordinator_worker_up", worker);
+      const bool drained = series.get_or("pscoro_coordinator_worker_drained", worker, 0) > 0;
       workers.push_back(
           {{"task", task},
            {"address", address},
-           {"state", !up ? "unknown" : *up > 0 ? "up" : "down"},
+           {"state", drained ? "drained" : !up ? "unknown" : *up > 0 ? "up" : "down"},
            {"closures_succeeded",
             series.get_or("pscoro_coordinator_worker_closures_total", {{"outcome", "succeeded"}, {"worker", task}}, 0)},
            {"closures_failed",
