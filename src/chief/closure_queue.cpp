@@ -39,6 +39,13 @@ closure_queue::closure_queue(asio::any_io_executor executor, std::vector<std::st
   }
 }
 
+void closure_queue::add_worker(std::string name) {
+  // Not alive until worker_up: its per-worker values are made first. It joined after the staggered
+  // start was planned: it starts at once.
+  workers_.push_back(worker_slot{std::move(name), {}, false});
+  worker_metrics_.push_back(std::make_unique<worker_metrics>());
+}
+
 void closure_queue::drain(std::size_t worker, join_handler drained) {
   auto& slot = workers_.at(worker);
   if (!slot.draining) {
@@ -217,7 +224,7 @@ void closure_queue::start_closures() {
 
 void closure_queue::worker_up(std::size_t worker) {
   auto& slot = workers_.at(worker);
-  // A resumed worker comes up, not back from a loss.
+  // A worker that joined or was resumed comes up, not back from a loss.
   if (std::exchange(slot.lost_since_up, false)) worker_metrics_[worker]->restarts.inc();
   slot.alive = true;
   if (!slot.draining) worker_metrics_[worker]->up.set(1);

@@ -87,10 +87,16 @@ class closure_queue : public std::enable_shared_from_this<closure_queue> {
   /// `worker` takes no closures until worker_up; what it runs comes back through lost().
   void worker_lost(std::size_t worker);
   bool alive(std::size_t worker) const { return workers_.at(worker).alive; }
+  /// A worker joins (elastic admission) as number workers() - 1; it takes closures from its
+  /// worker_up, once its per-worker values are made.
+  void add_worker(std::string name);
+  std::size_t workers() const noexcept { return workers_.size(); }
   /// `worker` takes no new closure from now on; `drained` gets null once nothing runs there (at
   /// once when nothing does). What runs there finishes as usual, or comes back through lost().
   void drain(std::size_t worker, join_handler drained);
   bool draining(std::size_t worker) const { return workers_.at(worker).draining; }
+  /// Whether `worker`'s next worker_up is a return from a loss (not its first, nor a resume).
+  bool returning(std::size_t worker) const { return workers_.at(worker).lost_since_up; }
   /// `worker` is drained no more. After a completed drain it takes closures again from its next
   /// worker_up (its per-worker values are made again first) and this returns false. A drain still
   /// in progress is called off: its waiters get errc::cancelled, the worker (which still holds

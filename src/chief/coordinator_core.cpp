@@ -308,12 +308,26 @@ void coordinator_core::wire_events() {
     auto self = weak.lock();
     if (!self) return;
     const auto counts = self->per_worker_->counts();  // iterators, variables, resources
-    self->iterator_rebuilds_.inc(counts[0]);
-    // "is back; N iterator(s) rebuilt before it takes closures" is what the process tests look for.
-    log::info("{} is back; {} iterator(s) rebuilt before it takes closures (and {} per-worker variable(s), {} "
-              "resource(s))",
-              self->connections_->worker(worker)->task(), counts[0], counts[1], counts[2]);
+    if (self->queue_->returning(worker)) {
+      self->iterator_rebuilds_.inc(counts[0]);
+      // "is back; N iterator(s) rebuilt before it takes closures" is what the process tests look for.
+      log::info("{} is back; {} iterator(s) rebuilt before it takes closures (and {} per-worker variable(s), {} "
+                "resource(s))",
+                self->connections_->worker(worker)->task(), counts[0], counts[1], counts[2]);
+    } else {
+      // Admitted or resumed: "takes closures now" is what the elastic process test looks for.
+      log::info("{} takes closures now; {} iterator(s), {} per-worker variable(s) and {} resource(s) made there first",
+                self->connections_->worker(worker)->task(), counts[0], counts[1], counts[2]);
+    }
     self->queue_->worker_up(worker);
+  };
+  events.worker_admitted = [weak](std::size_t worker) {
+    auto self = weak.lock();
+    if (!self) return;
+    const auto& peer = self->connections_->worker(worker);
+    self->queue_->add_worker(peer->task());
+    self->register_worker(worker);
+    metrics::process_view().add_worker(peer->task(), peer->address());
   };
   events.tick = [weak] {
     if (auto self = weak.lock()) self->queue_->tick();
@@ -364,6 +378,7 @@ void coordinator_core::set_options(const coordinator_options& options) {
   }
   queue_->set_options(taken);
   connections_->set_probe_interval(taken.worker_probe_interval);
+  connections_->set_max_elastic_workers(taken.max_elastic_workers);
 }
 
 namespace {
@@ -372,11 +387,11 @@ std::string describe(const coordinator_options& o) {
   return fmt::format(
       "closures_per_worker {}, max_queued_closures {}, worker_recovery_timeout {}, worker_probe_interval {}, "
       "watchdog_timeout {}, transient_ps_failures {}, max_staleness {}, schedule_start_delay {}, "
-      "schedule_start_delay_max {}",
+      "schedule_start_delay_max {}, max_elastic_workers {}",
       o.closures_per_worker, o.max_queued_closures, o.worker_recovery_timeout, o.worker_probe_interval,
       o.watchdog_timeout, o.transient_ps_failures,
       o.max_staleness ? std::to_string(*o.max_staleness) : std::string("none"), o.schedule_start_delay,
-      o.schedule_start_delay_max);
+      o.schedule_start_delay_max, o.max_elastic_workers);
 }
 
 }  // namespace

@@ -67,6 +67,16 @@ void view_state::set_task(task_view task) {
   }
 }
 
+void view_state::rename_task(std::string_view was, std::string now) {
+  const std::lock_guard lock(mutex_);
+  if (task_.task == was) task_.task = std::move(now);
+}
+
+void view_state::add_worker(std::string task, std::string address) {
+  const std::lock_guard lock(mutex_);
+  if (task_.role == "chief") task_.workers.emplace_back(std::move(task), std::move(address));
+}
+
 void view_state::set_chief_page(std::string url) {
   const std::lock_guard lock(mutex_);
   if (task_.role != "chief") task_.chief_page = std::move(url);

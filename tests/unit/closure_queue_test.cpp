@@ -755,3 +755,19 @@ TEST_CASE("undraining a worker whose drain is in progress calls the drain off: i
   CHECK(next[0].worker == 1);  // it takes closures at once: no worker_up needed
   CHECK_FALSE(cluster.queue->undrain(1));  // not draining: nothing to do
 }
+
+TEST_CASE("an added worker takes closures from its first worker_up, and that is no restart") {
+  fake_cluster cluster(1, coordinator_options{.closures_per_worker = 1});
+  cluster.schedule("a");
+  cluster.schedule("b");
+  REQUIRE(cluster.take_started().size() == 1);
+  cluster.queue->add_worker("worker:1");
+  CHECK(cluster.queue->workers() == 2);
+  CHECK(cluster.take_started().empty());  // not up yet: its per-worker values come first
+  cluster.queue->worker_up(1);
+  const auto next = cluster.take_started();
+  REQUIRE(next.size() == 1);
+  CHECK(next[0].worker == 1);
+  CHECK(cluster.queue->worker_stats(1).restarts.value() == 0);
+  CHECK(cluster.queue->worker_stats(1).up.value() == 1);
+}
