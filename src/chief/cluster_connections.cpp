@@ -354,9 +354,13 @@ asio::awaitable<void> cluster_connections::hear_announcement(std::weak_ptr<clust
       refusal = e.what();
     }
   }
+  // Not one of the workers the chief has: a worker asking to join (elastic admission). An
+  // admitted worker the chief has lost is most likely this one, restarted by its cluster manager
+  // with no index to say so: it takes that index back (within the cap, as it was).
+  std::optional<std::size_t> taken_back;
   if (refusal.empty() && !listed) {
-    // Not one of the workers the chief has: a worker asking to join (elastic admission).
-    std::tie(refusal_code, refusal) = self->admission(claimed, hello->address());
+    taken_back = self->lost_admitted_worker();
+    if (!taken_back) std::tie(refusal_code, refusal) = self->admission(claimed, hello->address());
   }
   if (!refusal.empty()) {
     net::refuse(connection, refusal_code, refusal, task);
@@ -366,6 +370,10 @@ asio::awaitable<void> cluster_connections::hear_announcement(std::weak_ptr<clust
   connection->close_after_flush("announcement heard");
   if (listed) {
     self->announced(static_cast<std::size_t>(hello->task_index()), hello->address());
+  } else if (taken_back) {
+    log::info("{} at {} takes back the index of {}, admitted before and lost", claimed, hello->address(),
+              self->workers_[*taken_back].peer->task());
+    self->announced(*taken_back, hello->address());
   } else {
     self->admit(hello->address());
   }
@@ -400,6 +408,15 @@ std::pair<std::error_code, std::string> cluster_connections::admission(const std
                         who, *elastic_cap_, admitted, spec)};
   }
   return {};
+}
+
+std::optional<std::size_t> cluster_connections::lost_admitted_worker() const {
+  // Only while admission is on: with it off, nothing beyond the spec is taken, back or new.
+  if (!watch_timer_ || !elastic_cap_ || *elastic_cap_ == 0) return std::nullopt;
+  for (std::size_t i = spec_workers_; i < workers_.size(); ++i) {
+    if (!workers_[i].ready && !workers_[i].drained) return i;
+  }
+  return std::nullopt;
 }
 
 void cluster_connections::admit(const std::string& address) {

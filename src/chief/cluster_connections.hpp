@@ -111,6 +111,9 @@ class cluster_connections : public std::enable_shared_from_this<cluster_connecti
   /// Whether a worker the spec does not list, announcing itself as `claimed` at `address`, may
   /// join now: the code and reason of a refusal, or an ok code.
   std::pair<std::error_code, std::string> admission(const std::string& claimed, const std::string& address) const;
+  /// An admitted worker that is lost (not ready, not drained), to be taken back by an unlisted
+  /// worker announcing itself; none while admission is off.
+  std::optional<std::size_t> lost_admitted_worker() const;
   /// Admits the worker at `address` as the next worker and starts bringing it up.
   void admit(const std::string& address);
   /// While connect() waits, logs every waiting_report_interval which task it still waits for, for

@@ -1297,6 +1297,42 @@ TEST_CASE("an unlisted worker is admitted as the next worker, gets its per-worke
       coordinator_options{.max_elastic_workers = 1});
 }
 
+TEST_CASE("an unlisted worker announcing itself while an admitted worker is lost takes that index back, within the cap") {
+  local_cluster cluster(1, 1, bind_elastic);
+  cluster.chief_address = "127.0.0.1:0";
+  cluster.run_chief(
+      [&](parameter_server_strategy& strategy, cluster_coordinator& coordinator) -> asio::awaitable<void> {
+        auto built = co_await coordinator.create_per_worker_resource(placement);
+        auto first = std::make_unique<unlisted_worker>(cluster.spec, strategy.address());
+        std::string seen;
+        for (const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+             !seen.starts_with("worker:1") && std::chrono::steady_clock::now() < until;) {
+          seen = co_await coordinator.schedule(where, built).get();
+        }
+        REQUIRE(seen == "worker:1 1/2");
+        first.reset();  // its process ends: the chief loses worker:1
+        asio::steady_timer timer(co_await asio::this_coro::executor);
+        for (const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+             coordinator.metrics().worker_failures == 0 && std::chrono::steady_clock::now() < until;) {
+          timer.expires_after(std::chrono::milliseconds(1));
+          co_await timer.async_wait(asio::use_awaitable);
+        }
+        REQUIRE(coordinator.metrics().worker_failures == 1);
+        // Restarted with no index of its own: it is worker:1 again, not refused at the cap of 1.
+        unlisted_worker again(cluster.spec, strategy.address());
+        seen.clear();
+        for (const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+             !seen.starts_with("worker:1") && again.exit_code == -1 && std::chrono::steady_clock::now() < until;) {
+          seen = co_await coordinator.schedule(where, built).get();
+        }
+        CHECK(seen == "worker:1 1/2");  // its resource made again, for the same index
+        CHECK(again.exit_code == -1);
+        CHECK(strategy.num_workers() == 2);
+        co_await coordinator.join();
+      },
+      coordinator_options{.max_elastic_workers = 1});
+}
+
 TEST_CASE("a chief's Hello that admits a worker under another index is refused by a worker that did not ask to be admitted") {
   local_cluster cluster(1, 1, bind_test_functions);  // its workers know no chief address: they never announce
   asio::io_context io;
