@@ -118,6 +118,17 @@ struct server::impl : std::enable_shared_from_this<impl> {
                                 resolver.task_id() ? fmt::format("task index {}", *resolver.task_id())
                                                    : std::string("no task index")));
       }
+      // It announces this address: the chief must be able to dial it.
+      const auto host = common::split_address(listen_address, task).first;
+      std::error_code not_literal;
+      if (const auto literal = asio::ip::make_address(host, not_literal); !not_literal && literal.is_unspecified()) {
+        throw error(errc::invalid_argument,
+                    fmt::format("this worker is not in the cluster spec and announces the address it listens on, "
+                                "but {} is every interface, which the chief cannot dial: give the host the chief "
+                                "reaches it at (server_options::listen_address or PSCORO_LISTEN_ADDRESS, e.g. "
+                                "10.0.0.7:0)",
+                                listen_address));
+      }
       spec_address = listen_address;
     } else {
       spec_address = spec.task_address(job, index);

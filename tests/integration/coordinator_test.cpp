@@ -1297,6 +1297,30 @@ TEST_CASE("an unlisted worker is admitted as the next worker, gets its per-worke
       coordinator_options{.max_elastic_workers = 1});
 }
 
+TEST_CASE("an unlisted worker needs the chief's address and an address of its own the chief can dial, or it does not start") {
+  asio::io_context io;
+  cluster_spec with_chief;
+  with_chief.add_task("chief", 0, "127.0.0.1:4000");
+  with_chief.add_task("ps", 0, "127.0.0.1:4001");
+  cluster_spec without_chief;
+  without_chief.add_task("ps", 0, "127.0.0.1:4001");
+  const auto failure = [&](const cluster_spec& spec, std::string listen) {
+    server_options options;
+    options.listen_address = std::move(listen);
+    return error_thrown_by([&] { server s(io.get_executor(), simple_cluster_resolver(spec, "worker", std::nullopt), options); });
+  };
+  const auto no_address = failure(with_chief, "");
+  CHECK(no_address.code() == errc::invalid_argument);
+  CHECK(contains(no_address.what(), "needs an address to listen on and announce"));
+  CHECK(contains(failure(without_chief, "127.0.0.1:0").what(), "the cluster spec must give the chief's address"));
+  CHECK(contains(failure(with_chief, "0.0.0.0:0").what(), "0.0.0.0:0 is every interface, which the chief cannot dial"));
+  // An index the spec lacks is no index: the same rules.
+  server_options listening;
+  listening.listen_address = "127.0.0.1:0";
+  server listed_elsewhere(io.get_executor(), simple_cluster_resolver(with_chief, "worker", 7), listening);
+  CHECK(listed_elsewhere.task() == "worker:unlisted");
+}
+
 TEST_CASE("an unlisted worker announcing itself while an admitted worker is lost takes that index back, within the cap") {
   local_cluster cluster(1, 1, bind_elastic);
   cluster.chief_address = "127.0.0.1:0";
