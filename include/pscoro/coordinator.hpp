@@ -147,6 +147,31 @@ class PSCORO_API cluster_coordinator {
   /// Waits for every scheduled closure; throws the first error (then clears it).
   [[nodiscard]] asio::awaitable<void> join() { return async_join(asio::use_awaitable); }
 
+  /// Drains worker `worker` (its index, 0..num_workers()-1): from now on it takes no new closure
+  /// and gets no new per-worker value; what runs there finishes and counts as usual (or, if the
+  /// worker goes first, runs again elsewhere, as for a lost worker). Completes, with signature
+  /// void(std::exception_ptr), once nothing runs there and it was told to drop its per-worker
+  /// values (datasets' iterators, variables, resources); errc::invalid_argument for a worker the
+  /// cluster does not have. A drained worker stays drained, connected or not, until resume(); it
+  /// may leave (its loss is no failure). Draining a drained worker completes when nothing runs there.
+  template <class CompletionToken>
+  auto async_drain(std::size_t worker, CompletionToken&& token) {
+    return asio::async_initiate<CompletionToken, void(std::exception_ptr)>(
+        [this, worker](auto handler) {
+          drain_erased(worker, detail::erased_handler<void(std::exception_ptr)>(std::move(handler), executor()));
+        },
+        token);
+  }
+  /// async_drain(worker) as a coroutine: throws what it completes with.
+  [[nodiscard]] asio::awaitable<void> drain(std::size_t worker) { return async_drain(worker, asio::use_awaitable); }
+  /// Brings drained worker `worker` back: reached again (it may have left and come back), its
+  /// per-worker values made again (fresh iterators, variables at their initial value), then it
+  /// takes closures. A drain still in progress is called off instead (its completion gets
+  /// errc::cancelled) and the worker, which still holds its values, goes on at once. Nothing for a
+  /// worker that is not drained; errc::invalid_argument for one the cluster does not have. Any
+  /// thread; waits for the coordinator's executor unless on it.
+  void resume(std::size_t worker);
+
   /// True when nothing is queued or running. Throws the pending error, if any (then clears it).
   [[nodiscard]] bool done();
 
@@ -224,6 +249,7 @@ class PSCORO_API cluster_coordinator {
   std::shared_ptr<detail::remote_state> schedule_erased(std::string name, std::string signature,
                                                         std::vector<value> args);
   void join_erased(detail::erased_handler<void(std::exception_ptr)> handler);
+  void drain_erased(std::size_t worker, detail::erased_handler<void(std::exception_ptr)> handler);
   /// Takes `options` (or the shared ones) as the strategy's coordinator options.
   void adopt(std::optional<coordinator_options> options);
   const asio::any_io_executor& executor() const noexcept;

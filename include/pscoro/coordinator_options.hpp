@@ -1,6 +1,6 @@
 // What a cluster_coordinator is told: closures in flight per worker, the queue's bound, how long
 // lost workers are waited for and probed, the watchdog, TF's rule for transient ps failures, a
-// bound on staleness and TF's staggered start.
+// bound on staleness, TF's staggered start and how many workers may join beyond the spec.
 #pragma once
 
 #include <pscoro/config.hpp>
@@ -45,6 +45,13 @@ struct coordinator_options {
   /// (whole seconds), as in TF, override them.
   std::chrono::milliseconds schedule_start_delay{0};
   std::chrono::milliseconds schedule_start_delay_max{0};
+  /// Elastic admission (beyond TF): a worker the cluster spec does not list (no task index, or
+  /// one past the spec's) that announces itself to the chief, holding the job's secret, is
+  /// admitted as the next worker index, while fewer than this many admitted workers are not
+  /// drained; its per-worker values are made before it takes closures. 0 = off: such a worker is
+  /// refused (errc::permission_denied), as one past the cap is. Needs the chief's address in the
+  /// cluster spec (workers announce themselves there).
+  std::size_t max_elastic_workers = 0;
 
   friend bool operator==(const coordinator_options&, const coordinator_options&) = default;
 };

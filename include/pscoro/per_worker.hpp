@@ -74,7 +74,7 @@ class coordinator_core;
 
 /// The value of per-worker variable `variable` (`ref`) on every worker, in worker order: the chief
 /// asks every worker at once. A worker the chief has lost throws remote_error(errc::unavailable)
-/// naming it (TF raises too), or, with lost_workers::skip, gives no value. Throws
+/// naming it (TF raises too), or, with lost_workers::skip, gives no value; a drained one gives none. Throws
 /// errc::failed_precondition when the strategy is gone. On the chief's executor.
 PSCORO_API asio::awaitable<std::vector<std::optional<tensor>>> read_per_worker_variable(
     std::weak_ptr<coordinator_core> core, per_worker_ref ref, variable_ref variable, lost_workers lost);
@@ -249,12 +249,13 @@ class per_worker_variable {
 
   /// Every worker's value, in worker order (TF's read_all()), asked of all workers at once. A
   /// worker the chief has lost makes it throw remote_error(errc::unavailable) naming that worker
-  /// (TF raises too). Only on the chief, from a coroutine on the coordinator's executor.
+  /// (TF raises too); a drained worker holds no copy and is left out. Only on the chief, from a coroutine on the coordinator's executor.
   [[nodiscard]] asio::awaitable<std::vector<xt::xarray<T>>> read_all() const {
     return read_all_of(core_, ref_, variable_, static_cast<bool>(local_));
   }
   /// As read_all(), but a worker the chief has lost, or loses during the read, gives no value
   /// instead of failing the read (TF has no such call): for a sum over the workers that are there.
+  /// A drained worker gives no value either.
   [[nodiscard]] asio::awaitable<std::vector<std::optional<xt::xarray<T>>>> read_available() const {
     return read_available_of(core_, ref_, variable_, static_cast<bool>(local_));
   }
@@ -297,7 +298,9 @@ class per_worker_variable {
     const auto tensors = co_await std::move(read);
     std::vector<xt::xarray<T>> out;
     out.reserve(tensors.size());
-    for (const auto& t : tensors) out.push_back(to_xarray<T>(t.value()));
+    for (const auto& t : tensors) {
+      if (t) out.push_back(to_xarray<T>(*t));  // none: a drained worker, which holds no copy
+    }
     co_return out;
   }
   static asio::awaitable<std::vector<std::optional<xt::xarray<T>>>> read_available_of(

@@ -12,6 +12,7 @@
 
 #include <algorithm>
 #include <numeric>
+#include <utility>
 
 namespace pscoro::chief {
 
@@ -35,6 +36,52 @@ closure_queue::closure_queue(asio::any_io_executor executor, std::vector<std::st
     workers_.push_back(worker_slot{std::move(name), {}, true});
     worker_metrics_.push_back(std::make_unique<worker_metrics>());
     worker_metrics_.back()->up.set(1);
+  }
+}
+
+void closure_queue::add_worker(std::string name) {
+  // Not alive until worker_up: its per-worker values are made first. It joined after the staggered
+  // start was planned: it starts at once.
+  workers_.push_back(worker_slot{std::move(name), {}, false});
+  worker_metrics_.push_back(std::make_unique<worker_metrics>());
+}
+
+void closure_queue::drain(std::size_t worker, join_handler drained) {
+  auto& slot = workers_.at(worker);
+  if (!slot.draining) {
+    slot.draining = true;
+    worker_metrics_[worker]->drained.set(1);
+    worker_metrics_[worker]->up.set(0);
+  }
+  slot.drainers.push_back(std::move(drained));
+  dispatch();
+}
+
+bool closure_queue::undrain(std::size_t worker) {
+  auto& slot = workers_.at(worker);
+  if (!slot.draining) return false;
+  slot.draining = false;
+  worker_metrics_[worker]->drained.set(0);
+  if (slot.drainers.empty()) {
+    slot.alive = false;  // until worker_up: its per-worker values are made again first
+    return false;
+  }
+  auto drainers = std::move(slot.drainers);
+  slot.drainers.clear();
+  const auto called_off = std::make_exception_ptr(
+      error(errc::cancelled, fmt::format("the drain of {} was called off: it was resumed first", slot.name)));
+  for (auto& drained : drainers) drained(called_off);
+  if (slot.alive) worker_metrics_[worker]->up.set(1);
+  dispatch();
+  return true;
+}
+
+void closure_queue::notify_drainers() {
+  for (auto& w : workers_) {
+    if (!w.draining || !w.running.empty() || w.drainers.empty()) continue;
+    auto drainers = std::move(w.drainers);
+    w.drainers.clear();
+    for (auto& drained : drainers) drained(nullptr);
   }
 }
 
@@ -121,6 +168,7 @@ void closure_queue::dispatch() {
   } while (admit_waiting());
   check_recovery_timeout(clock::now());
   notify_joiners();
+  notify_drainers();
   publish();
 }
 
@@ -149,7 +197,7 @@ void closure_queue::start_closures() {
     for (std::size_t k = 0; k < workers_.size(); ++k) {
       const std::size_t i = (next_worker_ + k) % workers_.size();
       const auto& w = workers_[i];
-      if (!w.alive || w.running.size() >= options_.closures_per_worker) continue;
+      if (!takes_closures(w) || w.running.size() >= options_.closures_per_worker) continue;
       if (w.takes_from > now) {
         if (!next_start || w.takes_from < *next_start) next_start = w.takes_from;
         continue;
@@ -175,14 +223,17 @@ void closure_queue::start_closures() {
 }
 
 void closure_queue::worker_up(std::size_t worker) {
-  if (!workers_.at(worker).alive) worker_metrics_[worker]->restarts.inc();
-  worker_metrics_[worker]->up.set(1);
-  workers_.at(worker).alive = true;
+  auto& slot = workers_.at(worker);
+  // A worker that joined or was resumed comes up, not back from a loss.
+  if (std::exchange(slot.lost_since_up, false)) worker_metrics_[worker]->restarts.inc();
+  slot.alive = true;
+  if (!slot.draining) worker_metrics_[worker]->up.set(1);
   dispatch();
 }
 
 void closure_queue::worker_lost(std::size_t worker) {
   workers_.at(worker).alive = false;
+  workers_[worker].lost_since_up = true;
   worker_metrics_.at(worker)->up.set(0);
   dispatch();
 }
@@ -252,7 +303,7 @@ void closure_queue::check_speculation(clock::time_point now) {
       std::optional<std::size_t> best;
       for (std::size_t b = 0; b < workers_.size(); ++b) {
         const auto& other = workers_[b];
-        if (b == w || !other.alive || other.takes_from > now || other.running.size() >= options_.closures_per_worker) {
+        if (b == w || !takes_closures(other) || other.takes_from > now || other.running.size() >= options_.closures_per_worker) {
           continue;
         }
         if (!best || other.running.size() < workers_[*best].running.size()) best = b;
@@ -377,6 +428,7 @@ void closure_queue::close() {
   auto waiting = std::move(waiting_);
   waiting_.clear();
   for (auto& producer : waiting) producer.admitted(closed, nullptr);
+  notify_drainers();
   publish();
 }
 
@@ -459,11 +511,12 @@ void closure_queue::tick(clock::time_point now) {
   check_recovery_timeout(now);
   check_watchdog(now);
   notify_joiners();
+  notify_drainers();
   publish();
 }
 
 void closure_queue::check_recovery_timeout(clock::time_point now) {
-  if (std::any_of(workers_.begin(), workers_.end(), [](const auto& w) { return w.alive; })) {
+  if (std::any_of(workers_.begin(), workers_.end(), [](const auto& w) { return takes_closures(w); })) {
     all_lost_since_.reset();
     return;
   }

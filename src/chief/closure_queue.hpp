@@ -87,6 +87,21 @@ class closure_queue : public std::enable_shared_from_this<closure_queue> {
   /// `worker` takes no closures until worker_up; what it runs comes back through lost().
   void worker_lost(std::size_t worker);
   bool alive(std::size_t worker) const { return workers_.at(worker).alive; }
+  /// A worker joins (elastic admission) as number workers() - 1; it takes closures from its
+  /// worker_up, once its per-worker values are made.
+  void add_worker(std::string name);
+  std::size_t workers() const noexcept { return workers_.size(); }
+  /// `worker` takes no new closure from now on; `drained` gets null once nothing runs there (at
+  /// once when nothing does). What runs there finishes as usual, or comes back through lost().
+  void drain(std::size_t worker, join_handler drained);
+  bool draining(std::size_t worker) const { return workers_.at(worker).draining; }
+  /// Whether `worker`'s next worker_up is a return from a loss (not its first, nor a resume).
+  bool returning(std::size_t worker) const { return workers_.at(worker).lost_since_up; }
+  /// `worker` is drained no more. After a completed drain it takes closures again from its next
+  /// worker_up (its per-worker values are made again first) and this returns false. A drain still
+  /// in progress is called off: its waiters get errc::cancelled, the worker (which still holds
+  /// its values) takes closures again at once, and this returns true.
+  bool undrain(std::size_t worker);
 
   // The outcome of a closure handed to `worker`.
   void succeeded(std::size_t worker, const closure_ptr& c, value result);
@@ -151,6 +166,7 @@ class closure_queue : public std::enable_shared_from_this<closure_queue> {
     metrics::counter restarts;   ///< times it came back after a loss
     metrics::gauge in_flight;    ///< handed to it, no outcome yet
     metrics::gauge up;           ///< 1 while it may take closures
+    metrics::gauge drained;      ///< 1 from a drain until it is resumed
   };
   const worker_metrics& worker_stats(std::size_t worker) const { return *worker_metrics_.at(worker); }
 
@@ -159,8 +175,13 @@ class closure_queue : public std::enable_shared_from_this<closure_queue> {
     std::string name;
     std::vector<closure_ptr> running;  // handed to it, no outcome yet
     bool alive = true;
+    bool lost_since_up = false;  // its next worker_up is a return from a loss (a restart)
+    bool draining = false;  // drained, or being drained: takes no new closure
     clock::time_point takes_from{};  // its staggered start (coordinator_options::schedule_start_delay)
+    std::vector<join_handler> drainers{};  // completed once nothing runs on it
   };
+  /// Whether `w` may be handed a closure now (not counting its room).
+  static bool takes_closures(const worker_slot& w) noexcept { return w.alive && !w.draining; }
   struct waiting_producer {
     closure_ptr c;
     admission_handler admitted;
@@ -209,6 +230,8 @@ class closure_queue : public std::enable_shared_from_this<closure_queue> {
   void check_recovery_timeout(clock::time_point now);
   void check_watchdog(clock::time_point now);
   void notify_joiners();
+  /// Completes the drains of workers that run nothing any more.
+  void notify_drainers();
   /// Sets the gauges from the queue and the running lists.
   void publish() noexcept;
 

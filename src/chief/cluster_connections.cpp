@@ -13,6 +13,7 @@
 #include <fmt/format.h>
 
 #include <optional>
+#include <tuple>
 #include <variant>
 
 namespace pscoro::chief {
@@ -46,6 +47,8 @@ cluster_connections::cluster_connections(asio::any_io_executor executor, const c
     workers_.push_back(worker_slot{std::make_shared<net::peer>(executor_, task_name("worker", index),
                                                           cluster.task_address("worker", index), hello, transport_)});
   }
+  spec_workers_ = workers_.size();
+  session_hello_ = std::move(hello);
 }
 
 asio::awaitable<void> cluster_connections::connect() {
@@ -204,6 +207,11 @@ asio::awaitable<void> cluster_connections::end_task(std::shared_ptr<net::peer> t
 
 void cluster_connections::worker_failed(std::size_t index, const std::string& reason) {
   auto& slot = workers_.at(index);
+  if (slot.drained && !closed_ && !reason.empty()) {
+    // Its task may leave once drained (scaled down): nothing of the job is lost with it.
+    log::info("drained {} disconnected: {}", slot.peer->task(), reason);
+    return;
+  }
   if (closed_ || !slot.ready) return;
   log::warning("lost {}: {}; its closures go back to the queue", slot.peer->task(), reason);
   slot.ready = false;
@@ -255,9 +263,23 @@ asio::awaitable<void> cluster_connections::watch_workers(std::weak_ptr<cluster_c
   }
 }
 
+void cluster_connections::drain(std::size_t index) {
+  auto& slot = workers_.at(index);
+  slot.drained = true;
+  slot.ready = false;
+}
+
+void cluster_connections::resume(std::size_t index, bool holds_values) {
+  auto& slot = workers_.at(index);
+  if (!slot.drained) return;
+  slot.drained = false;
+  slot.ready = holds_values && slot.peer->connection();
+  probe(index);  // at once when not ready: it may still be connected
+}
+
 void cluster_connections::probe(std::size_t index) {
   auto& slot = workers_[index];
-  if (closed_ || slot.ready || slot.probing) return;
+  if (closed_ || slot.ready || slot.probing || slot.drained) return;
   slot.probing = true;
   asio::co_spawn(executor_, recover(shared_from_this(), index), asio::detached);
 }
@@ -316,27 +338,102 @@ asio::awaitable<void> cluster_connections::hear_announcement(std::weak_ptr<clust
   auto self = weak.lock();
   if (!hello || !self || self->closed_) co_return;
   const auto count = self->workers_.size();
+  // Quoted as the peer named itself: a worker with no index says -1.
+  const auto claimed = hello->task_index() < 0 ? std::string("an unlisted worker")
+                                               : task_name("worker", hello->task_index());
+  const bool listed = hello->task_index() >= 0 && static_cast<std::size_t>(hello->task_index()) < count;
   std::string refusal;
+  std::error_code refusal_code = make_error_code(errc::invalid_argument);
   if (hello->job() != "worker" || hello->address().empty()) {
     refusal = fmt::format("{} hears only workers announcing their address (got a Hello of '{}'{})", task,
                           hello->job(), hello->address().empty() ? " without an address" : "");
-  } else if (hello->task_index() < 0 || static_cast<std::size_t>(hello->task_index()) >= count) {
-    refusal = fmt::format("worker index {} is out of range: the cluster has workers 0..{}", hello->task_index(),
-                          count - 1);
   } else {
     try {
-      (void)common::split_address(hello->address(), task_name("worker", hello->task_index()));
+      (void)common::split_address(hello->address(), claimed);
     } catch (const error& e) {
       refusal = e.what();
     }
   }
+  // Not one of the workers the chief has: a worker asking to join (elastic admission). An
+  // admitted worker the chief has lost is most likely this one, restarted by its cluster manager
+  // with no index to say so: it takes that index back (within the cap, as it was).
+  std::optional<std::size_t> taken_back;
+  if (refusal.empty() && !listed) {
+    taken_back = self->lost_admitted_worker();
+    if (!taken_back) std::tie(refusal_code, refusal) = self->admission(claimed, hello->address());
+  }
   if (!refusal.empty()) {
-    net::refuse(connection, make_error_code(errc::invalid_argument), refusal, task);
+    net::refuse(connection, refusal_code, refusal, task);
     co_return;
   }
   net::welcome(connection, identity);
   connection->close_after_flush("announcement heard");
-  self->announced(static_cast<std::size_t>(hello->task_index()), hello->address());
+  if (listed) {
+    self->announced(static_cast<std::size_t>(hello->task_index()), hello->address());
+  } else if (taken_back) {
+    log::info("{} at {} takes back the index of {}, admitted before and lost", claimed, hello->address(),
+              self->workers_[*taken_back].peer->task());
+    self->announced(*taken_back, hello->address());
+  } else {
+    self->admit(hello->address());
+  }
+}
+
+std::pair<std::error_code, std::string> cluster_connections::admission(const std::string& claimed,
+                                                                       const std::string& address) const {
+  const auto who = fmt::format("{} at {}", claimed, address);
+  // resource_exhausted is not a refusal to a worker: it announces itself again (with backoff, until
+  // heard), and the chief decides once it has connected to its cluster and has a coordinator.
+  if (!watch_timer_) {
+    return {make_error_code(errc::resource_exhausted),
+            fmt::format("{} admits workers once it has connected to its cluster; {} asks again", task_, who)};
+  }
+  if (!elastic_cap_) {
+    return {make_error_code(errc::resource_exhausted),
+            fmt::format("{} admits workers once its cluster_coordinator is made; {} asks again", task_, who)};
+  }
+  const auto spec = fmt::format("the cluster spec has workers 0..{}", spec_workers_ - 1);
+  if (*elastic_cap_ == 0) {
+    return {make_error_code(errc::permission_denied),
+            fmt::format("{} is not one of this job's workers ({}), and the job admits no worker beyond its cluster spec "
+                        "(coordinator_options::max_elastic_workers is 0)",
+                        who, spec)};
+  }
+  std::size_t admitted = 0;
+  for (std::size_t i = spec_workers_; i < workers_.size(); ++i) admitted += workers_[i].drained ? 0 : 1;
+  if (admitted >= *elastic_cap_) {
+    return {make_error_code(errc::permission_denied),
+            fmt::format("{} is refused: the job admits at most {} worker(s) beyond its cluster spec "
+                        "(coordinator_options::max_elastic_workers) and has {} ({})",
+                        who, *elastic_cap_, admitted, spec)};
+  }
+  return {};
+}
+
+std::optional<std::size_t> cluster_connections::lost_admitted_worker() const {
+  // Only while admission is on: with it off, nothing beyond the spec is taken, back or new.
+  if (!watch_timer_ || !elastic_cap_ || *elastic_cap_ == 0) return std::nullopt;
+  for (std::size_t i = spec_workers_; i < workers_.size(); ++i) {
+    if (!workers_[i].ready && !workers_[i].drained) return i;
+  }
+  return std::nullopt;
+}
+
+void cluster_connections::admit(const std::string& address) {
+  const auto index = workers_.size();
+  auto hello = session_hello_;
+  hello.set_admits(true);  // the index it dials is the one this worker is given
+  workers_.push_back(worker_slot{
+      std::make_shared<net::peer>(executor_, task_name("worker", static_cast<int>(index)), address, hello, transport_),
+      false});
+  workers_.back().peer->on_lost([weak = weak_from_this(), index](const std::string& reason) {
+    if (auto self = weak.lock()) self->worker_failed(index, reason);
+  });
+  log::info("admitted {} at {}, beyond the cluster spec's {} worker(s); it takes closures once its per-worker values "
+            "are made",
+            workers_.back().peer->task(), address, spec_workers_);
+  if (events_.worker_admitted) events_.worker_admitted(index);
+  probe(index);
 }
 
 void cluster_connections::announced(std::size_t index, const std::string& address) {
@@ -354,7 +451,7 @@ void cluster_connections::announced(std::size_t index, const std::string& addres
 }
 
 asio::awaitable<void> cluster_connections::recover(std::shared_ptr<cluster_connections> self, std::size_t index) {
-  auto& slot = self->workers_[index];  // workers_ never changes size
+  auto& slot = self->workers_[index];  // a deque: admitted workers never move the others
   try {
     if (co_await slot.peer->connect_once() && !self->closed_) {
       // Its per-worker resources first: no closure may reach it before its iterators exist.
@@ -362,7 +459,7 @@ asio::awaitable<void> cluster_connections::recover(std::shared_ptr<cluster_conne
         auto prepared = self->events_.prepare_worker(index);  // named: g++ 12 (temporaries)
         co_await std::move(prepared);
       }
-      if (!self->closed_ && slot.peer->connection()) {
+      if (!self->closed_ && !slot.drained && slot.peer->connection()) {
         slot.ready = true;
         if (self->events_.worker_back) self->events_.worker_back(index);
       }

@@ -17,10 +17,13 @@
 
 #include <chrono>
 #include <cstddef>
+#include <deque>
 #include <functional>
 #include <memory>
 #include <optional>
 #include <string>
+#include <system_error>
+#include <utility>
 #include <vector>
 
 namespace pscoro::chief {
@@ -38,6 +41,9 @@ class cluster_connections : public std::enable_shared_from_this<cluster_connecti
     std::function<asio::awaitable<void>(std::size_t worker)> prepare_worker;
     /// A lost worker is back and prepared.
     std::function<void(std::size_t worker)> worker_back;
+    /// A worker the spec does not list was admitted as `worker` (num_workers() - 1): it is
+    /// prepared (prepare_worker) and reported back (worker_back) like a returning worker.
+    std::function<void(std::size_t worker)> worker_admitted;
     /// Every probe interval, after the probes start.
     std::function<void()> tick;
     /// A ps answered a Heartbeat with its totals (every heartbeat interval while it is connected).
@@ -55,6 +61,12 @@ class cluster_connections : public std::enable_shared_from_this<cluster_connecti
   asio::awaitable<void> connect();
   void set_events(events handlers) { events_ = std::move(handlers); }
   void set_probe_interval(std::chrono::milliseconds interval) { probe_interval_ = interval; }
+  /// Workers the spec does not list are admitted from now on while fewer than `cap` admitted ones
+  /// are not drained (0: none is). Until this is called (no coordinator yet) they are asked to
+  /// try again.
+  void set_max_elastic_workers(std::size_t cap) { elastic_cap_ = cap; }
+  /// Workers of the cluster spec (the rest were admitted).
+  std::size_t spec_workers() const noexcept { return spec_workers_; }
   /// Stops listening and probing and closes every connection. With `job_exit_code`, first tells
   /// every ps and worker that the job ended (Shutdown), closing each connection when its task has
   /// answered, or after handshake_timeout; not before connect() confirmed every address of the
@@ -67,6 +79,14 @@ class cluster_connections : public std::enable_shared_from_this<cluster_connecti
   const std::shared_ptr<net::peer>& worker(std::size_t index) const { return workers_.at(index).peer; }
   /// Connected and prepared: may take closures.
   bool ready(std::size_t worker) const { return workers_.at(worker).ready; }
+  /// `worker` is drained (the coordinator's drain()): not ready, never probed, and its loss is no
+  /// failure; its connection stays open while its task keeps it. resume() ends that.
+  void drain(std::size_t worker);
+  bool drained(std::size_t worker) const { return workers_.at(worker).drained; }
+  /// `worker` is drained no more. When `holds_values` (its drain was called off before it dropped
+  /// them) and it is connected, it is ready at once; otherwise it is brought back as a lost
+  /// worker is: reached, prepared, then ready.
+  void resume(std::size_t worker, bool holds_values);
   /// A call to `worker` failed because its connection is gone (`reason`): it is lost until a probe
   /// brings it back. Logged once per loss.
   void worker_failed(std::size_t worker, const std::string& reason);
@@ -79,6 +99,7 @@ class cluster_connections : public std::enable_shared_from_this<cluster_connecti
     std::shared_ptr<net::peer> peer;
     bool ready = true;
     bool probing = false;  // a recovery attempt is under way
+    bool drained = false;
   };
 
   /// Accepts workers announcing themselves (Hello.address) until close().
@@ -87,6 +108,14 @@ class cluster_connections : public std::enable_shared_from_this<cluster_connecti
                                                  asio::ip::tcp::socket socket);
   /// Worker `index` says it can be reached at `address` now: use that, and bring it back at once.
   void announced(std::size_t index, const std::string& address);
+  /// Whether a worker the spec does not list, announcing itself as `claimed` at `address`, may
+  /// join now: the code and reason of a refusal, or an ok code.
+  std::pair<std::error_code, std::string> admission(const std::string& claimed, const std::string& address) const;
+  /// An admitted worker that is lost (not ready, not drained), to be taken back by an unlisted
+  /// worker announcing itself; none while admission is off.
+  std::optional<std::size_t> lost_admitted_worker() const;
+  /// Admits the worker at `address` as the next worker and starts bringing it up.
+  void admit(const std::string& address);
   /// While connect() waits, logs every waiting_report_interval which task it still waits for, for
   /// how long and how many are connected, until `timer` is cancelled (a job whose tasks start slowly is not minutes of
   /// silence).
@@ -114,10 +143,13 @@ class cluster_connections : public std::enable_shared_from_this<cluster_connecti
   static constexpr std::chrono::seconds waiting_report_interval{5};
   const net::peer* awaiting_ = nullptr;  // the task connect() waits for
   std::vector<std::shared_ptr<net::peer>> ps_;
-  std::vector<worker_slot> workers_;
+  std::deque<worker_slot> workers_;  // grows as workers are admitted (elastic)
   std::optional<asio::steady_timer> watch_timer_;
   std::optional<asio::ip::tcp::acceptor> acceptor_;  // for announcements, when spec_address_ is set
   net::handshake_gate announcement_gate_;  // of the announcements' handshakes
+  wire::Hello session_hello_;  // what opens the session on every task (an admitted worker's: with admits)
+  std::size_t spec_workers_ = 0;
+  std::optional<std::size_t> elastic_cap_;  // none until a coordinator says
   bool spec_checked_ = false;  // every ps and worker answered at its address as the task it is
   bool closed_ = false;
 };

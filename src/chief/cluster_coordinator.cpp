@@ -78,6 +78,16 @@ void cluster_coordinator::join_erased(detail::erased_handler<void(std::exception
   });
 }
 
+void cluster_coordinator::drain_erased(std::size_t worker, detail::erased_handler<void(std::exception_ptr)> handler) {
+  (void)detail::on_chief(core_, [worker, h = std::move(handler)](detail::coordinator_core& core) mutable {
+    core.drain(worker, std::move(h));
+  });
+}
+
+void cluster_coordinator::resume(std::size_t worker) {
+  detail::on_chief(core_, [worker](detail::coordinator_core& core) { core.resume(worker); }).get();
+}
+
 asio::awaitable<per_worker_ref> detail::create_per_worker_iterators(std::shared_ptr<coordinator_core> core,
                                                                     std::string function) {
   co_return co_await core->per_worker().create_iterators(std::move(function));

@@ -90,11 +90,21 @@ class coordinator_core : public std::enable_shared_from_this<coordinator_core> {
   /// TF's coordinator metrics, read now. Any thread.
   metrics::coordinator_metrics metrics() const;
 
+  /// Drains worker `worker` (cluster_coordinator::drain): no new closure or per-worker value goes
+  /// there, and once nothing runs there it drops its per-worker values and `drained` completes
+  /// (with errc::invalid_argument for a worker the cluster does not have). On the executor.
+  void drain(std::size_t worker, chief::closure_queue::join_handler drained);
+  /// Brings drained worker `worker` back (cluster_coordinator::resume); throws
+  /// errc::invalid_argument for a worker the cluster does not have. On the executor.
+  void resume(std::size_t worker);
+
  private:
   coordinator_core(asio::any_io_executor executor, cluster_spec cluster, strategy_options options,
                    net::task_identity self, std::string spec_address, const std::string& chief_page);
   /// Wires the parts' events to this core (they hold it weakly).
   void wire_events();
+  /// Registers worker `worker`'s series (the queue's worker_metrics) with the process registry.
+  void register_worker(std::size_t worker);
 
   /// Sends closure `c` to `worker` and hands its outcome to the queue.
   static asio::awaitable<void> run(std::shared_ptr<coordinator_core> self, std::size_t worker,

@@ -174,12 +174,22 @@ void per_worker_values::release(std::uint64_t id) {
   }
 }
 
+void per_worker_values::release_on(std::size_t worker) {
+  const auto connection = connections_->worker(worker)->connection();
+  if (!connection || connections_->closed()) return;  // a lost worker has lost its values
+  for (const auto& e : live_) {
+    wire::frame request;
+    request.message.mutable_request()->mutable_release_iterator()->set_id(e.ref.id);
+    connection->async_call(std::move(request), [](std::error_code, wire::frame) {});
+  }
+}
+
 asio::awaitable<std::vector<std::optional<tensor>>> per_worker_values::read_variable(per_worker_ref ref,
                                                                                      variable_ref variable,
                                                                                      detail::lost_workers lost) {
   const auto workers = connections_->num_workers();
   for (std::size_t i = 0; i < workers && lost == detail::lost_workers::fail; ++i) {
-    if (connections_->ready(i)) continue;
+    if (connections_->ready(i) || connections_->drained(i)) continue;
     // TF raises too (its per-worker variable's value on a lost worker is aborted). The chief does
     // not wait for the worker: it may never come back.
     const auto& task = connections_->worker(i)->task();
@@ -197,7 +207,9 @@ asio::awaitable<std::vector<std::optional<tensor>>> per_worker_values::read_vari
 asio::awaitable<void> per_worker_values::read_on(std::shared_ptr<per_worker_values> self, std::size_t worker,
                                                  std::uint64_t id, variable_ref variable, detail::lost_workers lost,
                                                  std::optional<tensor>& out) {
-  // A worker being prepared to come back does not hold the variable yet: it counts as lost.
+  // A drained worker holds no copy. A worker being prepared to come back does not hold the
+  // variable yet: it counts as lost.
+  if (self->connections_->drained(worker)) co_return;
   if (lost == detail::lost_workers::skip && !self->connections_->ready(worker)) co_return;
   wire::frame request;
   auto* read = request.message.mutable_request()->mutable_read_per_worker_variable();

@@ -38,12 +38,16 @@ class per_worker_values : public std::enable_shared_from_this<per_worker_values>
   /// Builds a resource of resource function `function` on every ready worker; as create_iterators.
   asio::awaitable<per_worker_ref> create_resources(std::string function);
   /// Every worker's value of per-worker variable `variable` (`ref`), in worker order; a worker
-  /// that is not ready fails it with remote_error(errc::unavailable) naming the worker.
+  /// that is not ready fails it with remote_error(errc::unavailable) naming the worker, except a
+  /// drained one, which holds no copy: its value is none.
   asio::awaitable<std::vector<std::optional<tensor>>> read_variable(per_worker_ref ref, variable_ref variable,
                                                                     detail::lost_workers lost);
   /// Value `id` has no lease left: it is not rebuilt on workers that come back any more, and each
   /// connected worker is told to drop its own (queued on the connection now, not awaited).
   void release(std::uint64_t id);
+  /// `worker` was drained: it drops its copy of every live value (queued on its connection now,
+  /// not awaited). It is not given new ones while drained, and gets them all again if resumed.
+  void release_on(std::size_t worker);
   /// Makes every live value of `self` (none when null: the chief is gone) on `worker`, which came
   /// back, in the order they were made.
   static asio::awaitable<void> prepare(std::shared_ptr<per_worker_values> self, std::size_t worker);

@@ -211,6 +211,12 @@ void set_task_if_unset(std::string task) {
   complain_once(out, s);
 }
 
+void rename_task(std::string_view was, std::string task) {
+  auto& out = output();
+  std::lock_guard lock(out.mutex);
+  if (out.task == was) out.task = std::move(task);
+}
+
 std::vector<problem> recent_problems(std::uint64_t* logged) {
   auto& out = output();
   std::lock_guard lock(out.mutex);

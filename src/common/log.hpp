@@ -26,6 +26,9 @@ void set_task(std::string task);
 /// The same, unless the process already has a task: a program that runs a server and then a
 /// chief (or a test running a whole cluster in one process) keeps the first role's name.
 void set_task_if_unset(std::string task);
+/// The same, only while the process's task is `was`: a worker given its index by the chief
+/// (elastic admission) renames its lines, unless the process had another name.
+void rename_task(std::string_view was, std::string task);
 /// The line for `record` in text or JSON (format_log_line picks by PSCORO_LOG_FORMAT).
 std::string format_line(const log_record& record, bool json);
 

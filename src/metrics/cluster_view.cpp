@@ -67,6 +67,16 @@ void view_state::set_task(task_view task) {
   }
 }
 
+void view_state::rename_task(std::string_view was, std::string now) {
+  const std::lock_guard lock(mutex_);
+  if (task_.task == was) task_.task = std::move(now);
+}
+
+void view_state::add_worker(std::string task, std::string address) {
+  const std::lock_guard lock(mutex_);
+  if (task_.role == "chief") task_.workers.emplace_back(std::move(task), std::move(address));
+}
+
 void view_state::set_chief_page(std::string url) {
   const std::lock_guard lock(mutex_);
   if (task_.role != "chief") task_.chief_page = std::move(url);
@@ -150,10 +160,11 @@ json view_state::document(const registry& served, std::chrono::system_clock::tim
     for (const auto& [task, address] : task_.workers) {
       const labels worker{{"worker", task}};
       const auto up = series.get("pscoro_coordinator_worker_up", worker);
+      const bool drained = series.get_or("pscoro_coordinator_worker_drained", worker, 0) > 0;
       workers.push_back(
           {{"task", task},
            {"address", address},
-           {"state", !up ? "unknown" : *up > 0 ? "up" : "down"},
+           {"state", drained ? "drained" : !up ? "unknown" : *up > 0 ? "up" : "down"},
            {"closures_succeeded",
             series.get_or("pscoro_coordinator_worker_closures_total", {{"outcome", "succeeded"}, {"worker", task}}, 0)},
            {"closures_failed",

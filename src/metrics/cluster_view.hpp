@@ -46,6 +46,11 @@ class view_state {
   /// cluster in one process shows the chief's) and starts its rates afresh; a server's replaces
   /// nothing.
   void set_task(task_view task);
+  /// This server is `now` from here on, if it was `was` (a worker the chief admitted and gave an
+  /// index).
+  void rename_task(std::string_view was, std::string now);
+  /// The chief admitted a worker beyond its cluster spec (elastic): the page lists it after the others.
+  void add_worker(std::string task, std::string address);
   /// A server's link to the chief's page, as the chief's Hello gives it; nothing on the chief's own
   /// view (a test that runs a whole cluster in one process shows the chief's).
   void set_chief_page(std::string url);

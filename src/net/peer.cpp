@@ -247,6 +247,12 @@ asio::awaitable<std::optional<wire::Hello>> receive_hello(std::shared_ptr<wire::
   // (and its words are quoted, escaped and cut short: they go into logs).
   const auto claimed = fmt::format("{} (claims {})", connection->peer(),
                                    task_name(printable(hello.job()), hello.task_index()));
+  // A chief admitting this worker names the index it gives it (the Challenge below names it too);
+  // whether the Hello is the chief's is known only once the secret is proved, and the server
+  // adopts the index only then.
+  const bool admitted = self.awaiting_admission && hello.admits() && hello.job() == "chief" &&
+                        hello.to_job() == self.job && hello.to_task_index() >= 0;
+  if (admitted) self.index = hello.to_task_index();
   if (hello.to_job() != self.job || hello.to_task_index() != self.index) {
     const auto meant =
         hello.to_job().empty() ? std::string("no task") : task_name(printable(hello.to_job()), hello.to_task_index());

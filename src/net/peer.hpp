@@ -38,6 +38,9 @@ struct task_identity {
   std::string job;
   int index = 0;
   std::uint64_t incarnation = 0;
+  /// A worker that announced itself and serves no session yet: a chief's Hello that admits it
+  /// (Hello.admits) may name another index, which becomes this worker's (elastic admission).
+  bool awaiting_admission = false;
 };
 
 /// A random incarnation for a process starting now; never 0, which a Hello's session reserves for

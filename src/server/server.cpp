@@ -1,5 +1,6 @@
 #include <pscoro/server.hpp>
 
+#include "common/environment.hpp"
 #include "common/log.hpp"
 #include "metrics/cluster_view.hpp"
 #include "metrics/library.hpp"
@@ -48,6 +49,8 @@ struct server::impl : std::enable_shared_from_this<impl> {
   std::string chief_address;  // where the chief listens for announcements (a worker's; or empty)
   std::string chief_task;     // the chief's task name, as its Welcome gives it ("chief:0")
   bool chief_connected = false;
+  bool unlisted = false;  // a worker the cluster spec does not list: the chief must admit it
+  bool awaiting_admission = false;  // announced, no chief session yet: Hello.admits may give an index
   transport_options transport;
   std::uint64_t incarnation = net::new_incarnation();
   asio::ip::tcp::acceptor acceptor;
@@ -85,16 +88,53 @@ struct server::impl : std::enable_shared_from_this<impl> {
       throw error(errc::invalid_argument,
                   fmt::format("a server runs a 'ps' or 'worker' task, not '{}'", job.empty() ? "<none>" : job));
     }
-    if (!resolver.task_id()) throw error(errc::invalid_argument, fmt::format("the {} task has no index", job));
-    index = *resolver.task_id();
-    task = task_name(job, index);
+    const auto& spec = resolver.cluster_spec();
+    const auto listed = [&] {
+      if (!resolver.task_id() || !spec.has_job(job)) return false;
+      const auto indices = spec.task_indices(job);
+      return std::find(indices.begin(), indices.end(), *resolver.task_id()) != indices.end();
+    }();
+    // A worker the spec does not list (no index, or one the spec lacks) asks the chief to admit
+    // it (elastic admission): it listens where it is told and announces that address.
+    unlisted = job == "worker" && !listed;
+    if (!unlisted && !resolver.task_id()) {
+      throw error(errc::invalid_argument, fmt::format("the {} task has no index", job));
+    }
+    if (!unlisted && !spec.has_job(job)) {
+      throw error(errc::invalid_argument, fmt::format("`task_type` '{}' not found in cluster_spec.", job));
+    }
+    index = resolver.task_id().value_or(-1);
+    task = unlisted ? std::string("worker:unlisted") : task_name(job, index);
     sessions = serving::session_table(task);
     gate.emplace(task, transport);
-    const auto& spec = resolver.cluster_spec();
-    if (!spec.has_job(job)) throw error(errc::invalid_argument, fmt::format("`task_type` '{}' not found in cluster_spec.", job));
-    spec_address = spec.task_address(job, index);
-    listen_address =
-        options.listen_address.empty() ? net::listen_address_for(spec_address, task) : options.listen_address;
+    if (unlisted) {
+      listen_address = options.listen_address.empty() ? common::environment("PSCORO_LISTEN_ADDRESS")
+                                                      : options.listen_address;
+      if (listen_address.empty()) {
+        throw error(errc::invalid_argument,
+                    fmt::format("this worker is not in the cluster spec ({}): to join the job as an unlisted worker "
+                                "it needs an address to listen on and announce, reachable by the chief "
+                                "(server_options::listen_address or PSCORO_LISTEN_ADDRESS, e.g. 10.0.0.7:0)",
+                                resolver.task_id() ? fmt::format("task index {}", *resolver.task_id())
+                                                   : std::string("no task index")));
+      }
+      // It announces this address: the chief must be able to dial it.
+      const auto host = common::split_address(listen_address, task).first;
+      std::error_code not_literal;
+      if (const auto literal = asio::ip::make_address(host, not_literal); !not_literal && literal.is_unspecified()) {
+        throw error(errc::invalid_argument,
+                    fmt::format("this worker is not in the cluster spec and announces the address it listens on, "
+                                "but {} is every interface, which the chief cannot dial: give the host the chief "
+                                "reaches it at (server_options::listen_address or PSCORO_LISTEN_ADDRESS, e.g. "
+                                "10.0.0.7:0)",
+                                listen_address));
+      }
+      spec_address = listen_address;
+    } else {
+      spec_address = spec.task_address(job, index);
+      listen_address =
+          options.listen_address.empty() ? net::listen_address_for(spec_address, task) : options.listen_address;
+    }
     // A worker tells the chief where it is (it may have come back at another address), if the
     // spec says where the chief listens.
     if (job == "worker") {
@@ -106,6 +146,15 @@ struct server::impl : std::enable_shared_from_this<impl> {
         chief_task = task_name("chief", indices.front());  // the chief answers as "chief" whatever its job's name
         break;
       }
+      if (unlisted && chief_address.empty()) {
+        throw error(errc::invalid_argument,
+                    "this worker is not in the cluster spec, and an unlisted worker joins the job by announcing "
+                    "itself to the chief: the cluster spec must give the chief's address (a 'chief' job with a "
+                    "port other than 0)");
+      }
+      // Until the chief opens its session here, a chief that admits this worker may give it an
+      // index (Hello.admits).
+      awaiting_admission = !chief_address.empty();
     }
     // Every task serves its page on the same fixed port (PSCORO_METRICS_PORT=9100 in a deployment):
     // the chief's is then on the chief's host. A port picked free (0) is known only to the chief.
@@ -181,7 +230,14 @@ struct server::impl : std::enable_shared_from_this<impl> {
           co_return;
         }
       } catch (const std::exception& e) {
-        log::warning("the chief at {} refused this worker's announcement: {}", self->chief_address, e.what());
+        if (!self->unlisted) {
+          log::warning("the chief at {} refused this worker's announcement: {}", self->chief_address, e.what());
+          co_return;
+        }
+        // Not admitted, an unlisted worker has nothing to do: it says why and ends.
+        log::error("the chief at {} did not admit this worker: {}", self->chief_address, e.what());
+        self->stop();
+        if (self->on_shutdown) self->on_shutdown(1);
         co_return;
       }
       timer.expires_after(backoff);
@@ -217,7 +273,19 @@ struct server::impl : std::enable_shared_from_this<impl> {
     }
   }
 
-  net::task_identity identity() const { return {job, index, incarnation}; }
+  net::task_identity identity() const { return {job, index, incarnation, awaiting_admission}; }
+
+  // The chief admitted this worker as worker `given` (Hello.admits): it is that task from now on.
+  void admitted_as(int given) {
+    const auto was = task;
+    index = given;
+    task = task_name(job, index);
+    sessions = serving::session_table(task);
+    worker->set_identity(task, identity());
+    log::rename_task(was, task);
+    metrics::process_view().rename_task(was, task);
+    log::info("the chief admitted this worker as {} (it announced itself as {})", task, was);
+  }
 
   // Puts the connection from `peer` into coordinator session `hello_session` (session_table::join)
   // and, when that ends the current session, closes the ended session's connections and releases
@@ -282,11 +350,17 @@ struct server::impl : std::enable_shared_from_this<impl> {
       connection->close_after_flush("the chief checked who answers here");
       co_return;
     }
+    // Before it joins the session: the session table and the Welcome name the task it is now.
+    // (receive_hello let this Hello name the index only for a worker awaiting admission.)
+    if (chief && self->worker && self->awaiting_admission && h.admits() && h.to_task_index() != self->index) {
+      self->admitted_as(h.to_task_index());
+    }
     if (const auto refused = self->join_session(h.session(), connection->peer(), chief); !refused.empty()) {
       net::refuse(connection, make_error_code(errc::aborted), refused, self->task);
       co_return;
     }
     if (chief && self->worker) {
+      self->awaiting_admission = false;
       self->worker->set_cluster(h);
       self->chief_connected = true;
     }

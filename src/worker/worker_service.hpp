@@ -34,6 +34,12 @@ class worker_service {
  public:
   /// The worker `task` ("worker:1"), which is `self` in its handshakes with the ps.
   worker_service(asio::any_io_executor executor, std::string task, net::task_identity self, transport_options options);
+  /// This worker is `task` (`self`) from now on: the chief admitted it with that index (elastic
+  /// admission), before any session.
+  void set_identity(std::string task, net::task_identity self) {
+    task_ = std::move(task);
+    self_ = std::move(self);
+  }
 
   /// Registers `fn` under `name`; binding a name twice replaces the first binding.
   void bind(std::string name, std::string signature, detail::erased_worker_function fn);

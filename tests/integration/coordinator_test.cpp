@@ -5,6 +5,8 @@
 
 #include <pscoro/coordinator.hpp>
 
+#include <asio/io_context.hpp>
+#include <asio/post.hpp>
 #include <asio/steady_timer.hpp>
 #include <asio/use_awaitable.hpp>
 
@@ -12,6 +14,9 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <chrono>
+#include <memory>
+#include <string>
 #include <condition_variable>
 #include <filesystem>
 #include <fstream>
@@ -1192,12 +1197,182 @@ TEST_CASE("the chief refuses announcements it cannot use, naming why") {
       }
       co_return "";
     };
+    // A worker the chief does not have asks to join, and admission is off.
     CHECK(contains(co_await refusal("worker", 1, "127.0.0.1:1"),
-                   "worker index 1 is out of range: the cluster has workers 0..0"));
+                   "worker:1 at 127.0.0.1:1 is not one of this job's workers (the cluster spec has workers 0..0), and "
+                   "the job admits no worker beyond its cluster spec (coordinator_options::max_elastic_workers is 0)"));
     CHECK(contains(co_await refusal("worker", 0, "nowhere"), "address 'nowhere' of worker:0 is not host:port"));
     CHECK(contains(co_await refusal("worker", 0, ""), "without an address"));
     CHECK(contains(co_await refusal("ps", 0, "127.0.0.1:1"), "hears only workers announcing their address"));
   });
+}
+
+namespace {
+
+// Elastic admission: a resource that says which worker index it was built for, of how many, and a
+// function that returns the worker it runs on (its task now) with that resource.
+const resource_function<std::string> placement{"test.placement"};
+const worker_function<std::string(per_worker_resource<std::string>)> where{"test.where"};
+
+void bind_elastic(server& s) {
+  bind_test_functions(s);
+  s.bind(placement, [](input_context context) {
+    return std::to_string(context.worker_index) + "/" + std::to_string(context.num_workers);
+  });
+  s.bind(where, [&s](per_worker_resource<std::string> built) -> asio::awaitable<std::string> {
+    co_return s.task() + " " + *built;
+  });
+}
+
+// A worker the cluster spec does not list, in this process on a thread of its own: its spec names
+// only the chief (at `chief`) and the ps; it listens on 127.0.0.1, port 0.
+struct unlisted_worker {
+  unlisted_worker(const cluster_spec& cluster, const std::string& chief) {
+    cluster_spec spec;
+    for (const int i : cluster.task_indices("ps")) spec.add_task("ps", i, cluster.task_address("ps", i));
+    spec.add_task("chief", 0, chief);
+    server_options options;
+    options.listen_address = "127.0.0.1:0";
+    options.on_shutdown = [this](int code) { exit_code = code; };
+    srv = std::make_unique<server>(io.get_executor(), simple_cluster_resolver(spec, "worker", std::nullopt), options);
+    bind_elastic(*srv);
+    srv->start();
+    thread = std::thread([this] { io.run(); });
+  }
+  ~unlisted_worker() {
+    asio::post(io, [this] {
+      srv->stop();
+      io.stop();
+    });
+    thread.join();
+  }
+  asio::io_context io;
+  asio::executor_work_guard<asio::io_context::executor_type> keep_running = asio::make_work_guard(io);
+  std::unique_ptr<server> srv;
+  std::atomic<int> exit_code{-1};  // what on_shutdown was told: 1 when the chief refused it
+  std::thread thread;
+};
+
+}  // namespace
+
+TEST_CASE("an unlisted worker is admitted as the next worker, gets its per-worker values, then closures; one past the cap is refused and stops") {
+  local_cluster cluster(1, 1, bind_elastic);
+  cluster.chief_address = "127.0.0.1:0";
+  cluster.run_chief(
+      [&](parameter_server_strategy& strategy, cluster_coordinator& coordinator) -> asio::awaitable<void> {
+        auto built = co_await coordinator.create_per_worker_resource(placement);
+        CHECK(co_await coordinator.schedule(where, built).get() == "worker:0 0/1");
+        unlisted_worker joining(cluster.spec, strategy.address());
+        CHECK(joining.srv->task() == "worker:unlisted");
+        // Closures run on worker 0 until the admitted worker takes some, its resource made first
+        // (for index 1 of 2 workers).
+        std::string seen;
+        for (const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+             !seen.starts_with("worker:1") && std::chrono::steady_clock::now() < until;) {
+          seen = co_await coordinator.schedule(where, built).get();
+        }
+        CHECK(seen == "worker:1 1/2");
+        CHECK(strategy.num_workers() == 2);
+        // One past the cap is told why and stops.
+        unlisted_worker refused(cluster.spec, strategy.address());
+        asio::steady_timer timer(co_await asio::this_coro::executor);
+        for (const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+             refused.exit_code == -1 && std::chrono::steady_clock::now() < until;) {
+          timer.expires_after(std::chrono::milliseconds(1));
+          co_await timer.async_wait(asio::use_awaitable);
+        }
+        CHECK(refused.exit_code == 1);
+        CHECK(strategy.num_workers() == 2);
+        // Drained, the admitted worker no longer counts against the cap: another is admitted.
+        co_await coordinator.drain(1);
+        unlisted_worker next(cluster.spec, strategy.address());
+        for (const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+             !seen.starts_with("worker:2") && std::chrono::steady_clock::now() < until;) {
+          seen = co_await coordinator.schedule(where, built).get();
+        }
+        CHECK(seen == "worker:2 2/3");
+        CHECK(coordinator.metrics().worker_failures == 0);
+        co_await coordinator.join();
+      },
+      coordinator_options{.max_elastic_workers = 1});
+}
+
+TEST_CASE("an unlisted worker needs the chief's address and an address of its own the chief can dial, or it does not start") {
+  asio::io_context io;
+  cluster_spec with_chief;
+  with_chief.add_task("chief", 0, "127.0.0.1:4000");
+  with_chief.add_task("ps", 0, "127.0.0.1:4001");
+  cluster_spec without_chief;
+  without_chief.add_task("ps", 0, "127.0.0.1:4001");
+  const auto failure = [&](const cluster_spec& spec, std::string listen) {
+    server_options options;
+    options.listen_address = std::move(listen);
+    return error_thrown_by([&] { server s(io.get_executor(), simple_cluster_resolver(spec, "worker", std::nullopt), options); });
+  };
+  const auto no_address = failure(with_chief, "");
+  CHECK(no_address.code() == errc::invalid_argument);
+  CHECK(contains(no_address.what(), "needs an address to listen on and announce"));
+  CHECK(contains(failure(without_chief, "127.0.0.1:0").what(), "the cluster spec must give the chief's address"));
+  CHECK(contains(failure(with_chief, "0.0.0.0:0").what(), "0.0.0.0:0 is every interface, which the chief cannot dial"));
+  // An index the spec lacks is no index: the same rules.
+  server_options listening;
+  listening.listen_address = "127.0.0.1:0";
+  server listed_elsewhere(io.get_executor(), simple_cluster_resolver(with_chief, "worker", 7), listening);
+  CHECK(listed_elsewhere.task() == "worker:unlisted");
+}
+
+TEST_CASE("an unlisted worker announcing itself while an admitted worker is lost takes that index back, within the cap") {
+  local_cluster cluster(1, 1, bind_elastic);
+  cluster.chief_address = "127.0.0.1:0";
+  cluster.run_chief(
+      [&](parameter_server_strategy& strategy, cluster_coordinator& coordinator) -> asio::awaitable<void> {
+        auto built = co_await coordinator.create_per_worker_resource(placement);
+        auto first = std::make_unique<unlisted_worker>(cluster.spec, strategy.address());
+        std::string seen;
+        for (const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+             !seen.starts_with("worker:1") && std::chrono::steady_clock::now() < until;) {
+          seen = co_await coordinator.schedule(where, built).get();
+        }
+        REQUIRE(seen == "worker:1 1/2");
+        first.reset();  // its process ends: the chief loses worker:1
+        asio::steady_timer timer(co_await asio::this_coro::executor);
+        for (const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+             coordinator.metrics().worker_failures == 0 && std::chrono::steady_clock::now() < until;) {
+          timer.expires_after(std::chrono::milliseconds(1));
+          co_await timer.async_wait(asio::use_awaitable);
+        }
+        REQUIRE(coordinator.metrics().worker_failures == 1);
+        // Restarted with no index of its own: it is worker:1 again, not refused at the cap of 1.
+        unlisted_worker again(cluster.spec, strategy.address());
+        seen.clear();
+        for (const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+             !seen.starts_with("worker:1") && again.exit_code == -1 && std::chrono::steady_clock::now() < until;) {
+          seen = co_await coordinator.schedule(where, built).get();
+        }
+        CHECK(seen == "worker:1 1/2");  // its resource made again, for the same index
+        CHECK(again.exit_code == -1);
+        CHECK(strategy.num_workers() == 2);
+        co_await coordinator.join();
+      },
+      coordinator_options{.max_elastic_workers = 1});
+}
+
+TEST_CASE("a chief's Hello that admits a worker under another index is refused by a worker that did not ask to be admitted") {
+  local_cluster cluster(1, 1, bind_test_functions);  // its workers know no chief address: they never announce
+  asio::io_context io;
+  auto hello = net::make_hello({"chief", 0, 77}, 77);
+  hello.set_admits(true);
+  auto dialled = asio::co_spawn(
+      io,
+      [&]() -> asio::awaitable<std::exception_ptr> {
+        const transport_options options;  // named: g++ 12 destroys a co_await's temporaries early
+        co_return co_await failure_of(net::connect_to_task("worker:3", cluster.spec.task_address("worker", 0), hello, options));
+      },
+      asio::use_future);
+  io.run();
+  const auto refused = dialled.get();
+  CHECK_MESSAGE(code_of(refused) == errc::failed_precondition, refused);
+  CHECK(contains(message_of(refused), "dialled worker:3 but reached worker:0"));
 }
 
 TEST_CASE("a closure that could not reach a ps the chief still reaches runs again, up to TF's threshold") {

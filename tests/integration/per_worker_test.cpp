@@ -15,6 +15,7 @@
 #include <xtensor/xbuilder.hpp>
 #include <xtensor/xmath.hpp>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <map>
@@ -908,5 +909,125 @@ TEST_CASE("while a worker builds a per-worker value, closures go on reading its 
     }
     REQUIRE_MESSAGE(*done, "the resource was never made once its function was let go");
     CHECK_FALSE(*failure);
+  });
+}
+
+namespace {
+
+// Drain: a resource whose every instance says when it is dropped (the worker released it), and a
+// function that counts its runs per worker, optionally held at a gate until it opens.
+struct dropped_when_released {
+  explicit dropped_when_released(std::int64_t worker)
+      : token(new std::int64_t(worker), [](std::int64_t* w) {
+          ++drain_resources_dropped[*w];
+          delete w;
+        }) {}
+  std::shared_ptr<std::int64_t> token;  // moved-from copies hold nothing and count nothing
+  static std::atomic<int> drain_resources_dropped[2];
+};
+std::atomic<int> dropped_when_released::drain_resources_dropped[2];
+std::atomic<int> drain_resources_built[2];
+std::atomic<int> drain_runs[2];
+std::atomic<int> drain_gated_started{0};
+std::atomic<bool> drain_gate_open{false};
+const resource_function<dropped_when_released> drain_resources{"test.drain_resources"};
+// Returns the index of the worker it ran on; with `gated`, waits for drain_gate_open first.
+const worker_function<std::int64_t(per_worker_resource<dropped_when_released>, bool)> counted_run{"test.counted_run"};
+
+asio::awaitable<void> wait_until(bool (*condition)()) {
+  asio::steady_timer timer(co_await asio::this_coro::executor);
+  while (!condition()) {
+    timer.expires_after(std::chrono::milliseconds(1));
+    co_await timer.async_wait(asio::use_awaitable);
+  }
+}
+
+void bind_drain_functions(server& s) {
+  bind_per_worker(s);
+  const std::int64_t index = s.task() == "worker:0" ? 0 : 1;
+  s.bind(drain_resources, [](input_context context) {
+    ++drain_resources_built[context.worker_index];
+    return dropped_when_released(context.worker_index);
+  });
+  s.bind(counted_run, [index](per_worker_resource<dropped_when_released>, bool gated) -> asio::awaitable<std::int64_t> {
+    if (gated) {
+      ++drain_gated_started;
+      co_await wait_until([] { return drain_gate_open.load(); });
+    }
+    ++drain_runs[index];
+    co_return index;
+  });
+}
+
+}  // namespace
+
+TEST_CASE("drain: a worker takes no new closure, what ran there finishes and counts once, and it drops its per-worker values; resume brings it back") {
+  for (auto& n : dropped_when_released::drain_resources_dropped) n = 0;
+  for (auto& n : drain_resources_built) n = 0;
+  for (auto& n : drain_runs) n = 0;
+  drain_gated_started = 0;
+  drain_gate_open = false;
+  local_cluster cluster(1, 2, bind_drain_functions);
+  cluster.run_chief([](parameter_server_strategy& strategy, cluster_coordinator& coordinator) -> asio::awaitable<void> {
+    auto resource = co_await coordinator.create_per_worker_resource(drain_resources);
+    const xt::xarray<float> zero{0.0f};
+    auto var = co_await coordinator.create_per_worker_variable("drained", zero);
+    CHECK(drain_resources_built[0] == 1);
+    CHECK(drain_resources_built[1] == 1);
+    // One held closure on each worker (the least busy takes each): both run when the drain starts.
+    std::vector<remote_value<std::int64_t>> results;
+    results.push_back(coordinator.schedule(counted_run, resource, true));
+    results.push_back(coordinator.schedule(counted_run, resource, true));
+    co_await wait_until([] { return drain_gated_started.load() == 2; });
+    bool drained = false;
+    std::exception_ptr drain_failure;
+    coordinator.async_drain(1, [&](std::exception_ptr e) {
+      drained = true;
+      drain_failure = e;
+    });
+    constexpr int more = 20;
+    for (int k = 0; k < more; ++k) results.push_back(coordinator.schedule(counted_run, resource, false));
+    // Worker 1 still runs its held closure: not drained yet; worker 0 takes every new one, after its own.
+    CHECK_FALSE(drained);
+    drain_gate_open = true;
+    co_await coordinator.join();
+    co_await coordinator.drain(1);  // drained already: completes at once, after the first drain
+    CHECK(drained);
+    CHECK_MESSAGE(drain_failure == nullptr, drain_failure);
+    const auto where = co_await cluster_coordinator::fetch(results);
+    CHECK(std::count(where.begin(), where.end(), 1) == 1);  // only its held closure
+    CHECK(std::count(where.begin(), where.end(), 0) == more + 1);
+    CHECK(drain_runs[0] == more + 1);  // each closure ran once
+    CHECK(drain_runs[1] == 1);
+    // It dropped its resource (told without waiting for its answer); worker 0 keeps its own.
+    co_await wait_until([] { return dropped_when_released::drain_resources_dropped[1].load() == 1; });
+    CHECK(dropped_when_released::drain_resources_dropped[0] == 0);
+    // Its per-worker variable's copy is gone: read_all leaves it out, read_available has no value.
+    CHECK((co_await var.read_all()).size() == 1);
+    const auto available = co_await var.read_available();
+    REQUIRE(available.size() == 2);
+    CHECK(available[0].has_value());
+    CHECK_FALSE(available[1].has_value());
+    // A per-worker value made while it is drained is not made there.
+    auto later = co_await coordinator.create_per_worker_resource(drain_resources);
+    CHECK(drain_resources_built[0] == 2);
+    CHECK(drain_resources_built[1] == 1);
+    const auto metrics_now = coordinator.metrics();
+    CHECK(metrics_now.worker_failures == 0);  // a drain is no failure
+    CHECK(strategy.num_workers() == 2);
+
+    const auto unknown = co_await failure_of(coordinator.drain(2));
+    CHECK_MESSAGE(code_of(unknown) == errc::invalid_argument, unknown);
+    CHECK_THROWS_WITH_AS(coordinator.resume(7), doctest::Contains("the cluster has workers 0..1"), error);
+
+    // Resumed, it makes both live resources again before it takes a closure, then takes closures.
+    coordinator.resume(1);
+    bool back = false;
+    for (const auto until = come_back_deadline(); !back && before(until);) {
+      back = co_await coordinator.schedule(counted_run, later, false).get() == 1;
+    }
+    CHECK(back);
+    CHECK(drain_resources_built[1] == 3);
+    CHECK((co_await var.read_all()).size() == 2);
   });
 }

@@ -626,3 +626,148 @@ TEST_CASE("while the queue is held (a lost ps being restored) join waits and don
   CHECK(joined == 1);
   CHECK(cluster.queue->done());
 }
+
+TEST_CASE("a draining worker takes no new closure; the drain completes once what ran there finished, each closure run once") {
+  fake_cluster cluster(2, coordinator_options{.closures_per_worker = 2});
+  for (int i = 0; i < 4; ++i) cluster.schedule();
+  auto started = cluster.take_started();
+  REQUIRE(started.size() == 4);
+  std::vector<std::shared_ptr<closure>> on_1;
+  for (const auto& h : started) {
+    if (h.worker == 1) on_1.push_back(h.c);
+  }
+  REQUIRE(on_1.size() == 2);
+  int drained = 0;
+  cluster.queue->drain(1, closure_queue::join_handler([&](std::exception_ptr e) { drained += e ? 100 : 1; },
+                                                       cluster.io.get_executor()));
+  CHECK(cluster.queue->draining(1));
+  CHECK(cluster.queue->worker_stats(1).drained.value() == 1);
+  CHECK(cluster.queue->worker_stats(1).up.value() == 0);
+  // Four more: worker 0 is full, worker 1 draining: they wait, and go to worker 0 only.
+  for (int i = 0; i < 4; ++i) cluster.schedule();
+  CHECK(cluster.take_started().empty());
+  cluster.queue->succeeded(1, on_1[0], std::int64_t{1});
+  CHECK(cluster.take_started().empty());  // its free slot is not used
+  cluster.io.poll();
+  CHECK(drained == 0);  // on_1[1] still runs there
+  cluster.queue->succeeded(1, on_1[1], std::int64_t{2});
+  cluster.io.poll();
+  CHECK(drained == 1);
+  CHECK(on_1[0]->result->result<std::int64_t>() == 1);  // results count as usual
+  CHECK(on_1[1]->result->result<std::int64_t>() == 2);
+  // Everything left runs on worker 0, each closure once.
+  std::set<closure*> ran;
+  for (int round = 0; round < 8 && !cluster.queue->done(); ++round) {
+    for (const auto& h : cluster.take_started()) {
+      CHECK(h.worker == 0);
+      CHECK(ran.insert(h.c.get()).second);
+      cluster.queue->succeeded(0, h.c, value{});
+    }
+    for (const auto& h : started) {
+      if (h.worker == 0 && ran.insert(h.c.get()).second) cluster.queue->succeeded(0, h.c, value{});
+    }
+  }
+  CHECK(ran.size() == 6);  // 2 started there first, 4 queued
+  CHECK(cluster.queue->done());
+  CHECK(cluster.queue->worker_stats(1).succeeded.value() == 2);
+}
+
+TEST_CASE("a worker lost while draining: what it ran runs again elsewhere, once, and the drain completes") {
+  fake_cluster cluster(2, coordinator_options{.closures_per_worker = 1});
+  cluster.schedule("a");
+  cluster.schedule("b");
+  auto started = cluster.take_started();
+  REQUIRE(started.size() == 2);
+  REQUIRE(started[1].worker == 1);
+  int drained = 0;
+  cluster.queue->drain(1, closure_queue::join_handler([&](std::exception_ptr) { ++drained; }, cluster.io.get_executor()));
+  cluster.queue->lost(1, started[1].c);  // its connection closed under the call
+  cluster.io.poll();
+  CHECK(drained == 1);
+  CHECK(cluster.take_started().empty());  // worker 0 is busy: b waits for it, not for worker 1
+  cluster.queue->succeeded(0, started[0].c, value{});
+  const auto again = cluster.take_started();
+  REQUIRE(again.size() == 1);
+  CHECK(again[0].worker == 0);
+  CHECK(again[0].c == started[1].c);
+  cluster.queue->succeeded(0, again[0].c, value{});
+  CHECK(cluster.take_started().empty());
+  CHECK(cluster.queue->done());
+}
+
+TEST_CASE("a drained worker with nothing running drains at once; undrained, it takes closures from its worker_up") {
+  fake_cluster cluster(2, coordinator_options{.closures_per_worker = 1});
+  int drained = 0;
+  cluster.queue->drain(1, closure_queue::join_handler([&](std::exception_ptr) { ++drained; }, cluster.io.get_executor()));
+  cluster.io.poll();
+  CHECK(drained == 1);
+  cluster.schedule("a");
+  cluster.schedule("b");
+  auto started = cluster.take_started();
+  REQUIRE(started.size() == 1);
+  CHECK(started[0].worker == 0);
+  CHECK_FALSE(cluster.queue->undrain(1));  // its drain had completed
+  CHECK_FALSE(cluster.queue->draining(1));
+  CHECK(cluster.take_started().empty());  // its per-worker values are made again first
+  cluster.queue->worker_up(1);
+  const auto next = cluster.take_started();
+  REQUIRE(next.size() == 1);
+  CHECK(next[0].worker == 1);
+  CHECK(cluster.queue->worker_stats(1).restarts.value() == 0);  // resumed, not back from a loss
+  CHECK(cluster.queue->worker_stats(1).up.value() == 1);
+  CHECK(cluster.queue->worker_stats(1).drained.value() == 0);
+}
+
+TEST_CASE("with every worker drained, queued closures fail after worker_recovery_timeout as with every worker lost") {
+  fake_cluster cluster(1, coordinator_options{.worker_recovery_timeout = std::chrono::milliseconds(0)});
+  cluster.queue->drain(0, closure_queue::join_handler([](std::exception_ptr) {}, cluster.io.get_executor()));
+  const auto c = cluster.schedule();
+  cluster.queue->tick();
+  CHECK(c->result->status() == remote_status::cancelled);
+  CHECK(code_of(schedule_error(cluster)) == errc::unavailable);
+}
+
+TEST_CASE("undraining a worker whose drain is in progress calls the drain off: it fails with cancelled, the worker goes on") {
+  fake_cluster cluster(2, coordinator_options{.closures_per_worker = 1});
+  cluster.schedule("a");
+  cluster.schedule("b");
+  auto started = cluster.take_started();
+  REQUIRE(started.size() == 2);
+  REQUIRE(started[1].worker == 1);
+  std::exception_ptr drain_outcome;
+  int drained = 0;
+  cluster.queue->drain(1, closure_queue::join_handler(
+                              [&](std::exception_ptr e) {
+                                ++drained;
+                                drain_outcome = e;
+                              },
+                              cluster.io.get_executor()));
+  cluster.schedule("c");
+  CHECK(cluster.take_started().empty());
+  CHECK(cluster.queue->undrain(1));  // in progress: called off
+  cluster.io.poll();
+  CHECK(drained == 1);
+  CHECK_MESSAGE(code_of(drain_outcome) == errc::cancelled, drain_outcome);
+  CHECK(cluster.queue->worker_stats(1).up.value() == 1);
+  cluster.queue->succeeded(1, started[1].c, value{});
+  const auto next = cluster.take_started();
+  REQUIRE(next.size() == 1);
+  CHECK(next[0].worker == 1);  // it takes closures at once: no worker_up needed
+  CHECK_FALSE(cluster.queue->undrain(1));  // not draining: nothing to do
+}
+
+TEST_CASE("an added worker takes closures from its first worker_up, and that is no restart") {
+  fake_cluster cluster(1, coordinator_options{.closures_per_worker = 1});
+  cluster.schedule("a");
+  cluster.schedule("b");
+  REQUIRE(cluster.take_started().size() == 1);
+  cluster.queue->add_worker("worker:1");
+  CHECK(cluster.queue->workers() == 2);
+  CHECK(cluster.take_started().empty());  // not up yet: its per-worker values come first
+  cluster.queue->worker_up(1);
+  const auto next = cluster.take_started();
+  REQUIRE(next.size() == 1);
+  CHECK(next[0].worker == 1);
+  CHECK(cluster.queue->worker_stats(1).restarts.value() == 0);
+  CHECK(cluster.queue->worker_stats(1).up.value() == 1);
+}
