@@ -29,7 +29,7 @@ serve() {  # serve JOB INDEX LOG: a task of the spec, on a port of its own choos
   TF_CONFIG="{\"cluster\": {$chief, \"ps\": [\"127.0.0.1:0\"], \"worker\": [\"127.0.0.1:0\", \"127.0.0.1:0\"]}, \
 \"task\": {\"type\": \"$1\", \"index\": $2}}" "$example" "$release" > "$3" 2>&1 &
 }
-address_in() { sed -nE 's/^pscoro: [a-z]+:[0-9]+ listening on (\S+)$/\1/p' "$1"; }
+address_in() { sed -nE "s/$(line_of '[a-z]+:[0-9]+')"'pscoro: [a-z]+:[0-9]+ listening on (\S+)$/\1/p' "$1"; }
 serve ps 0 "$work/ps0.log"
 serve worker 0 "$work/worker0.log"
 serve worker 1 "$work/worker1.log"
@@ -47,17 +47,17 @@ unlisted() {  # unlisted LOG [env args...]
 \"task\": {\"type\": \"worker\"}}" "$example" "$release" > "$log" 2>&1 &
 }
 
-if check "the spec's workers run closures" wait_for "$work/chief.log" '^chief: first closure on worker:1$' 120 &&
-  wait_for "$work/chief.log" '^chief: first closure on worker:0$' 120; then
+if check "the spec's workers run closures" wait_for "$work/chief.log" "$(line_of chief:0)chief: first closure on worker:1$" 120 &&
+  wait_for "$work/chief.log" "$(line_of chief:0)chief: first closure on worker:0$" 120; then
   echo "--- an unlisted worker joins while closures run"
   unlisted "$work/worker2.log"
   worker2_pid=$!
   check "the chief admits it as worker:2" wait_for "$work/chief.log" 'INFO \[chief:0\] admitted worker:2 at 127\.0\.0\.1:[0-9]+' 60
   check "it builds its iterator before it takes closures" \
     wait_for "$work/chief.log" 'INFO \[chief:0\] worker:2 takes closures now; 1 iterator\(s\)' 60
-  check "it runs closures" wait_for "$work/chief.log" '^chief: first closure on worker:2$' 60
+  check "it runs closures" wait_for "$work/chief.log" "$(line_of chief:0)chief: first closure on worker:2$" 60
   made=$(grep -n 'worker:2 takes closures now' "$work/chief.log" | head -n 1 | cut -d: -f1)
-  ran=$(grep -n '^chief: first closure on worker:2$' "$work/chief.log" | head -n 1 | cut -d: -f1)
+  ran=$(grep -nE "$(line_of chief:0)chief: first closure on worker:2$" "$work/chief.log" | head -n 1 | cut -d: -f1)
   check "its iterator was made (line ${made:-none}) before its first closure ran (line ${ran:-none})" \
     test -n "$made" -a -n "$ran" -a "${made:-0}" -lt "${ran:-0}"
   check "the worker says which index it was given" \
@@ -81,7 +81,7 @@ if check "the spec's workers run closures" wait_for "$work/chief.log" '^chief: f
   wait_exit "$chief_pid" 120
   check "the chief ends the job with 0 (got $code)" test "$code" -eq 0
   check "the closures ran on every worker, the admitted one too" \
-    grep -qE '^chief: closures per worker: worker:0=[0-9]+ worker:1=[0-9]+ worker:2=[0-9]+$' "$work/chief.log"
+    grep -qE "$(line_of chief:0)"'chief: closures per worker: worker:0=[0-9]+ worker:1=[0-9]+ worker:2=[0-9]+$' "$work/chief.log"
   wait_exit "$worker2_pid" 60
   check "the admitted worker exits with the job's code (got $code)" test "$code" -eq 0
 fi
