@@ -12,7 +12,10 @@
 //
 // A second form, raw_id_generator (ctr --ids raw), writes the categoricals as raw 64-bit ids (16
 // hex digits) from vocabularies of up to 10 million values that drift along the stream, as logs
-// keyed by user and item ids do; the example reads it with its own parser (parse_raw_line).
+// keyed by user and item ids do; the example reads it with its own parser (parse_raw_line). Its
+// ids past the 100 most frequent values of a field live 100,000 lines whatever their frequency, or,
+// with id_lifetime::frequency (ctr --id-lifetime frequency), in proportion to their frequency: 100,000
+// lines x max(1, 10,000 / rank), so the popular ones live for millions of lines and the tail churns.
 #pragma once
 
 #include <pscoro/data_formats.hpp>
@@ -102,6 +105,10 @@ class integer_truth {
 /// of the values), or raw 64-bit ids.
 enum class id_form { criteo, raw };
 
+/// How long a raw id lives (ctr --id-lifetime): 100,000 lines whatever its frequency, or longer the
+/// more frequent it is (raw_id_generator::lifetime_of).
+enum class id_lifetime { fixed, frequency };
+
 /// Criteo's own form of the data (ctr --ids criteo, the default): each categorical value is 8 hex
 /// digits, a 32-bit hash of the value, from vocabularies that never change.
 class generator {
@@ -170,17 +177,32 @@ class generator {
 ///   once; 1.2 below);
 /// - drift: beyond its 100 most frequent values, a field's value of each rank is a new id every
 ///   100,000 lines (each rank at a phase of its own), so ids appear, are seen for a while and are
-///   never seen again: the rows of a table that forgets nothing only grow;
+///   never seen again: the rows of a table that forgets nothing only grow. With
+///   id_lifetime::frequency a rank's id lives lifetime_of(rank) lines instead, 100,000 x max(1,
+///   10,000 / rank): rank 100 10M lines, 1,000 1M, 10,000 and beyond 100,000 as with fixed;
 /// - the truth: logit = bias + the integers' part (as in Criteo's form) + sum_f s_f * w(id), w ~ N(0, 1)
 ///   drawn from the id, so a new id has a weight of its own to learn.
 /// The integers and the missing values are those of Criteo's form of the same seed and line.
+///
+/// Why id_lifetime::frequency: with fixed lifetimes an id of rank 1,000 in a 10M-value field is seen
+/// ~6 times in its life, and in 1M lines only ~13k ids of all fields are seen 50 times or more
+/// (RESULTS.md, 2026-11-29 13:38); in logs keyed by users and items the popular ones live for days,
+/// longer than the rest. A life in proportion to the rate (exponent 1, near the Zipf laws' 1.05 and
+/// 1.2) up to rank 10,000 keeps the ranks a run can learn for a run's length and longer (rank 1,000 of
+/// that field: 1M lines, ~60 sightings in them) while the ranks past 10,000, a third of a 10M-value
+/// field's occurrences and nearly all of its ids, churn as before, and ranks 1,000 to 10,000 are
+/// still replaced once to ten times in 1M lines. Vocabularies, Zipf laws and the truth are those of
+/// fixed; so are the ids of a rank's first generation.
 class raw_id_generator {
  public:
   static constexpr id_form form = id_form::raw;
   static constexpr std::uint64_t stable_ranks = 100;
   static constexpr std::uint64_t lifetime = 100'000;  // lines an id of a rank past stable_ranks lives
+  // id_lifetime::frequency: ranks below this one live lifetime x (this / rank) lines.
+  static constexpr std::uint64_t long_lived_ranks = 10'000;
 
-  explicit raw_id_generator(std::uint64_t seed) : seed_(seed), integers_(seed) {
+  explicit raw_id_generator(std::uint64_t seed, id_lifetime lifetimes = id_lifetime::fixed)
+      : seed_(seed), lifetimes_(lifetimes), integers_(seed) {
     static constexpr std::array<std::uint64_t, categorical_features> vocabularies{
         10,      3'000'000, 300,    100'000, 30,        10'000'000, 1'000,  300'000, 3,
         2'000'000, 3'000,  1'000'000, 100,  5'000'000, 30'000,    10,       500'000, 10'000,
@@ -195,11 +217,19 @@ class raw_id_generator {
   }
 
   std::uint64_t seed() const noexcept { return seed_; }
+  id_lifetime lifetimes() const noexcept { return lifetimes_; }
+
+  /// Lines an id of rank `rank` (at least stable_ranks) lives.
+  std::uint64_t lifetime_of(std::uint64_t rank) const noexcept {
+    if (lifetimes_ == id_lifetime::fixed || rank >= long_lived_ranks) return lifetime;
+    return lifetime * long_lived_ranks / rank;  // exact in integers: the same ids on every host
+  }
 
   /// The id of rank `rank` (0: the most frequent) of field `field` at line `index`.
   std::uint64_t id(std::size_t field, std::uint64_t rank, std::uint64_t index) const {
-    const std::uint64_t generation =
-        rank < stable_ranks ? 0 : (index + hash(seed_, 2000 + field, rank) % lifetime) / lifetime;
+    if (rank < stable_ranks) return hash(seed_, 1000 + field, rank);
+    const std::uint64_t life = lifetime_of(rank);
+    const std::uint64_t generation = (index + hash(seed_, 2000 + field, rank) % life) / life;
     return hash(seed_, 1000 + field, rank + (generation << 32));  // ranks < 2^32: one id per (rank, generation)
   }
 
@@ -241,6 +271,7 @@ class raw_id_generator {
     double scale = 0;        // of the ids' weights
   };
   std::uint64_t seed_;
+  id_lifetime lifetimes_;
   integer_truth integers_;
   std::array<field, categorical_features> fields_;
 };
@@ -389,12 +420,26 @@ inline std::string_view name_of(file_format format) {
 }
 
 /// Where write_training_data puts `examples` lines of seed `seed` in `files` files of `format`: a
-/// directory of its own under `root`, so runs with other parameters never mix their files.
+/// directory of its own under `root`, so runs with other parameters never mix their files (raw ids
+/// of frequency lifetimes: "-raw-ids-frequency-lifetimes"; the fixed ones keep their old name).
 inline std::filesystem::path training_data_dir(const std::filesystem::path& root, std::uint64_t seed,
                                                std::int64_t examples, std::size_t files, file_format format,
-                                               id_form ids = id_form::criteo) {
-  return root / fmt::format("seed-{}-examples-{}-files-{}-{}{}", seed, examples, files, name_of(format),
-                            ids == id_form::raw ? "-raw-ids" : "");
+                                               id_form ids = id_form::criteo,
+                                               id_lifetime lifetimes = id_lifetime::fixed) {
+  const std::string_view form = ids == id_form::criteo                ? ""
+                                : lifetimes == id_lifetime::frequency ? "-raw-ids-frequency-lifetimes"
+                                                                      : "-raw-ids";
+  return root / fmt::format("seed-{}-examples-{}-files-{}-{}{}", seed, examples, files, name_of(format), form);
+}
+
+/// The lifetimes of a generator's ids: raw_id_generator's own, Criteo's form's never change.
+template <class Generator>
+id_lifetime lifetimes_of(const Generator& data) {
+  if constexpr (Generator::form == id_form::raw) {
+    return data.lifetimes();
+  } else {
+    return id_lifetime::fixed;
+  }
 }
 
 /// The training files in `dir`, TF's naming ("train-00003-of-00008.tsv").
@@ -419,7 +464,7 @@ std::filesystem::path write_training_data(const Generator& data, const std::file
   if (Generator::form == id_form::raw && format != file_format::tsv) {
     throw pscoro::error(pscoro::errc::invalid_argument, "the raw-id form of the data is written as TSV only");
   }
-  const auto dir = training_data_dir(root, data.seed(), examples, files, format, Generator::form);
+  const auto dir = training_data_dir(root, data.seed(), examples, files, format, Generator::form, lifetimes_of(data));
   if (fs::is_directory(dir)) return dir;
   fs::create_directories(root);
   const fs::path staging = dir.string() + fmt::format(".tmp-{}", ::getpid());

@@ -20,7 +20,8 @@
 // for all 26 fields in one request per ps; --admission-min-count gives a row only to ids seen that
 // often, --ttl forgets ids idle for that many steps, --capacity caps the rows a table holds per ps
 // (sampled LRU), --buckets sets the tables' bucket count. Each ps reports what its part of the
-// tables holds (rows, bytes per row).
+// tables holds (rows, bytes per row). --id-lifetime frequency draws raw ids that live longer the
+// more frequent they are (criteo.hpp), in a data directory of their own.
 //
 //   pscoro-launch --ps 2 --workers 2 -- ctr                    # AUC within ~0.01 of the truth
 //   pscoro-launch --ps 2 --workers 2 -- ctr --format tfrecord  # the same data from TFRecord files
@@ -253,6 +254,7 @@ struct options {
   std::string data_dir = "ctr-data";
   std::string format = "tsv";
   std::string ids = "criteo";
+  std::string id_lifetime = "fixed";
   std::int64_t train_examples = 1000000;
   std::size_t files = 8;
   bool gzip = false;
@@ -278,6 +280,12 @@ struct options {
   std::string on_ps_loss = "fail";  // or "restore": from the newest checkpoint, in place
 
   bool raw_ids() const { return ids == "raw"; }
+  criteo::id_lifetime lifetimes() const {
+    return id_lifetime == "frequency" ? criteo::id_lifetime::frequency : criteo::id_lifetime::fixed;
+  }
+  criteo::raw_id_generator raw_data() const {
+    return criteo::raw_id_generator(static_cast<std::uint64_t>(seed), lifetimes());
+  }
   bool hashed() const { return embedding == "hash"; }
   criteo::file_format file_format() const {
     if (format == "tsv") return criteo::file_format::tsv;
@@ -285,7 +293,7 @@ struct options {
   }
   std::filesystem::path training_data_dir() const {
     return criteo::training_data_dir(data_dir, static_cast<std::uint64_t>(seed), train_examples, files, file_format(),
-                                     raw_ids() ? criteo::id_form::raw : criteo::id_form::criteo);
+                                     raw_ids() ? criteo::id_form::raw : criteo::id_form::criteo, lifetimes());
   }
   criteo::id_mapping id_of() const { return {hashed() ? 0 : static_cast<std::size_t>(rows)}; }
 };
@@ -475,7 +483,7 @@ asio::awaitable<int> run_chief(pscoro::parameter_server_strategy& strategy, cons
     examples = labels.size();
   };
   if (o.raw_ids()) {
-    co_await evaluate(criteo::make_test_set(criteo::raw_id_generator(seed), count,
+    co_await evaluate(criteo::make_test_set(o.raw_data(), count,
                                             static_cast<std::uint64_t>(o.train_examples)));
   } else {
     co_await evaluate(criteo::make_test_set(criteo::generator(seed), count));
@@ -516,6 +524,10 @@ int main(int argc, char** argv) {
                  "the categorical values: criteo (8 hex digits, fixed vocabularies) or raw (64-bit ids, "
                  "vocabularies of millions that drift; TSV only)")
       ->check(CLI::IsMember({"criteo", "raw"}));
+  app.add_option("--id-lifetime", o.id_lifetime,
+                 "raw ids: how long an id past a field's 100 most frequent values lives: fixed (100,000 lines) or "
+                 "frequency (longer the more frequent: 100,000 x max(1, 10,000 / rank) lines; data of its own)")
+      ->check(CLI::IsMember({"fixed", "frequency"}));
   app.add_option("--train-examples", o.train_examples, "lines of training data")->check(CLI::PositiveNumber);
   app.add_option("--files", o.files, "files the training data is split into")->check(CLI::PositiveNumber);
   app.add_flag("--gzip", o.gzip, "GZIP-compress the TFRecord files");
@@ -578,8 +590,7 @@ int main(int argc, char** argv) {
     const auto write_data = [&](criteo::file_format format) {
       const auto seed = static_cast<std::uint64_t>(o.seed);
       const auto dir = o.raw_ids()
-                           ? criteo::write_training_data(criteo::raw_id_generator(seed), o.data_dir, o.train_examples,
-                                                         o.files, format)
+                           ? criteo::write_training_data(o.raw_data(), o.data_dir, o.train_examples, o.files, format)
                            : criteo::write_training_data(criteo::generator(seed), o.data_dir, o.train_examples, o.files,
                                                          format);
       pscoro::print_line(fmt::format("chief: training data in {} ({} lines in {} {} files)", dir.c_str(),
