@@ -65,7 +65,8 @@ class PSCORO_API cluster_spec {
   std::map<std::string, std::map<int, std::string>, std::less<>> jobs_;
 };
 
-/// "worker:1": how pscoro names a task in messages and logs.
+/// "worker:1": how pscoro names a task in messages and logs; "worker:unlisted" for a negative index
+/// (an elastic worker the chief has not admitted yet).
 PSCORO_API std::string task_name(std::string_view job, int index);
 
 /// A resolver over values given in code (TF's SimpleClusterResolver).

@@ -128,7 +128,9 @@ bool is_blank(std::string_view text) { return text.find_first_not_of(" \t\r\n") 
 
 }  // namespace
 
-std::string task_name(std::string_view job, int index) { return fmt::format("{}:{}", job, index); }
+std::string task_name(std::string_view job, int index) {
+  return index < 0 ? fmt::format("{}:unlisted", job) : fmt::format("{}:{}", job, index);
+}
 
 cluster_spec::cluster_spec(
     std::initializer_list<std::pair<const std::string, std::vector<std::string>>> jobs)

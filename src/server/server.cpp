@@ -104,7 +104,7 @@ struct server::impl : std::enable_shared_from_this<impl> {
       throw error(errc::invalid_argument, fmt::format("`task_type` '{}' not found in cluster_spec.", job));
     }
     index = resolver.task_id().value_or(-1);
-    task = unlisted ? std::string("worker:unlisted") : task_name(job, index);
+    task = task_name(job, unlisted ? -1 : index);
     sessions = serving::session_table(task);
     gate.emplace(task, transport);
     if (unlisted) {

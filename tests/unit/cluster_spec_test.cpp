@@ -49,6 +49,12 @@ TEST_CASE("a dense cluster spec answers TF's questions") {
   CHECK_FALSE(static_cast<bool>(cluster_spec{}));
 }
 
+TEST_CASE("a task is named job:index, and a worker without an index job:unlisted") {
+  CHECK(pscoro::task_name("ps", 0) == "ps:0");
+  CHECK(pscoro::task_name("worker", 12) == "worker:12");
+  CHECK(pscoro::task_name("worker", -1) == "worker:unlisted");
+}
+
 TEST_CASE("unknown jobs and tasks are named in the error") {
   const cluster_spec spec{{"ps", {"ps0:1111"}}};
   CHECK(invalid_argument_message([&] { (void)spec.num_tasks("worker"); }) == "No such job in cluster: 'worker'");
