@@ -101,6 +101,9 @@ struct sparse_figures {
   double place_us, apply_us;
   double lookup_mem_ratio;   // lookup / (raw_lookup + place)
   double scatter_mem_ratio;  // scatter_add / (raw_scatter + apply)
+  // The same lookups timed on a worker (a worker function awaiting them), and against the same
+  // floor; -1: not measured (threads mode).
+  double worker_lookup_us, worker_lookup_mem_ratio;
   double lookup_faults, lookup_ps_faults, scatter_faults, scatter_ps_faults;
   // CPU time per operation (us; the chief's process, the ps processes' together: -1 for threads of
   // one process, all in the chief's): robust where wall times are not, on a busy machine.
@@ -282,6 +285,18 @@ void print_dense(const std::vector<dense_figures>& dense) {
   }
 }
 
+// On a worker: the median time (us) of `n` embedding lookups of `ids`, timed as the chief times its
+// own (a tenth as many first, to warm up): a worker's lookups go through the same client, from
+// another process and its own connections.
+const pscoro::worker_function<double(pscoro::sharded_variable<float>, xt::xarray<std::int64_t>, std::int64_t)>
+    worker_lookups{"bench.worker_lookups"};
+asio::awaitable<double> time_worker_lookups(pscoro::sharded_variable<float> table, xt::xarray<std::int64_t> ids,
+                                            std::int64_t n) {
+  const auto lookup = [&] { return table.embedding_lookup(ids); };
+  co_return co_await median_us(static_cast<int>(n), lookup);
+}
+void bind_sparse_bench(pscoro::server& s) { s.bind(worker_lookups, time_worker_lookups); }
+
 // Embedding lookups and scatter_add of uniform ids over a 1M-row table on 2 ps, each round against
 // the raw exchanges of the same bytes right before. The raw limit is sequential: per ps, the ids it
 // holds go out (8 bytes each) and their rows come back (lookup), or ids and rows go out and 64 bytes
@@ -292,10 +307,11 @@ template <class RunChief, class Raw>
 std::vector<sparse_figures> measure_sparse(int scale, int rounds, RunChief run_chief, Raw raw,
                                            std::vector<pid_t> ps_pids, std::vector<pid_t> raw_pids,
                                            std::size_t only_width,
-                                           std::string_view only_op) {
+                                           std::string_view only_op, bool time_on_worker) {
   const auto runs = [&](std::string_view op) { return only_op == "all" || only_op == op; };
   std::vector<sparse_figures> out;
-  run_chief([&](pscoro::parameter_server_strategy& strategy, pscoro::cluster_coordinator&) -> asio::awaitable<void> {
+  run_chief([&](pscoro::parameter_server_strategy& strategy,
+                pscoro::cluster_coordinator& coordinator) -> asio::awaitable<void> {
     constexpr std::size_t rows = 1000000;
     std::mt19937_64 random(7);
     for (const auto& [ids, width] : {std::pair<std::size_t, std::size_t>{100000, 1}, {100000, 16}, {1000000, 1}}) {
@@ -367,7 +383,7 @@ std::vector<sparse_figures> measure_sparse(int scale, int rounds, RunChief run_c
       };
       const int n = 10 * scale;
       std::vector<double> raw_lookup, raw_lookup_plain, raw_lookup_huge, raw_scatter, lookup, scatter, adagrad, lookup_ratio, scatter_ratio,
-          adagrad_ratio, placing, applying, lookup_mem_ratio, scatter_mem_ratio;
+          adagrad_ratio, placing, applying, lookup_mem_ratio, scatter_mem_ratio, worker_lookup, worker_mem_ratio;
       std::vector<double> faults[4], cpu[4], raw_cpu[4];
       fault_counter counter{ps_pids};
       cpu_counter cpu_time{ps_pids}, raw_cpu_time{raw_pids};
@@ -423,6 +439,13 @@ std::vector<sparse_figures> measure_sparse(int scale, int rounds, RunChief run_c
         if (runs("adagrad")) {
           adagrad_us = co_await median_us(n, [&] { return table.apply_sparse_gradient(opt, id_array, updates); });
         }
+        double worker_us = -1;
+        if (time_on_worker && runs("lookup")) {
+          auto timed = coordinator.schedule(worker_lookups, table, id_array, std::int64_t{n});
+          worker_us = co_await timed.get();
+        }
+        worker_lookup.push_back(worker_us);
+        worker_mem_ratio.push_back(worker_us < 0 ? -1.0 : worker_us / (pull + placing.back()));
         lookup.push_back(lookup_us);
         scatter.push_back(scatter_us);
         adagrad.push_back(adagrad_us);
@@ -436,6 +459,7 @@ std::vector<sparse_figures> measure_sparse(int scale, int rounds, RunChief run_c
       out.push_back({ids, width, median(lookup), median(scatter), median(adagrad), median(raw_lookup),
                      median(raw_lookup_plain), median(raw_lookup_huge), median(raw_scatter), median(lookup_ratio), median(scatter_ratio), median(adagrad_ratio),
                      median(placing), median(applying), median(lookup_mem_ratio), median(scatter_mem_ratio),
+                     median(worker_lookup), median(worker_mem_ratio),
                      median(faults[0]), median(faults[1]), median(faults[2]), median(faults[3]), median(cpu[0]),
                      median(cpu[1]), median(cpu[2]), median(cpu[3]), median(raw_cpu[0]), median(raw_cpu[1]),
                      median(raw_cpu[2]), median(raw_cpu[3])});
@@ -445,18 +469,23 @@ std::vector<sparse_figures> measure_sparse(int scale, int rounds, RunChief run_c
 }
 
 void print_sparse(const std::vector<sparse_figures>& sparse) {
-  fmt::print("{:>8} {:>5} {:>9} {:>9} {:>8} {:>9} {:>6} {:>7} {:>10} {:>8} {:>10} {:>6} {:>7} {:>10} {:>6}   {:<22} {}\n",
-             "ids", "width", "raw lk us", "raw lk hp", "place us", "lookup us", "x raw", "x +mem", "raw sc us", "apply us",
+  fmt::print("{:>8} {:>5} {:>9} {:>9} {:>8} {:>9} {:>6} {:>7} {:>9} {:>7} {:>10} {:>8} {:>10} {:>6} {:>7} {:>10} {:>6}   {:<22} "
+             "{}\n",
+             "ids", "width", "raw lk us", "raw lk hp", "place us", "lookup us", "x raw", "x +mem", "worker us", "x +mem",
+             "raw sc us", "apply us",
              "scatter us", "x raw", "x +mem", "adagrad us", "x raw", "faults/op chief|ps",
              "CPU us/op chief|ps (raw client|server): lookup, scatter_add");
   auto pair = [](double self, double ps) {
     return ps < 0 ? fmt::format("{:.0f}", self) : fmt::format("{:.0f}|{:.0f}", self, ps);
   };
   for (const auto& f : sparse) {
-    fmt::print("{:>8} {:>5} {:>9.0f} {:>9.0f} {:>8.0f} {:>9.0f} {:>6.2f} {:>7.2f} {:>10.0f} {:>8.0f} {:>10.0f} {:>6.2f} "
-               "{:>7.2f} {:>10.0f} {:>6.2f}   {:<22} {}\n",
+    const auto or_dash = [](double x, int decimals) {
+      return x < 0 ? std::string("-") : fmt::format("{:.{}f}", x, decimals);
+    };
+    fmt::print("{:>8} {:>5} {:>9.0f} {:>9.0f} {:>8.0f} {:>9.0f} {:>6.2f} {:>7.2f} {:>9} {:>7} {:>10.0f} {:>8.0f} {:>10.0f} "
+               "{:>6.2f} {:>7.2f} {:>10.0f} {:>6.2f}   {:<22} {}\n",
                f.ids, f.width, f.raw_lookup_plain_us, f.raw_lookup_huge_us, f.place_us, f.lookup_us, f.lookup_ratio, f.lookup_mem_ratio,
-               f.raw_scatter_us, f.apply_us, f.scatter_us, f.scatter_ratio, f.scatter_mem_ratio, f.adagrad_us,
+               or_dash(f.worker_lookup_us, 0), or_dash(f.worker_lookup_mem_ratio, 2), f.raw_scatter_us, f.apply_us, f.scatter_us, f.scatter_ratio, f.scatter_mem_ratio, f.adagrad_us,
                f.adagrad_ratio,
                fmt::format("{}, {}", pair(f.lookup_faults, f.lookup_ps_faults), pair(f.scatter_faults, f.scatter_ps_faults)),
                fmt::format("{} ({}), {} ({})", pair(f.lookup_cpu, f.lookup_ps_cpu),
@@ -860,7 +889,7 @@ int main(int argc, char** argv) {
   std::optional<bench::process_cluster> processes;
   std::optional<bench::raw_server_process> raw_server, second_raw_server;  // 2 ps: a split pull from both
   if (mode != "threads") {
-    processes.emplace(2, 1);
+    processes.emplace(2, 1, bind_sparse_bench);
     raw_server.emplace();
     second_raw_server.emplace();
   }
@@ -916,7 +945,7 @@ int main(int argc, char** argv) {
         [](std::size_t request, std::size_t response, int n, bench::receive_into where) {
           return bench::raw_exchanges(request, response, n, where);
         },
-        {}, {}, sparse_width, sparse_op);
+        {}, {}, sparse_width, sparse_op, false);
   }
   if (mode != "threads") {
     const bench::pinned_placement pinned(bench::parse_placement(placement),
@@ -927,7 +956,7 @@ int main(int argc, char** argv) {
         [&](std::size_t request, std::size_t response, int n, bench::receive_into where) {
           return raw_server->exchanges(request, response, n, where);
         },
-        {processes->pid("ps", 0), processes->pid("ps", 1)}, {raw_server->pid()}, sparse_width, sparse_op);
+        {processes->pid("ps", 0), processes->pid("ps", 1)}, {raw_server->pid()}, sparse_width, sparse_op, true);
   }
   if (json) return print_all_json();
   const bool pooled = sparse_width == 0 && sparse_op == "all";
@@ -941,7 +970,8 @@ int main(int argc, char** argv) {
              "out, done by this thread in the same round (the rows copied to their places in a fresh result in\n"
              "input order; the rows added at their ids into a local table in huge pages, as a ps's kernel does);\n"
              "x +mem: pscoro against raw + that, the floor (the same work one part after the other; not a bound:\n"
-             "pscoro overlaps them, and its 2 ps apply at once; target: lookup <= 1.15x it).\n"
+             "pscoro overlaps them, and its 2 ps apply at once; target: lookup <= 1.15x it). worker us: the same\n"
+             "lookups timed on a worker (processes only), and its x +mem against the same floor.\n"
              "faults/op as above; CPU us/op: CPU time per operation of this process (the chief, or the raw\n"
              "client) and of the ps processes together (or the raw server).\n",
              rounds);
