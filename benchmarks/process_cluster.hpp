@@ -26,6 +26,7 @@
 #include <array>
 #include <cstdint>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <functional>
 #include <iterator>
@@ -53,8 +54,9 @@ inline placement parse_placement(std::string_view text) {
   throw std::invalid_argument(fmt::format("placement '{}': expected split, one or any", text));
 }
 
-/// Pins the chief's thread (the caller) and `servers` (ps and raw server processes) as `how` says,
-/// for its lifetime; gives the caller its CPUs back at the end. `split` needs two CPUs.
+/// Pins the chief's thread (the caller) and every thread of `servers` (ps and raw server processes)
+/// as `how` says, for its lifetime; gives them their CPUs back at the end. `split` needs two CPUs.
+/// (sched_setaffinity moves one thread: a server's threads are each of /proc/<pid>/task.)
 class pinned_placement {
  public:
   pinned_placement(placement how, const std::vector<pid_t>& servers) {
@@ -68,17 +70,29 @@ class pinned_placement {
     }
     if (how == placement::split && cpus.size() < 2) throw std::runtime_error("placement split needs two CPUs");
     pin(0, cpus[0]);
-    for (const pid_t pid : servers) pin(pid, how == placement::split ? cpus[1] : cpus[0]);
-    servers_ = servers;
+    for (const pid_t pid : servers) {
+      for (const pid_t thread : threads_of(pid)) {
+        pin(thread, how == placement::split ? cpus[1] : cpus[0]);
+        server_threads_.push_back(thread);
+      }
+    }
   }
   pinned_placement(const pinned_placement&) = delete;
   pinned_placement& operator=(const pinned_placement&) = delete;
   ~pinned_placement() {
     ::sched_setaffinity(0, sizeof(allowed_), &allowed_);
-    for (const pid_t pid : servers_) ::sched_setaffinity(pid, sizeof(allowed_), &allowed_);
+    for (const pid_t thread : server_threads_) ::sched_setaffinity(thread, sizeof(allowed_), &allowed_);
   }
 
  private:
+  static std::vector<pid_t> threads_of(pid_t pid) {
+    std::vector<pid_t> out;
+    for (const auto& entry : std::filesystem::directory_iterator(fmt::format("/proc/{}/task", pid))) {
+      out.push_back(static_cast<pid_t>(std::stol(entry.path().filename().string())));
+    }
+    return out;
+  }
+
   static void pin(pid_t pid, int cpu) {
     cpu_set_t one;
     CPU_ZERO(&one);
@@ -89,7 +103,7 @@ class pinned_placement {
   }
 
   cpu_set_t allowed_{};
-  std::vector<pid_t> servers_;
+  std::vector<pid_t> server_threads_;
 };
 
 /// Field `number` (1-based, >= 3) of /proc/<pid>/stat (0: this process), as a number.
