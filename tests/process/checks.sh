@@ -60,6 +60,23 @@ line_of() {
   printf '^[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}\\.[0-9]{3}Z %s \\[%s\\] ' "${2:-[A-Z]+}" "$1"
 }
 
+# free_port: a loopback port free now, below the ephemeral range (so no connection of anyone else
+# takes it meanwhile): for a task whose address must be known before it starts (the chief, where
+# workers announce themselves).
+free_port() {
+  /usr/bin/python3 -c '
+import random, socket
+for _ in range(100):
+    port = random.randint(20000, 29999)
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            continue
+        print(port)
+        break'
+}
+
 pid_of() {  # pid_of LOG LABEL: the pid pscoro-launch started LABEL with last
   sed -nE "s/$(line_of launcher)started $2 \(pid ([0-9]+)\)$/\1/p" "$1" | tail -n 1
 }

@@ -21,6 +21,10 @@ small=(--ids raw --data-dir "$work/data" --train-examples "$lines" --files 2 --b
 code=$?
 check "--ttl without --embedding hash is refused (exit $code)" test "$code" -eq 2
 check "saying why" grep -q 'need --embedding hash' "$work/refused.log"
+"$example" "${small[@]}" --embedding hash --ttl "$ttl" --capacity 1000 > "$work/two-policies.log" 2>&1
+code=$?
+check "--ttl with --capacity is refused (exit $code)" test "$code" -eq 2
+check "saying why" grep -q 'one eviction policy: --ttl or --capacity' "$work/two-policies.log"
 
 echo "--- 2 ps, 2 workers: $steps steps on raw ids, a hash table per field forgetting ids idle for $ttl steps"
 "$launch" --ps 2 --workers 2 -- "$example" "${small[@]}" --embedding hash --ttl "$ttl" --report-seconds 0.2 \

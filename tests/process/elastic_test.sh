@@ -11,19 +11,8 @@ source "$(dirname "$0")/checks.sh"
 export PSCORO_AUTH_SECRET_FILE="$work/job-secret"
 (umask 077; head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n' > "$PSCORO_AUTH_SECRET_FILE")
 release=$work/release
-# Workers announce themselves at the chief's address: a port known before the chief starts. One
-# below the ephemeral range, checked free, is not taken by anyone else.
-chief_port=$(/usr/bin/python3 -c '
-import random, socket
-for _ in range(100):
-    port = random.randint(20000, 29999)
-    with socket.socket() as s:
-        try:
-            s.bind(("127.0.0.1", port))
-        except OSError:
-            continue
-        print(port)
-        break')
+# Workers announce themselves at the chief's address: a port known before the chief starts.
+chief_port=$(free_port)
 chief="\"chief\": [\"127.0.0.1:$chief_port\"]"
 serve() {  # serve JOB INDEX LOG: a task of the spec, on a port of its own choosing
   TF_CONFIG="{\"cluster\": {$chief, \"ps\": [\"127.0.0.1:0\"], \"worker\": [\"127.0.0.1:0\", \"127.0.0.1:0\"]}, \

@@ -157,21 +157,11 @@ fi
 
 echo "--- a worker restarted at another port announces itself to the chief, which takes it back"
 # Processes started by hand: the launcher restarts a worker where it was. The chief needs a port
-# known before it starts; one below the ephemeral range, checked free, is not taken by anyone else.
+# known before it starts (free_port).
 log=$work/moved
 mkdir -p "$log"
 before=$failed
-chief_port=$(/usr/bin/python3 -c '
-import random, socket
-for _ in range(100):
-    port = random.randint(20000, 29999)
-    with socket.socket() as s:
-        try:
-            s.bind(("127.0.0.1", port))
-        except OSError:
-            continue
-        print(port)
-        break')
+chief_port=$(free_port)
 server_cluster() {  # server_cluster WORKER1_ADDRESS
   echo "{\"chief\": [\"127.0.0.1:$chief_port\"], \"ps\": [\"127.0.0.1:0\"], \"worker\": [\"127.0.0.1:0\", \"$1\"]}"
 }
